@@ -1,0 +1,42 @@
+"""Shared fixtures: tiny offline models (built once per test session) and small media."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach a hub from the tests
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+
+from visualkv.synthetic import image_media, video_media
+
+_ADAPTERS: dict = {}
+
+
+def get_adapter(alias: str):
+    """Tiny model adapters are deterministic, so one instance serves all tests."""
+    if alias not in _ADAPTERS:
+        from visualkv.models.registry import load_model
+
+        _ADAPTERS[alias] = load_model(alias)
+    return _ADAPTERS[alias]
+
+
+FAMILIES = ["tiny-qwen2.5-vl", "tiny-smolvlm2"]
+
+
+@pytest.fixture(params=FAMILIES)
+def adapter(request):
+    return get_adapter(request.param)
+
+
+@pytest.fixture(scope="session")
+def small_image():
+    return image_media(448, 336, seed=1)
+
+
+@pytest.fixture(scope="session")
+def small_video():
+    return video_media(8, 224, 168, fps=1.0, seed=2)

@@ -1,0 +1,123 @@
+"""The CLI: answers, the JSON report, and one-line errors with exit code 2 for bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from tests.test_media import _make_bad_input
+from visualkv.__main__ import main
+
+
+@pytest.fixture(scope="module")
+def image_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("cli") / "img.png"
+    from visualkv.synthetic import synthetic_image
+
+    Image.fromarray(synthetic_image(448, 336)).save(path)
+    return path
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _assert_one_line_error(code: int, err: str, *words: str) -> None:
+    assert code == 2, err
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    for word in words:
+        assert word.lower() in lines[0].lower(), lines[0]
+
+
+@pytest.mark.parametrize(
+    "kind, words",
+    [
+        ("corrupt_png", ["corrupt"]),
+        ("empty", ["empty"]),
+        ("text", ["not a video or image"]),
+        ("tiny", ["1x1"]),
+        ("huge", ["20000x20000", "downscale"]),
+        ("undecodable_video", ["no decodable frame"]),
+        ("pdf", ["pdf"]),
+    ],
+)
+def test_bad_media_exits_2_with_one_line(tmp_path, capsys, kind, words):
+    path = _make_bad_input(kind, tmp_path)
+    code, _, err = _run(capsys, "run", "--media", str(path), "--prompt", "hi", "--quiet")
+    _assert_one_line_error(code, err, *words)
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--prompt", "  "], ["empty"]),
+        (["--prompt", "hi", "--method", "blockwise-snapkv", "--budget", "0"], ["budget", "positive"]),
+        (["--prompt", "hi", "--method", "blockwise-snapkv", "--budget", "-5"], ["budget", "positive"]),
+        (["--prompt", "hi", "--method", "blockwise-keydiff"], ["needs --budget"]),
+        (["--prompt", "hi", "--model", "no-such-org/no-such-model-xyz"], ["cannot load model", "no-such-model-xyz"]),
+        (["--prompt", "hi", "--model", "./missing/folder"], ["does not exist"]),
+        (["--prompt", "hi", "--method", "magic"], ["invalid choice"]),
+    ],
+)
+def test_bad_options_exit_2_with_one_line(image_file, capsys, args, words):
+    code, _, err = _run(capsys, "run", "--media", str(image_file), "--quiet", *args)
+    _assert_one_line_error(code, err, *words)
+
+
+def test_run_two_turns_writes_report(image_file, tmp_path, capsys):
+    out = tmp_path / "report.json"
+    code, stdout, err = _run(
+        capsys, "run", "--media", str(image_file), "--prompt", "What is this?", "--prompt", "And then?",
+        "--method", "blockwise-snapkv", "--budget", "32", "--block-size", "64", "--max-new-tokens", "4",
+        "--json", str(out),
+    )
+    assert code == 0, err
+    report = json.loads(out.read_text())
+    for key in ("model", "method", "budget", "visual_tokens", "peak_kv_bytes", "full_kv_bytes", "final_kv_bytes",
+                "peak_rss_bytes", "blocks", "turns", "retained"):
+        assert key in report
+    assert report["method"] == "blockwise-snapkv" and report["budget"] == 32
+    assert len(report["turns"]) == 2 and all("ttft_seconds" in t and "token_ids" in t for t in report["turns"])
+    for block in report["blocks"]:
+        assert {"index", "kind", "tokens_in", "kv_tokens", "kv_bytes", "rss_bytes", "seconds"} <= set(block)
+    assert len(report["retained"]) == report["visual_tokens"]
+    assert report["final_kv_bytes"] < report["full_kv_bytes"]
+    assert len(stdout.strip().splitlines()) == 2  # one answer per turn on stdout
+    assert "block 1/" in err  # progress per block on stderr
+
+
+def test_video_report_has_frames(tmp_path, capsys):
+    from tests.test_media import noise_frames, write_video
+
+    path = write_video(tmp_path / "clip.avi", noise_frames(6), fourcc="MJPG")
+    out = tmp_path / "r.json"
+    code, _, err = _run(capsys, "run", "--media", str(path), "--prompt", "What happens?", "--fps", "4",
+                        "--max-new-tokens", "2", "--quiet", "--json", str(out), "--model", "tiny-smolvlm2")
+    assert code == 0, err
+    report = json.loads(out.read_text())
+    assert report["frames"] and {"index", "time", "skipped"} <= set(report["frames"][0])
+
+
+def test_subprocess_entry_point_no_traceback(tmp_path):
+    """The real `python -m visualkv` process: exit code 2, one line, for a zero-byte file."""
+    empty = tmp_path / "zero.jpg"
+    empty.touch()
+    proc = subprocess.run([sys.executable, "-m", "visualkv", "run", "--media", str(empty), "--prompt", "x"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "empty" in proc.stderr
+
+
+def test_models_lists_aliases(capsys):
+    code, out, _ = _run(capsys, "models")
+    assert code == 0 and "tiny-qwen2.5-vl" in out and "Qwen/Qwen2.5-VL-3B-Instruct" in out

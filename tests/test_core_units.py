@@ -1,0 +1,113 @@
+"""Unit tests of the pure pieces: scorers, block planning, cache bookkeeping."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from visualkv.cache import TIER_FULL, TIER_INT4, TIER_INT8, CompressibleCache
+from visualkv.layout import VisualUnit, plan_blocks
+from visualkv.quant import QuantSpec, packed_bytes_per_token
+from visualkv.scoring import keydiff_scores, snapkv_scores
+
+
+def test_keydiff_prefers_distinctive_keys():
+    base = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    keys = torch.stack([base, base * 2, base * 0.5, torch.tensor([0.0, 1.0, 0.0, 0.0])])[None, None]
+    scores = keydiff_scores(keys)
+    assert scores.shape == (1, 1, 4)
+    assert int(scores.argmax()) == 3  # the only key pointing elsewhere
+    assert torch.allclose(scores[0, 0, 0], scores[0, 0, 1])  # scale does not matter (cosine)
+
+
+def test_snapkv_groups_query_heads_onto_kv_heads():
+    torch.manual_seed(0)
+    keys = torch.randn(1, 2, 10, 8)
+    queries = torch.zeros(1, 4, 3, 8)  # 4 query heads -> 2 KV heads (groups of 2)
+    queries[0, 0:2] = keys[0, 0, 7] * 10  # group of KV head 0 looks at key 7
+    queries[0, 2:4] = keys[0, 1, 2] * 10  # group of KV head 1 looks at key 2
+    scores = snapkv_scores(queries, keys, kernel_size=1)
+    assert scores.shape == (1, 2, 10)
+    assert int(scores[0, 0].argmax()) == 7 and int(scores[0, 1].argmax()) == 2
+    assert torch.allclose(scores.sum(-1), torch.ones(1, 2), atol=1e-5)  # averaged softmax
+    pooled = snapkv_scores(queries, keys, kernel_size=5)
+    assert pooled[0, 0, 6] > scores[0, 0, 6]  # pooling spreads onto neighbours
+    with pytest.raises(ValueError):
+        snapkv_scores(torch.zeros(1, 3, 1, 8), keys)
+
+
+def _units(n_units: int, size: int, gap: int = 0, start: int = 5) -> list[VisualUnit]:
+    units, pos = [], start
+    for i in range(n_units):
+        units.append(VisualUnit("rows", 0, pos, pos + size, row=i))
+        pos += size + gap
+    return units
+
+
+@pytest.mark.parametrize("mode", ["blockwise", "hybrid"])
+def test_blocks_never_cut_units_and_cover_the_sequence(mode):
+    units = _units(10, 30, gap=2)
+    seq_len = units[-1].seq_end + 7
+    blocks = plan_blocks(seq_len, units, mode, block_size=70, budget=100)
+    assert blocks[0].start == 0 and blocks[-1].end == seq_len
+    assert all(a.end == b.start for a, b in itertools.pairwise(blocks))
+    assert sum(len(b.units) for b in blocks) == len(units)
+    for b in blocks:
+        for u in b.units:
+            assert b.start <= u.seq_start and u.seq_end <= b.end
+        if b.kind != "bulk" and len(b.units) > 1:
+            assert b.n_visual <= 70
+    if mode == "hybrid":
+        assert blocks[0].kind == "bulk" and blocks[0].n_visual <= 100
+    else:
+        assert blocks[0].kind == "text"
+
+
+def test_hybrid_is_one_bulk_forward_when_everything_fits():
+    units = _units(3, 30)
+    blocks = plan_blocks(200, units, "hybrid", block_size=30, budget=1000)
+    assert len(blocks) == 1 and blocks[0].kind == "bulk"
+
+
+def test_oversized_unit_gets_its_own_block():
+    units = _units(3, 50)
+    blocks = plan_blocks(200, units, "blockwise", block_size=20, budget=None)
+    assert [len(b.units) for b in blocks if b.units] == [1, 1, 1]
+
+
+def test_cache_tiers_are_packed_and_counted_exactly():
+    cache = CompressibleCache(num_layers=2)
+    b, h, d = 1, 2, 64
+    k = torch.randn(b, h, 6, d)
+    tiers = torch.tensor([TIER_FULL, TIER_INT8, TIER_INT4, TIER_INT8, TIER_FULL, TIER_INT4])
+    cache.pending_token_index = torch.arange(6)
+    cache.pending_tiers = tiers
+    keys, _values = cache.update(k, k.clone(), 0)
+    assert keys.shape == (1, 2, 6, d)  # the block attends to all its own entries
+    layer = cache.layers[0]
+    expected = 2 * h * (2 * d * 4 + 2 * packed_bytes_per_token(d, QuantSpec(8), torch.float32)
+                        + 2 * packed_bytes_per_token(d, QuantSpec(4), torch.float32))
+    assert layer.kv_bytes() == expected
+    assert layer.tier_counts() == {TIER_FULL: 4, TIER_INT8: 4, TIER_INT4: 4}  # summed over 2 heads
+    # next block: old quantized entries are dequantized just in time, then dropped
+    cache.pending_tiers = None
+    cache.pending_token_index = torch.tensor([6])
+    keys2, _ = cache.update(torch.randn(b, h, 1, d), torch.randn(b, h, 1, d), 0)
+    assert keys2.shape[2] == 7 and layer.kv_bytes() == expected + 2 * h * d * 4
+    int8_rows = keys2[0, :, :2]  # quantized segments come first (INT8 then INT4)
+    assert torch.allclose(int8_rows, k[0, :, [1, 3]], atol=0.05)
+    assert cache.peak_kv_bytes == cache.kv_bytes()
+
+
+def test_keep_full_gathers_per_head():
+    cache = CompressibleCache(num_layers=1)
+    k = torch.arange(2 * 5 * 4, dtype=torch.float32).view(1, 2, 5, 4)
+    cache.pending_token_index = torch.arange(5)
+    cache.update(k, k.clone(), 0)
+    layer = cache.layers[0]
+    layer.keep_full(torch.tensor([[[4, 1], [0, 2]]]))
+    assert layer.token_index.tolist() == [[[1, 4], [0, 2]]]
+    assert torch.equal(layer.keys[0, 0], k[0, 0, [1, 4]])
+    assert layer.kv_bytes() == 2 * 2 * 2 * 4 * 4

@@ -1,0 +1,206 @@
+"""Packed KV quantization: error bound, exact byte accounting, nibble layout, cat / select."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from visualkv.quant import (
+    PackedTensor,
+    QuantSpec,
+    _next_up,
+    cat_packed,
+    dequantize,
+    packed_bytes_per_token,
+    quantize,
+    select_tokens,
+)
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+BITS = (8, 4)
+
+
+def _tolerance(x: torch.Tensor, p: PackedTensor) -> torch.Tensor:
+    """scale/2 of each element's group + the final rounding to x.dtype + float32 slack."""
+    group = p.spec.group_size
+    half_step = (p.scale.float() / 2).repeat_interleave(group, dim=-1)
+    eps = torch.finfo(x.dtype).eps
+    return half_step + eps * x.float().abs() + 1e-6 * (1 + x.float().abs())
+
+
+def _inputs(dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    shape = (2, 3, 17, 64)
+    randn = torch.randn(shape, generator=g)
+    constant = torch.full(shape, 0.3)
+    constant[..., 32:] = -7.0  # every group constant, two different constants
+    outliers = randn.clone() * 0.01
+    outliers[..., ::13] = 300.0  # one huge channel per group dominates the range
+    outliers[0, 0, 0, 5] = -250.0
+    # Narrow range far from zero: scale / zero rounding matters in fp16.
+    tiny = randn * 1e-3 + 5.0
+    mixed = torch.cat((constant[..., :32], randn[..., 32:]), dim=-1)
+    return {
+        name: t.to(dtype)
+        for name, t in {
+            "randn": randn,
+            "constant": constant,
+            "outliers": outliers,
+            "tiny": tiny,
+            "mixed": mixed,
+        }.items()
+    }
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bits", BITS)
+def test_round_trip_error_within_half_step(dtype: torch.dtype, bits: int) -> None:
+    spec = QuantSpec(bits=bits, group_size=32)
+    for name, x in _inputs(dtype).items():
+        p = quantize(x, spec)
+        y = dequantize(p)
+        assert y.dtype == dtype and y.shape == x.shape, name
+        assert p.scale.dtype == dtype and p.zero.dtype == dtype, name
+        err = (x.float() - y.float()).abs()
+        assert bool((err <= _tolerance(x, p)).all()), (name, float(err.max()))
+        assert torch.isfinite(y).all(), name
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_constant_groups_are_exact(bits: int) -> None:
+    x = _inputs(torch.float16)["constant"]
+    p = quantize(x, QuantSpec(bits))
+    assert torch.equal(dequantize(p), x)
+    assert bool((p.scale == 0).all())
+
+
+def test_error_shrinks_with_bits() -> None:
+    x = torch.randn(4, 8, 128, 128, generator=torch.Generator().manual_seed(1))
+    err8 = (dequantize(quantize(x, QuantSpec(8))) - x).abs().mean()
+    err4 = (dequantize(quantize(x, QuantSpec(4))) - x).abs().mean()
+    assert err8 < err4 / 10
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("group", (32, 64, 128, 16))
+def test_nbytes_is_the_formula(dtype: torch.dtype, bits: int, group: int) -> None:
+    batch, heads, tokens, head_dim = 2, 4, 11, 64
+    x = torch.randn(batch, heads, tokens, head_dim).to(dtype)
+    p = quantize(x, QuantSpec(bits, group))
+    per_token = packed_bytes_per_token(head_dim, QuantSpec(bits, group), dtype)
+    eff_group = min(group, head_dim)
+    itemsize = x.element_size()
+    assert per_token == head_dim * bits // 8 + 2 * (head_dim // eff_group) * itemsize
+    assert p.nbytes == per_token * batch * heads * tokens
+    assert p.data.dtype == torch.uint8
+
+
+def test_int4_data_is_half_of_int8() -> None:
+    x = torch.randn(1, 2, 33, 128, dtype=torch.float16)
+    p8, p4 = quantize(x, QuantSpec(8)), quantize(x, QuantSpec(4))
+    assert p4.data.nbytes * 2 == p8.data.nbytes == x.numel()
+    assert p4.scale.nbytes == p8.scale.nbytes
+    # 128 channels, fp16: INT8 144 B/token, INT4 80 B/token vs 256 B unquantized.
+    assert packed_bytes_per_token(128, QuantSpec(8), torch.float16) == 144
+    assert packed_bytes_per_token(128, QuantSpec(4), torch.float16) == 80
+
+
+def test_int4_nibble_layout_by_hand() -> None:
+    # One group of 4 channels: min 0, max 15 -> scale 1, codes equal the values.
+    x = torch.tensor([[[0.0, 15.0, 3.0, 10.0]]])
+    p = quantize(x, QuantSpec(4, group_size=4))
+    assert p.data.tolist() == [[[0x0 | (0xF << 4), 0x3 | (0xA << 4)]]]
+    assert p.scale.tolist() == [[[1.0]]] and p.zero.tolist() == [[[0.0]]]
+    assert torch.equal(dequantize(p), x)
+    p8 = quantize(x, QuantSpec(8, group_size=4))
+    assert p8.data.tolist() == [[[0, 255, 51, 170]]]  # scale 15/255 = 1/17
+
+
+def test_group_size_fallback_and_errors() -> None:
+    x = torch.randn(1, 1, 3, 16)
+    p = quantize(x, QuantSpec(8, group_size=64))  # larger than head_dim: one group
+    assert p.spec.group_size == 16 and p.scale.shape == (1, 1, 3, 1)
+    with pytest.raises(ValueError):
+        quantize(torch.randn(1, 1, 3, 48), QuantSpec(8, group_size=32))
+    with pytest.raises(ValueError):  # odd head_dim cannot pack two INT4 values per byte
+        quantize(torch.randn(1, 1, 3, 7), QuantSpec(4, group_size=7))
+    with pytest.raises(ValueError):
+        QuantSpec(bits=3)
+    with pytest.raises(ValueError):
+        QuantSpec(bits=8, group_size=0)
+    with pytest.raises(TypeError):
+        quantize(torch.ones(1, 2, 32, dtype=torch.int32), QuantSpec(8))
+    with pytest.raises(TypeError):
+        quantize(torch.ones(1, 2, 32, dtype=torch.float64), QuantSpec(8))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_next_up_matches_nextafter(dtype: torch.dtype) -> None:
+    t = torch.tensor([0.0, 1e-8, 0.1, 1.0, 3.3, 6e4], dtype=torch.float32).to(dtype)
+    expected = torch.nextafter(t, torch.full_like(t, float("inf")))
+    assert torch.equal(_next_up(t), expected)
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_empty_tokens(bits: int) -> None:
+    x = torch.empty(1, 2, 0, 64, dtype=torch.float16)
+    p = quantize(x, QuantSpec(bits))
+    assert p.nbytes == 0 and p.num_tokens == 0
+    assert dequantize(p).shape == (1, 2, 0, 64)
+    y = torch.randn(1, 2, 5, 64, dtype=torch.float16)
+    both = cat_packed(p, quantize(y, QuantSpec(bits)))
+    assert both.shape == (1, 2, 5, 64)
+    assert torch.equal(dequantize(both), dequantize(quantize(y, QuantSpec(bits))))
+    none = select_tokens(both, torch.empty(1, 2, 0, dtype=torch.long))
+    assert none.shape == (1, 2, 0, 64) and none.nbytes == 0
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_cat_and_select_keep_values(bits: int) -> None:
+    spec = QuantSpec(bits)
+    a = torch.randn(2, 3, 5, 64, dtype=torch.bfloat16)
+    b = torch.randn(2, 3, 4, 64, dtype=torch.bfloat16)
+    pa, pb = quantize(a, spec), quantize(b, spec)
+    pc = cat_packed(pa, pb)
+    assert pc.shape == (2, 3, 9, 64)
+    assert pc.nbytes == pa.nbytes + pb.nbytes
+    full = torch.cat((dequantize(pa), dequantize(pb)), dim=-2)
+    assert torch.equal(dequantize(pc), full)
+
+    # Per-head selection: each (batch, head) keeps its own tokens, in the given order.
+    g = torch.Generator().manual_seed(3)
+    index = torch.stack([torch.stack([torch.randperm(9, generator=g)[:4] for _ in range(3)]) for _ in range(2)])
+    ps = select_tokens(pc, index)
+    assert ps.shape == (2, 3, 4, 64)
+    expected = full.gather(-2, index.unsqueeze(-1).expand(2, 3, 4, 64))
+    assert torch.equal(dequantize(ps), expected)
+    assert ps.nbytes == packed_bytes_per_token(64, spec, torch.bfloat16) * 2 * 3 * 4
+
+    shared = select_tokens(pc, torch.tensor([8, 0]))
+    assert torch.equal(dequantize(shared), full[..., [8, 0], :])
+
+
+def test_cat_rejects_mismatches() -> None:
+    a = quantize(torch.randn(1, 2, 3, 64), QuantSpec(8))
+    with pytest.raises(ValueError):
+        cat_packed(a, quantize(torch.randn(1, 2, 3, 64), QuantSpec(4)))
+    with pytest.raises(ValueError):
+        cat_packed(a, quantize(torch.randn(1, 3, 3, 64), QuantSpec(8)))
+    with pytest.raises(ValueError):
+        cat_packed(a, a, dim_tokens=-1)
+    with pytest.raises(ValueError):
+        select_tokens(a, torch.zeros(2, 2, 1, dtype=torch.long))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("bits", BITS)
+def test_cuda_matches_cpu(bits: int) -> None:
+    x = torch.randn(2, 4, 19, 128, dtype=torch.float16)
+    spec = QuantSpec(bits)
+    p_cpu, p_gpu = quantize(x, spec), quantize(x.cuda(), spec)
+    assert p_gpu.data.is_cuda and p_gpu.scale.is_cuda
+    assert torch.equal(p_gpu.data.cpu(), p_cpu.data)
+    assert torch.equal(dequantize(p_gpu).cpu(), dequantize(p_cpu))
+    sel = select_tokens(p_gpu, torch.zeros(2, 4, 3, dtype=torch.long, device="cuda"))
+    assert sel.data.is_cuda

@@ -1,0 +1,1 @@
+"""Gradio UI: wires components to visualkv library calls; computes nothing itself."""

@@ -1,0 +1,167 @@
+"""Command line: `python -m visualkv run|bench|models ...`.
+
+Bad input exits with code 2 and one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from visualkv.errors import VisualKVError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage otherwise)
+        print(f"error: {message} (see --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {value}")
+    return value
+
+
+def add_run_args(p: argparse.ArgumentParser) -> None:
+    from visualkv.methods import METHODS
+
+    p.add_argument("--model", default="tiny-qwen2.5-vl", help="offline alias, Hub id or local path")
+    p.add_argument("--media", help="image or video file")
+    p.add_argument("--prompt", action="append", required=True, help="one turn; repeat for several turns")
+    p.add_argument("--method", default="full", choices=list(METHODS), help="compression method")
+    p.add_argument("--budget", type=_positive, help="visual KV entries kept per layer and KV head (M)")
+    p.add_argument("--block-size", type=_positive, help="visual tokens per block (default: model's)")
+    p.add_argument("--prefill", choices=["hybrid", "blockwise", "bulk"], help="default: the method's")
+    p.add_argument("--max-new-tokens", type=_positive, default=32)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0, help="model seed (offline aliases) and sampling seed")
+    p.add_argument("--followup", choices=["reuse", "reprefill"], default="reuse",
+                   help="query-aware methods: reuse the compressed cache or rebuild it per question")
+    p.add_argument("--fps", type=float, default=1.0, help="video frames sampled per second")
+    p.add_argument("--max-frames", type=_positive, default=64, help="video frames sampled at most")
+    p.add_argument("--flow-threshold", type=float, default=None,
+                   help="salicache: tau_t, motion (px at 160 px wide) below which a frame is redundant; "
+                        "0 keeps every frame (default 0.1)")
+    p.add_argument("--tiers", default=None, metavar="FP,INT8,INT4",
+                   help="salicache: fractions of tokens kept at full precision, INT8, INT4 by saliency; "
+                        "the rest is pruned (default 0.43,0.10,0.29)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (device_map=auto)")
+    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
+    p.add_argument("--json", dest="json_out", help="write the JSON report here")
+    p.add_argument("--quiet", action="store_true", help="print only the answers")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m visualkv", description="VisualKV: KV-cache compression for VLMs")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    add_run_args(sub.add_parser("run", help="chat with an image or video (one --prompt per turn)"))
+    sub.add_parser("models", help="list offline aliases and suggested Hub models")
+    bench = sub.add_parser("bench", help="benchmarks (memory, latency)")
+    from visualkv.bench import add_bench_args
+
+    add_bench_args(bench)
+    return parser
+
+
+def _salicache_options(args: argparse.Namespace) -> dict:
+    """--flow-threshold / --tiers as method options; refused for other methods."""
+    options = {"flow_threshold": args.flow_threshold, "tiers": args.tiers}
+    given = {k: v for k, v in options.items() if v is not None}
+    if given and args.method != "salicache":
+        raise VisualKVError("--flow-threshold and --tiers apply to --method salicache only")
+    if args.method == "salicache":
+        from visualkv.methods import make_method
+
+        make_method("salicache", **given)  # bad values fail here, before any loading
+    return given
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from visualkv.media import FrameSampling, load_media
+    from visualkv.models.registry import load_model
+    from visualkv.session import ChatSession, SessionConfig
+    from visualkv.telemetry import write_json
+
+    config = SessionConfig(
+        method=args.method, budget=args.budget, block_size=args.block_size, prefill=args.prefill,
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+        followup=args.followup, method_options=_salicache_options(args),
+    )
+    config.validate()
+    for prompt in args.prompt:
+        if not prompt.strip():
+            raise VisualKVError("a --prompt is empty; give each turn a question")
+    media = load_media(args.media, sampling=FrameSampling(fps=args.fps, max_frames=args.max_frames)) \
+        if args.media else None
+    adapter = load_model(args.model, device=args.device, dtype=args.dtype, seed=args.seed)
+    session = ChatSession(adapter, config)
+
+    def on_block(event) -> None:
+        if not args.quiet:
+            print(f"  block {event.index + 1}/{event.n_blocks} {event.kind:5s} +{event.tokens_in:5d} tok  "
+                  f"kv {event.kv_bytes / 2**20:8.2f} MiB  peak {event.peak_kv_bytes / 2**20:8.2f} MiB",
+                  file=sys.stderr)
+
+    for i, prompt in enumerate(args.prompt):
+        if not args.quiet:
+            print(f"[turn {i + 1}] {prompt}", file=sys.stderr)
+        for _ in session.stream(prompt, media if i == 0 else None, on_block=on_block):
+            pass  # streamed pieces; the CLI prints whole answers
+        print(session.turns[-1].answer)
+    report = session.report()
+    if not args.quiet:
+        print(f"visual tokens {report['visual_tokens']}, peak KV {report['peak_kv_bytes'] / 2**20:.2f} MiB, "
+              f"final KV {report['final_kv_bytes'] / 2**20:.2f} MiB, full KV {report['full_kv_bytes'] / 2**20:.2f} MiB",
+              file=sys.stderr)
+    if args.json_out:
+        write_json(report, args.json_out)
+    return 0
+
+
+def cmd_models() -> int:
+    from visualkv.models.registry import HUB_MODELS, OFFLINE_MODELS
+
+    for choice in OFFLINE_MODELS + HUB_MODELS:
+        print(f"{choice.name:45s} {'offline' if choice.offline else 'hub':8s} {choice.note}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help, or a bad option already reported on one line
+        return int(exc.code or 0)
+    try:
+        if args.command == "run":
+            return cmd_run(args)
+        if args.command == "models":
+            return cmd_models()
+        from visualkv.bench import run_bench
+
+        return run_bench(args)
+    except VisualKVError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if os.environ.get("VISUALKV_DEBUG"):
+            raise
+        line = (str(exc).strip().splitlines() or [""])[0][:300]
+        print(f"error: unexpected failure ({type(exc).__name__}: {line}); rerun with VISUALKV_DEBUG=1 for details",
+              file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,887 @@
+"""Load and validate images and videos, and sample video frames.
+
+Everything a user can hand us goes through here, so every failure becomes a one-line
+:class:`~visualkv.errors.MediaError` that names the file and says what to do; no other exception
+type escapes ``load_media`` / ``load_image`` / ``load_video`` / ``media_kind``.
+
+Limits, stated honestly:
+
+* Images are decoded by Pillow: PNG, JPEG (and phone MPO), WebP, BMP, GIF (first frame only),
+  TIFF (first page only) and PPM. EXIF orientation is applied; alpha is composited on white;
+  16-bit images are scaled to 8 bits. Other formats Pillow knows (PSD, ICO, ...) are refused.
+* The pixel limit is checked from the header before any pixel is decoded, so an image bomb costs
+  nothing. Pillow's own bomb check is bypassed only for that header read.
+* Videos are decoded by decord, with OpenCV (FFmpeg) as the fallback when decord is missing, cannot
+  open the file, or fails on a frame. A frame neither can decode is skipped with a warning in
+  :attr:`Media.warnings`. Which codecs work depends on the FFmpeg those wheels bundle.
+  decord ignores rotation metadata (phone videos) and mis-decodes such files, so in ``auto``
+  mode a rotated video is decoded by OpenCV, which shows it upright.
+* The duration limit is checked from container metadata (OpenCV header probe, else decord's
+  packet index) before any frame is decoded. If a container states no frame count and decord is
+  unavailable, OpenCV has to decode the stream to count frames (stopping at the limit).
+* Frame times are ``index / average fps``: exact for constant-frame-rate video, approximate for
+  variable frame rate.
+* Sampled frames are held in memory at full resolution as RGB uint8: 64 frames of 1080p take
+  ~400 MB. Video frames obey the same pixel limit as images.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import stat
+import threading
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal
+
+import numpy as np
+from PIL import Image, ImageOps
+
+from visualkv.errors import MediaError
+
+__all__ = [
+    "IMAGE_FORMATS",
+    "FrameSampling",
+    "Media",
+    "MediaError",
+    "MediaLimits",
+    "load_image",
+    "load_media",
+    "load_video",
+    "media_kind",
+    "sample_frame_indices",
+]
+
+PathLike = str | os.PathLike
+Backend = Literal["auto", "decord", "opencv"]
+
+#: Pillow format names we decode (MPO: multi-picture JPEG written by many phones).
+IMAGE_FORMATS: tuple[str, ...] = (
+    "PNG",
+    "JPEG",
+    "MPO",
+    "WEBP",
+    "BMP",
+    "DIB",
+    "GIF",
+    "TIFF",
+    "PPM",
+)
+_SUPPORTED = "use a PNG/JPEG/WebP/BMP/GIF/TIFF image or an MP4/WebM/AVI/MKV/MOV video"
+_FALLBACK_FPS = 25.0
+_MAX_MESSAGE_DETAIL = 160
+
+
+@dataclass(frozen=True)
+class MediaLimits:
+    """What we refuse to load. Defaults fit one large GPU; raise them deliberately."""
+
+    max_file_bytes: int = 2 * 1024**3  # 2 GiB
+    # 8K (7680x4320 = 33 MP) passes; a 20000x20000 bomb (400 MP) does not.
+    max_image_pixels: int = 64_000_000
+    min_image_side: int = 28  # one ViT patch; smaller images carry no usable detail
+    max_video_seconds: float = 3 * 3600
+    max_frames: int = 512  # hard cap on sampled frames, whatever FrameSampling asks
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_file_bytes",
+            "max_image_pixels",
+            "min_image_side",
+            "max_frames",
+        ):
+            if getattr(self, name) < 1:
+                raise MediaError(
+                    f"MediaLimits.{name} must be >= 1, got {getattr(self, name)}"
+                )
+        if not self.max_video_seconds > 0:
+            raise MediaError(
+                f"MediaLimits.max_video_seconds must be > 0, got {self.max_video_seconds}"
+            )
+
+
+@dataclass(frozen=True)
+class FrameSampling:
+    """How to pick frames from a video.
+
+    ``fps`` frames per second of video (times 0, 1/fps, 2/fps, ...); if that gives more than
+    ``max_frames``, exactly ``max_frames`` are taken uniformly over the whole video instead, first
+    and last frame included. Sampling faster than the source fps yields each source frame once.
+    """
+
+    fps: float = 1.0
+    max_frames: int = 64
+
+    def __post_init__(self) -> None:
+        if not (self.fps > 0 and math.isfinite(self.fps)):
+            raise MediaError(
+                f"FrameSampling.fps must be a positive number, got {self.fps}"
+            )
+        if self.max_frames < 1:
+            raise MediaError(
+                f"FrameSampling.max_frames must be >= 1, got {self.max_frames}"
+            )
+
+
+@dataclass(repr=False)
+class Media:
+    """A validated image or sampled video, as RGB uint8 frames (HxWx3)."""
+
+    kind: str  # "image" or "video"
+    frames: list[np.ndarray]  # one frame for an image
+    times: list[float]  # seconds of each frame in the video (0.0 for an image)
+    source_fps: float | None = None  # video's average native fps
+    duration: float | None = None  # video seconds (frame count / fps)
+    path: str | None = None
+    # e.g. frames skipped as undecodable, or why OpenCV was used instead of decord
+    warnings: list[str] = field(default_factory=list)
+    frame_indices: list[int] = field(default_factory=list)  # source index of each frame
+    backend: str | None = None  # "pil", "decord", "opencv" or "decord+opencv"
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(width, height) of the frames."""
+        height, width = self.frames[0].shape[:2]
+        return width, height
+
+    @property
+    def num_frames(self) -> int:
+        return len(self.frames)
+
+    def __repr__(self) -> str:  # the default repr would print every pixel
+        width, height = self.size
+        extra = (
+            f", duration={self.duration:.2f}s, fps={self.source_fps:.3g}"
+            if self.kind == "video"
+            else ""
+        )
+        return (
+            f"Media(kind={self.kind!r}, frames={self.num_frames} x {width}x{height}{extra}, "
+            f"path={self.path!r}, warnings={len(self.warnings)})"
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Public entry points
+
+
+def media_kind(path: PathLike) -> str:
+    """Return ``"image"`` or ``"video"`` from the file's content (magic bytes / Pillow header),
+    not its extension. Raises MediaError for anything else (missing, empty, text, PDF, ...)."""
+    name = str(path)
+    return _sniff(_check_file(path, name, limits=None), name)
+
+
+def load_media(
+    path: PathLike,
+    limits: MediaLimits = MediaLimits(),
+    sampling: FrameSampling = FrameSampling(),
+    backend: Backend = "auto",
+) -> Media:
+    """Load an image or a video (detected from content) with validation and frame sampling."""
+    name = str(path)
+    file = _check_file(path, name, limits)
+    if _sniff(file, name) == "image":
+        return _image_media(_decode_image_file(file, name, limits), name)
+    return _load_video_file(file, name, limits, sampling, backend)
+
+
+def load_image(
+    source: PathLike | Image.Image | np.ndarray, limits: MediaLimits = MediaLimits()
+) -> Media:
+    """Load one image from a path, a PIL image, or an array (HxW, HxWx3 RGB, HxWx4 RGBA).
+
+    Arrays may be uint8, bool, float in [0, 1] (or [0, 255]) or 16-bit integers.
+    """
+    if isinstance(source, Image.Image):
+        name = getattr(source, "filename", "") or "<PIL image>"
+        _check_pixels(source.size, name, limits, "image")
+        return _image_media(_pil_to_rgb(source, name), None)
+    if isinstance(source, np.ndarray):
+        return _image_media(_array_to_rgb(source, limits), None)
+    name = str(source)
+    file = _check_file(source, name, limits)
+    if _sniff(file, name) == "video":
+        raise MediaError(
+            f"'{name}' is a video, not an image — use load_video() or load_media()"
+        )
+    return _image_media(_decode_image_file(file, name, limits), name)
+
+
+def load_video(
+    path: PathLike,
+    limits: MediaLimits = MediaLimits(),
+    sampling: FrameSampling = FrameSampling(),
+    backend: Backend = "auto",
+) -> Media:
+    """Load a video and sample frames from it.
+
+    ``backend``: ``"auto"`` (decord, OpenCV where decord is missing or fails), ``"decord"`` or
+    ``"opencv"`` (only that library, no fallback).
+    """
+    name = str(path)
+    file = _check_file(path, name, limits)
+    if _sniff(file, name) == "image":
+        raise MediaError(
+            f"'{name}' is an image, not a video — use load_image() or load_media()"
+        )
+    return _load_video_file(file, name, limits, sampling, backend)
+
+
+def sample_frame_indices(
+    frame_count: int,
+    source_fps: float,
+    sampling: FrameSampling,
+    hard_cap: int | None = None,
+) -> list[int]:
+    """Indices of the frames to decode, ascending and unique (see :class:`FrameSampling`)."""
+    if frame_count <= 0:
+        return []
+    cap = (
+        sampling.max_frames if hard_cap is None else min(sampling.max_frames, hard_cap)
+    )
+    duration = frame_count / source_fps
+    # Samples at t = k / fps for every t < duration; the epsilon keeps exact multiples exact.
+    wanted = max(1, math.ceil(duration * sampling.fps - 1e-6))
+    if wanted <= cap:
+        # The frame on screen at time t is floor(t * source_fps).
+        picked = [
+            math.floor(k / sampling.fps * source_fps + 1e-6) for k in range(wanted)
+        ]
+        picked = [min(frame_count - 1, i) for i in picked]
+    else:
+        picked = np.linspace(0, frame_count - 1, cap).round().astype(int).tolist()
+    return sorted(set(picked))
+
+
+# --------------------------------------------------------------------------------------------
+# Files and content sniffing
+
+
+def _one_line(text: object) -> str:
+    """Collapse a library's message to one short line for our own messages."""
+    flat = re.sub(r"\s+", " ", str(text)).strip()
+    # decord prefixes "[12:00:00] /src/file.cc:42: " to its messages
+    flat = re.sub(r"\[[\d:]+\] \S+\.(?:cc|h|cpp):\d+: ", "", flat)
+    return (
+        flat
+        if len(flat) <= _MAX_MESSAGE_DETAIL
+        else flat[: _MAX_MESSAGE_DETAIL - 3] + "..."
+    )
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _check_file(path: PathLike, name: str, limits: MediaLimits | None) -> Path:
+    """The path must be a readable, non-empty regular file within the size limit."""
+    file = Path(path)
+    try:
+        info = file.stat()
+    except FileNotFoundError:
+        raise MediaError(
+            f"cannot read '{name}': no such file — check the path"
+        ) from None
+    except PermissionError:
+        raise MediaError(
+            f"cannot read '{name}': permission denied — check the file's permissions"
+        ) from None
+    except OSError as err:
+        raise MediaError(
+            f"cannot read '{name}': {_one_line(err.strerror or err)}"
+        ) from None
+    if stat.S_ISDIR(info.st_mode):
+        raise MediaError(
+            f"cannot read '{name}': it is a directory — pass an image or video file"
+        )
+    if not stat.S_ISREG(info.st_mode):
+        raise MediaError(
+            f"cannot read '{name}': not a regular file — pass an image or video file"
+        )
+    if info.st_size == 0:
+        raise MediaError(
+            f"cannot read '{name}': the file is empty (0 bytes) — re-export or re-download it"
+        )
+    if limits is not None and info.st_size > limits.max_file_bytes:
+        raise MediaError(
+            f"'{name}' is {_human_bytes(info.st_size)}; the limit is {_human_bytes(limits.max_file_bytes)}"
+            " — compress or trim it, or raise MediaLimits.max_file_bytes"
+        )
+    return file
+
+
+def _read_head(file: Path, name: str, size: int = 512) -> bytes:
+    try:
+        with file.open("rb") as handle:
+            return handle.read(size)
+    except PermissionError:
+        raise MediaError(
+            f"cannot read '{name}': permission denied — check the file's permissions"
+        ) from None
+    except OSError as err:
+        raise MediaError(
+            f"cannot read '{name}': {_one_line(err.strerror or err)}"
+        ) from None
+
+
+# ISO-BMFF brands that are still images (HEIC/AVIF), not videos.
+_IMAGE_BRANDS = {b"heic", b"heix", b"heim", b"heis", b"mif1", b"msf1", b"avif", b"avis"}
+_QUICKTIME_ATOMS = {b"moov", b"mdat", b"free", b"wide", b"skip", b"pnot"}
+
+
+def _video_container(head: bytes) -> str | None:
+    """Name of the video container these magic bytes start, or None."""
+    if head[4:8] == b"ftyp":
+        return None if head[8:12] in _IMAGE_BRANDS else "MP4/MOV"
+    if head[4:8] in _QUICKTIME_ATOMS:
+        return "MOV"
+    if head.startswith(b"\x1a\x45\xdf\xa3"):
+        return "Matroska/WebM"
+    if head[:4] == b"RIFF" and head[8:12] == b"AVI ":
+        return "AVI"
+    if head.startswith((b"FLV", b"OggS", b"YUV4MPEG2")):
+        return "FLV/Ogg/Y4M"
+    if head[:4] in (b"\x00\x00\x01\xba", b"\x00\x00\x01\xb3", b"\x30\x26\xb2\x75"):
+        return "MPEG/ASF"
+    if len(head) > 188 and head[0] == 0x47 and head[188] == 0x47:
+        return "MPEG-TS"
+    return None
+
+
+def _describe(head: bytes) -> str:
+    """What a non-media file looks like, for the error message."""
+    known = {
+        b"%PDF": "a PDF document",
+        b"PK\x03\x04": "a ZIP archive (or an Office document)",
+        b"\x1f\x8b": "a gzip archive",
+        b"\x7fELF": "an executable",
+        b"ID3": "an MP3 audio file",
+        b"fLaC": "a FLAC audio file",
+    }
+    for magic, what in known.items():
+        if head.startswith(magic):
+            return what
+    if head[:4] == b"RIFF" and head[8:12] == b"WAVE":
+        return "a WAV audio file"
+    if b"\x00" not in head:
+        printable = sum(
+            32 <= byte < 127 or byte in b"\t\n\r" or byte >= 128 for byte in head
+        )
+        if printable >= 0.95 * len(head):
+            start = head.lstrip().lower()
+            if start.startswith((b"<!doctype html", b"<html")):
+                return "an HTML page — perhaps a failed download"
+            if start.startswith((b"<svg", b"<?xml")) and b"<svg" in start:
+                return "an SVG drawing — rasterise it to PNG first"
+            return "text"
+    return "unrecognised binary data"
+
+
+def _sniff(file: Path, name: str) -> str:
+    head = _read_head(file, name)
+    if _video_container(head):
+        return "video"
+    image_format = _pil_format(file, IMAGE_FORMATS)
+    if image_format is not None:
+        return "image"
+    other_format = _pil_format(file, None)
+    if other_format in _KNOWN_OTHER_IMAGE_FORMATS:
+        raise MediaError(
+            f"'{name}' is a {other_format} image, which is not supported — convert it to PNG"
+        )
+    what = _describe(head)
+    if what == "unrecognised binary data" and _opencv_opens(file):
+        return "video"  # a container we have no magic bytes for, but FFmpeg reads it
+    raise MediaError(
+        f"'{name}' is not a video or image (looks like {what}) — {_SUPPORTED}"
+    )
+
+
+# Formats Pillow can identify but we do not accept (weak-magic ones such as TGA are left out
+# so that junk is not reported as an image).
+_KNOWN_OTHER_IMAGE_FORMATS = {
+    "PSD", "ICO", "ICNS", "EPS", "JPEG2000", "AVIF", "HEIF", "DDS", "PCX", "SGI", "QOI", "XBM",
+    "XPM", "FITS", "BLP", "FLI", "CUR", "SUN", "WMF",
+}  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# Images
+
+# Pillow's bomb check is a module global; we lift it only around a header read, under a lock.
+_PIL_LIMIT_LOCK = threading.Lock()
+
+
+def _open_pil(file: Path, formats: Sequence[str] | None) -> Image.Image:
+    """Image.open (header only) without Pillow's DecompressionBombError: we check size ourselves."""
+    allowed = None if formats is None else [f for f in formats if f in Image.OPEN]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
+            return Image.open(file, formats=allowed)
+        except Image.DecompressionBombError:
+            with _PIL_LIMIT_LOCK:
+                saved = Image.MAX_IMAGE_PIXELS
+                Image.MAX_IMAGE_PIXELS = None
+                try:
+                    return Image.open(file, formats=allowed)
+                finally:
+                    Image.MAX_IMAGE_PIXELS = saved
+
+
+def _pil_format(file: Path, formats: Sequence[str] | None) -> str | None:
+    Image.init()  # register all plugins so that Image.OPEN lists every format
+    try:
+        with _open_pil(file, formats) as image:
+            return image.format
+    except Exception:  # noqa: BLE001 - any parse failure means "not this kind of image"
+        return None
+
+
+def _check_pixels(
+    size: tuple[int, int], name: str, limits: MediaLimits, what: str
+) -> None:
+    width, height = size
+    pixels = width * height
+    if pixels > limits.max_image_pixels:
+        raise MediaError(
+            f"'{name}': {what} {width}x{height} is {pixels / 1e6:.1f} MP; the limit is "
+            f"{limits.max_image_pixels / 1e6:.1f} MP — downscale it (or raise MediaLimits.max_image_pixels)"
+        )
+    if min(width, height) < limits.min_image_side:
+        raise MediaError(
+            f"'{name}': {what} {width}x{height} is too small; each side must be at least "
+            f"{limits.min_image_side} px — use a larger {what}"
+        )
+
+
+def _decode_image_file(file: Path, name: str, limits: MediaLimits) -> np.ndarray:
+    try:
+        image = _open_pil(file, IMAGE_FORMATS)
+    except Exception as err:  # noqa: BLE001 - sniffing said image: the header is broken
+        raise MediaError(
+            f"'{name}': corrupt image header (PIL: {_one_line(err)}) — re-export it"
+        ) from None
+    with image:
+        _check_pixels(image.size, name, limits, "image")  # before any pixel is decoded
+        return _pil_to_rgb(image, name)
+
+
+def _pil_to_rgb(image: Image.Image, name: str) -> np.ndarray:
+    """Decode (first frame/page), apply EXIF orientation, convert to RGB uint8 HxWx3."""
+    try:
+        image.load()
+        image = ImageOps.exif_transpose(image)
+        return _rgb_array(image)
+    except MediaError:
+        raise
+    except Exception as err:  # noqa: BLE001 - Pillow raises OSError, SyntaxError, zlib.error...
+        detail = _one_line(err)
+        if "truncated" in detail.lower():
+            raise MediaError(
+                f"'{name}': the image is truncated (PIL: {detail}) — re-download or re-export it"
+            ) from None
+        raise MediaError(
+            f"'{name}': corrupt image data (PIL: {detail}) — re-export or re-download it"
+        ) from None
+
+
+def _rgb_array(image: Image.Image) -> np.ndarray:
+    if image.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N", "F"):
+        gray = _to_uint8(np.asarray(image))
+        return np.ascontiguousarray(np.repeat(gray[..., None], 3, axis=2))
+    if image.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in image.info:
+        rgba = image.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        image = Image.alpha_composite(white, rgba)
+    return np.array(image.convert("RGB"), dtype=np.uint8)
+
+
+def _to_uint8(array: np.ndarray) -> np.ndarray:
+    """Scale an array to uint8: bool -> 0/255, float in [0,1] (else [0,255]), 16-bit -> /257."""
+    if array.dtype == np.uint8:
+        return array
+    if array.dtype == np.bool_:
+        return array.astype(np.uint8) * 255
+    values = array.astype(np.float64)
+    if not np.isfinite(values).all():
+        raise MediaError(
+            "image array contains NaN or infinity — clean it before loading"
+        )
+    peak = float(values.max(initial=0.0))
+    if np.issubdtype(array.dtype, np.floating) and peak <= 1.0:
+        values = values * 255.0
+    elif peak > 255:
+        values = values / 257.0  # 16-bit range onto 8 bits
+    return np.clip(np.rint(values), 0, 255).astype(np.uint8)
+
+
+def _array_to_rgb(array: np.ndarray, limits: MediaLimits) -> np.ndarray:
+    if array.ndim == 3 and array.shape[2] == 1:
+        array = array[..., 0]
+    if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[2] not in (3, 4)):
+        raise MediaError(
+            f"image array has shape {tuple(array.shape)}; expected HxW, HxWx3 (RGB) or HxWx4 (RGBA)"
+        )
+    if not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
+        raise MediaError(
+            f"image array has dtype {array.dtype}; expected uint8, float, bool or uint16"
+        )
+    _check_pixels((array.shape[1], array.shape[0]), "<array>", limits, "image")
+    pixels = _to_uint8(array)
+    if pixels.ndim == 2:
+        pixels = np.repeat(pixels[..., None], 3, axis=2)
+    elif pixels.shape[2] == 4:
+        alpha = pixels[..., 3:].astype(np.float32) / 255.0
+        pixels = np.rint(pixels[..., :3] * alpha + 255.0 * (1.0 - alpha)).astype(
+            np.uint8
+        )
+    return np.ascontiguousarray(pixels)
+
+
+def _image_media(rgb: np.ndarray, path: str | None) -> Media:
+    return Media(kind="image", frames=[rgb], times=[0.0], path=path, backend="pil")
+
+
+# --------------------------------------------------------------------------------------------
+# Videos
+
+
+def _import_decord() -> ModuleType | None:
+    try:
+        import decord
+    except ImportError:
+        return None
+    return decord
+
+
+def _import_cv2() -> ModuleType | None:
+    try:
+        import cv2
+    except ImportError:
+        return None
+    return cv2
+
+
+def _opencv_opens(file: Path) -> bool:
+    cv2 = _import_cv2()
+    if cv2 is None:
+        return False
+    capture = cv2.VideoCapture(str(file))
+    try:
+        return bool(capture.isOpened()) and capture.get(cv2.CAP_PROP_FRAME_COUNT) > 0
+    finally:
+        capture.release()
+
+
+@dataclass
+class _VideoInfo:
+    frame_count: int  # 0 when the container does not say
+    fps: float
+    width: int = 0  # 0 when unknown
+    height: int = 0
+    rotation: int = 0  # degrees clockwise the player should rotate the picture
+
+
+def _valid_fps(fps: float) -> bool:
+    return math.isfinite(fps) and 0 < fps <= 1000
+
+
+def _probe_opencv(file: Path) -> _VideoInfo | None:
+    """Frame count, fps, size and rotation from the container header (no stream decoding)."""
+    cv2 = _import_cv2()
+    if cv2 is None:
+        return None
+    capture = cv2.VideoCapture(str(file))
+    try:
+        if not capture.isOpened():
+            return None
+        return _VideoInfo(
+            frame_count=max(0, int(capture.get(cv2.CAP_PROP_FRAME_COUNT))),
+            fps=float(capture.get(cv2.CAP_PROP_FPS)),
+            width=int(capture.get(cv2.CAP_PROP_FRAME_WIDTH)),
+            height=int(capture.get(cv2.CAP_PROP_FRAME_HEIGHT)),
+            rotation=int(capture.get(cv2.CAP_PROP_ORIENTATION_META)) % 360,
+        )
+    finally:
+        capture.release()
+
+
+def _check_video_info(info: _VideoInfo, name: str, limits: MediaLimits) -> None:
+    if info.frame_count > 0 and _valid_fps(info.fps):
+        seconds = info.frame_count / info.fps
+        if seconds > limits.max_video_seconds:
+            raise MediaError(
+                f"'{name}': video is {_human_duration(seconds)} long; the limit is "
+                f"{_human_duration(limits.max_video_seconds)} — trim it (e.g. ffmpeg -t) "
+                "or raise MediaLimits.max_video_seconds"
+            )
+    if info.width > 0 and info.height > 0:
+        _check_pixels((info.width, info.height), name, limits, "video frame")
+
+
+def _human_duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds:.1f} s"
+
+
+class _DecordReader:
+    """decord VideoReader, re-created after an error: after a failed frame its decoder state is
+    unreliable (the next seek fails too). Gives up after a few failures, because each re-open
+    re-reads the whole packet index."""
+
+    _MAX_FAILURES = 3
+
+    def __init__(self, file: Path) -> None:
+        self._decord = _import_decord()
+        self._path = str(file)
+        self._reader = self._open()
+        self._failures = 0
+        fps = float(self._reader.get_avg_fps())
+        self.info = _VideoInfo(frame_count=len(self._reader), fps=fps)
+
+    def _open(self) -> Any:  # decord has no type stubs
+        return self._decord.VideoReader(self._path, num_threads=0)
+
+    def read_many(self, indices: list[int]) -> dict[int, np.ndarray]:
+        """Decode frames in one batch; on failure frame by frame, leaving out failed ones."""
+        try:
+            batch = self._reader.get_batch(indices).asnumpy()  # (N, H, W, 3) RGB
+        except Exception:  # noqa: BLE001 - decord raises DECORDError, RuntimeError, ...
+            self._reader = None
+        else:
+            if batch.ndim == 4 and batch.shape[3] == 3:
+                return {index: batch[k] for k, index in enumerate(indices)}
+        decoded = {index: self._read_one(index) for index in indices}
+        return {index: frame for index, frame in decoded.items() if frame is not None}
+
+    def _read_one(self, index: int) -> np.ndarray | None:
+        if self._failures >= self._MAX_FAILURES:
+            return None
+        try:
+            if self._reader is None:
+                self._reader = self._open()
+            frame = self._reader[index].asnumpy()
+        except Exception:  # noqa: BLE001 - any decord failure means "not decodable here"
+            frame = None
+        if frame is None or frame.ndim != 3 or frame.shape[2] != 3:
+            self._failures += 1
+            self._reader = None
+            return None
+        return frame
+
+
+class _OpenCVReader:
+    """cv2.VideoCapture reading frames by index; OpenCV applies rotation metadata itself.
+
+    Short forward gaps are read sequentially (grab), longer ones seek. An FFmpeg seek can land
+    a frame early after a corrupt frame, so each grabbed frame's timestamp decides which index
+    it really is; a target frame that cannot be decoded gives None.
+    """
+
+    def __init__(self, file: Path, fps: float) -> None:
+        self._cv2 = _import_cv2()
+        self._capture = self._cv2.VideoCapture(str(file))
+        if not self._capture.isOpened():
+            raise OSError("OpenCV cannot open the file")
+        self._fps = fps
+        # Grabbing up to ~4 s forward is cheaper than a seek (which decodes from a keyframe).
+        self._max_gap = max(16, int(4 * fps))
+        self._last = -1  # index of the last grabbed frame
+
+    def read(self, index: int) -> np.ndarray | None:
+        if not (self._last < index <= self._last + self._max_gap):
+            self._capture.set(self._cv2.CAP_PROP_POS_FRAMES, index)
+            self._last = index - 1
+        # A few extra steps for seeks that land early.
+        for _ in range(index - self._last + 8):
+            if not self._capture.grab():
+                self._last += 1  # a failed grab still consumes that frame's packet
+                if self._last >= index:
+                    return None
+                continue
+            seconds = self._capture.get(self._cv2.CAP_PROP_POS_MSEC) / 1000.0
+            self._last = math.floor(seconds * self._fps + 0.5)
+            if self._last == index:
+                return self._retrieve()
+            if self._last > index:
+                return None  # the stream moved past the target: it was undecodable
+        return None
+
+    def _retrieve(self) -> np.ndarray | None:
+        ok, bgr = self._capture.retrieve()
+        if not ok or bgr is None:
+            return None
+        return self._cv2.cvtColor(bgr, self._cv2.COLOR_BGR2RGB)
+
+    def close(self) -> None:
+        self._capture.release()
+
+
+def _count_frames_opencv(file: Path, fps: float, limits: MediaLimits) -> int:
+    """Decode the stream to count its frames (for containers that do not state the count),
+    stopping just past the duration limit."""
+    cv2 = _import_cv2()
+    capture = cv2.VideoCapture(str(file))
+    stop_after = math.ceil(limits.max_video_seconds * fps)
+    count = 0
+    try:
+        while count <= stop_after and capture.grab():
+            count += 1
+    finally:
+        capture.release()
+    return count
+
+
+def _read_opencv(file: Path, fps: float, indices: list[int]) -> dict[int, np.ndarray]:
+    try:
+        reader = _OpenCVReader(file, fps)
+    except OSError:
+        return {}
+    try:
+        frames = {index: reader.read(index) for index in indices}
+    finally:
+        reader.close()
+    return {index: frame for index, frame in frames.items() if frame is not None}
+
+
+def _check_backends(backend: str) -> tuple[bool, bool]:
+    """Which of decord / OpenCV may be used; refuses a backend that is not installed."""
+    if backend not in ("auto", "decord", "opencv"):
+        raise MediaError(
+            f"unknown video backend {backend!r} — use 'auto', 'decord' or 'opencv'"
+        )
+    has_decord = _import_decord() is not None
+    has_cv2 = _import_cv2() is not None
+    if backend == "decord" and not has_decord:
+        raise MediaError(
+            "decord is not installed — pip install decord, or use backend='opencv'"
+        )
+    if backend == "opencv" and not has_cv2:
+        raise MediaError(
+            "OpenCV is not installed — pip install opencv-python-headless, "
+            "or use backend='decord'"
+        )
+    if not (has_decord or has_cv2):
+        raise MediaError(
+            "no video decoder is installed — pip install decord opencv-python-headless"
+        )
+    return has_decord and backend != "opencv", has_cv2 and backend != "decord"
+
+
+def _open_decord(
+    file: Path, name: str, backend: str, header: _VideoInfo | None, notes: list[str]
+) -> _DecordReader | None:
+    """decord reader, or None (with a note) where auto mode should use OpenCV instead."""
+    if header is not None and header.rotation:
+        # decord ignores rotation metadata and mis-sizes such frames; OpenCV applies it.
+        if backend == "decord":
+            raise MediaError(
+                f"'{name}': the video carries {header.rotation}° rotation metadata, which "
+                "decord mis-decodes — use backend='auto' or 'opencv'"
+            )
+        notes.append(f"rotated video ({header.rotation}°): decoded with OpenCV")
+        return None
+    try:
+        return _DecordReader(file)
+    except Exception as err:  # noqa: BLE001 - decord raises DECORDError, RuntimeError, ...
+        if backend == "decord":
+            raise MediaError(
+                f"'{name}': decord cannot open this video ({_one_line(err)}) — "
+                "try backend='opencv' or re-encode it"
+            ) from None
+        notes.append(f"decord could not open the video ({_one_line(err)}); used OpenCV")
+        return None
+
+
+def _load_video_file(
+    file: Path, name: str, limits: MediaLimits, sampling: FrameSampling, backend: str
+) -> Media:
+    use_decord, use_cv2 = _check_backends(backend)
+    notes: list[str] = []
+    # The header probe comes first so that an over-long video is refused before decord builds
+    # its packet index (which reads the whole file) and before anything is decoded.
+    header = _probe_opencv(file)
+    if header is not None:
+        _check_video_info(header, name, limits)
+    decord_reader = (
+        _open_decord(file, name, backend, header, notes) if use_decord else None
+    )
+    info = decord_reader.info if decord_reader is not None else header
+    if info is None or (decord_reader is None and not use_cv2):
+        raise MediaError(
+            f"'{name}': cannot open the video with decord or OpenCV — the file is damaged, truncated or "
+            "its codec is unsupported; re-encode it (e.g. ffmpeg -i in -c:v libx264 out.mp4)"
+        )
+    _check_video_info(info, name, limits)
+    if not _valid_fps(info.fps):
+        notes.append(
+            f"no valid frame rate stated ({info.fps}); assumed {_FALLBACK_FPS:g} fps"
+        )
+        info.fps = _FALLBACK_FPS
+    # A count of 0 comes only from the OpenCV header: decord always counts frames.
+    if info.frame_count <= 0:
+        info.frame_count = _count_frames_opencv(file, info.fps, limits)
+        _check_video_info(info, name, limits)
+
+    indices = sample_frame_indices(
+        info.frame_count, info.fps, sampling, limits.max_frames
+    )
+    decoded = decord_reader.read_many(indices) if decord_reader is not None else {}
+    used = ["decord"] if decoded else []
+    missing = [i for i in indices if i not in decoded]
+    if missing and use_cv2:
+        from_opencv = _read_opencv(file, info.fps, missing)
+        decoded.update(from_opencv)
+        used += ["opencv"] if from_opencv else []
+    return _video_media(name, limits, info, indices, decoded, "+".join(used), notes)
+
+
+def _video_media(
+    name: str,
+    limits: MediaLimits,
+    info: _VideoInfo,
+    indices: list[int],
+    decoded: dict[int, np.ndarray],
+    backend: str,
+    notes: list[str],
+) -> Media:
+    kept = [i for i in indices if i in decoded]
+    if not kept:
+        raise MediaError(
+            f"'{name}': video has no decodable frame (sampled {len(indices)}, none decoded) "
+            "— re-encode it (e.g. ffmpeg -i in -c:v libx264 out.mp4)"
+        )
+    for index in indices:
+        if index not in decoded:
+            seconds = index / info.fps
+            notes.append(
+                f"frame {index} (t={seconds:.2f} s) could not be decoded; skipped"
+            )
+    frames = [np.ascontiguousarray(decoded[i], dtype=np.uint8) for i in kept]
+    height, width = frames[0].shape[:2]
+    _check_pixels((width, height), name, limits, "video frame")
+    return Media(
+        kind="video",
+        frames=frames,
+        times=[i / info.fps for i in kept],
+        source_fps=info.fps,
+        duration=info.frame_count / info.fps,
+        path=name,
+        warnings=notes,
+        frame_indices=kept,
+        backend=backend,
+    )

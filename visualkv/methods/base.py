@@ -1,0 +1,92 @@
+"""The one interface every compression method plugs into.
+
+The engine calls a method at four points of a prefill, and never branches on
+which method it is:
+
+- `begin(ctx)`: before any block; may compute proxy queries, drop frames or
+  tokens (`ctx.prepared.keep`), assign precision tiers (`ctx.tiers`).
+- `after_layer(ctx, state)`: after each decoder layer of each block; may evict
+  from that layer's cache, or shrink the block's hidden states (merging).
+- `end(ctx)`: after the last block; may compress the whole cache (post-prefill).
+- `report(ctx)`: extra fields for the JSON report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from visualkv.cache import CompressibleCache
+from visualkv.layout import Block
+from visualkv.models.base import ModelAdapter, PreparedInput
+
+
+@dataclass
+class PrefillContext:
+    """Everything a method may read or change during one media prefill."""
+
+    adapter: ModelAdapter
+    cache: CompressibleCache
+    prepared: PreparedInput
+    budget: int | None
+    block_size: int
+    prefill_mode: str
+    seq_offset: int = 0  # global index of prepared token 0 in the conversation
+    blocks: list[Block] = field(default_factory=list)
+    block: Block | None = None
+    tiers: torch.Tensor | None = None  # (L,) tier per prepared token, or None = all full precision
+    extra: dict[str, Any] = field(default_factory=dict)  # method scratch space and report fields
+    encoded_frames: list[int] = field(default_factory=list)  # tiles/frames sent to the vision tower, in order
+
+    def is_visual(self, token_index: torch.Tensor) -> torch.Tensor:
+        """Bool tensor: which global token indices are (evictable) visual tokens."""
+        local = token_index.long() - self.seq_offset
+        inside = (local >= 0) & (local < self.prepared.seq_len)
+        vis = self.prepared.visual_mask.to(token_index.device)
+        return inside & vis[local.clamp(0, self.prepared.seq_len - 1)]
+
+
+@dataclass
+class LayerState:
+    """One decoder layer's view of the block being prefilled."""
+
+    layer_idx: int
+    hidden_in: torch.Tensor  # (1, q, hidden) input of the layer
+    hidden: torch.Tensor  # (1, q, hidden) output of the layer
+    positions: torch.Tensor  # (P, q) position ids
+    token_index: torch.Tensor  # (q,) global token indices
+    cos: torch.Tensor
+    sin: torch.Tensor
+    tiers: torch.Tensor | None = None  # (q,) tiers of the block's tokens
+
+
+class Method:
+    """Base class: does nothing (the full cache)."""
+
+    name: ClassVar[str] = "full"
+    description: ClassVar[str] = ""
+    default_prefill: ClassVar[str] = "bulk"
+    #: does the method need a budget (M)?
+    needs_budget: ClassVar[bool] = False
+    #: does the kept set depend on the question (so a follow-up may miss things)?
+    query_aware: ClassVar[bool] = False
+    #: token ids of a question to use as proxy instead of the prompt's own (follow-up re-prefill)
+    proxy_ids: torch.Tensor | None = None
+
+    def begin(self, ctx: PrefillContext) -> None:
+        """Called once before the first block."""
+
+    def after_layer(self, ctx: PrefillContext, state: LayerState) -> LayerState | None:
+        """Called after every decoder layer of every block; may return a new state."""
+        return None
+
+    def end(self, ctx: PrefillContext) -> None:
+        """Called once after the last block."""
+
+    def report(self, ctx: PrefillContext) -> dict[str, Any]:
+        return {}
+
+    def config_dict(self) -> dict[str, Any]:
+        return {"method": self.name}

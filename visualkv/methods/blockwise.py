@@ -1,0 +1,112 @@
+"""Block-wise prefill under a fixed budget (ACL Findings 2026): KeyDiff and SnapKV.
+
+After every block, each layer keeps at most `budget` visual entries per KV
+head, so the cache never holds more than budget + block + protected entries.
+Eviction happens right after the layer has processed the block (layer by
+layer), which is the earliest moment all scores are known.
+
+SnapKV needs queries from the user's question, which comes *after* the media.
+Our choice (the paper does not say): before the first visual block we run one
+text-only pass over [prompt prefix + question + assistant prompt], with the
+question tokens at the positions they will really occupy after the media, and
+keep each layer's post-RoPE query states of the last `window` tokens as proxy
+queries. They see the prefix but not the image; the cost is one short text
+forward. Limits: the kept set is tuned to *this* question; a follow-up about
+something else may find its evidence evicted (use KeyDiff, or the session's
+`followup="reprefill"`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from visualkv.cache import CompressibleCache
+from visualkv.methods.base import LayerState, Method, PrefillContext
+from visualkv.methods.eviction import evict_to_budget
+from visualkv.scoring import keydiff_scores, snapkv_scores
+
+
+@dataclass
+class SnapKVConfig:
+    window: int = 64  # proxy / observation queries: at most this many last prompt tokens
+    kernel_size: int = 5  # 1-D pooling over token order
+
+
+class BlockwiseKeyDiff(Method):
+    name = "blockwise-keydiff"
+    description = "Block-wise prefill; keep the most distinctive keys (query-agnostic, good for follow-ups)."
+    default_prefill = "hybrid"
+    needs_budget = True
+
+    def scores(self, ctx: PrefillContext, state: LayerState) -> torch.Tensor:
+        return keydiff_scores(ctx.cache.layers[state.layer_idx].keys)
+
+    def after_layer(self, ctx: PrefillContext, state: LayerState) -> None:
+        if ctx.budget is not None and ctx.block is not None and ctx.block.units:
+            evict_to_budget(ctx, state.layer_idx, self.scores(ctx, state), ctx.budget)
+
+
+class BlockwiseSnapKV(BlockwiseKeyDiff):
+    name = "blockwise-snapkv"
+    description = "Block-wise prefill; keep what the question attends to (query-aware)."
+    query_aware = True
+
+    def __init__(self, config: SnapKVConfig | None = None) -> None:
+        self.config = config or SnapKVConfig()
+
+    def begin(self, ctx: PrefillContext) -> None:
+        ctx.extra["proxy_queries"] = proxy_queries(ctx, self.config.window, self.proxy_ids)
+
+    def scores(self, ctx: PrefillContext, state: LayerState) -> torch.Tensor:
+        queries = ctx.extra["proxy_queries"][state.layer_idx]
+        keys = ctx.cache.layers[state.layer_idx].keys
+        return snapkv_scores(queries.to(keys.device), keys, kernel_size=self.config.kernel_size)
+
+    def config_dict(self) -> dict:
+        return {"method": self.name, **self.config.__dict__}
+
+
+class _QueryCapture(Method):
+    """Records each layer's post-RoPE queries of the last `window` block tokens."""
+
+    def __init__(self, adapter, window: int) -> None:
+        self.adapter, self.window, self.queries = adapter, window, []
+
+    def after_layer(self, ctx, state: LayerState) -> None:
+        w = min(self.window, state.hidden_in.shape[1])
+        self.queries.append(
+            self.adapter.query_states(
+                state.layer_idx, state.hidden_in[:, -w:], state.cos[:, -w:], state.sin[:, -w:]
+            ).detach()
+        )
+
+
+def proxy_queries(ctx: PrefillContext, window: int, proxy_ids: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """Per-layer proxy queries (1, q_heads, w, head_dim) from a text-only pass.
+
+    The pass reads [prompt prefix + question + assistant prompt] with the
+    question at the positions right after the media. `proxy_ids` replaces the
+    prompt's own question tokens (a follow-up question being re-prefilled).
+    """
+    from visualkv.engine import Engine  # local: engine imports the methods' base
+
+    prepared = ctx.prepared
+    first_visual = int(prepared.visual_mask.nonzero()[0]) if prepared.visual_mask.any() else prepared.seq_len
+    local = torch.cat([torch.arange(first_visual), torch.arange(prepared.suffix_start, prepared.seq_len)])
+    ids = prepared.input_ids[local]
+    positions = prepared.position_ids[:, local]
+    if proxy_ids is not None:
+        n = int(proxy_ids.shape[0])
+        start = int(prepared.position_ids[0, prepared.suffix_start])
+        ids = torch.cat([prepared.input_ids[:first_visual], proxy_ids])
+        positions = torch.cat(
+            [prepared.position_ids[:, :first_visual], (torch.arange(n) + start).expand(positions.shape[0], n)], dim=1
+        )
+        local = torch.arange(ids.shape[0])
+    hidden = ctx.adapter.embed(ids)
+    capture = _QueryCapture(ctx.adapter, window)
+    scratch = CompressibleCache(ctx.adapter.num_layers)
+    Engine(ctx.adapter).run_layers(hidden, positions, local, scratch, capture, ctx)
+    return capture.queries

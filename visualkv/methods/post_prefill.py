@@ -1,0 +1,49 @@
+"""Post-prefill SnapKV: the baseline whose peak the block-wise paper removes.
+
+The whole input is prefilled into a full cache (bulk), then each layer is
+compressed once to the same budget, scoring with the real observation window
+(the question's own queries, captured during the forward). Same final size as
+block-wise, but the peak is the full cache.
+"""
+
+from __future__ import annotations
+
+from visualkv.methods.base import LayerState, Method, PrefillContext
+from visualkv.methods.blockwise import SnapKVConfig, proxy_queries
+from visualkv.methods.eviction import evict_to_budget
+from visualkv.scoring import snapkv_scores
+
+
+class PostPrefillSnapKV(Method):
+    name = "post-snapkv"
+    description = "Full prefill, then SnapKV compression to the budget (full peak memory)."
+    default_prefill = "bulk"
+    needs_budget = True
+    query_aware = True
+
+    def __init__(self, config: SnapKVConfig | None = None) -> None:
+        self.config = config or SnapKVConfig()
+
+    def after_layer(self, ctx: PrefillContext, state: LayerState) -> None:
+        # Capture the observation window where the question's tokens are in the block.
+        suffix = state.token_index - ctx.seq_offset >= ctx.prepared.suffix_start
+        if bool(suffix.any()):
+            w = min(self.config.window, int(suffix.sum()))
+            q = ctx.adapter.query_states(
+                state.layer_idx, state.hidden_in[:, -w:], state.cos[:, -w:], state.sin[:, -w:]
+            )
+            ctx.extra.setdefault("window_queries", {})[state.layer_idx] = q
+
+    def end(self, ctx: PrefillContext) -> None:
+        if ctx.budget is None:
+            return
+        window = ctx.extra.get("window_queries", {})
+        if self.proxy_ids is not None:  # follow-up re-prefill: score with the new question
+            window = dict(enumerate(proxy_queries(ctx, self.config.window, self.proxy_ids)))
+        for layer_idx, queries in window.items():
+            keys = ctx.cache.layers[layer_idx].keys
+            scores = snapkv_scores(queries.to(keys.device), keys, kernel_size=self.config.kernel_size)
+            evict_to_budget(ctx, layer_idx, scores, ctx.budget)
+
+    def config_dict(self) -> dict:
+        return {"method": self.name, **self.config.__dict__}

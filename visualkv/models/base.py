@@ -1,0 +1,183 @@
+"""What every model family adapter provides to the engine.
+
+An adapter owns a loaded transformers model and processor. It knows how the
+processor lays visual tokens out (`VisualLayout`), how to encode a run of
+visual units through the vision tower, how the LLM numbers positions, and
+where the decoder layers are. The engine drives the decoder layers itself
+(one loop, any block size), so adapters expose parts, not a forward.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from visualkv.layout import VisualLayout, VisualUnit
+from visualkv.media import Media
+
+
+@dataclass
+class PreparedInput:
+    """One turn's tokens, ready for the engine.
+
+    input_ids: (L,) token ids of the whole prompt (media placeholders expanded).
+    position_ids: (P, L) the model's position ids for each token (P = 3 for
+      M-RoPE, 1 for 1-D RoPE), computed once over the full, uncompressed input
+      so that removed tokens never shift anyone's position.
+    next_position: the position id of the first token after this input.
+    visual_mask: (L,) True for visual tokens (evictable); everything else is
+      protected.
+    suffix_start: first index of the text after the last visual token (the
+      question and the assistant prompt): the proxy/observation window.
+    keep: (L,) tokens that enter the LLM at all (False: skipped frame or pruned).
+    vision_inputs: adapter-specific tensors (pixel values, grids).
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    next_position: int
+    visual_mask: torch.Tensor
+    layout: VisualLayout
+    suffix_start: int
+    vision_inputs: dict[str, Any] = field(default_factory=dict)
+    keep: torch.Tensor | None = None
+    media: Media | None = None
+
+    def __post_init__(self) -> None:
+        if self.keep is None:
+            self.keep = torch.ones_like(self.input_ids, dtype=torch.bool)
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+class ModelAdapter:
+    """Base class; subclasses fill in the family-specific parts."""
+
+    family: str = ""
+    default_block_size: int = 256
+    #: positional axes of the LLM (3 for M-RoPE)
+    position_axes: int = 1
+
+    def __init__(self, model: torch.nn.Module, processor: Any, name: str) -> None:
+        self.model = model.eval()
+        self.processor = processor
+        self.name = name
+        self.tokenizer = getattr(processor, "tokenizer", processor)
+
+    # -- parts of the LLM -----------------------------------------------------------
+    @property
+    def language_model(self) -> torch.nn.Module:
+        raise NotImplementedError
+
+    @property
+    def layers(self) -> torch.nn.ModuleList:
+        return self.language_model.layers
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def text_config(self):
+        return self.language_model.config
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.text_config.num_key_value_heads
+
+    @property
+    def head_dim(self) -> int:
+        cfg = self.text_config
+        return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.language_model.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.language_model.embed_tokens.weight.device
+
+    @property
+    def attn_implementation(self) -> str:
+        return self.text_config._attn_implementation or "sdpa"
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """(q,) ids -> (1, q, hidden)."""
+        return self.language_model.embed_tokens(ids.to(self.device))[None]
+
+    def rotary(self, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin for (P, q) position ids."""
+        raise NotImplementedError
+
+    def final_hidden_to_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        h = self.language_model.norm(hidden)
+        return self.model.lm_head(h.to(self.model.lm_head.weight.device)).float()
+
+    def query_states(
+        self, layer_idx: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> torch.Tensor:
+        """Post-RoPE query states (1, q_heads, q, head_dim) of a layer's input.
+
+        hidden is the decoder layer's *input* (before its input norm); cos/sin
+        those of the same tokens. Mirrors the attention module's own projection.
+        """
+        layer = self.layers[layer_idx]
+        attn = layer.self_attn
+        h = layer.input_layernorm(hidden)
+        q = attn.q_proj(h).view(h.shape[0], h.shape[1], -1, self.head_dim).transpose(1, 2)
+        if hasattr(attn, "q_norm"):
+            q = attn.q_norm(q)
+        rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+        q, _ = rope(q, q, cos, sin)
+        return q
+
+    # -- media ----------------------------------------------------------------------
+    def prepare(self, media: Media | None, prompt: str) -> PreparedInput:
+        """Tokenize the first turn (media + prompt) with the chat template."""
+        raise NotImplementedError
+
+    def followup_ids(self, prompt: str) -> torch.Tensor:
+        """Token ids that close the previous answer and open a new user turn."""
+        raise NotImplementedError
+
+    def encode_units(self, prepared: PreparedInput, units: list[VisualUnit]) -> torch.Tensor:
+        """Visual embeddings (n, hidden) for consecutive units, in sequence order."""
+        raise NotImplementedError
+
+    def reset_stream(self) -> None:
+        """Forget any vision strip buffered between blocks."""
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        ids = set()
+        for cfg in (getattr(self.model, "generation_config", None), self.model.config, self.text_config):
+            eos = getattr(cfg, "eos_token_id", None) if cfg is not None else None
+            if isinstance(eos, int):
+                ids.add(eos)
+            elif eos:
+                ids.update(int(e) for e in eos)
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        return ids
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "family": self.family,
+            "name": self.name,
+            "layers": self.num_layers,
+            "kv_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "dtype": str(self.dtype).replace("torch.", ""),
+            "attn_implementation": self.attn_implementation,
+        }
+
+
+def text_positions(start: int, n: int, axes: int) -> torch.Tensor:
+    """(axes, n) position ids for plain text starting at `start`."""
+    return (torch.arange(n) + start).view(1, n).expand(axes, n).clone()

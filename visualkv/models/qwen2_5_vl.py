@@ -1,0 +1,218 @@
+"""Qwen2.5-VL (and Qwen2-VL) adapter.
+
+Layout: an image is one grid of (H/28) x (W/28) tokens; its unit is one
+token-grid row. A video is a sequence of temporal patches (2 sampled frames
+each); its unit is one temporal patch.
+
+Streamed vision encoding. The vision tower attends inside 112-px windows in
+most layers and over the whole image in a few (`fullatt_block_indexes`).
+Images are encoded in horizontal strips aligned to the window grid, with the
+strip's true row offset fed to the vision RoPE, so the windowed layers are
+exact; only the full-attention layers see the strip instead of the whole image
+(the one inexact step, measured in the tests and the README). Leftover rows of
+a strip are buffered for the next block, so each strip is encoded once. When a
+block holds a whole image it is encoded in one call, exactly as transformers
+does. Videos are exact block by block: their attention never crosses a
+temporal patch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from transformers.video_utils import VideoMetadata
+from transformers.vision_utils import get_vision_position_ids
+
+from visualkv.layout import FrameInfo, VisualLayout, VisualUnit, grid_boxes
+from visualkv.media import Media
+from visualkv.models.base import ModelAdapter, PreparedInput, text_positions
+
+
+class Qwen25VLAdapter(ModelAdapter):
+    family = "qwen2_5_vl"
+    default_block_size = 784  # best block size for Qwen2.5-VL-7B in the block-wise paper
+    position_axes = 3
+
+    def __init__(self, model, processor, name: str) -> None:
+        super().__init__(model, processor, name)
+        vcfg = model.config.vision_config
+        self.merge = vcfg.spatial_merge_size
+        self.window_rows = max(1, vcfg.window_size // vcfg.patch_size // self.merge)
+        self._strip: tuple[int, int, torch.Tensor] | None = None  # (row0, row1, embeddings)
+
+    @property
+    def language_model(self) -> torch.nn.Module:
+        return self.model.model.language_model
+
+    @property
+    def visual(self) -> torch.nn.Module:
+        return self.model.model.visual
+
+    def rotary(self, hidden, positions):
+        return self.language_model.rotary_emb(hidden, positions.to(hidden.device)[:, None, :])
+
+    # -- tokenization -------------------------------------------------------------
+    def prepare(self, media: Media | None, prompt: str) -> PreparedInput:
+        content: list[dict[str, Any]] = []
+        if media is not None:
+            content.append({"type": media.kind})
+        content.append({"type": "text", "text": prompt})
+        text = self.processor.apply_chat_template(
+            [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+        )
+        kwargs: dict[str, Any] = {"text": [text], "return_tensors": "pt"}
+        if media is not None and media.kind == "image":
+            kwargs["images"] = [Image.fromarray(media.frames[0])]
+        elif media is not None:
+            frames = list(media.frames)
+            kwargs["videos"] = [np.stack(frames)]
+            kwargs["video_metadata"] = [_metadata(media)]
+            kwargs["do_sample_frames"] = False
+        enc = self.processor(**kwargs)
+        ids = enc["input_ids"][0]
+        cfg = self.model.config
+        mm_types = torch.zeros_like(ids, dtype=torch.int32)
+        mm_types[ids == cfg.image_token_id] = 1
+        mm_types[ids == cfg.video_token_id] = 2
+        visual_mask = mm_types > 0
+        if media is None:
+            positions = text_positions(0, ids.shape[0], 3)
+            layout = VisualLayout.empty()
+            vision = {}
+        else:
+            positions, _ = self.model.model.get_rope_index(
+                ids[None],
+                mm_token_type_ids=mm_types[None],
+                image_grid_thw=enc.get("image_grid_thw"),
+                video_grid_thw=enc.get("video_grid_thw"),
+                second_per_grid_ts=_as_tensor(enc.get("second_per_grid_ts")),
+            )
+            positions = positions[:, 0]
+            vision = {k: enc[k] for k in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+                      if k in enc}
+            layout = self._layout(media, visual_mask, vision)
+        visual_idx = visual_mask.nonzero().flatten()
+        suffix = int(visual_idx[-1]) + 1 if visual_idx.numel() else ids.shape[0]
+        self.reset_stream()
+        return PreparedInput(
+            input_ids=ids,
+            position_ids=positions.long(),
+            next_position=int(positions.max()) + 1,
+            visual_mask=visual_mask,
+            layout=layout,
+            suffix_start=suffix,
+            vision_inputs=vision,
+            media=media,
+        )
+
+    def followup_ids(self, prompt: str) -> torch.Tensor:
+        text = f"<|im_end|>\n<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
+        return torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+
+    def _layout(self, media: Media, visual_mask: torch.Tensor, vision: dict) -> VisualLayout:
+        seq_index = visual_mask.nonzero().flatten().numpy()
+        width, height = media.size
+        if media.kind == "image":
+            _, gh, gw = (int(x) for x in vision["image_grid_thw"][0])
+            rows, cols, t = gh // self.merge, gw // self.merge, 1
+            frames = [FrameInfo("image", (rows, cols), 0.0, (0,), (0, 0, width, height))]
+        else:
+            t, gh, gw = (int(x) for x in vision["video_grid_thw"][0])
+            rows, cols = gh // self.merge, gw // self.merge
+            n_src = len(media.frames)
+            frames = []
+            for i in range(t):
+                src = tuple(j for j in (2 * i, 2 * i + 1) if j < n_src) or (n_src - 1,)
+                frames.append(FrameInfo("frame", (rows, cols), media.times[src[0]], src, (0, 0, width, height)))
+        per = rows * cols
+        frame = np.repeat(np.arange(t), per)
+        r = np.tile(np.repeat(np.arange(rows), cols), t)
+        c = np.tile(np.tile(np.arange(cols), rows), t)
+        box = np.tile(grid_boxes(rows, cols, (0, 0, width, height)), (t, 1))
+        units: list[VisualUnit] = []
+        for f in range(t):
+            base = f * per
+            if media.kind == "image":
+                for row in range(rows):
+                    s = seq_index[base + row * cols]
+                    units.append(VisualUnit("rows", f, int(s), int(s) + cols, row=row))
+            else:
+                s = seq_index[base]
+                units.append(VisualUnit("frame", f, int(s), int(s) + per))
+        return VisualLayout(seq_index, frame, r, c, box, frames, units, (width, height), media.kind)
+
+    # -- vision -------------------------------------------------------------------
+    def reset_stream(self) -> None:
+        self._strip = None
+
+    @torch.no_grad()
+    def encode_units(self, prepared: PreparedInput, units: list[VisualUnit]) -> torch.Tensor:
+        if not units:
+            return torch.zeros((0, self.text_config.hidden_size), dtype=self.dtype, device=self.device)
+        if units[0].kind == "frame":
+            return self._encode_frames([u.frame for u in units], prepared.vision_inputs)
+        rows = [u.row for u in units]
+        return self._encode_rows(rows[0], rows[-1] + 1, prepared.vision_inputs)
+
+    def _run_visual(self, pixels: torch.Tensor, grid: torch.Tensor, row_offset: int = 0) -> torch.Tensor:
+        kwargs: dict[str, Any] = {}
+        if row_offset:
+            pos = get_vision_position_ids(grid, self.merge)
+            pos[:, 0] += row_offset * self.merge  # the strip's true patch rows in the image
+            kwargs["position_ids"] = pos
+        out = self.visual(pixels.to(self.visual.dtype), grid_thw=grid, **kwargs)
+        return out.pooler_output.to(self.dtype)
+
+    def _encode_frames(self, frames: list[int], vision: dict) -> torch.Tensor:
+        _t, gh, gw = (int(x) for x in vision["video_grid_thw"][0])
+        per = gh * gw
+        f0, f1 = frames[0], frames[-1] + 1
+        if frames != list(range(f0, f1)):  # non-contiguous (skipped frames): encode runs
+            return torch.cat([self._encode_frames([f], vision) for f in frames])
+        pixels = vision["pixel_values_videos"][f0 * per : f1 * per]
+        grid = torch.tensor([[f1 - f0, gh, gw]])
+        return self._run_visual(pixels, grid)
+
+    def _encode_rows(self, r0: int, r1: int, vision: dict) -> torch.Tensor:
+        _, gh, gw = (int(x) for x in vision["image_grid_thw"][0])
+        rows, cols = gh // self.merge, gw // self.merge
+        tokens_per_row = cols
+        patches_per_row = cols * self.merge * self.merge
+        if r0 == 0 and r1 == rows:  # whole image: exactly what transformers does
+            return self._run_visual(vision["pixel_values"], vision["image_grid_thw"])
+        parts = []
+        r = r0
+        while r < r1:
+            if self._strip is None or not (self._strip[0] <= r < self._strip[1]):
+                s0 = (r // self.window_rows) * self.window_rows
+                s1 = min(rows, max(s0 + self.window_rows, ((r1 + self.window_rows - 1) // self.window_rows)
+                                   * self.window_rows))
+                pixels = vision["pixel_values"][s0 * patches_per_row : s1 * patches_per_row]
+                grid = torch.tensor([[1, (s1 - s0) * self.merge, gw]])
+                self._strip = (s0, s1, self._run_visual(pixels, grid, row_offset=s0))
+            s0, s1, emb = self._strip
+            take = min(r1, s1)
+            parts.append(emb[(r - s0) * tokens_per_row : (take - s0) * tokens_per_row])
+            r = take
+            if take == s1:
+                self._strip = None  # fully consumed: free it
+        return torch.cat(parts)
+
+
+def _metadata(media: Media) -> VideoMetadata:
+    n = len(media.frames)
+    sampled_fps = (n - 1) / (media.times[-1] - media.times[0]) if n > 1 and media.times[-1] > media.times[0] else 1.0
+    h, w = media.frames[0].shape[:2]
+    return VideoMetadata(
+        total_num_frames=n, fps=sampled_fps, width=w, height=h, duration=media.duration or 0.0,
+        frames_indices=list(range(n)),
+    )
+
+
+def _as_tensor(x):
+    if x is None or isinstance(x, torch.Tensor):
+        return x
+    return torch.tensor(x)

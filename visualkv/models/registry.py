@@ -1,0 +1,121 @@
+"""Model aliases and loading by alias, Hub id or local path.
+
+Offline aliases build tiny random-weight models in code (no download). Real
+checkpoints load with transformers' own classes (`AutoProcessor`,
+`AutoModelForImageTextToText`), `trust_remote_code` off.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from visualkv.errors import ModelLoadError
+from visualkv.models.base import ModelAdapter
+from visualkv.models.qwen2_5_vl import Qwen25VLAdapter
+from visualkv.models.smolvlm import SmolVLMAdapter
+
+FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
+    "qwen2_5_vl": Qwen25VLAdapter,
+    "qwen2_vl": Qwen25VLAdapter,
+    "smolvlm": SmolVLMAdapter,
+    "idefics3": SmolVLMAdapter,
+}
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    name: str
+    offline: bool
+    note: str
+
+
+OFFLINE_MODELS = (
+    ModelChoice("tiny-qwen2.5-vl", True, "random weights, Qwen2.5-VL architecture (tests)"),
+    ModelChoice("tiny-smolvlm2", True, "random weights, SmolVLM2 architecture (tests)"),
+    ModelChoice("bench-qwen2.5-vl", True, "random weights, larger LLM for benchmarks"),
+    ModelChoice("bench-smolvlm2", True, "random weights, larger LLM for benchmarks"),
+)
+HUB_MODELS = (
+    ModelChoice("Qwen/Qwen2.5-VL-3B-Instruct", False, "needs the Hub or a local copy"),
+    ModelChoice("Qwen/Qwen2.5-VL-7B-Instruct", False, "needs the Hub or a local copy"),
+    ModelChoice("HuggingFaceTB/SmolVLM2-500M-Video-Instruct", False, "needs the Hub or a local copy"),
+    ModelChoice("HuggingFaceTB/SmolVLM2-2.2B-Instruct", False, "needs the Hub or a local copy"),
+)
+
+
+def offline_aliases() -> list[str]:
+    from visualkv.models.tiny import TINY_SPECS
+
+    return list(TINY_SPECS)
+
+
+def load_model(
+    name: str, device: str = "cpu", dtype: str = "auto", seed: int = 0, attn_implementation: str = "sdpa"
+) -> ModelAdapter:
+    """Load an adapter for `name`: an offline alias, a local folder or a Hub id.
+
+    device: "cpu", "cuda", "auto" (device_map="auto", sharded over GPUs).
+    dtype: "auto" (bfloat16 on CUDA, float32 on CPU), "float32", "bfloat16", "float16".
+    Raises ModelLoadError with one line on any failure.
+    """
+    torch_dtype = _dtype(dtype, device)
+    if name in offline_aliases():
+        from visualkv.models.tiny import build_tiny
+
+        model, processor = build_tiny(name, seed=seed, dtype=torch_dtype)
+        if device not in ("cpu", "auto"):
+            model = model.to(device)
+        return _adapter(model, processor, name)
+    return _adapter(*_load_pretrained(name, device, torch_dtype, attn_implementation), name)
+
+
+def _load_pretrained(name: str, device: str, dtype: torch.dtype, attn: str):
+    from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+
+    is_local = os.path.isdir(name)
+    if not is_local and (name.startswith((".", "/", "~")) or os.sep in name.strip("/").replace("/", "", 1)):
+        raise ModelLoadError(f"model path {name!r} does not exist")
+    try:
+        config = AutoConfig.from_pretrained(name, trust_remote_code=False)
+    except Exception as exc:  # noqa: BLE001 - transformers raises many types here
+        hint = "" if is_local else "; it is not an offline alias and the Hub could not be reached (offline?)"
+        raise ModelLoadError(f"cannot load model {name!r}: {_first_line(exc)}{hint}") from None
+    if config.model_type not in FAMILY_ADAPTERS:
+        raise ModelLoadError(
+            f"model {name!r} is a {config.model_type!r}; supported families: {', '.join(sorted(FAMILY_ADAPTERS))}"
+        )
+    try:
+        processor = AutoProcessor.from_pretrained(name, trust_remote_code=False)
+        kwargs = {"dtype": dtype, "attn_implementation": attn, "trust_remote_code": False}
+        if device == "auto":
+            kwargs["device_map"] = "auto"
+        model = AutoModelForImageTextToText.from_pretrained(name, **kwargs)
+    except Exception as exc:  # noqa: BLE001
+        raise ModelLoadError(f"cannot load model {name!r}: {_first_line(exc)}") from None
+    if device not in ("auto", "cpu"):
+        model = model.to(device)
+    return model, processor
+
+
+def _adapter(model, processor, name: str) -> ModelAdapter:
+    family = model.config.model_type
+    if family not in FAMILY_ADAPTERS:
+        raise ModelLoadError(f"unsupported model family {family!r}")
+    return FAMILY_ADAPTERS[family](model, processor, name)
+
+
+def _dtype(dtype: str, device: str) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device in ("cuda", "auto") and torch.cuda.is_available() else torch.float32
+    try:
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    except KeyError:
+        raise ModelLoadError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__

@@ -1,0 +1,145 @@
+"""SmolVLM / SmolVLM2 (Idefics3-style) adapter.
+
+Layout: the processor splits a large image into rows x cols tiles of 512 px
+plus a global thumbnail; each tile becomes an 8 x 8 grid of tokens (SigLIP
+patches pixel-shuffled by 4). A video is a list of frames, each one 8 x 8
+tile with a text timestamp before it. The unit is one tile / frame.
+
+Every tile and frame is encoded independently by the vision tower, so
+block-by-block encoding is exact. Tile pixel boxes assume the processor's even
+split of the resized image into rows x cols tiles (accurate to the resize
+rounding, a few pixels).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from transformers.video_utils import VideoMetadata
+
+from visualkv.layout import FrameInfo, VisualLayout, VisualUnit, grid_boxes
+from visualkv.media import Media
+from visualkv.models.base import ModelAdapter, PreparedInput, text_positions
+
+_ROW_COL = re.compile(r"<row_(\d+)_col_(\d+)>")
+
+
+class SmolVLMAdapter(ModelAdapter):
+    family = "smolvlm"
+    default_block_size = 256  # four 64-token tiles
+    position_axes = 1
+
+    @property
+    def language_model(self) -> torch.nn.Module:
+        return self.model.model.text_model
+
+    def rotary(self, hidden, positions):
+        return self.language_model.rotary_emb(hidden, positions[:1].to(hidden.device))
+
+    def prepare(self, media: Media | None, prompt: str) -> PreparedInput:
+        content: list[dict[str, Any]] = []
+        if media is not None:
+            content.append({"type": media.kind})
+        content.append({"type": "text", "text": prompt})
+        text = self.processor.apply_chat_template(
+            [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+        )
+        kwargs: dict[str, Any] = {"text": [text], "return_tensors": "pt"}
+        if media is not None and media.kind == "image":
+            kwargs["images"] = [[Image.fromarray(media.frames[0])]]
+        elif media is not None:
+            kwargs["videos"] = [np.stack(media.frames)]
+            kwargs["video_metadata"] = [_metadata(media)]
+            kwargs["do_sample_frames"] = False
+        enc = self.processor(**kwargs)
+        ids = enc["input_ids"][0]
+        visual_mask = ids == self.model.config.image_token_id
+        vision = {k: enc[k] for k in ("pixel_values", "pixel_attention_mask") if k in enc}
+        layout = self._layout(media, ids, visual_mask) if media is not None else VisualLayout.empty()
+        visual_idx = visual_mask.nonzero().flatten()
+        suffix = int(visual_idx[-1]) + 1 if visual_idx.numel() else ids.shape[0]
+        # Idefics3-style models number positions 0..L-1 (1-D RoPE).
+        return PreparedInput(
+            input_ids=ids,
+            position_ids=text_positions(0, ids.shape[0], 1),
+            next_position=int(ids.shape[0]),
+            visual_mask=visual_mask,
+            layout=layout,
+            suffix_start=suffix,
+            vision_inputs=vision,
+            media=media,
+        )
+
+    def followup_ids(self, prompt: str) -> torch.Tensor:
+        text = f"<end_of_utterance>\nUser: {prompt}<end_of_utterance>\nAssistant:"
+        return torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+
+    def _layout(self, media: Media, ids: torch.Tensor, visual_mask: torch.Tensor) -> VisualLayout:
+        seq_index = visual_mask.nonzero().flatten().numpy()
+        runs = _runs(seq_index)
+        width, height = media.size
+        side = round(len(runs[0]) ** 0.5) if runs else 0
+        grid_rc: list[tuple[int, int]] = []
+        text = self.tokenizer.convert_ids_to_tokens(ids.tolist())
+        for tok in text:
+            m = _ROW_COL.fullmatch(tok) if isinstance(tok, str) else None
+            if m:
+                grid_rc.append((int(m.group(1)), int(m.group(2))))
+        n_rows = max((r for r, _ in grid_rc), default=0)
+        n_cols = max((c for _, c in grid_rc), default=0)
+        frames: list[FrameInfo] = []
+        boxes = []
+        for i, run in enumerate(runs):
+            if media.kind == "video":
+                region = (0, 0, width, height)
+                frames.append(FrameInfo("frame", (side, side), media.times[i], (i,), region))
+            elif i < n_rows * n_cols:
+                r, c = divmod(i, n_cols)
+                region = (c * width / n_cols, r * height / n_rows, (c + 1) * width / n_cols, (r + 1) * height / n_rows)
+                frames.append(FrameInfo("tile", (side, side), 0.0, (0,), tuple(round(v) for v in region)))
+            else:
+                region = (0, 0, width, height)
+                frames.append(FrameInfo("global", (side, side), 0.0, (0,), region))
+            boxes.append(grid_boxes(side, side, region))
+        n = len(seq_index)
+        frame = np.repeat(np.arange(len(runs)), side * side)
+        rr = np.tile(np.repeat(np.arange(side), side), len(runs))
+        cc = np.tile(np.tile(np.arange(side), side), len(runs))
+        kind = "frame" if media.kind == "video" else "tile"
+        units = [VisualUnit(kind, i, int(run[0]), int(run[-1]) + 1) for i, run in enumerate(runs)]
+        box = np.concatenate(boxes) if boxes else np.zeros((0, 4), dtype=np.int64)
+        assert frame.shape[0] == n, "visual tokens must form square tiles"
+        return VisualLayout(seq_index, frame, rr, cc, box, frames, units, (width, height), media.kind)
+
+    @torch.no_grad()
+    def encode_units(self, prepared: PreparedInput, units: list[VisualUnit]) -> torch.Tensor:
+        if not units:
+            return torch.zeros((0, self.text_config.hidden_size), dtype=self.dtype, device=self.device)
+        idx = torch.tensor([u.frame for u in units])
+        pv = prepared.vision_inputs["pixel_values"][:, idx]
+        pam = prepared.vision_inputs.get("pixel_attention_mask")
+        pam = pam[:, idx] if pam is not None else None
+        out = self.model.model.get_image_features(pv.to(self.device), pam.to(self.device) if pam is not None else None)
+        feats = out.pooler_output
+        feats = torch.cat(list(feats)) if isinstance(feats, (list, tuple)) else feats.reshape(-1, feats.shape[-1])
+        return feats.to(self.dtype)
+
+
+def _runs(seq_index: np.ndarray) -> list[np.ndarray]:
+    """Split sorted indices into runs of consecutive integers."""
+    if seq_index.size == 0:
+        return []
+    breaks = np.nonzero(np.diff(seq_index) != 1)[0] + 1
+    return np.split(seq_index, breaks)
+
+
+def _metadata(media: Media) -> VideoMetadata:
+    n = len(media.frames)
+    fps = (n - 1) / (media.times[-1] - media.times[0]) if n > 1 and media.times[-1] > media.times[0] else 1.0
+    h, w = media.frames[0].shape[:2]
+    return VideoMetadata(total_num_frames=n, fps=fps, width=w, height=h, duration=media.duration or 0.0,
+                         frames_indices=list(range(n)))

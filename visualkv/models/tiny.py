@@ -1,0 +1,437 @@
+"""Tiny random-weight vision-language models built fully offline.
+
+Tests and benchmarks must exercise the same code paths as real checkpoints, so every
+model here is an instance of transformers' own class for the family
+(``Qwen2_5_VLForConditionalGeneration`` / ``SmolVLMForConditionalGeneration``) and every
+processor is the family's own processor class, configured like the released checkpoints
+(pixel limits, tiling, tokens per tile, chat template). Only the sizes are tiny and the
+weights random (deterministic from a seed). The tokenizer is a byte-level BPE trained
+in-process (see :mod:`visualkv.models.tokenizer_build`). Nothing is downloaded.
+
+Aliases (see :data:`TINY_SPECS`):
+
+* ``tiny-qwen2.5-vl`` / ``tiny-smolvlm2``: smallest sensible dims, for unit tests.
+* ``bench-qwen2.5-vl`` / ``bench-smolvlm2``: a bigger LLM (hidden 512, 16 layers) with a
+  small vision tower, so LLM compute dominates a CPU prefill (for benchmarks).
+
+Example::
+
+    model, processor = build_tiny("tiny-qwen2.5-vl", seed=0)
+    save_tiny("tiny-qwen2.5-vl", "/tmp/tiny")  # loadable with AutoModelForImageTextToText
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+from transformers import (
+    PreTrainedModel,
+    ProcessorMixin,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2_5_VLProcessor,
+    Qwen2VLImageProcessor,
+    Qwen2VLVideoProcessor,
+    SmolVLMConfig,
+    SmolVLMForConditionalGeneration,
+    SmolVLMImageProcessor,
+    SmolVLMProcessor,
+    SmolVLMVideoProcessor,
+)
+from transformers.image_utils import (
+    IMAGENET_STANDARD_MEAN,
+    IMAGENET_STANDARD_STD,
+    OPENAI_CLIP_MEAN,
+    OPENAI_CLIP_STD,
+    PILImageResampling,
+)
+
+from visualkv.models.tokenizer_build import (
+    QWEN_CHAT_TEMPLATE,
+    SMOLVLM_CHAT_TEMPLATE,
+    build_qwen_tokenizer,
+    build_smolvlm_tokenizer,
+)
+
+__all__ = [
+    "QWEN_PROCESSOR_SETTINGS",
+    "SMOLVLM_PROCESSOR_SETTINGS",
+    "TINY_SPECS",
+    "TinySpec",
+    "build_tiny",
+    "build_tiny_config",
+    "build_tiny_processor",
+    "save_tiny",
+]
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """Sizes of one tiny model alias.
+
+    Attributes:
+        family: ``"qwen2_5_vl"`` or ``"smolvlm"``.
+        text_hidden_size: LLM hidden size.
+        text_num_layers: Number of LLM decoder layers.
+        text_num_heads: Number of query heads.
+        text_num_kv_heads: Number of key/value heads (GQA when smaller than query heads).
+        text_intermediate_size: LLM MLP width.
+        vision_hidden_size: Vision-tower hidden size.
+        vision_num_layers: Vision-tower depth.
+        vision_num_heads: Vision-tower attention heads.
+        vision_intermediate_size: Vision-tower MLP width.
+        mrope_section: Qwen only: M-RoPE split of ``head_dim / 2`` into (t, h, w).
+        fullatt_block_indexes: Qwen only: vision blocks with full (not windowed) attention.
+        bpe_vocab_size: Size of the trained BPE vocabulary (special tokens come on top);
+            the model's ``vocab_size`` equals ``len(tokenizer)``.
+        description: One-line human description.
+    """
+
+    family: str
+    text_hidden_size: int
+    text_num_layers: int
+    text_num_heads: int
+    text_num_kv_heads: int
+    text_intermediate_size: int
+    vision_hidden_size: int
+    vision_num_layers: int
+    vision_num_heads: int
+    vision_intermediate_size: int
+    mrope_section: tuple[int, ...] = ()
+    fullatt_block_indexes: tuple[int, ...] = field(default=())
+    bpe_vocab_size: int = 1024
+    description: str = ""
+
+    @property
+    def head_dim(self) -> int:
+        """LLM attention head dimension."""
+        return self.text_hidden_size // self.text_num_heads
+
+
+TINY_SPECS: dict[str, TinySpec] = {
+    "tiny-qwen2.5-vl": TinySpec(
+        family="qwen2_5_vl",
+        text_hidden_size=64,
+        text_num_layers=2,
+        text_num_heads=4,
+        text_num_kv_heads=2,
+        text_intermediate_size=128,
+        vision_hidden_size=32,
+        vision_num_layers=2,
+        vision_num_heads=2,
+        vision_intermediate_size=64,
+        mrope_section=(2, 3, 3),
+        fullatt_block_indexes=(1,),
+        description="Qwen2.5-VL, LLM 64x2L (4q/2kv heads, head_dim 16), vision 32x2L (block 1 full-attn)",
+    ),
+    "tiny-smolvlm2": TinySpec(
+        family="smolvlm",
+        text_hidden_size=64,
+        text_num_layers=2,
+        text_num_heads=4,
+        text_num_kv_heads=2,
+        text_intermediate_size=128,
+        vision_hidden_size=32,
+        vision_num_layers=2,
+        vision_num_heads=2,
+        vision_intermediate_size=64,
+        description="SmolVLM2, Llama LLM 64x2L (4q/2kv heads, head_dim 16), SigLIP 32x2L 512px/16",
+    ),
+    "bench-qwen2.5-vl": TinySpec(
+        family="qwen2_5_vl",
+        text_hidden_size=512,
+        text_num_layers=16,
+        text_num_heads=8,
+        text_num_kv_heads=2,
+        text_intermediate_size=1536,
+        vision_hidden_size=64,
+        vision_num_layers=2,
+        vision_num_heads=2,
+        vision_intermediate_size=128,
+        mrope_section=(8, 12, 12),
+        fullatt_block_indexes=(1,),
+        description="Qwen2.5-VL, LLM 512x16L (8q/2kv heads, head_dim 64), vision 64x2L (block 1 full-attn)",
+    ),
+    "bench-smolvlm2": TinySpec(
+        family="smolvlm",
+        text_hidden_size=512,
+        text_num_layers=16,
+        text_num_heads=8,
+        text_num_kv_heads=2,
+        text_intermediate_size=1536,
+        vision_hidden_size=64,
+        vision_num_layers=2,
+        vision_num_heads=2,
+        vision_intermediate_size=128,
+        description="SmolVLM2, Llama LLM 512x16L (8q/2kv heads, head_dim 64), SigLIP 64x2L 512px/16",
+    ),
+}
+
+# Processor settings of Qwen/Qwen2.5-VL-*-Instruct (preprocessor_config.json); the released
+# repos ship no separate video config, so the video processor gets the same values.
+QWEN_PROCESSOR_SETTINGS: dict[str, object] = {
+    "min_pixels": 3136,
+    "max_pixels": 12845056,
+    "patch_size": 14,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": OPENAI_CLIP_MEAN,
+    "image_std": OPENAI_CLIP_STD,
+    "resample": PILImageResampling.BICUBIC,
+}
+
+# Processor settings of HuggingFaceTB/SmolVLM2-500M-Video-Instruct.
+SMOLVLM_PROCESSOR_SETTINGS: dict[str, object] = {
+    "image_size": {"longest_edge": 4 * 512},  # resize target before tiling
+    "max_image_size": {"longest_edge": 512},  # tile side / vision encoder input
+    "video_size": {"longest_edge": 512},
+    "video_fps": 1,
+    "video_max_frames": 64,
+    "image_seq_len": 64,  # (512 / 16) ** 2 / 4 ** 2
+    "scale_factor": 4,
+    "patch_size": 16,
+    "image_mean": IMAGENET_STANDARD_MEAN,
+    "image_std": IMAGENET_STANDARD_STD,
+    "resample": PILImageResampling.LANCZOS,
+}
+
+
+def _spec(alias: str) -> TinySpec:
+    try:
+        return TINY_SPECS[alias]
+    except KeyError:
+        raise KeyError(f"unknown tiny alias {alias!r}; known: {sorted(TINY_SPECS)}") from None
+
+
+def build_tiny_processor(alias: str) -> ProcessorMixin:
+    """Assemble the family's real processor class around a locally built tokenizer."""
+    spec = _spec(alias)
+    if spec.family == "qwen2_5_vl":
+        s = QWEN_PROCESSOR_SETTINGS
+        common = {
+            k: s[k]
+            for k in (
+                "patch_size",
+                "temporal_patch_size",
+                "merge_size",
+                "image_mean",
+                "image_std",
+            )
+        }
+        image_processor = Qwen2VLImageProcessor(
+            min_pixels=s["min_pixels"],
+            max_pixels=s["max_pixels"],
+            resample=s["resample"],
+            **common,
+        )
+        video_processor = Qwen2VLVideoProcessor(
+            min_pixels=s["min_pixels"],
+            max_pixels=s["max_pixels"],
+            resample=s["resample"],
+            **common,
+        )
+        tokenizer = build_qwen_tokenizer(spec.bpe_vocab_size)
+        return Qwen2_5_VLProcessor(
+            image_processor=image_processor,
+            tokenizer=tokenizer,
+            video_processor=video_processor,
+            chat_template=QWEN_CHAT_TEMPLATE,
+        )
+    if spec.family == "smolvlm":
+        s = SMOLVLM_PROCESSOR_SETTINGS
+        image_processor = SmolVLMImageProcessor(
+            do_image_splitting=True,
+            size=dict(s["image_size"]),
+            max_image_size=dict(s["max_image_size"]),
+            resample=s["resample"],
+            image_mean=s["image_mean"],
+            image_std=s["image_std"],
+            do_pad=True,
+        )
+        video_processor = SmolVLMVideoProcessor(
+            size=dict(s["video_size"]),
+            max_image_size=dict(s["max_image_size"]),
+            resample=s["resample"],
+            image_mean=s["image_mean"],
+            image_std=s["image_std"],
+            fps=s["video_fps"],
+            num_frames=s["video_max_frames"],
+            do_pad=True,
+        )
+        tokenizer = build_smolvlm_tokenizer(spec.bpe_vocab_size)
+        return SmolVLMProcessor(
+            image_processor=image_processor,
+            tokenizer=tokenizer,
+            video_processor=video_processor,
+            image_seq_len=s["image_seq_len"],
+            chat_template=SMOLVLM_CHAT_TEMPLATE,
+        )
+    raise ValueError(f"unknown family {spec.family!r}")
+
+
+def build_tiny_config(
+    alias: str,
+    processor: ProcessorMixin | None = None,
+    attn_implementation: str = "sdpa",
+) -> Qwen2_5_VLConfig | SmolVLMConfig:
+    """Build the model config of ``alias``; token ids are taken from the processor's tokenizer."""
+    spec = _spec(alias)
+    processor = processor if processor is not None else build_tiny_processor(alias)
+    tok = processor.tokenizer
+    vocab_size = len(tok)
+    text_common = {
+        "vocab_size": vocab_size,
+        "hidden_size": spec.text_hidden_size,
+        "intermediate_size": spec.text_intermediate_size,
+        "num_hidden_layers": spec.text_num_layers,
+        "num_attention_heads": spec.text_num_heads,
+        "num_key_value_heads": spec.text_num_kv_heads,
+        "hidden_act": "silu",
+        "initializer_range": 0.02,
+        "use_cache": True,
+    }
+    if spec.family == "qwen2_5_vl":
+        if sum(spec.mrope_section) * 2 != spec.head_dim:
+            raise ValueError(f"mrope_section {spec.mrope_section} must sum to head_dim/2 = {spec.head_dim // 2}")
+        ids = tok.convert_tokens_to_ids
+        s = QWEN_PROCESSOR_SETTINGS
+        return Qwen2_5_VLConfig(
+            text_config={
+                **text_common,
+                "max_position_embeddings": 128000,
+                "rms_norm_eps": 1e-6,
+                "rope_parameters": {
+                    "rope_type": "default",
+                    "rope_theta": 1000000.0,
+                    "mrope_section": list(spec.mrope_section),
+                },
+                "use_sliding_window": False,
+                "bos_token_id": ids("<|endoftext|>"),
+                "eos_token_id": ids("<|im_end|>"),
+                "pad_token_id": ids("<|endoftext|>"),
+            },
+            vision_config={
+                "depth": spec.vision_num_layers,
+                "hidden_size": spec.vision_hidden_size,
+                "intermediate_size": spec.vision_intermediate_size,
+                "num_heads": spec.vision_num_heads,
+                "hidden_act": "silu",
+                "in_channels": 3,
+                "patch_size": s["patch_size"],
+                "spatial_merge_size": s["merge_size"],
+                "temporal_patch_size": s["temporal_patch_size"],
+                "tokens_per_second": 2,
+                "window_size": 112,
+                "out_hidden_size": spec.text_hidden_size,
+                "fullatt_block_indexes": list(spec.fullatt_block_indexes),
+                "initializer_range": 0.02,
+            },
+            image_token_id=ids("<|image_pad|>"),
+            video_token_id=ids("<|video_pad|>"),
+            vision_start_token_id=ids("<|vision_start|>"),
+            vision_end_token_id=ids("<|vision_end|>"),
+            tie_word_embeddings=False,
+            attn_implementation=attn_implementation,
+        )
+    s = SMOLVLM_PROCESSOR_SETTINGS
+    return SmolVLMConfig(
+        text_config={
+            **text_common,
+            "model_type": "llama",
+            "head_dim": spec.head_dim,
+            "max_position_embeddings": 8192,
+            "rms_norm_eps": 1e-5,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 100000.0},
+            "bos_token_id": tok.bos_token_id,
+            "eos_token_id": tok.eos_token_id,
+            "pad_token_id": tok.pad_token_id,
+            "tie_word_embeddings": False,
+        },
+        vision_config={
+            "hidden_size": spec.vision_hidden_size,
+            "intermediate_size": spec.vision_intermediate_size,
+            "num_hidden_layers": spec.vision_num_layers,
+            "num_attention_heads": spec.vision_num_heads,
+            "num_channels": 3,
+            "image_size": s["max_image_size"]["longest_edge"],
+            "patch_size": s["patch_size"],
+            "hidden_act": "gelu_pytorch_tanh",
+            "layer_norm_eps": 1e-6,
+            "initializer_range": 0.02,
+        },
+        scale_factor=s["scale_factor"],
+        image_token_id=processor.image_token_id,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=False,
+        attn_implementation=attn_implementation,
+    )
+
+
+def build_tiny(
+    alias: str,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    attn_implementation: str = "sdpa",
+) -> tuple[PreTrainedModel, ProcessorMixin]:
+    """Build a tiny random-weight VLM and its processor, offline and deterministically.
+
+    Weights are drawn in float32 under ``torch.manual_seed(seed)`` (inside a forked RNG so
+    the caller's global RNG state is untouched), then cast to ``dtype``; the same seed
+    therefore gives identical weights for any dtype before casting.
+
+    Args:
+        alias: A key of :data:`TINY_SPECS`.
+        seed: Seed for the random weights.
+        dtype: Parameter dtype of the returned model.
+        attn_implementation: ``"sdpa"`` (default) or ``"eager"``.
+
+    Returns:
+        ``(model, processor)``; the model is in ``eval()`` mode.
+    """
+    spec = _spec(alias)
+    processor = build_tiny_processor(alias)
+    config = build_tiny_config(alias, processor, attn_implementation=attn_implementation)
+    model_cls = Qwen2_5_VLForConditionalGeneration if spec.family == "qwen2_5_vl" else SmolVLMForConditionalGeneration
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_cls(config)
+    model = model.to(dtype=dtype).eval()
+    tok = processor.tokenizer
+    gen = model.generation_config
+    if spec.family == "qwen2_5_vl":
+        gen.bos_token_id = tok.convert_tokens_to_ids("<|endoftext|>")
+        gen.eos_token_id = [
+            tok.convert_tokens_to_ids("<|im_end|>"),
+            tok.convert_tokens_to_ids("<|endoftext|>"),
+        ]
+        gen.pad_token_id = tok.convert_tokens_to_ids("<|endoftext|>")
+    else:
+        gen.bos_token_id = tok.bos_token_id
+        gen.eos_token_id = tok.eos_token_id
+        gen.pad_token_id = tok.pad_token_id
+    gen.do_sample = False
+    return model, processor
+
+
+def save_tiny(
+    alias: str,
+    path: str | os.PathLike[str],
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+) -> str:
+    """Build ``alias`` and write model + processor with ``save_pretrained`` into ``path``.
+
+    The directory then loads like a real local checkpoint with
+    ``AutoModelForImageTextToText.from_pretrained(path)`` and
+    ``AutoProcessor.from_pretrained(path)``.
+
+    Returns:
+        ``str(path)``.
+    """
+    model, processor = build_tiny(alias, seed=seed, dtype=dtype)
+    path = os.fspath(path)
+    model.save_pretrained(path)
+    processor.save_pretrained(path)
+    return path

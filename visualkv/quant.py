@@ -1,0 +1,237 @@
+"""Packed INT8 / INT4 quantization of KV tensors (pure torch, no model).
+
+Used by Sali-Cache for its INT8 and INT4 tiers: entries are really stored packed (one byte per INT8
+value, two INT4 values per byte) with one asymmetric scale and zero point per group of channels, and
+dequantized just in time for attention.
+
+Layout, for ``x`` shaped ``(..., tokens, head_dim)`` (e.g. ``(batch, kv_heads, tokens, head_dim)``):
+
+- ``data``:  uint8 ``(..., tokens, head_dim * bits // 8)``; for INT4 the low nibble holds the even
+  channel and the high nibble the odd channel (``byte = q[2i] | q[2i+1] << 4``).
+- ``scale``, ``zero``: ``x.dtype``, ``(..., tokens, head_dim // group_size)``; ``zero`` is the group
+  minimum, ``scale`` the step. Dequantized value = ``q * scale + zero``.
+
+Cost per token (and per leading index, e.g. per KV head): ``head_dim * bits / 8`` bytes of data plus
+``2 * head_dim / group_size * itemsize`` bytes of scale and zero. For head_dim 128, group 32, fp16:
+INT8 = 128 + 16 = 144 bytes (0.56x of fp16's 256), INT4 = 64 + 16 = 80 bytes (0.31x).
+
+Error bound: for every element, ``|x - dequantize(quantize(x))| <= scale / 2`` where ``scale`` is the
+stored (dtype-rounded) scale of its group, plus float32 arithmetic error (a few ulp) and the final
+rounding of the result to ``x.dtype`` (half an ulp of the value). The zero point is the group minimum,
+which is exactly representable in ``x.dtype``, and the stored scale is rounded *up*, so the group's
+range always fits in ``2**bits - 1`` steps and nothing is clipped.
+
+Limits: inputs must be finite (NaN / inf are not supported); quantization and packing are plain torch
+ops (no fused kernel), so dequantizing costs a temporary float32 copy of the tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_SUPPORTED_BITS = (4, 8)
+# Integer dtype of the same width, to step a float to its neighbour through its bit pattern.
+_BITS_VIEW = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32}
+
+
+def _next_up(t: torch.Tensor) -> torch.Tensor:
+    """The next representable value above each element of ``t`` (finite, >= 0), in t's dtype.
+
+    For non-negative IEEE floats the bit pattern grows with the value, so +1 on it is the next float
+    up (0 -> smallest subnormal). Same as ``torch.nextafter(t, inf)``, which is not implemented for
+    half types on every backend.
+    """
+    return (t.view(_BITS_VIEW[t.dtype]) + 1).view(t.dtype)
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """How to quantize: ``bits`` (8 or 4) and ``group_size`` channels per (scale, zero) pair."""
+
+    bits: int
+    group_size: int = 32
+
+    def __post_init__(self) -> None:
+        if self.bits not in _SUPPORTED_BITS:
+            raise ValueError(f"bits must be one of {_SUPPORTED_BITS}, got {self.bits}")
+        if self.group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {self.group_size}")
+
+    def resolved(self, head_dim: int) -> QuantSpec:
+        """The spec actually used for ``head_dim``: a group larger than head_dim shrinks to it.
+
+        Raises ValueError when head_dim is not a multiple of group_size, or when INT4 meets an odd
+        head_dim (two values per byte).
+        """
+        if head_dim < 1:
+            raise ValueError(f"head_dim must be >= 1, got {head_dim}")
+        group = min(self.group_size, head_dim)
+        if head_dim % group:
+            raise ValueError(f"head_dim {head_dim} is not divisible by group_size {self.group_size}")
+        if self.bits == 4 and head_dim % 2:
+            raise ValueError(f"INT4 packing needs an even head_dim, got {head_dim}")
+        return self if group == self.group_size else QuantSpec(self.bits, group)
+
+
+@dataclass
+class PackedTensor:
+    """A quantized ``(..., tokens, head_dim)`` tensor; see the module docstring for the layout.
+
+    ``spec`` is the resolved spec (group_size <= head_dim). ``shape`` and ``dtype`` describe the
+    original tensor, which ``dequantize`` restores.
+    """
+
+    data: torch.Tensor
+    scale: torch.Tensor
+    zero: torch.Tensor
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    spec: QuantSpec
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes really held: data + scale + zero (exactly the formula times the token count)."""
+        return self.data.nbytes + self.scale.nbytes + self.zero.nbytes
+
+    @property
+    def num_tokens(self) -> int:
+        return self.shape[-2]
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+
+def packed_bytes_per_token(head_dim: int, spec: QuantSpec, dtype: torch.dtype) -> int:
+    """Bytes one token costs per leading index (e.g. per KV head):
+    ``head_dim * bits / 8 + 2 * (head_dim / group_size) * itemsize``."""
+    spec = spec.resolved(head_dim)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return head_dim * spec.bits // 8 + 2 * (head_dim // spec.group_size) * itemsize
+
+
+def quantize(x: torch.Tensor, spec: QuantSpec) -> PackedTensor:
+    """Quantize ``x`` (``(..., tokens, head_dim)``, floating point) group-wise along the last dim.
+
+    Asymmetric min/max per (token, group): ``zero = min``, ``scale = (max - min) / (2**bits - 1)``
+    rounded up to ``x.dtype``, ``q = clamp(round((x - zero) / scale), 0, 2**bits - 1)``. A constant
+    group gets ``scale = 0`` and dequantizes exactly. Computed in float32; runs on x's device.
+    """
+    if x.dtype not in _BITS_VIEW:
+        raise TypeError(f"quantize expects float16, bfloat16 or float32, got {x.dtype}")
+    if x.dim() < 2:
+        raise ValueError(f"quantize expects (..., tokens, head_dim), got shape {tuple(x.shape)}")
+    head_dim = x.shape[-1]
+    spec = spec.resolved(head_dim)
+    levels = (1 << spec.bits) - 1
+    n_groups = head_dim // spec.group_size
+
+    xf = x.float().reshape(*x.shape[:-1], n_groups, spec.group_size)
+    lo = xf.amin(dim=-1)  # exactly representable in x.dtype: it is one of x's values
+    hi = xf.amax(dim=-1)
+    zero = lo.to(x.dtype)
+    scale_f = (hi - lo) / levels
+    scale = scale_f.to(x.dtype)
+    # Round the stored scale up so that levels * scale still covers the group's range.
+    # (No .any() guard: it would force a device sync.)
+    scale = torch.where(scale.float() < scale_f, _next_up(scale), scale)
+
+    step = scale.float().unsqueeze(-1)
+    # A constant group has step 0: divide by 1 instead, every code is 0 and zero is exact.
+    safe_step = torch.where(step > 0, step, torch.ones_like(step))
+    q = torch.round((xf - zero.float().unsqueeze(-1)) / safe_step).clamp_(0, levels)
+    q = q.to(torch.uint8).reshape(x.shape)
+    if spec.bits == 4:
+        q = q[..., 0::2] | (q[..., 1::2] << 4)
+    return PackedTensor(
+        data=q.contiguous(),
+        scale=scale,
+        zero=zero,
+        shape=tuple(x.shape),
+        dtype=x.dtype,
+        spec=spec,
+    )
+
+
+def _unpack(p: PackedTensor) -> torch.Tensor:
+    """The integer codes as uint8, shaped like the original tensor."""
+    if p.spec.bits == 8:
+        return p.data
+    low = p.data & 0x0F
+    high = p.data >> 4
+    return torch.stack((low, high), dim=-1).reshape(*p.data.shape[:-1], p.data.shape[-1] * 2)
+
+
+def dequantize(p: PackedTensor) -> torch.Tensor:
+    """Back to ``p.dtype`` and ``p.shape`` on ``p``'s device: ``q * scale + zero`` in float32."""
+    head_dim = p.shape[-1]
+    n_groups = head_dim // p.spec.group_size
+    q = _unpack(p).float().reshape(*p.shape[:-1], n_groups, p.spec.group_size)
+    x = q * p.scale.float().unsqueeze(-1) + p.zero.float().unsqueeze(-1)
+    return x.reshape(p.shape).to(p.dtype)
+
+
+def _token_dim(p: PackedTensor, dim: int) -> int:
+    """Normalise ``dim`` to a negative index valid for data, scale and zero alike."""
+    ndim = len(p.shape)
+    neg = dim - ndim if dim >= 0 else dim
+    if not -ndim <= neg <= -2:
+        raise ValueError(f"cannot concatenate along dim {dim} of a {ndim}-d packed tensor")
+    return neg
+
+
+def cat_packed(a: PackedTensor, b: PackedTensor, dim_tokens: int = -2) -> PackedTensor:
+    """Concatenate two packed tensors along ``dim_tokens`` (default: append ``b``'s tokens).
+
+    Both must share spec, dtype, device and every other dim. Any dim but head_dim is accepted, since
+    data, scale and zero share all leading dims.
+    """
+    if a.spec != b.spec or a.dtype != b.dtype:
+        raise ValueError(f"cannot concatenate {a.spec}/{a.dtype} with {b.spec}/{b.dtype}")
+    dim = _token_dim(a, dim_tokens)
+    if len(a.shape) != len(b.shape):
+        raise ValueError(f"rank mismatch: {a.shape} vs {b.shape}")
+    for i in range(-len(a.shape), 0):
+        if i != dim and a.shape[i] != b.shape[i]:
+            raise ValueError(f"shape mismatch outside dim {dim_tokens}: {a.shape} vs {b.shape}")
+    shape = list(a.shape)
+    shape[dim] = a.shape[dim] + b.shape[dim]
+    return PackedTensor(
+        data=torch.cat((a.data, b.data), dim=dim),
+        scale=torch.cat((a.scale, b.scale), dim=dim),
+        zero=torch.cat((a.zero, b.zero), dim=dim),
+        shape=tuple(shape),
+        dtype=a.dtype,
+        spec=a.spec,
+    )
+
+
+def select_tokens(p: PackedTensor, index: torch.Tensor) -> PackedTensor:
+    """Keep the tokens ``index`` points at, in that order.
+
+    ``index`` is either shaped like the leading dims plus ``n`` (e.g. ``(batch, heads, n)``: a
+    different selection per KV head, for per-head eviction) or 1-D ``(n,)`` (same tokens everywhere).
+    """
+    index = index.to(device=p.data.device, dtype=torch.long)
+    lead = tuple(p.shape[:-2])
+    if index.dim() == 1:
+
+        def take(t: torch.Tensor) -> torch.Tensor:
+            return t.index_select(-2, index)
+    elif tuple(index.shape[:-1]) == lead:
+
+        def take(t: torch.Tensor) -> torch.Tensor:
+            return t.gather(-2, index.unsqueeze(-1).expand(*index.shape, t.shape[-1]))
+    else:
+        raise ValueError(f"index shape {tuple(index.shape)} must be (n,) or {lead + ('n',)} for shape {p.shape}")
+    n = index.shape[-1]
+    return PackedTensor(
+        data=take(p.data),
+        scale=take(p.scale),
+        zero=take(p.zero),
+        shape=(*lead, n, p.shape[-1]),
+        dtype=p.dtype,
+        spec=p.spec,
+    )

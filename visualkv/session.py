@@ -1,0 +1,318 @@
+"""ChatSession: multi-turn chat over one image or video with a compressed cache.
+
+Turn 1 prefills the media and the question under the chosen method; later
+turns append their text to the same (compressed) cache, continuing the
+original position numbering. Answers stream token by token.
+
+Follow-up questions and query-aware eviction: SnapKV keeps what the *first*
+question attended to. A follow-up about another part of the media may find its
+evidence gone, and the model then answers from what is left. Two remedies:
+a query-agnostic method (`blockwise-keydiff`), or `followup="reprefill"`,
+which rebuilds the media cache with the new question as the proxy (costs a
+second prefill; the conversation so far is replayed as text).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from visualkv.cache import CompressibleCache
+from visualkv.engine import Engine, PrefillResult
+from visualkv.errors import ConfigError
+from visualkv.media import Media
+from visualkv.methods import METHODS, make_method
+from visualkv.models.base import ModelAdapter, PreparedInput
+from visualkv.telemetry import BlockEvent, TurnRecord, cuda_peak, peak_rss_bytes
+
+
+@dataclass
+class SessionConfig:
+    """Everything that decides how a conversation is compressed and decoded.
+
+    method: one of visualkv.methods.METHODS.
+    budget: visual KV entries kept per layer and per KV head (M); required by
+      eviction methods, ignored by `full`.
+    block_size: visual tokens per block (b); None = the model's default
+      (784 for Qwen2.5-VL, 256 for SmolVLM).
+    prefill: "hybrid", "blockwise" or "bulk"; None = the method's default.
+    max_new_tokens: answer length cap per turn.
+    temperature: 0 = greedy; otherwise sampling with `top_p`.
+    seed: sampling seed (per turn: seed + turn index).
+    followup: "reuse" (keep the compressed cache) or "reprefill" (rebuild the
+      media cache for each new question; only matters for query-aware methods).
+    method_options: extra keyword arguments for the method's constructor.
+    """
+
+    method: str = "full"
+    budget: int | None = None
+    block_size: int | None = None
+    prefill: str | None = None
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    followup: str = "reuse"
+    method_options: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        if self.method not in METHODS:
+            raise ConfigError(f"unknown method {self.method!r}; choose one of: {', '.join(METHODS)}")
+        if self.budget is not None and self.budget < 1:
+            raise ConfigError(f"budget must be a positive number of tokens, got {self.budget}")
+        if METHODS[self.method].needs_budget and self.budget is None:
+            raise ConfigError(f"method {self.method!r} needs --budget (visual entries per layer and KV head)")
+        if self.block_size is not None and self.block_size < 1:
+            raise ConfigError(f"block size must be >= 1, got {self.block_size}")
+        if self.prefill not in (None, "hybrid", "blockwise", "bulk"):
+            raise ConfigError(f"prefill must be hybrid, blockwise or bulk, got {self.prefill!r}")
+        if self.max_new_tokens < 1:
+            raise ConfigError("max_new_tokens must be >= 1")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ConfigError("temperature must be >= 0 and top_p in (0, 1]")
+        if self.followup not in ("reuse", "reprefill"):
+            raise ConfigError("followup must be 'reuse' or 'reprefill'")
+
+
+class ChatSession:
+    """One conversation: its cache, its history and its telemetry."""
+
+    def __init__(self, adapter: ModelAdapter, config: SessionConfig | None = None) -> None:
+        self.adapter = adapter
+        self.config = config or SessionConfig()
+        self.config.validate()
+        self.engine = Engine(adapter)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the media, the cache and the history (the model stays loaded)."""
+        self.cache: CompressibleCache | None = None
+        self.media: Media | None = None
+        self.prepared: PreparedInput | None = None
+        self.prefill_result: PrefillResult | None = None
+        self.turns: list[TurnRecord] = []
+        self.blocks: list[BlockEvent] = []
+        self._next_position = 0
+        self._seq_len = 0  # tokens of the conversation so far (global index of the next token)
+        self._history_ids: list[torch.Tensor] = []  # text fed after the media prefill, in order
+        self._pending: int | None = None  # last sampled token, not yet run through the model
+        self.method = make_method(self.config.method, **self.config.method_options)
+
+    # -- public API ---------------------------------------------------------------
+    def ask(self, prompt: str, media: Media | None = None, **kwargs) -> TurnRecord:
+        """Run one turn to completion and return its record."""
+        for _ in self.stream(prompt, media, **kwargs):
+            pass
+        return self.turns[-1]
+
+    def stream(
+        self,
+        prompt: str,
+        media: Media | None = None,
+        on_block: Callable[[BlockEvent], None] | None = None,
+        stop: threading.Event | None = None,
+    ) -> Iterator[str]:
+        """Yield answer text pieces as they are decoded.
+
+        The first turn may carry media; later turns reuse it. If anything fails
+        before decoding starts, the session is left exactly as it was.
+        """
+        if not prompt or not prompt.strip():
+            raise ConfigError("the question is empty; type a question about the image or video")
+        if media is not None and self.turns:
+            raise ConfigError("this chat already has media; start a new chat to use another file")
+        record = TurnRecord(prompt=prompt)
+        t0 = time.perf_counter()
+        if not self.turns:
+            logits = self._first_turn(prompt, media, on_block)
+        else:
+            logits = self._followup_turn(prompt, on_block)
+        record.prefill_seconds = time.perf_counter() - t0
+        self.turns.append(record)
+        yield from self._decode(logits, record, t0, stop)
+
+    # -- turns --------------------------------------------------------------------
+    def _first_turn(self, prompt: str, media: Media | None, on_block) -> torch.Tensor:
+        prepared = self.adapter.prepare(media, prompt)
+        cache = CompressibleCache(self.adapter.num_layers)
+        result = self.engine.prefill(
+            prepared, cache, self.method, self.config.budget, self.config.block_size, self.config.prefill,
+            on_block=self._collect(on_block),
+        )
+        self.cache, self.media, self.prepared, self.prefill_result = cache, media, prepared, result
+        self._seq_len = prepared.seq_len
+        self._next_position = prepared.next_position
+        return result.logits
+
+    def _followup_turn(self, prompt: str, on_block) -> torch.Tensor:
+        ids = self.adapter.followup_ids(prompt)
+        if self._pending is not None:
+            ids = torch.cat([torch.tensor([self._pending]), ids])
+        if self.config.followup == "reprefill" and self.method.query_aware and self.prepared is not None:
+            return self._reprefill(prompt, ids, on_block)
+        logits = self.engine.extend(ids, self._next_position, self._seq_len, self.cache)
+        self._advance(ids)
+        return logits
+
+    def _reprefill(self, prompt: str, ids: torch.Tensor, on_block) -> torch.Tensor:
+        """Rebuild the media cache with `prompt` as the proxy question, replay the history."""
+        cache = CompressibleCache(self.adapter.num_layers)
+        proxy = torch.tensor(self.adapter.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        self.method.proxy_ids = proxy
+        try:
+            self.blocks = []
+            result = self.engine.prefill(
+                self.prepared, cache, self.method, self.config.budget, self.config.block_size,
+                self.config.prefill, on_block=self._collect(on_block),
+            )
+        finally:
+            self.method.proxy_ids = None
+        history = torch.cat(self._history_ids + [ids]) if self._history_ids else ids
+        logits = self.engine.extend(history, self.prepared.next_position, self.prepared.seq_len, cache)
+        self.cache, self.prefill_result = cache, result
+        self._advance(ids)
+        return logits
+
+    def _advance(self, ids: torch.Tensor) -> None:
+        self._history_ids.append(ids)
+        self._seq_len += int(ids.shape[0])
+        self._next_position += int(ids.shape[0])
+        self._pending = None
+
+    def _collect(self, on_block):
+        def callback(event: BlockEvent) -> None:
+            self.blocks.append(event)
+            if on_block is not None:
+                on_block(event)
+
+        return callback
+
+    # -- decoding -----------------------------------------------------------------
+    def _decode(self, logits: torch.Tensor, record: TurnRecord, t0: float, stop) -> Iterator[str]:
+        eos = self.adapter.eos_token_ids
+        generator = torch.Generator().manual_seed(self.config.seed + len(self.turns))
+        shown = ""
+        t_first = None
+        record.stopped = "max_new_tokens"
+        for step in range(self.config.max_new_tokens):
+            token = self._sample(logits, generator)
+            if t_first is None:
+                t_first = time.perf_counter()
+                record.ttft_seconds = t_first - t0
+            if token in eos:
+                record.stopped = "eos"
+                break
+            record.token_ids.append(token)
+            text = self.adapter.tokenizer.decode(record.token_ids, skip_special_tokens=True)
+            if not text.endswith("\ufffd") and len(text) > len(shown):
+                piece, shown = text[len(shown):], text
+                record.answer = shown
+                yield piece
+            if stop is not None and stop.is_set():
+                record.stopped = "stopped"
+            if step == self.config.max_new_tokens - 1 or record.stopped == "stopped":
+                self._pending = token
+                break
+            ids = torch.tensor([token])
+            logits = self.engine.extend(ids, self._next_position, self._seq_len, self.cache)
+            self._history_ids.append(ids)
+            self._seq_len += 1
+            self._next_position += 1
+        record.answer = self.adapter.tokenizer.decode(record.token_ids, skip_special_tokens=True)
+        n = len(record.token_ids)
+        if t_first is not None and n > 1:
+            record.decode_tokens_per_second = (n - 1) / max(time.perf_counter() - t_first, 1e-9)
+        record.kv_bytes_after = self.cache.kv_bytes()
+
+    def _sample(self, logits: torch.Tensor, generator: torch.Generator) -> int:
+        if self.config.temperature <= 0:
+            return int(logits.argmax())
+        probs = torch.softmax(logits.float() / self.config.temperature, dim=-1)
+        if self.config.top_p < 1:
+            sorted_p, order = probs.sort(descending=True)
+            cut = sorted_p.cumsum(0) - sorted_p > self.config.top_p
+            sorted_p[cut] = 0
+            probs = torch.zeros_like(probs).scatter(0, order, sorted_p)
+        return int(torch.multinomial(probs / probs.sum(), 1, generator=generator))
+
+    # -- report -------------------------------------------------------------------
+    def full_kv_bytes(self) -> int:
+        """Bytes an uncompressed cache would hold for this conversation so far."""
+        a = self.adapter
+        itemsize = torch.empty((), dtype=a.dtype).element_size()
+        tokens = self._seq_len
+        return tokens * a.num_layers * 2 * a.num_kv_heads * a.head_dim * itemsize
+
+    def retained(self) -> np.ndarray:
+        """Keep fraction of every visual token over (layer, KV head)."""
+        if self.prepared is None or self.cache is None:
+            return np.zeros(0)
+        n_visual = self.prepared.layout.n_visual
+        lookup = torch.from_numpy(self.prepared.layout.visual_id_of_seq(self.prepared.seq_len))
+        counts = torch.zeros(n_visual, dtype=torch.float64)
+        slots = 0
+        for layer in self.cache.layers:
+            idx = layer.all_token_index()[0].long().flatten().cpu()  # heads x entries
+            idx = idx[idx < self.prepared.seq_len]
+            vid = lookup[idx]
+            counts += torch.bincount(vid[vid >= 0], minlength=n_visual).double()
+            slots += layer.token_index.shape[1] if layer.is_initialized else 0
+        return (counts / max(slots, 1)).numpy()
+
+    def report(self) -> dict[str, Any]:
+        """The JSON report of DESIGN.md (see README for every field)."""
+        layout = self.prepared.layout if self.prepared is not None else None
+        ctx = self.prefill_result.context if self.prefill_result is not None else None
+        report: dict[str, Any] = {
+            "model": self.adapter.name,
+            "model_info": self.adapter.describe(),
+            "method": self.config.method,
+            "method_config": self.method.config_dict(),
+            "budget": self.config.budget,
+            "block_size": ctx.block_size if ctx else self.config.block_size,
+            "prefill": ctx.prefill_mode if ctx else self.config.prefill,
+            "config": asdict(self.config),
+            "media": _media_summary(self.media),
+            "visual_tokens": layout.n_visual if layout else 0,
+            "prompt_tokens": self.prepared.seq_len if self.prepared is not None else 0,
+            "peak_kv_bytes": self.cache.peak_kv_bytes if self.cache else 0,
+            "final_kv_bytes": self.cache.kv_bytes() if self.cache else 0,
+            "index_bytes": self.cache.index_bytes() if self.cache else 0,
+            "full_kv_bytes": self.full_kv_bytes(),
+            "peak_rss_bytes": peak_rss_bytes(),
+            "cuda_peak_bytes": cuda_peak(),
+            "blocks": [b.to_dict() for b in self.blocks],
+            "turns": [t.to_dict() for t in self.turns],
+            "retained": self.retained().round(4).tolist(),
+        }
+        if layout is not None:
+            report["layout"] = {
+                "frames": [{"kind": f.kind, "grid": list(f.grid), "time": f.time, "box": list(f.box)}
+                           for f in layout.frames],
+                "token_frame": layout.frame.tolist(),
+                "token_row": layout.row.tolist(),
+                "token_col": layout.col.tolist(),
+                "media_size": list(layout.media_size),
+            }
+        if self.media is not None and self.media.kind == "video":
+            report["frames"] = [
+                {"index": i, "time": float(t), "skipped": False} for i, t in enumerate(self.media.times)
+            ]
+            report["vision_encoder_frames"] = len(set(ctx.encoded_frames)) if ctx is not None else 0
+        if ctx is not None:
+            report.update(self.method.report(ctx))
+        return report
+
+
+def _media_summary(media: Media | None) -> dict[str, Any] | None:
+    if media is None:
+        return None
+    width, height = media.size
+    return {"kind": media.kind, "path": media.path, "width": width, "height": height,
+            "frames": len(media.frames), "duration": media.duration}

@@ -1,0 +1,382 @@
+"""Run chat turns in a worker thread and hand their telemetry to a reader as events.
+
+`ChatSession.stream` reports prefill blocks through a callback and answer text
+through a generator. A UI wants both in one ordered stream it can forward, and
+it wants the model compute off its own thread so a stop request is seen while
+the model runs. `stream_turn` gives exactly that:
+
+    for kind, payload in stream_turn(session, "what is in the corner?", media, stop):
+        kind == "block"  -> payload: BlockEvent (after every prefill block, before any text)
+        kind == "text"   -> payload: str, the next piece of the answer
+        kind == "done"   -> payload: TurnRecord of the finished turn (always last on success)
+        kind == "error"  -> payload: one-line message (always last on failure)
+
+Errors never escape as exceptions: deliberate ones (`VisualKVError`) keep their
+message; anything else becomes "unexpected failure (Type: first line)" with the
+traceback logged. The session guarantees that input errors leave it unchanged.
+
+Limits: `stop` is checked by the session between decoded tokens, so a stop
+during prefill takes effect after the prefill finishes (a block cannot be
+interrupted halfway without corrupting the cache). Turns of one session are
+serialised by a per-session lock: if a reader walks away mid-turn, the next turn
+of that session waits until the abandoned one has finished.
+
+Also here, for the app and the benches: `compare_methods` (one question through
+several methods, one report each), `turn_report` (the session report plus the
+keep fraction per layer), `live_report` (a partial report during prefill), and
+`method_settings` / `method_options` (a method's tunable settings, flattened, and
+back into constructor keyword arguments).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+import queue
+import threading
+import types
+import typing
+import weakref
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from visualkv.errors import ConfigError, VisualKVError
+from visualkv.media import Media
+from visualkv.methods import METHODS
+from visualkv.session import ChatSession, SessionConfig
+
+log = logging.getLogger(__name__)
+
+Event = tuple[str, Any]
+
+_LOCKS: weakref.WeakKeyDictionary[ChatSession, threading.Lock] = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+def _session_lock(session: ChatSession) -> threading.Lock:
+    with _LOCKS_GUARD:
+        lock = _LOCKS.get(session)
+        if lock is None:
+            lock = _LOCKS[session] = threading.Lock()
+        return lock
+
+
+def failure_message(exc: BaseException) -> str:
+    """One line for the user: the message of a VisualKVError, else type + first line."""
+    if isinstance(exc, VisualKVError):
+        return str(exc)
+    lines = str(exc).strip().splitlines()
+    first = lines[0][:300] if lines else ""
+    return f"unexpected failure ({type(exc).__name__}: {first})" if first else f"unexpected failure ({type(exc).__name__})"
+
+
+def stream_turn(
+    session: ChatSession,
+    prompt: str,
+    media: Media | None = None,
+    stop: threading.Event | None = None,
+) -> Iterator[Event]:
+    """Run one turn of `session` in a worker thread; yield its events in order (see module doc).
+
+    Closing the generator early sets `stop` (if given), so the worker ends at the next token.
+    """
+    events: queue.Queue[Event] = queue.Queue()
+    lock = _session_lock(session)
+
+    def work() -> None:
+        with lock:
+            try:
+                for piece in session.stream(prompt, media, on_block=lambda ev: events.put(("block", ev)), stop=stop):
+                    events.put(("text", piece))
+                events.put(("done", session.turns[-1]))
+            except Exception as exc:
+                if not isinstance(exc, VisualKVError):
+                    log.exception("turn failed")
+                events.put(("error", failure_message(exc)))
+
+    worker = threading.Thread(target=work, name="visualkv-turn", daemon=True)
+    worker.start()
+    finished = False
+    try:
+        while True:
+            kind, payload = events.get()
+            if kind in ("done", "error"):
+                finished = True
+            yield kind, payload
+            if finished:
+                return
+    finally:
+        if not finished and stop is not None:
+            stop.set()
+
+
+# -- reports ----------------------------------------------------------------------------------
+
+
+def retained_per_layer(session: ChatSession) -> list[list[float]]:
+    """Keep fraction of every visual token in each layer (averaged over that layer's KV heads).
+
+    Same counting as `ChatSession.retained` (which averages over layers too).
+    """
+    prepared, cache = session.prepared, session.cache
+    if prepared is None or cache is None:
+        return []
+    n_visual = prepared.layout.n_visual
+    lookup = torch.from_numpy(prepared.layout.visual_id_of_seq(prepared.seq_len))
+    out = []
+    for layer in cache.layers:
+        if not layer.is_initialized:
+            out.append([0.0] * n_visual)
+            continue
+        idx = layer.all_token_index()[0].long().cpu()  # (kv_heads, entries)
+        heads = idx.shape[0]
+        idx = idx.flatten()
+        idx = idx[idx < prepared.seq_len]
+        vid = lookup[idx]
+        counts = torch.bincount(vid[vid >= 0], minlength=n_visual).double()
+        out.append((counts / max(heads, 1)).numpy().round(4).tolist())
+    return out
+
+
+def turn_report(session: ChatSession) -> dict[str, Any]:
+    """`session.report()` plus `retained_per_layer` (unless the session already reports it)."""
+    report = session.report()
+    if "retained_per_layer" not in report:
+        report["retained_per_layer"] = retained_per_layer(session)
+    return report
+
+
+def live_report(session: ChatSession, blocks: Iterable[Any]) -> dict[str, Any]:
+    """What is known during a prefill: model dimensions, budget and the blocks so far.
+
+    `blocks`: BlockEvents or their dicts. Feeds `viz.block_memory_figure` while the
+    prefill runs (no `full_kv_bytes` yet: the input length is known only at the end).
+    """
+    return {
+        "model": session.adapter.name,
+        "model_info": session.adapter.describe(),
+        "method": session.config.method,
+        "budget": session.config.budget,
+        "blocks": [b if isinstance(b, dict) else b.to_dict() for b in blocks],
+    }
+
+
+def compare_methods(
+    adapter,
+    media: Media | None,
+    prompt: str,
+    methods: Iterable[str],
+    base: SessionConfig | None = None,
+    options: dict[str, dict[str, Any]] | None = None,
+    stop: threading.Event | None = None,
+) -> Iterator[tuple[str, dict[str, Any] | str]]:
+    """Answer `prompt` about `media` once per method, each in a fresh session, in this process.
+
+    Yields (method, report) or (method, "error message") as each finishes. `full` runs first
+    (it is the reference for agreement) when it is among `methods`. `base` supplies budget,
+    block size, decoding settings; a method that needs no budget gets none. `options` maps a
+    method to its constructor keyword arguments. `stop` ends the comparison between methods.
+    """
+    base = base or SessionConfig()
+    names = list(dict.fromkeys(methods))
+    if not names:
+        raise ConfigError("choose at least one method to compare")
+    for name in names:
+        if name not in METHODS:
+            raise ConfigError(f"unknown method {name!r}; choose among: {', '.join(METHODS)}")
+    names.sort(key=lambda n: n != "full")
+    for name in names:
+        if stop is not None and stop.is_set():
+            return
+        cls = METHODS[name]
+        cfg = dataclasses.replace(
+            base, method=name, budget=base.budget if cls.needs_budget else None,
+            method_options=dict((options or {}).get(name, {})),
+        )
+        try:
+            session = ChatSession(adapter, cfg)
+            session.ask(prompt, media)
+            yield name, turn_report(session)
+        except Exception as exc:
+            if not isinstance(exc, VisualKVError):
+                log.exception("compare: %s failed", name)
+            yield name, failure_message(exc)
+
+
+# -- method settings ------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One tunable setting of a method, flattened for a form.
+
+    key: "field" or "config.field" / "config.sub.field" as it nests in the constructor.
+    kind: "int", "float", "bool", "str", "choice" or "floats" (a tuple/list of numbers).
+    """
+
+    key: str
+    kind: str
+    default: Any
+    choices: tuple[Any, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return self.key.split(".", 1)[-1].replace("_", " ")
+
+
+def method_settings(name: str) -> list[Setting]:
+    """The settings of method `name` a form can edit: its constructor arguments with defaults,
+    and the fields of dataclass configs among them (one level of nesting inside them too).
+    Unknown kinds of value are left out (the method keeps its default)."""
+    cls = METHODS.get(name)
+    if cls is None:
+        return []
+    out: list[Setting] = []
+    hints = _hints(cls.__init__)
+    for pname, param in inspect.signature(cls.__init__).parameters.items():
+        if pname == "self" or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        default = param.default
+        dc = _dataclass_of(hints.get(pname), default)
+        if dc is not None:
+            instance = default if dataclasses.is_dataclass(default) and not isinstance(default, type) else _try(dc)
+            if instance is not None:
+                out.extend(_dataclass_settings(dc, instance, pname, depth=0))
+            continue
+        if default is inspect.Parameter.empty:
+            continue
+        setting = _setting(pname, hints.get(pname), default)
+        if setting is not None:
+            out.append(setting)
+    return out
+
+
+def method_options(name: str, values: dict[str, Any]) -> dict[str, Any]:
+    """Constructor keyword arguments for method `name` from {setting key: value}.
+
+    Keys that are not settings of the method are ignored; values are coerced to the
+    setting's kind (ConfigError on a value that does not fit)."""
+    cls = METHODS.get(name)
+    if cls is None:
+        return {}
+    settings = {s.key: s for s in method_settings(name)}
+    given = {k: _coerce(settings[k], v) for k, v in values.items() if k in settings and v is not None}
+    if not given:
+        return {}
+    hints = _hints(cls.__init__)
+    kwargs: dict[str, Any] = {}
+    for pname, param in inspect.signature(cls.__init__).parameters.items():
+        dc = _dataclass_of(hints.get(pname), param.default)
+        mine = {k[len(pname) + 1:]: v for k, v in given.items() if k.startswith(pname + ".")}
+        if dc is not None and mine:
+            base = param.default if dataclasses.is_dataclass(param.default) and not isinstance(param.default, type) \
+                else _try(dc)
+            kwargs[pname] = _rebuild(base, mine)
+        elif pname in given:
+            kwargs[pname] = given[pname]
+    return kwargs
+
+
+def _hints(fn) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(fn)
+    except Exception:  # noqa: BLE001 - unresolvable annotations: fall back to defaults' types
+        return {}
+
+
+def _dataclass_of(hint: Any, default: Any) -> type | None:
+    if dataclasses.is_dataclass(default):
+        return default if isinstance(default, type) else type(default)
+    candidates = [hint]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        candidates = list(typing.get_args(hint))
+    for c in candidates:
+        if isinstance(c, type) and dataclasses.is_dataclass(c):
+            return c
+    return None
+
+
+def _try(cls: type) -> Any:
+    try:
+        return cls()
+    except Exception:  # noqa: BLE001 - a config without defaults is not editable here
+        return None
+
+
+def _dataclass_settings(cls: type, instance: Any, prefix: str, depth: int) -> list[Setting]:
+    hints = _hints(cls)
+    out: list[Setting] = []
+    for f in dataclasses.fields(cls):
+        if not f.init or f.name.startswith("_"):
+            continue
+        value = getattr(instance, f.name)
+        key = f"{prefix}.{f.name}"
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            if depth < 1:
+                out.extend(_dataclass_settings(type(value), value, key, depth + 1))
+            continue
+        setting = _setting(key, hints.get(f.name), value)
+        if setting is not None:
+            out.append(setting)
+    return out
+
+
+def _setting(key: str, hint: Any, default: Any) -> Setting | None:
+    if typing.get_origin(hint) is typing.Literal:
+        return Setting(key, "choice", default, tuple(typing.get_args(hint)))
+    if isinstance(default, bool):
+        return Setting(key, "bool", default)
+    if isinstance(default, int | np.integer):
+        return Setting(key, "int", int(default))
+    if isinstance(default, float | np.floating):
+        return Setting(key, "float", float(default))
+    if isinstance(default, str):
+        return Setting(key, "str", default)
+    if isinstance(default, tuple | list) and default and all(isinstance(x, int | float) for x in default):
+        return Setting(key, "floats", tuple(default))
+    if default is None and hint is not None:
+        args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+        base = args[0]
+        if base in (int, float):
+            return Setting(key, base.__name__, None)
+    return None
+
+
+def _coerce(setting: Setting, value: Any) -> Any:
+    try:
+        if setting.kind == "bool":
+            return bool(value)
+        if setting.kind == "int":
+            return int(value)
+        if setting.kind == "float":
+            return float(value)
+        if setting.kind == "floats":
+            items = value if isinstance(value, list | tuple) else str(value).replace(";", ",").split(",")
+            numbers = tuple(float(x) for x in items if str(x).strip())
+            if all(isinstance(d, int) for d in setting.default or ()):
+                numbers = tuple(int(x) for x in numbers)
+            return type(setting.default)(numbers) if setting.default is not None else numbers
+        if setting.kind == "choice" and value not in setting.choices:
+            raise ValueError(value)
+        return value
+    except (TypeError, ValueError):
+        raise ConfigError(f"setting {setting.label!r}: cannot use {value!r} (expected {setting.kind})") from None
+
+
+def _rebuild(instance: Any, values: dict[str, Any]) -> Any:
+    direct = {k: v for k, v in values.items() if "." not in k}
+    nested: dict[str, dict[str, Any]] = {}
+    for k, v in values.items():
+        if "." in k:
+            head, rest = k.split(".", 1)
+            nested.setdefault(head, {})[rest] = v
+    for head, sub in nested.items():
+        direct[head] = _rebuild(getattr(instance, head), sub)
+    try:
+        return dataclasses.replace(instance, **direct)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"invalid method settings: {exc}") from None

@@ -1,0 +1,84 @@
+"""Telemetry events and the JSON report (the contract the CLI, app and benches share).
+
+Everything the UI plots comes from these records, which are filled from the
+cache itself (bytes of tensors really held), so the plots cannot disagree with
+the memory actually used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import psutil
+import torch
+
+
+def rss_bytes() -> int:
+    """Current resident set size of this process."""
+    return int(psutil.Process(os.getpid()).memory_info().rss)
+
+
+def peak_rss_bytes() -> int:
+    """High-water mark of this process's RSS (never goes down)."""
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def cuda_allocated() -> int | None:
+    return int(torch.cuda.memory_allocated()) if torch.cuda.is_available() else None
+
+
+def cuda_peak() -> int | None:
+    return int(torch.cuda.max_memory_allocated()) if torch.cuda.is_available() else None
+
+
+@dataclass
+class BlockEvent:
+    """State right after one prefill block (eviction of that block included)."""
+
+    index: int
+    kind: str  # text / bulk / rows / tile / frame
+    tokens_in: int  # tokens of this block that entered the LLM
+    visual_tokens_in: int
+    kv_tokens: int  # entries per KV head, largest layer
+    kv_tokens_per_layer: list[int]
+    kv_bytes: int
+    peak_kv_bytes: int  # high-water mark so far (taken right after each append)
+    rss_bytes: int
+    seconds: float
+    cuda_allocated_bytes: int | None = None
+    n_blocks: int = 0  # total blocks of this prefill (for progress bars)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class TurnRecord:
+    prompt: str
+    answer: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    ttft_seconds: float = 0.0
+    prefill_seconds: float = 0.0
+    decode_tokens_per_second: float = 0.0
+    kv_bytes_after: int = 0
+    stopped: str = ""  # "eos", "max_new_tokens" or "stopped"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def write_json(report: dict[str, Any], path: str) -> None:
+    with open(path, "w") as fh:
+        json.dump(report, fh, indent=1, default=_default)
+
+
+def _default(obj: Any) -> Any:
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if hasattr(obj, "item"):
+        return obj.item()
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")

@@ -1,0 +1,540 @@
+"""Plotly figures and PIL overlays built from telemetry (no gradio import).
+
+Everything here reads a report dict (see `ChatSession.report`) or benchmark
+rows, so the app, the CLI and the benches draw the same numbers. Overlays are
+drawn on a downscaled copy of the media (`max_side`), so a 4K image or a long
+video costs a few hundred kilobytes to show, not the full resolution.
+
+Views of method-specific fields (Sali-Cache `saliency` / `tier` / frame
+`motion`; LightKV `merge_map` / `layer_tokens`) return None when the report
+has no such field; `has_*` helpers say which views apply to a report.
+"""
+
+from __future__ import annotations
+
+import colorsys
+import os
+import shutil
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+from PIL import Image, ImageDraw, ImageFont
+
+MIB = 2**20
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+#: Sali-Cache precision tiers, in display order: (name, label, RGB colour).
+TIERS: tuple[tuple[str, str, tuple[int, int, int]], ...] = (
+    ("full", "FP16 (full)", (46, 204, 64)),
+    ("int8", "INT8", (0, 116, 217)),
+    ("int4", "INT4", (255, 133, 27)),
+    ("pruned", "pruned", (60, 60, 60)),
+    ("skipped", "skipped frame", (255, 65, 54)),
+)
+_TIER_ALIASES = {"fp16": "full", "bf16": "full", "fp32": "full", "prune": "pruned", "skip": "skipped"}
+_TIER_BY_INT = ("full", "int8", "int4", "pruned", "skipped")  # visualkv.saliency.TIER_* order
+
+
+# -- memory ------------------------------------------------------------------------------------
+
+
+def kv_bytes_per_token(report: dict[str, Any]) -> int | None:
+    """Bytes one full-precision token takes in the KV cache (all layers, K and V), from model_info."""
+    info = report.get("model_info") or {}
+    try:
+        return int(info["layers"]) * 2 * int(info["kv_heads"]) * int(info["head_dim"]) * DTYPE_BYTES[info["dtype"]]
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def budget_kv_bytes(report: dict[str, Any]) -> int | None:
+    """KV bytes of `budget` visual entries per layer and KV head (protected text comes on top)."""
+    per_token = kv_bytes_per_token(report)
+    budget = report.get("budget")
+    return int(budget) * per_token if budget and per_token else None
+
+
+def block_memory_figure(report: dict[str, Any], budget_bytes: int | None = None, n_blocks: int | None = None,
+                        show_rss: bool = True) -> go.Figure:
+    """KV MiB after each prefill block, with the full-cache line and the budget line (+ process RSS).
+
+    Traces, by name: "KV cache (held)" (one point per block), "KV peak so far", "full cache"
+    (what an uncompressed cache holds for this input; while a prefill is still running and
+    `full_kv_bytes` is unknown: "full cache (so far)", the tokens read so far at full precision),
+    "budget" (M entries per layer and head; `budget_bytes` overrides the value from the report),
+    "process RSS" (right axis). `n_blocks` fixes the x range while blocks are still arriving.
+    """
+    blocks = report.get("blocks", [])
+    total = n_blocks or (blocks[-1].get("n_blocks") if blocks else 0) or len(blocks)
+    x = list(range(1, len(blocks) + 1))
+    span = [0.5, max(total, 1) + 0.5]
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=x, y=[b["kv_bytes"] / MIB for b in blocks], mode="lines+markers",
+                             name="KV cache (held)", line={"color": "#1f77b4"}))
+    fig.add_trace(go.Scatter(x=x, y=[b["peak_kv_bytes"] / MIB for b in blocks], mode="lines",
+                             name="KV peak so far", line={"dash": "dot", "color": "#9467bd"}))
+    per_token = kv_bytes_per_token(report)
+    if report.get("full_kv_bytes"):
+        fig.add_trace(go.Scatter(x=span, y=[report["full_kv_bytes"] / MIB] * 2, mode="lines", name="full cache",
+                                 line={"dash": "dash", "color": "gray"}))
+    elif per_token and blocks:
+        fig.add_trace(go.Scatter(x=x, y=list(np.cumsum([b["tokens_in"] for b in blocks]) * per_token / MIB),
+                                 mode="lines", name="full cache (so far)", line={"dash": "dash", "color": "gray"}))
+    budget_bytes = budget_bytes or budget_kv_bytes(report)
+    if budget_bytes:
+        fig.add_trace(go.Scatter(x=span, y=[budget_bytes / MIB] * 2, mode="lines", name="budget",
+                                 line={"dash": "dash", "color": "red"}))
+    if show_rss and blocks and blocks[0].get("rss_bytes"):
+        fig.add_trace(go.Scatter(x=x, y=[b["rss_bytes"] / MIB for b in blocks], mode="lines", name="process RSS",
+                                 yaxis="y2", line={"color": "#2ca02c", "width": 1}, opacity=0.6))
+        fig.update_layout(yaxis2={"title": "process MiB", "overlaying": "y", "side": "right", "showgrid": False,
+                                  "rangemode": "tozero"})
+    fig.update_layout(xaxis={"title": "prefill block", "range": span}, yaxis={"title": "KV MiB", "rangemode": "tozero"},
+                      margin={"l": 50, "r": 50, "t": 30, "b": 40}, height=320,
+                      legend={"orientation": "h", "y": -0.25})
+    return fig
+
+
+def memory_sweep_figure(rows: list[dict[str, Any]], size_label: str) -> go.Figure:
+    """Peak KV MiB and peak process RSS against input size, one line per method."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("peak KV cache (MiB)", "peak process RSS (MiB)"))
+    for method in dict.fromkeys(r["method"] for r in rows):
+        rs = sorted((r for r in rows if r["method"] == method), key=lambda r: r["size"])
+        xs = [r["size"] for r in rs]
+        fig.add_trace(go.Scatter(x=xs, y=[r["peak_kv_bytes"] / MIB for r in rs], name=method, mode="lines+markers",
+                                 legendgroup=method), row=1, col=1)
+        fig.add_trace(go.Scatter(x=xs, y=[r["peak_rss_bytes"] / MIB for r in rs], name=method, mode="lines+markers",
+                                 legendgroup=method, showlegend=False), row=1, col=2)
+    fig.update_xaxes(title_text=size_label)
+    fig.update_layout(height=420, width=1000)
+    return fig
+
+
+def save_figure(fig: go.Figure, stem: str) -> list[str]:
+    """Write stem.html and, where a Chromium is available for kaleido, stem.png."""
+    saved = [stem + ".html"]
+    fig.write_html(saved[0], include_plotlyjs="cdn")
+    browser = os.environ.get("BROWSER_PATH") or shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser:
+        os.environ.setdefault("BROWSER_PATH", browser)
+        try:
+            fig.write_image(stem + ".png")
+            saved.append(stem + ".png")
+        except Exception as exc:  # noqa: BLE001 - PNG export is optional
+            print(f"note: PNG export skipped ({type(exc).__name__}: {str(exc)[:120]})")
+    return saved
+
+
+# -- which views apply -------------------------------------------------------------------------
+
+
+def is_video(report: dict[str, Any]) -> bool:
+    return (report.get("media") or {}).get("kind") == "video" or bool(report.get("frames"))
+
+
+def has_saliency(report: dict[str, Any]) -> bool:
+    return bool(report.get("saliency")) or bool(report.get("tier"))
+
+
+def has_merge_map(report: dict[str, Any]) -> bool:
+    return bool(report.get("merge_map")) or bool(report.get("layer_tokens"))
+
+
+def has_motion(report: dict[str, Any]) -> bool:
+    return any("motion" in f for f in report.get("frames") or [])
+
+
+# -- token overlays ----------------------------------------------------------------------------
+
+
+def retained_heatmap(image: np.ndarray, report: dict[str, Any], max_side: int = 960,
+                     layer: int | None = None) -> Image.Image:
+    """Overlay the keep fraction of each visual token on a downscaled image (green kept, red evicted).
+
+    layer: None = averaged over layers (`retained`), else that layer of `retained_per_layer`.
+    Uses the layout's token boxes; where several tiles/frames cover the same pixels (SmolVLM's
+    global thumbnail), the maximum is shown.
+    """
+    return _token_overlay(image, report, _retained_values(report, layer), max_side)
+
+
+def _retained_values(report: dict[str, Any], layer: int | None) -> np.ndarray:
+    if layer is not None and report.get("retained_per_layer"):
+        return np.asarray(report["retained_per_layer"][layer], dtype=np.float32)
+    return np.asarray(report.get("retained", []), dtype=np.float32)
+
+
+def retained_view(frames: Sequence[np.ndarray], times: Sequence[float] | None, report: dict[str, Any],
+                  layer: int | None = None, max_side: int = 960) -> Image.Image:
+    """Kept-token view for any media: the heatmap on an image; a strip of frame thumbnails for video."""
+    values = _retained_values(report, layer)
+    if _layout_is_video(report):
+        return _frame_strip(frames, times, report, lambda img, f: _token_overlay(img, report, values, 240, {f}))
+    return _token_overlay(frames[0], report, values, max_side)
+
+
+def saliency_view(frames: Sequence[np.ndarray], times: Sequence[float] | None, report: dict[str, Any],
+                  max_side: int = 960) -> Image.Image | None:
+    """Sali-Cache saliency per token (dark = background, bright = salient); None without `saliency`."""
+    if not report.get("saliency"):
+        return None
+    values = np.asarray(report["saliency"], dtype=np.float32)
+    if _layout_is_video(report):
+        return _frame_strip(frames, times, report,
+                            lambda img, f: _token_overlay(img, report, values, 240, {f}, cmap="heat"))
+    return _token_overlay(frames[0], report, values, max_side, cmap="heat")
+
+
+def tier_view(frames: Sequence[np.ndarray], times: Sequence[float] | None, report: dict[str, Any],
+              max_side: int = 960) -> Image.Image | None:
+    """Sali-Cache tier per token (FP16 / INT8 / INT4 / pruned / skipped) with a legend; None without `tier`."""
+    if not report.get("tier"):
+        return None
+    names = [tier_name(t) for t in report["tier"]]
+    colours = np.array([_tier_colour(n) for n in names], dtype=np.float32)
+    if _layout_is_video(report):
+        body = _frame_strip(frames, times, report, lambda img, f: _token_paint(img, report, colours, 240, {f}))
+    else:
+        body = _token_paint(frames[0], report, colours, max_side)
+    counts = report.get("tiers") or {n: names.count(n) for n in dict.fromkeys(names)}
+    return _with_legend(body, [(label, colour, counts.get(name)) for name, label, colour in TIERS])
+
+
+def tier_name(tier: Any) -> str:
+    """Canonical tier name for a report's tier value (int TIER_* code or a name)."""
+    if isinstance(tier, int | np.integer):
+        return _TIER_BY_INT[int(tier)] if 0 <= int(tier) < len(_TIER_BY_INT) else str(tier)
+    name = str(tier).lower()
+    return _TIER_ALIASES.get(name, name)
+
+
+def _tier_colour(name: str) -> tuple[int, int, int]:
+    for key, _, colour in TIERS:
+        if key == name:
+            return colour
+    return (200, 200, 200)
+
+
+def merge_view(frames: Sequence[np.ndarray], times: Sequence[float] | None, report: dict[str, Any],
+               max_side: int = 960) -> Image.Image | None:
+    """LightKV merge map: tokens merged into the same kept token share a colour; tokens kept
+    alone are left uncoloured. None without `merge_map`."""
+    merge = report.get("merge_map")
+    if not merge:
+        return None
+    target = np.asarray(merge, dtype=np.int64)
+    sizes = np.bincount(target, minlength=len(target))
+    colours = np.array([_group_colour(int(t)) if sizes[t] > 1 else (np.nan, np.nan, np.nan) for t in target],
+                       dtype=np.float32)
+    if _layout_is_video(report):
+        body = _frame_strip(frames, times, report, lambda img, f: _token_paint(img, report, colours, 240, {f}))
+    else:
+        body = _token_paint(frames[0], report, colours, max_side)
+    merged = int((target != np.arange(len(target))).sum())
+    return _with_legend(body, [((f"{merged} of {len(target)} visual tokens merged into a neighbour "
+                                "(one colour per merged group)"), (120, 120, 120), None)])
+
+
+def _group_colour(token_id: int) -> tuple[float, float, float]:
+    hue = (token_id * 0.618033988749895) % 1.0
+    r, g, b = colorsys.hsv_to_rgb(hue, 0.85, 0.95)
+    return (255 * r, 255 * g, 255 * b)
+
+
+def _layout_is_video(report: dict[str, Any]) -> bool:
+    frames = (report.get("layout") or {}).get("frames", [])
+    return any(f.get("kind") == "frame" for f in frames)
+
+
+def _token_boxes(report: dict[str, Any], scale: float, frame_filter: set[int] | None):
+    """Yield (visual token index, (row slice, col slice)) on the downscaled canvas."""
+    layout = report.get("layout") or {}
+    frames = layout.get("frames", [])
+    token_frame = layout.get("token_frame", [])
+    rows, cols = layout.get("token_row", []), layout.get("token_col", [])
+    for i in range(len(token_frame)):
+        f = token_frame[i]
+        if frame_filter is not None and f not in frame_filter:
+            continue
+        x0, y0, x1, y1 = frames[f]["box"]
+        gr, gc = frames[f]["grid"]
+        bx0 = x0 + (x1 - x0) * cols[i] / gc
+        by0 = y0 + (y1 - y0) * rows[i] / gr
+        bx1 = x0 + (x1 - x0) * (cols[i] + 1) / gc
+        by1 = y0 + (y1 - y0) * (rows[i] + 1) / gr
+        yield i, (slice(int(by0 * scale), max(int(by0 * scale) + 1, int(by1 * scale))),
+                  slice(int(bx0 * scale), max(int(bx0 * scale) + 1, int(bx1 * scale))))
+
+
+def _downscale(image: np.ndarray, max_side: int) -> tuple[Image.Image, float]:
+    h, w = image.shape[:2]
+    scale = min(1.0, max_side / max(h, w))
+    small = Image.fromarray(image).convert("RGB").resize((max(1, round(w * scale)), max(1, round(h * scale))),
+                                                          Image.Resampling.BILINEAR)
+    return small, scale
+
+
+def _token_overlay(image: np.ndarray, report: dict[str, Any], values: np.ndarray, max_side: int,
+                   frame_filter: set[int] | None = None, cmap: str = "keep") -> Image.Image:
+    small, scale = _downscale(image, max_side)
+    heat = np.zeros((small.height, small.width), dtype=np.float32)
+    for i, sl in _token_boxes(report, scale, frame_filter):
+        if i < len(values):
+            heat[sl] = np.maximum(heat[sl], values[i])
+    colour = np.zeros((*heat.shape, 3), dtype=np.float32)
+    if cmap == "heat":  # black -> red -> yellow
+        colour[..., 0] = 255 * np.clip(2 * heat, 0, 1)
+        colour[..., 1] = 255 * np.clip(2 * heat - 1, 0, 1)
+    else:  # red (evicted) -> green (kept)
+        colour[..., 0] = 255 * (1 - heat)
+        colour[..., 1] = 255 * heat
+    base = np.asarray(small, dtype=np.float32)
+    out = 0.55 * base + 0.45 * colour
+    return Image.fromarray(out.clip(0, 255).astype(np.uint8))
+
+
+def _token_paint(image: np.ndarray, report: dict[str, Any], colours: np.ndarray, max_side: int,
+                 frame_filter: set[int] | None = None) -> Image.Image:
+    """Paint each token's box with its RGB colour (NaN = leave the pixels as they are)."""
+    small, scale = _downscale(image, max_side)
+    paint = np.full((small.height, small.width, 3), np.nan, dtype=np.float32)
+    for i, sl in _token_boxes(report, scale, frame_filter):
+        if i < len(colours):
+            paint[sl] = colours[i]
+    base = np.asarray(small, dtype=np.float32)
+    out = np.where(np.isnan(paint), base, 0.45 * base + 0.55 * np.nan_to_num(paint))
+    return Image.fromarray(out.clip(0, 255).astype(np.uint8))
+
+
+def _font(size: int = 13):
+    try:
+        return ImageFont.load_default(size)
+    except TypeError:  # Pillow without FreeType sizes
+        return ImageFont.load_default()
+
+
+def _grid(tiles: list[Image.Image], captions: list[str], per_row: int = 8,
+          borders: list[tuple[int, int, int] | None] | None = None) -> Image.Image:
+    """Tiles in rows of `per_row`, each with a caption underneath (and an optional coloured border)."""
+    if not tiles:
+        return Image.new("RGB", (320, 40), "white")
+    tw = max(t.width for t in tiles)
+    th = max(t.height for t in tiles)
+    cap, pad = 18, 4
+    cols = min(per_row, len(tiles))
+    rows = -(-len(tiles) // cols)
+    sheet = Image.new("RGB", (cols * (tw + pad) + pad, rows * (th + cap + pad) + pad), "white")
+    draw = ImageDraw.Draw(sheet)
+    font = _font()
+    for k, tile in enumerate(tiles):
+        x = pad + (k % cols) * (tw + pad)
+        y = pad + (k // cols) * (th + cap + pad)
+        sheet.paste(tile, (x, y))
+        if borders and borders[k]:
+            draw.rectangle([x, y, x + tile.width - 1, y + tile.height - 1], outline=borders[k], width=3)
+        draw.text((x + 2, y + th + 2), captions[k], fill=(20, 20, 20), font=font)
+    return sheet
+
+
+def _frame_strip(frames: Sequence[np.ndarray], times: Sequence[float] | None, report: dict[str, Any],
+                 draw_frame) -> Image.Image:
+    """One tile per layout frame (Qwen: per 2-frame temporal patch), drawn on the nearest media frame."""
+    layout_frames = (report.get("layout") or {}).get("frames", [])
+    media_times = list(times) if times is not None and len(times) == len(frames) else list(range(len(frames)))
+    tiles, captions = [], []
+    for f, info in enumerate(layout_frames):
+        t = info.get("time") or 0.0
+        nearest = int(np.argmin([abs(mt - t) for mt in media_times])) if media_times else 0
+        tiles.append(draw_frame(frames[nearest], f))
+        captions.append(f"t={t:.1f}s")
+    return _grid(tiles, captions)
+
+
+def _with_legend(body: Image.Image, entries: list[tuple[str, tuple[int, int, int], int | None]]) -> Image.Image:
+    font = _font(14)
+    line = 22
+    out = Image.new("RGB", (max(body.width, 420), body.height + line * len(entries) + 8), "white")
+    out.paste(body, (0, 0))
+    draw = ImageDraw.Draw(out)
+    for k, (label, colour, count) in enumerate(entries):
+        y = body.height + 6 + k * line
+        draw.rectangle([6, y + 2, 22, y + 16], fill=colour, outline=(0, 0, 0))
+        text = label if count is None else f"{label}: {count}"
+        draw.text((30, y + 1), text, fill=(20, 20, 20), font=font)
+    return out
+
+
+# -- video timeline -----------------------------------------------------------------------------
+
+
+def frame_timeline_figure(report: dict[str, Any]) -> go.Figure | None:
+    """Sampled frames over time: motion score per frame (where the method measures it), the
+    skip threshold, and skipped frames marked. None for an image."""
+    frames = report.get("frames") or []
+    if not frames:
+        return None
+    times = [f.get("time", i) for i, f in enumerate(frames)]
+    skipped = [bool(f.get("skipped")) for f in frames]
+    fig = go.Figure()
+    if has_motion(report):
+        motion = [f.get("motion") or 0.0 for f in frames]
+        fig.add_trace(go.Bar(x=times, y=motion, name="motion",
+                             marker_color=["#ff4136" if s else "#2ecc40" for s in skipped]))
+        if report.get("flow_threshold") is not None:
+            fig.add_trace(go.Scatter(x=[min(times), max(times)], y=[report["flow_threshold"]] * 2, mode="lines",
+                                     name="threshold", line={"dash": "dash", "color": "black"}))
+        y_skip = [m for m, s in zip(motion, skipped) if s]
+        title, y_title = "motion per sampled frame (red: skipped)", "motion (px, downscaled frame)"
+    else:
+        fig.add_trace(go.Scatter(x=[t for t, s in zip(times, skipped) if not s], y=[1] * (len(frames) - sum(skipped)),
+                                 mode="markers", name="kept", marker={"color": "#2ecc40", "size": 10}))
+        y_skip = [1] * sum(skipped)
+        title, y_title = "sampled frames (motion scores not available for this method)", ""
+    fig.add_trace(go.Scatter(x=[t for t, s in zip(times, skipped) if s], y=y_skip, mode="markers", name="skipped",
+                             marker={"symbol": "x", "size": 11, "color": "#ff4136"}))
+    encoded = report.get("vision_encoder_frames")
+    if encoded is not None:
+        title += f" | {len(frames)} sampled, {sum(skipped)} skipped, {encoded} sent to the vision encoder"
+    fig.update_layout(title={"text": title, "font": {"size": 13}}, xaxis_title="time (s)", yaxis_title=y_title,
+                      height=280, margin={"l": 50, "r": 10, "t": 40, "b": 40}, legend={"orientation": "h"},
+                      yaxis={"showticklabels": has_motion(report)})
+    return fig
+
+
+def frame_thumbnails(frames: Sequence[np.ndarray], report: dict[str, Any], thumb_width: int = 160,
+                     per_row: int = 8) -> Image.Image | None:
+    """Thumbnails of the sampled frames: green border kept, red border and dimmed skipped."""
+    info = report.get("frames") or []
+    if not info or not frames:
+        return None
+    tiles, captions, borders = [], [], []
+    for k, frame in enumerate(frames):
+        meta = info[k] if k < len(info) else {}
+        small, _ = _downscale(frame, thumb_width)
+        skipped = bool(meta.get("skipped"))
+        if skipped:
+            small = Image.blend(small, Image.new("RGB", small.size, (255, 255, 255)), 0.55)
+        tiles.append(small)
+        captions.append(f"t={meta.get('time', k):.1f}s" + (" skipped" if skipped else ""))
+        borders.append((255, 65, 54) if skipped else (46, 204, 64))
+    return _grid(tiles, captions, per_row=per_row, borders=borders)
+
+
+# -- LightKV -----------------------------------------------------------------------------------
+
+
+def layer_tokens_figure(report: dict[str, Any]) -> go.Figure | None:
+    """Tokens held and KV MiB per layer (LightKV shrinks later layers); None without `layer_tokens`."""
+    rows = report.get("layer_tokens")
+    if not rows:
+        return None
+    layers = list(range(len(rows)))
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=layers, y=[r.get("tokens", 0) for r in rows], name="tokens held"))
+    fig.add_trace(go.Scatter(x=layers, y=[r.get("kv_bytes", 0) / MIB for r in rows], name="KV MiB", yaxis="y2",
+                             mode="lines+markers"))
+    fig.update_layout(xaxis_title="layer", yaxis_title="tokens",
+                      yaxis2={"title": "KV MiB", "overlaying": "y", "side": "right", "showgrid": False},
+                      height=280, margin={"l": 50, "r": 50, "t": 20, "b": 40}, legend={"orientation": "h"})
+    return fig
+
+
+# -- numbers -----------------------------------------------------------------------------------
+
+
+def _mib(n: float | None) -> str:
+    return "n/a" if n is None else f"{n / MIB:.2f} MiB"
+
+
+def summary_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, value) rows of the numbers panel for the last turn of a report."""
+    full = report.get("full_kv_bytes") or 0
+
+    def vs_full(n: int | None) -> str:
+        return _mib(n) + (f" ({100 * n / full:.1f}% of full)" if full and n is not None else "")
+
+    turn = (report.get("turns") or [{}])[-1]
+    rows = [
+        ("model", str(report.get("model"))),
+        ("method", str(report.get("method"))),
+        ("budget (visual entries / layer / KV head)", str(report.get("budget") or "none")),
+        ("block size / prefill", f"{report.get('block_size')} / {report.get('prefill')}"),
+        ("visual tokens", str(report.get("visual_tokens", 0))),
+        ("prefill blocks", str(len(report.get("blocks") or []))),
+        ("peak KV", vs_full(report.get("peak_kv_bytes"))),
+        ("final KV (after last turn)", vs_full(report.get("final_kv_bytes"))),
+        ("full KV (uncompressed, same tokens)", _mib(full)),
+        ("TTFT (last turn)", f"{turn.get('ttft_seconds', 0):.2f} s"),
+        ("decode speed", f"{turn.get('decode_tokens_per_second', 0):.1f} tokens/s"),
+        ("peak process RSS", _mib(report.get("peak_rss_bytes"))),
+    ]
+    if report.get("cuda_peak_bytes"):
+        rows.append(("peak CUDA allocated", _mib(report["cuda_peak_bytes"])))
+    if report.get("frames"):
+        skipped = sum(bool(f.get("skipped")) for f in report["frames"])
+        rows.append(("video frames sampled / skipped", f"{len(report['frames'])} / {skipped}"))
+        rows.append(("frames sent to the vision encoder", str(report.get("vision_encoder_frames", "n/a"))))
+    if report.get("tiers"):
+        rows.append(("tiers", ", ".join(f"{k} {v}" for k, v in report["tiers"].items())))
+    if report.get("layer_tokens"):
+        toks = [r.get("tokens", 0) for r in report["layer_tokens"]]
+        rows.append(("tokens per layer (first / last)", f"{toks[0]} / {toks[-1]}"))
+    return rows
+
+
+# -- compare -----------------------------------------------------------------------------------
+
+
+def agreement(ids: Sequence[int], reference: Sequence[int]) -> float:
+    """Fraction of answer positions where two token sequences agree (over the longer one)."""
+    n = max(len(ids), len(reference))
+    if n == 0:
+        return 1.0
+    return sum(a == b for a, b in zip(ids, reference)) / n
+
+
+COMPARE_HEADERS = ["method", "peak KV (MiB)", "final KV (MiB)", "peak vs full", "TTFT (s)",
+                   "agreement with full", "answer"]
+
+
+def compare_rows(results: dict[str, dict[str, Any] | str]) -> list[list[Any]]:
+    """Table rows (COMPARE_HEADERS) for {method: report or error message}.
+
+    Agreement is token-level against the `full` method's answer to the same question
+    (1.0 = the same tokens); "n/a" when `full` is not among the results.
+    """
+    ref = results.get("full")
+    ref_ids = ref["turns"][0]["token_ids"] if isinstance(ref, dict) and ref.get("turns") else None
+    rows: list[list[Any]] = []
+    for name, rep in results.items():
+        if isinstance(rep, str):
+            rows.append([name, None, None, "", None, "", f"error: {rep}"])
+            continue
+        turn = rep["turns"][0] if rep.get("turns") else {}
+        full = rep.get("full_kv_bytes") or 0
+        agree = f"{agreement(turn.get('token_ids', []), ref_ids):.0%}" if ref_ids is not None else "n/a"
+        rows.append([
+            name, round(rep["peak_kv_bytes"] / MIB, 3), round(rep["final_kv_bytes"] / MIB, 3),
+            f"{rep['peak_kv_bytes'] / full:.1%}" if full else "", round(turn.get("ttft_seconds", 0.0), 3),
+            agree, turn.get("answer", ""),
+        ])
+    return rows
+
+
+def compare_memory_figure(results: dict[str, dict[str, Any] | str]) -> go.Figure:
+    """KV MiB against tokens read, one curve per method (methods block their input differently,
+    so tokens read is the common x axis)."""
+    fig = go.Figure()
+    for name, rep in results.items():
+        if isinstance(rep, str) or not rep.get("blocks"):
+            continue
+        blocks = rep["blocks"]
+        fig.add_trace(go.Scatter(x=list(np.cumsum([b["tokens_in"] for b in blocks])),
+                                 y=[b["kv_bytes"] / MIB for b in blocks], mode="lines+markers", name=name))
+    fig.update_layout(xaxis_title="tokens read", yaxis_title="KV MiB after block", height=320,
+                      margin={"l": 50, "r": 10, "t": 20, "b": 40}, legend={"orientation": "h", "y": -0.25})
+    return fig
