@@ -44,11 +44,12 @@ def attention_mask(q: int, n_past: int, impl: str, dtype: torch.dtype, device) -
     """Mask for q new tokens after n_past cached entries (all of which are older).
 
     Every cached entry is visible, whatever was evicted; the block itself is
-    causal. One query token needs no mask. Bool for SDPA-like kernels,
-    additive float for eager attention.
+    causal. One query token needs no mask, nor does a first block under an
+    SDPA-like kernel (its own causal flag is used, as transformers does).
+    Bool for SDPA-like kernels, additive float for eager attention.
     """
-    if q == 1:
-        return None
+    if q == 1 or (n_past == 0 and impl != "eager"):
+        return None  # SDPA-like kernels then run causally without materialising a mask
     allowed = torch.ones((q, n_past + q), dtype=torch.bool, device=device)
     allowed[:, n_past:] = torch.ones((q, q), dtype=torch.bool, device=device).tril()
     allowed = allowed[None, None]

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
+from transformers.image_utils import SizeDict
 from transformers.video_utils import VideoMetadata
 from transformers.vision_utils import get_vision_position_ids
 
@@ -65,13 +65,14 @@ class Qwen25VLAdapter(ModelAdapter):
         )
         kwargs: dict[str, Any] = {"text": [text], "return_tensors": "pt"}
         if media is not None and media.kind == "image":
-            kwargs["images"] = [Image.fromarray(media.frames[0])]
+            enc = self._prepare_image_lazily(text, media.frames[0])
         elif media is not None:
             frames = list(media.frames)
             kwargs["videos"] = [np.stack(frames)]
             kwargs["video_metadata"] = [_metadata(media)]
             kwargs["do_sample_frames"] = False
-        enc = self.processor(**kwargs)
+        if media is None or media.kind == "video":
+            enc = self.processor(**kwargs)
         ids = enc["input_ids"][0]
         cfg = self.model.config
         mm_types = torch.zeros_like(ids, dtype=torch.int32)
@@ -91,7 +92,7 @@ class Qwen25VLAdapter(ModelAdapter):
                 second_per_grid_ts=_as_tensor(enc.get("second_per_grid_ts")),
             )
             positions = positions[:, 0]
-            vision = {k: enc[k] for k in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+            vision = {k: enc[k] for k in ("resized_image", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
                       if k in enc}
             layout = self._layout(media, visual_mask, vision)
         visual_idx = visual_mask.nonzero().flatten()
@@ -107,6 +108,37 @@ class Qwen25VLAdapter(ModelAdapter):
             vision_inputs=vision,
             media=media,
         )
+
+    def _prepare_image_lazily(self, text: str, frame: np.ndarray) -> dict[str, Any]:
+        """Tokens and the resized image, without materialising all pixel patches.
+
+        Mirrors the processor: the image is resized once (uint8, by the image
+        processor's own resize), and `_pixels_rows` normalises and patchifies
+        only the rows a block needs; the token text gets one image pad per
+        merged patch, as the processor's `replace_image_token` does. A test
+        checks both against the processor's own output.
+        """
+        ip = self.processor.image_processor
+        image = torch.from_numpy(np.ascontiguousarray(frame)).permute(2, 0, 1)[None]
+        factor = ip.patch_size * ip.merge_size
+        resized = ip.resize(images=image, size=_size_dict(ip), resample=ip.resample, factor=factor)
+        grid_h, grid_w = resized.shape[-2] // ip.patch_size, resized.shape[-1] // ip.patch_size
+        n_tokens = grid_h * grid_w // (ip.merge_size**2)
+        pad = self.processor.image_token
+        text = text.replace(pad, pad * n_tokens, 1)
+        ids = self.tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        return {"input_ids": ids, "resized_image": resized, "image_grid_thw": torch.tensor([[1, grid_h, grid_w]])}
+
+    def _pixels_rows(self, vision: dict, r0: int, r1: int) -> torch.Tensor:
+        """Pixel patches (n_patches, C*T*P*P) of merged token rows [r0, r1), exactly as the processor."""
+        ip = self.processor.image_processor
+        band = ip.patch_size * ip.merge_size
+        crop = vision["resized_image"][:, :, r0 * band : r1 * band]
+        crop = ip.rescale_and_normalize(crop, ip.do_rescale, ip.rescale_factor, ip.do_normalize,
+                                        ip.image_mean, ip.image_std)
+        patches, _, _ = ip.patchify(crop, patch_size=ip.patch_size, merge_size=ip.merge_size,
+                                    temporal_patch_size=ip.temporal_patch_size)
+        return patches[0]
 
     def followup_ids(self, prompt: str) -> torch.Tensor:
         text = f"<|im_end|>\n<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
@@ -180,9 +212,8 @@ class Qwen25VLAdapter(ModelAdapter):
         _, gh, gw = (int(x) for x in vision["image_grid_thw"][0])
         rows, cols = gh // self.merge, gw // self.merge
         tokens_per_row = cols
-        patches_per_row = cols * self.merge * self.merge
         if r0 == 0 and r1 == rows:  # whole image: exactly what transformers does
-            return self._run_visual(vision["pixel_values"], vision["image_grid_thw"])
+            return self._run_visual(self._pixels_rows(vision, 0, rows), vision["image_grid_thw"])
         parts = []
         r = r0
         while r < r1:
@@ -190,7 +221,7 @@ class Qwen25VLAdapter(ModelAdapter):
                 s0 = (r // self.window_rows) * self.window_rows
                 s1 = min(rows, max(s0 + self.window_rows, ((r1 + self.window_rows - 1) // self.window_rows)
                                    * self.window_rows))
-                pixels = vision["pixel_values"][s0 * patches_per_row : s1 * patches_per_row]
+                pixels = self._pixels_rows(vision, s0, s1)
                 grid = torch.tensor([[1, (s1 - s0) * self.merge, gw]])
                 self._strip = (s0, s1, self._run_visual(pixels, grid, row_offset=s0))
             s0, s1, emb = self._strip
@@ -200,6 +231,13 @@ class Qwen25VLAdapter(ModelAdapter):
             if take == s1:
                 self._strip = None  # fully consumed: free it
         return torch.cat(parts)
+
+
+def _size_dict(ip) -> SizeDict:
+    size = ip.size
+    if isinstance(size, SizeDict):
+        return size
+    return SizeDict(**dict(size))
 
 
 def _metadata(media: Media) -> VideoMetadata:

@@ -23,7 +23,7 @@ Example::
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from transformers import (
@@ -100,7 +100,7 @@ class TinySpec:
     vision_num_heads: int
     vision_intermediate_size: int
     mrope_section: tuple[int, ...] = ()
-    fullatt_block_indexes: tuple[int, ...] = field(default=())
+    fullatt_block_indexes: tuple[int, ...] = ()
     bpe_vocab_size: int = 1024
     description: str = ""
 
@@ -398,6 +398,7 @@ def build_tiny(
         torch.manual_seed(seed)
         model = model_cls(config)
     model = model.to(dtype=dtype).eval()
+    model.config.dtype = dtype  # as a loaded checkpoint reports it
     tok = processor.tokenizer
     gen = model.generation_config
     if spec.family == "qwen2_5_vl":

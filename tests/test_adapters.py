@@ -1,0 +1,70 @@
+"""Model adapters: tokens, layout and streamed pixels agree with transformers' processors."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from PIL import Image
+
+from tests.conftest import get_adapter
+from visualkv.synthetic import image_media
+
+
+def test_qwen_lazy_pixels_equal_the_processor():
+    adapter = get_adapter("tiny-qwen2.5-vl")
+    media = image_media(1000, 700, seed=3)
+    prepared = adapter.prepare(media, "Describe it.")
+    text = adapter.processor.apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe it."}]}],
+        add_generation_prompt=True, tokenize=False)
+    enc = adapter.processor(text=[text], images=[Image.fromarray(media.frames[0])], return_tensors="pt")
+    assert torch.equal(prepared.input_ids, enc["input_ids"][0])
+    assert torch.equal(prepared.vision_inputs["image_grid_thw"], enc["image_grid_thw"])
+    rows, cols = prepared.layout.frames[0].grid
+    per_row = cols * 4
+    for r0, r1 in [(0, 1), (3, 7), (rows - 2, rows)]:
+        strip = adapter._pixels_rows(prepared.vision_inputs, r0, r1)
+        assert torch.allclose(strip, enc["pixel_values"][r0 * per_row : r1 * per_row], atol=1e-6)
+
+
+def test_qwen_4k_layout():
+    adapter = get_adapter("tiny-qwen2.5-vl")
+    prepared = adapter.prepare(image_media(3840, 2160), "Where is the star?")
+    layout = prepared.layout
+    assert 10_000 < layout.n_visual < 11_000
+    rows, cols = layout.frames[0].grid
+    assert len(layout.units) == rows and all(u.n_tokens == cols for u in layout.units)
+    assert layout.box[:, 2].max() == 3840 and layout.box[:, 3].max() == 2160
+    assert (layout.box[:, 0] < layout.box[:, 2]).all() and (layout.box[:, 1] < layout.box[:, 3]).all()
+    # M-RoPE: image tokens share the temporal id and take row/col ids; text after continues past them
+    pos = prepared.position_ids
+    first = int(layout.seq_index[0])
+    assert pos[1, layout.seq_index[cols]] == pos[1, first] + 1  # next row
+    assert prepared.next_position == int(pos.max()) + 1
+
+
+def test_smolvlm_tiles_and_boxes():
+    adapter = get_adapter("tiny-smolvlm2")
+    prepared = adapter.prepare(image_media(1600, 900), "Describe it.")
+    layout = prepared.layout
+    kinds = [f.kind for f in layout.frames]
+    assert kinds[-1] == "global" and set(kinds[:-1]) == {"tile"}
+    assert all(u.n_tokens == 64 for u in layout.units)
+    tiles = [f for f in layout.frames if f.kind == "tile"]
+    # tiles cover the image without overlap
+    area = sum((f.box[2] - f.box[0]) * (f.box[3] - f.box[1]) for f in tiles)
+    assert abs(area - 1600 * 900) <= 0.01 * 1600 * 900
+    assert layout.frames[-1].box == (0, 0, 1600, 900)
+
+
+def test_video_units_are_frames_with_times(small_video):
+    for alias in ("tiny-qwen2.5-vl", "tiny-smolvlm2"):
+        prepared = get_adapter(alias).prepare(small_video, "What happens?")
+        layout = prepared.layout
+        assert all(u.kind == "frame" for u in layout.units)
+        times = [f.time for f in layout.frames]
+        assert times == sorted(times) and times[0] == 0.0
+        if alias == "tiny-qwen2.5-vl":  # one unit per temporal patch of 2 frames
+            assert len(layout.units) == int(np.ceil(len(small_video.frames) / 2))
+        else:
+            assert len(layout.units) == len(small_video.frames)
