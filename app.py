@@ -1,6 +1,6 @@
 """VisualKV app entry point (also the Hugging Face Space entry): `python app.py`.
 
-Flags: --model (offline alias, Hub id or local path; default: an offline model), --host, --port,
+Flags: --model (offline alias, Hub id or local path; default: $VISUALKV_MODEL, else an offline model), --host, --port,
 --share, --device. With no network the app starts on an offline model and says so on the page;
 if --model cannot be loaded, it starts on the offline model and shows why.
 """
@@ -13,7 +13,8 @@ import os
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="VisualKV: chat with 4K images and long videos, see the KV cache")
-    parser.add_argument("--model", default=None, help="model to load at start (default: an offline model)")
+    parser.add_argument("--model", default=os.environ.get("VISUALKV_MODEL") or None,
+                        help="model to load at start (default: $VISUALKV_MODEL, else an offline model)")
     parser.add_argument("--host", default=None, help="address to listen on (default 127.0.0.1, or GRADIO_SERVER_NAME)")
     parser.add_argument("--port", type=int, default=None, help="port (default 7860, or GRADIO_SERVER_PORT)")
     parser.add_argument("--share", action="store_true", help="create a public Gradio link")

@@ -68,3 +68,20 @@ def test_video_units_are_frames_with_times(small_video):
             assert len(layout.units) == int(np.ceil(len(small_video.frames) / 2))
         else:
             assert len(layout.units) == len(small_video.frames)
+
+
+def test_local_checkpoint_folder_loads_like_a_real_model(tmp_path, small_image):
+    """The path real checkpoints take: save_pretrained folder -> AutoProcessor / AutoModelForImageTextToText."""
+    from visualkv.models.registry import load_model
+    from visualkv.models.tiny import save_tiny
+    from visualkv.session import ChatSession, SessionConfig
+
+    for alias in ("tiny-qwen2.5-vl", "tiny-smolvlm2"):
+        folder = save_tiny(alias, str(tmp_path / alias))
+        adapter = load_model(folder)
+        assert adapter.family == get_adapter(alias).family
+        local = ChatSession(adapter, SessionConfig(max_new_tokens=3))
+        local.ask("What is it?", small_image)
+        built = ChatSession(get_adapter(alias), SessionConfig(max_new_tokens=3))
+        built.ask("What is it?", small_image)
+        assert torch.allclose(local.prefill_result.logits, built.prefill_result.logits, atol=1e-5)

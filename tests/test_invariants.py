@@ -6,6 +6,7 @@ positions, 6 telemetry agrees with the cache. (5 belongs to Sali-Cache.)
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -31,10 +32,10 @@ def _hf_reference(adapter, media, prompt=PROMPT, new_tokens=6):
         images = [[pil]] if adapter.family == "smolvlm" else [pil]
         enc = proc(text=[text], images=images, return_tensors="pt")
     else:
-        from visualkv.models.qwen2_5_vl import _metadata
+        from visualkv.models.base import video_metadata
 
-        enc = proc(text=[text], videos=[torch.from_numpy(__import__("numpy").stack(media.frames))],
-                   video_metadata=[_metadata(media)], do_sample_frames=False, return_tensors="pt")
+        enc = proc(text=[text], videos=[torch.from_numpy(np.stack(media.frames))],
+                   video_metadata=[video_metadata(media)], do_sample_frames=False, return_tensors="pt")
     with torch.no_grad():
         logits = adapter.model(**enc).logits[0, -1].float()
         gen = adapter.model.generate(**enc, max_new_tokens=new_tokens, do_sample=False)

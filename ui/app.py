@@ -50,7 +50,8 @@ def build_app(default_model: str | None = None, device: str = "cpu") -> gr.Block
     method_names = list(METHODS)
     default_method = DEFAULT_METHOD if DEFAULT_METHOD in METHODS else method_names[0]
 
-    with gr.Blocks(title="VisualKV", analytics_enabled=False) as demo:
+    # delete_cache: uploads and served copies older than 6 h are removed every hour
+    with gr.Blocks(title="VisualKV", analytics_enabled=False, delete_cache=(3600, 6 * 3600)) as demo:
         state = gr.State(None, time_to_live=4 * 3600)
         gr.Markdown(text.INTRO)
         model_note = gr.Markdown(text.offline_note(model_name, is_offline_model(model_name), start_error),
@@ -169,22 +170,26 @@ def build_app(default_model: str | None = None, device: str = "cpu") -> gr.Block
         compute = {"concurrency_id": "compute", "concurrency_limit": 1}
         light = {"concurrency_limit": None, "show_progress": "hidden"}
 
+        turn_events = []
         for trigger in (chat_input.submit, send_btn.click):
-            trigger(h.chat, [chat_input, state, *settings, *method_components], chat_outputs, **compute) \
-                .then(h.views, [state, layer_dd], view_outputs, **light)
+            turn = trigger(h.chat, [chat_input, state, *settings, *method_components], chat_outputs,
+                           show_progress="minimal", show_progress_on=[chatbot], **compute)
+            turn_events += [turn, turn.then(h.views, [state, layer_dd], view_outputs, **light)]
         stop_btn.click(h.stop, [state], [progress_html], queue=False, show_progress="hidden")
         new_btn.click(h.new_chat, [state], [state, chatbot, error_md, progress_html, memory_plot, download_btn,
-                                            *view_outputs], queue=False, show_progress="hidden")
+                                            *view_outputs], cancels=turn_events, show_progress="hidden",
+                      concurrency_limit=None)
         load_btn.click(h.load_model, [model_dd, model_id, state],
-                       [state, model_note, error_md, chatbot, progress_html, memory_plot, download_btn], **compute)
+                       [state, model_note, error_md, chatbot, progress_html, memory_plot, download_btn],
+                       show_progress_on=[model_note], **compute)
         method_dd.change(h.method_changed, [method_dd, followup],
                          [method_md, budget, followup_md, *groups.values()], queue=False, show_progress="hidden")
         followup.change(h.method_changed, [method_dd, followup],
                         [method_md, budget, followup_md, *groups.values()], queue=False, show_progress="hidden")
         h.group_names = list(groups)
-        layer_dd.change(h.layer_changed, [state, layer_dd], [heatmap], **light)
+        layer_dd.input(h.layer_changed, [state, layer_dd], [heatmap], **light)
         cmp_btn.click(h.compare, [state, cmp_methods, cmp_question, cmp_file, *settings, *method_components],
-                      [cmp_table, cmp_plot, cmp_status], **compute)
+                      [cmp_table, cmp_plot, cmp_status], show_progress_on=[cmp_table], **compute)
     demo.vkv_model = model_name  # for app.py's start message
     return demo
 
@@ -201,7 +206,9 @@ def _setting_component(s):
     if s.kind == "choice":
         return gr.Dropdown(list(s.choices), value=s.default, label=s.label, info=info, elem_id=elem_id)
     if s.kind == "floats":
-        return gr.Textbox(value=", ".join(f"{x:g}" for x in s.default), label=s.label, info=info, elem_id=elem_id)
+        value = ", ".join(f"{x:g}" for x in s.default) if s.default is not None else ""
+        return gr.Textbox(value=value, label=s.label, info=info, elem_id=elem_id,
+                          placeholder="comma-separated; empty = the method's default")
     return gr.Textbox(value=s.default, label=s.label, info=info, elem_id=elem_id)
 
 

@@ -67,7 +67,9 @@ class SessionConfig:
         if self.budget is not None and self.budget < 1:
             raise ConfigError(f"budget must be a positive number of tokens, got {self.budget}")
         if METHODS[self.method].needs_budget and self.budget is None:
-            raise ConfigError(f"method {self.method!r} needs --budget (visual entries per layer and KV head)")
+            raise ConfigError(
+                f"method {self.method!r} needs a budget (visual entries kept per layer and KV head; --budget N)"
+            )
         if self.block_size is not None and self.block_size < 1:
             raise ConfigError(f"block size must be >= 1, got {self.block_size}")
         if self.prefill not in (None, "hybrid", "blockwise", "bulk"):
@@ -224,7 +226,8 @@ class ChatSession:
             self._history_ids.append(ids)
             self._seq_len += 1
             self._next_position += 1
-        record.answer = self.adapter.tokenizer.decode(record.token_ids, skip_special_tokens=True)
+        # a token cut inside a UTF-8 sequence decodes to U+FFFD: never end an answer on one
+        record.answer = self.adapter.tokenizer.decode(record.token_ids, skip_special_tokens=True).rstrip("\ufffd")
         n = len(record.token_ids)
         if t_first is not None and n > 1:
             record.decode_tokens_per_second = (n - 1) / max(time.perf_counter() - t_first, 1e-9)
@@ -249,21 +252,27 @@ class ChatSession:
         tokens = self._seq_len
         return tokens * a.num_layers * 2 * a.num_kv_heads * a.head_dim * itemsize
 
-    def retained(self) -> np.ndarray:
-        """Keep fraction of every visual token over (layer, KV head)."""
+    def retained_per_layer(self) -> np.ndarray:
+        """(layers, n_visual) keep fraction of every visual token over the KV heads of each layer."""
         if self.prepared is None or self.cache is None:
-            return np.zeros(0)
+            return np.zeros((0, 0))
         n_visual = self.prepared.layout.n_visual
         lookup = torch.from_numpy(self.prepared.layout.visual_id_of_seq(self.prepared.seq_len))
-        counts = torch.zeros(n_visual, dtype=torch.float64)
-        slots = 0
+        rows = []
         for layer in self.cache.layers:
-            idx = layer.all_token_index()[0].long().flatten().cpu()  # heads x entries
-            idx = idx[idx < self.prepared.seq_len]
-            vid = lookup[idx]
-            counts += torch.bincount(vid[vid >= 0], minlength=n_visual).double()
-            slots += layer.token_index.shape[1] if layer.is_initialized else 0
-        return (counts / max(slots, 1)).numpy()
+            counts = torch.zeros(n_visual, dtype=torch.float64)
+            if layer.is_initialized:
+                idx = layer.all_token_index()[0].long().flatten().cpu()  # heads x entries
+                vid = lookup[idx[idx < self.prepared.seq_len]]
+                counts += torch.bincount(vid[vid >= 0], minlength=n_visual).double()
+                counts /= layer.token_index.shape[1]
+            rows.append(counts)
+        return torch.stack(rows).numpy()
+
+    def retained(self) -> np.ndarray:
+        """Keep fraction of every visual token over (layer, KV head)."""
+        per_layer = self.retained_per_layer()
+        return per_layer.mean(axis=0) if per_layer.size else np.zeros(0)
 
     def report(self) -> dict[str, Any]:
         """The JSON report of DESIGN.md (see README for every field)."""
@@ -290,11 +299,12 @@ class ChatSession:
             "blocks": [b.to_dict() for b in self.blocks],
             "turns": [t.to_dict() for t in self.turns],
             "retained": self.retained().round(4).tolist(),
+            "retained_per_layer": self.retained_per_layer().round(3).tolist(),
         }
         if layout is not None:
             report["layout"] = {
-                "frames": [{"kind": f.kind, "grid": list(f.grid), "time": f.time, "box": list(f.box)}
-                           for f in layout.frames],
+                "frames": [{"kind": f.kind, "grid": list(f.grid), "time": f.time, "box": list(f.box),
+                            "source_frames": list(f.source_frames)} for f in layout.frames],
                 "token_frame": layout.frame.tolist(),
                 "token_row": layout.row.tolist(),
                 "token_col": layout.col.tolist(),

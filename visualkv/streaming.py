@@ -42,7 +42,6 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
-import torch
 
 from visualkv.errors import ConfigError, VisualKVError
 from visualkv.media import Media
@@ -117,37 +116,9 @@ def stream_turn(
 # -- reports ----------------------------------------------------------------------------------
 
 
-def retained_per_layer(session: ChatSession) -> list[list[float]]:
-    """Keep fraction of every visual token in each layer (averaged over that layer's KV heads).
-
-    Same counting as `ChatSession.retained` (which averages over layers too).
-    """
-    prepared, cache = session.prepared, session.cache
-    if prepared is None or cache is None:
-        return []
-    n_visual = prepared.layout.n_visual
-    lookup = torch.from_numpy(prepared.layout.visual_id_of_seq(prepared.seq_len))
-    out = []
-    for layer in cache.layers:
-        if not layer.is_initialized:
-            out.append([0.0] * n_visual)
-            continue
-        idx = layer.all_token_index()[0].long().cpu()  # (kv_heads, entries)
-        heads = idx.shape[0]
-        idx = idx.flatten()
-        idx = idx[idx < prepared.seq_len]
-        vid = lookup[idx]
-        counts = torch.bincount(vid[vid >= 0], minlength=n_visual).double()
-        out.append((counts / max(heads, 1)).numpy().round(4).tolist())
-    return out
-
-
 def turn_report(session: ChatSession) -> dict[str, Any]:
-    """`session.report()` plus `retained_per_layer` (unless the session already reports it)."""
-    report = session.report()
-    if "retained_per_layer" not in report:
-        report["retained_per_layer"] = retained_per_layer(session)
-    return report
+    """The session's report of the last turn (kept as one entry point for the UI)."""
+    return session.report()
 
 
 def live_report(session: ChatSession, blocks: Iterable[Any]) -> dict[str, Any]:
@@ -222,6 +193,11 @@ class Setting:
     kind: str
     default: Any
     choices: tuple[Any, ...] = ()
+    item: str = "float"  # "floats": "int" when every number is a whole number
+
+    def __post_init__(self) -> None:
+        if self.kind == "floats" and self.default and all(isinstance(x, int) for x in self.default):
+            object.__setattr__(self, "item", "int")
 
     @property
     def label(self) -> str:
@@ -338,16 +314,22 @@ def _setting(key: str, hint: Any, default: Any) -> Setting | None:
         return Setting(key, "str", default)
     if isinstance(default, tuple | list) and default and all(isinstance(x, int | float) for x in default):
         return Setting(key, "floats", tuple(default))
-    if default is None and hint is not None:
+    if default is None and hint is not None:  # optional value: empty in the form = None (the method's default)
         args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
         base = args[0]
         if base in (int, float):
             return Setting(key, base.__name__, None)
+        if typing.get_origin(base) in (tuple, list):
+            items = [a for a in typing.get_args(base) if a is not Ellipsis]
+            if items and all(a in (int, float) for a in items):
+                return Setting(key, "floats", None, item=items[0].__name__)
     return None
 
 
 def _coerce(setting: Setting, value: Any) -> Any:
     try:
+        if setting.kind in ("int", "float", "floats") and setting.default is None and value in ("", None):
+            return None
         if setting.kind == "bool":
             return bool(value)
         if setting.kind == "int":
@@ -356,10 +338,11 @@ def _coerce(setting: Setting, value: Any) -> Any:
             return float(value)
         if setting.kind == "floats":
             items = value if isinstance(value, list | tuple) else str(value).replace(";", ",").split(",")
-            numbers = tuple(float(x) for x in items if str(x).strip())
-            if all(isinstance(d, int) for d in setting.default or ()):
-                numbers = tuple(int(x) for x in numbers)
+            numbers = tuple((int if setting.item == "int" else float)(float(x)) for x in items if str(x).strip())
+            if not numbers and setting.default is None:
+                return None
             return type(setting.default)(numbers) if setting.default is not None else numbers
+
         if setting.kind == "choice" and value not in setting.choices:
             raise ValueError(value)
         return value

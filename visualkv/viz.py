@@ -12,7 +12,6 @@ has no such field; `has_*` helpers say which views apply to a report.
 
 from __future__ import annotations
 
-import colorsys
 import os
 import shutil
 from collections.abc import Sequence
@@ -60,9 +59,10 @@ def block_memory_figure(report: dict[str, Any], budget_bytes: int | None = None,
                         show_rss: bool = True) -> go.Figure:
     """KV MiB after each prefill block, with the full-cache line and the budget line (+ process RSS).
 
-    Traces, by name: "KV cache (held)" (one point per block), "KV peak so far", "full cache"
-    (what an uncompressed cache holds for this input; while a prefill is still running and
-    `full_kv_bytes` is unknown: "full cache (so far)", the tokens read so far at full precision),
+    Traces, by name: "KV cache (held)" (one point per block), "KV peak so far", "full cache (so far)"
+    (the tokens read so far at full precision: what an uncompressed cache would hold after each
+    block; left out when the method kept some input from the LLM, e.g. skipped frames), "full cache"
+    (the uncompressed cache of the whole conversation; once `full_kv_bytes` is known),
     "budget" (M entries per layer and head; `budget_bytes` overrides the value from the report),
     "process RSS" (right axis). `n_blocks` fixes the x range while blocks are still arriving.
     """
@@ -76,12 +76,16 @@ def block_memory_figure(report: dict[str, Any], budget_bytes: int | None = None,
     fig.add_trace(go.Scatter(x=x, y=[b["peak_kv_bytes"] / MIB for b in blocks], mode="lines",
                              name="KV peak so far", line={"dash": "dot", "color": "#9467bd"}))
     per_token = kv_bytes_per_token(report)
+    tokens_read = np.cumsum([b["tokens_in"] for b in blocks]) if blocks else np.zeros(0)
+    # The growing line is honest only when every input token went through the LLM (no frame skipped,
+    # no patch pruned before it): then tokens read = what an uncompressed cache would hold so far.
+    complete = report.get("prompt_tokens") in (None, int(tokens_read[-1]) if len(tokens_read) else 0)
+    if per_token and blocks and complete:
+        fig.add_trace(go.Scatter(x=x, y=list(tokens_read * per_token / MIB), mode="lines", name="full cache (so far)",
+                                 line={"dash": "dot", "color": "gray"}))
     if report.get("full_kv_bytes"):
         fig.add_trace(go.Scatter(x=span, y=[report["full_kv_bytes"] / MIB] * 2, mode="lines", name="full cache",
                                  line={"dash": "dash", "color": "gray"}))
-    elif per_token and blocks:
-        fig.add_trace(go.Scatter(x=x, y=list(np.cumsum([b["tokens_in"] for b in blocks]) * per_token / MIB),
-                                 mode="lines", name="full cache (so far)", line={"dash": "dash", "color": "gray"}))
     budget_bytes = budget_bytes or budget_kv_bytes(report)
     if budget_bytes:
         fig.add_trace(go.Scatter(x=span, y=[budget_bytes / MIB] * 2, mode="lines", name="budget",
@@ -182,7 +186,8 @@ def saliency_view(frames: Sequence[np.ndarray], times: Sequence[float] | None, r
     """Sali-Cache saliency per token (dark = background, bright = salient); None without `saliency`."""
     if not report.get("saliency"):
         return None
-    values = np.asarray(report["saliency"], dtype=np.float32)
+    # null = never computed (a token of a skipped frame): drawn as background
+    values = np.nan_to_num(np.array([np.nan if v is None else v for v in report["saliency"]], dtype=np.float32))
     if _layout_is_video(report):
         return _frame_strip(frames, times, report,
                             lambda img, f: _token_overlay(img, report, values, 240, {f}, cmap="heat"))
@@ -194,7 +199,7 @@ def tier_view(frames: Sequence[np.ndarray], times: Sequence[float] | None, repor
     """Sali-Cache tier per token (FP16 / INT8 / INT4 / pruned / skipped) with a legend; None without `tier`."""
     if not report.get("tier"):
         return None
-    names = [tier_name(t) for t in report["tier"]]
+    names = [tier_name(t, report.get("tier_names")) for t in report["tier"]]
     colours = np.array([_tier_colour(n) for n in names], dtype=np.float32)
     if _layout_is_video(report):
         body = _frame_strip(frames, times, report, lambda img, f: _token_paint(img, report, colours, 240, {f}))
@@ -204,10 +209,12 @@ def tier_view(frames: Sequence[np.ndarray], times: Sequence[float] | None, repor
     return _with_legend(body, [(label, colour, counts.get(name)) for name, label, colour in TIERS])
 
 
-def tier_name(tier: Any) -> str:
-    """Canonical tier name for a report's tier value (int TIER_* code or a name)."""
+def tier_name(tier: Any, names: Sequence[str] | None = None) -> str:
+    """Canonical tier name for a report's tier value (an int code, decoded by the report's
+    `tier_names` when given, else visualkv.saliency's TIER_* order; or a name)."""
     if isinstance(tier, int | np.integer):
-        return _TIER_BY_INT[int(tier)] if 0 <= int(tier) < len(_TIER_BY_INT) else str(tier)
+        table = names or _TIER_BY_INT
+        tier = table[int(tier)] if 0 <= int(tier) < len(table) else str(tier)
     name = str(tier).lower()
     return _TIER_ALIASES.get(name, name)
 
@@ -221,28 +228,32 @@ def _tier_colour(name: str) -> tuple[int, int, int]:
 
 def merge_view(frames: Sequence[np.ndarray], times: Sequence[float] | None, report: dict[str, Any],
                max_side: int = 960) -> Image.Image | None:
-    """LightKV merge map: tokens merged into the same kept token share a colour; tokens kept
-    alone are left uncoloured. None without `merge_map`."""
+    """LightKV merge map: tokens merged into a neighbour are darkened; the kept tokens that absorbed
+    them are coloured by how many tokens they now stand for (yellow few, red many); tokens untouched
+    are left as they are. None without `merge_map`."""
     merge = report.get("merge_map")
     if not merge:
         return None
     target = np.asarray(merge, dtype=np.int64)
+    own = target == np.arange(len(target))
     sizes = np.bincount(target, minlength=len(target))
-    colours = np.array([_group_colour(int(t)) if sizes[t] > 1 else (np.nan, np.nan, np.nan) for t in target],
-                       dtype=np.float32)
+    biggest = max(int(sizes.max()), 2)
+    colours = np.full((len(target), 3), np.nan, dtype=np.float32)
+    colours[~own] = MERGED_COLOUR
+    absorbing = own & (sizes > 1)
+    level = (sizes[absorbing] - 1) / (biggest - 1)  # 0 = absorbed one token, 1 = the largest group
+    colours[absorbing] = np.stack([np.full_like(level, 255), 230 * (1 - level), np.zeros_like(level)], axis=1)
     if _layout_is_video(report):
         body = _frame_strip(frames, times, report, lambda img, f: _token_paint(img, report, colours, 240, {f}))
     else:
         body = _token_paint(frames[0], report, colours, max_side)
-    merged = int((target != np.arange(len(target))).sum())
-    return _with_legend(body, [((f"{merged} of {len(target)} visual tokens merged into a neighbour "
-                                "(one colour per merged group)"), (120, 120, 120), None)])
+    return _with_legend(body, [
+        ("merged into a neighbour", MERGED_COLOUR, int((~own).sum())),
+        (f"kept, standing for 2 tokens (yellow) to {biggest} (red)", (255, 115, 0), int(absorbing.sum())),
+    ])
 
 
-def _group_colour(token_id: int) -> tuple[float, float, float]:
-    hue = (token_id * 0.618033988749895) % 1.0
-    r, g, b = colorsys.hsv_to_rgb(hue, 0.85, 0.95)
-    return (255 * r, 255 * g, 255 * b)
+MERGED_COLOUR = (40, 40, 40)
 
 
 def _layout_is_video(report: dict[str, Any]) -> bool:
@@ -348,7 +359,11 @@ def _frame_strip(frames: Sequence[np.ndarray], times: Sequence[float] | None, re
     tiles, captions = [], []
     for f, info in enumerate(layout_frames):
         t = info.get("time") or 0.0
-        nearest = int(np.argmin([abs(mt - t) for mt in media_times])) if media_times else 0
+        sources = [i for i in info.get("source_frames") or [] if i < len(frames)]
+        if sources:
+            nearest = sources[0]  # the media frame this tile/frame was made from
+        else:
+            nearest = int(np.argmin([abs(mt - t) for mt in media_times])) if media_times else 0
         tiles.append(draw_frame(frames[nearest], f))
         captions.append(f"t={t:.1f}s")
     return _grid(tiles, captions)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from transformers.video_utils import VideoMetadata
 
 from visualkv.layout import VisualLayout, VisualUnit
 from visualkv.media import Media
@@ -138,6 +139,14 @@ class ModelAdapter:
         return q
 
     # -- media ----------------------------------------------------------------------
+    def chat_text(self, media: Media | None, prompt: str) -> str:
+        """The first turn as the model's chat template writes it (media placeholder + question)."""
+        content: list[dict[str, Any]] = [{"type": media.kind}] if media is not None else []
+        content.append({"type": "text", "text": prompt})
+        return self.processor.apply_chat_template(
+            [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+        )
+
     def prepare(self, media: Media | None, prompt: str) -> PreparedInput:
         """Tokenize the first turn (media + prompt) with the chat template."""
         raise NotImplementedError
@@ -176,6 +185,16 @@ class ModelAdapter:
             "dtype": str(self.dtype).replace("torch.", ""),
             "attn_implementation": self.attn_implementation,
         }
+
+
+def video_metadata(media: Media) -> VideoMetadata:
+    """Metadata telling a video processor our frames are already sampled (at their real times)."""
+    n = len(media.frames)
+    span = media.times[-1] - media.times[0] if n > 1 else 0.0
+    fps = (n - 1) / span if span > 0 else 1.0
+    h, w = media.frames[0].shape[:2]
+    return VideoMetadata(total_num_frames=n, fps=fps, width=w, height=h, duration=media.duration or 0.0,
+                         frames_indices=list(range(n)))
 
 
 def text_positions(start: int, n: int, axes: int) -> torch.Tensor:

@@ -23,12 +23,11 @@ from typing import Any
 import numpy as np
 import torch
 from transformers.image_utils import SizeDict
-from transformers.video_utils import VideoMetadata
 from transformers.vision_utils import get_vision_position_ids
 
 from visualkv.layout import FrameInfo, VisualLayout, VisualUnit, grid_boxes
 from visualkv.media import Media
-from visualkv.models.base import ModelAdapter, PreparedInput, text_positions
+from visualkv.models.base import ModelAdapter, PreparedInput, text_positions, video_metadata
 
 
 class Qwen25VLAdapter(ModelAdapter):
@@ -56,20 +55,14 @@ class Qwen25VLAdapter(ModelAdapter):
 
     # -- tokenization -------------------------------------------------------------
     def prepare(self, media: Media | None, prompt: str) -> PreparedInput:
-        content: list[dict[str, Any]] = []
-        if media is not None:
-            content.append({"type": media.kind})
-        content.append({"type": "text", "text": prompt})
-        text = self.processor.apply_chat_template(
-            [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
-        )
+        text = self.chat_text(media, prompt)
         kwargs: dict[str, Any] = {"text": [text], "return_tensors": "pt"}
         if media is not None and media.kind == "image":
             enc = self._prepare_image_lazily(text, media.frames[0])
         elif media is not None:
             frames = list(media.frames)
             kwargs["videos"] = [np.stack(frames)]
-            kwargs["video_metadata"] = [_metadata(media)]
+            kwargs["video_metadata"] = [video_metadata(media)]
             kwargs["do_sample_frames"] = False
         if media is None or media.kind == "video":
             enc = self.processor(**kwargs)
@@ -238,16 +231,6 @@ def _size_dict(ip) -> SizeDict:
     if isinstance(size, SizeDict):
         return size
     return SizeDict(**dict(size))
-
-
-def _metadata(media: Media) -> VideoMetadata:
-    n = len(media.frames)
-    sampled_fps = (n - 1) / (media.times[-1] - media.times[0]) if n > 1 and media.times[-1] > media.times[0] else 1.0
-    h, w = media.frames[0].shape[:2]
-    return VideoMetadata(
-        total_num_frames=n, fps=sampled_fps, width=w, height=h, duration=media.duration or 0.0,
-        frames_indices=list(range(n)),
-    )
 
 
 def _as_tensor(x):

@@ -19,11 +19,10 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
-from transformers.video_utils import VideoMetadata
 
 from visualkv.layout import FrameInfo, VisualLayout, VisualUnit, grid_boxes
 from visualkv.media import Media
-from visualkv.models.base import ModelAdapter, PreparedInput, text_positions
+from visualkv.models.base import ModelAdapter, PreparedInput, text_positions, video_metadata
 
 _ROW_COL = re.compile(r"<row_(\d+)_col_(\d+)>")
 
@@ -41,19 +40,13 @@ class SmolVLMAdapter(ModelAdapter):
         return self.language_model.rotary_emb(hidden, positions[:1].to(hidden.device))
 
     def prepare(self, media: Media | None, prompt: str) -> PreparedInput:
-        content: list[dict[str, Any]] = []
-        if media is not None:
-            content.append({"type": media.kind})
-        content.append({"type": "text", "text": prompt})
-        text = self.processor.apply_chat_template(
-            [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
-        )
+        text = self.chat_text(media, prompt)
         kwargs: dict[str, Any] = {"text": [text], "return_tensors": "pt"}
         if media is not None and media.kind == "image":
             kwargs["images"] = [[Image.fromarray(media.frames[0])]]
         elif media is not None:
             kwargs["videos"] = [np.stack(media.frames)]
-            kwargs["video_metadata"] = [_metadata(media)]
+            kwargs["video_metadata"] = [video_metadata(media)]
             kwargs["do_sample_frames"] = False
         enc = self.processor(**kwargs)
         ids = enc["input_ids"][0]
@@ -136,10 +129,3 @@ def _runs(seq_index: np.ndarray) -> list[np.ndarray]:
     breaks = np.nonzero(np.diff(seq_index) != 1)[0] + 1
     return np.split(seq_index, breaks)
 
-
-def _metadata(media: Media) -> VideoMetadata:
-    n = len(media.frames)
-    fps = (n - 1) / (media.times[-1] - media.times[0]) if n > 1 and media.times[-1] > media.times[0] else 1.0
-    h, w = media.frames[0].shape[:2]
-    return VideoMetadata(total_num_frames=n, fps=fps, width=w, height=h, duration=media.duration or 0.0,
-                         frames_indices=list(range(n)))

@@ -1,0 +1,396 @@
+"""The app in a real browser: `python app.py` on an offline model, driven by Playwright + Debian's Chromium.
+
+One app process serves every test of this module (in file order): a 4K image chat with a live memory
+chart and a heatmap, a follow-up turn, a video with the frame timeline, two users chatting at the same
+time, and the bad inputs a new user tries. Screenshots go to artifacts/ (and one to docs/screenshot.png).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+REPO = Path(__file__).resolve().parent.parent
+ARTIFACTS = REPO / "artifacts"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+MODEL = "tiny-qwen2.5-vl"
+TURN_TIMEOUT_MS = 120_000
+
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"{CHROMIUM} is missing (install Debian's chromium package to run the browser test)",
+                allow_module_level=True)
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (pip) is needed for the browser test")
+
+
+# -- fixtures ------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    port = _free_port()
+    tmp = tmp_path_factory.mktemp("app")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False",
+           "GRADIO_TEMP_DIR": str(tmp / "gradio"), "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    log = (tmp / "app.log").open("w")
+    proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--model", MODEL], cwd=REPO, env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"app exited with {proc.returncode}:\n{(tmp / 'app.log').read_text()[-3000:]}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        proc.kill()
+        pytest.fail("app did not open its port within 180 s")
+    yield f"http://127.0.0.1:{port}"
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+    shutil.copy(tmp / "app.log", ARTIFACTS / "app.log")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_api.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def page(browser, app_url):
+    """The main user's page, shared by the tests in order (image chat, follow-up, video, bad inputs)."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+    pg = context.new_page()
+    open_app(pg, app_url)
+    yield pg
+    context.close()
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+
+def open_app(pg, url: str) -> None:
+    pg.goto(url)
+    pg.wait_for_selector("#vkv-input textarea", timeout=60_000)
+    set_number(pg, "#vkv-budget", 256)
+    pg.click("text=Generation and follow-ups")
+    set_number(pg, "#vkv-max-new", 32)
+
+
+def set_number(pg, elem: str, value) -> None:
+    box = pg.locator(f"{elem} input[type=number]").first
+    box.fill(str(value))
+    box.press("Tab")
+
+
+def dropdown_options(pg, elem: str) -> list[str]:
+    pg.click(f"{elem} input")
+    options = pg.locator('[data-testid="dropdown-option"]').evaluate_all(
+        "els => els.map(e => e.getAttribute('aria-label'))")
+    pg.keyboard.press("Escape")
+    return options
+
+
+def choose(pg, elem: str, value: str) -> None:
+    """Pick `value` in a gr.Dropdown."""
+    box = pg.locator(f"{elem} input")
+    box.click()
+    box.fill(value)
+    box.press("Enter")
+    pg.wait_for_function("([e, v]) => document.querySelector(e + ' input').value === v", arg=[elem, value])
+
+
+def bot_messages(pg) -> list[str]:
+    return pg.locator('#vkv-chat [data-testid="bot"]').all_inner_texts()
+
+
+def user_messages(pg) -> list[str]:
+    """Texts the user sent (an attached file is a separate, textless message element)."""
+    return [t for t in pg.locator('#vkv-chat [data-testid="user"]').all_inner_texts() if t.strip()]
+
+
+ERROR_JS = "(document.querySelector('#vkv-error [data-testid=\"markdown\"]') || {innerText: ''}).innerText.trim()"
+
+
+def error_text(pg) -> str:
+    """The app's error line (its Markdown text, without Gradio's status tracker)."""
+    return pg.evaluate(f"() => {ERROR_JS}")
+
+
+def attach(pg, path) -> None:
+    pg.set_input_files("#vkv-input input[type=file]", str(path))
+    pg.wait_for_selector("#vkv-input .thumbnail-item", timeout=30_000)
+
+
+def send(pg, question: str, path=None, expect_error: bool = False) -> None:
+    """Ask one question (optionally with a file) and wait until the turn is done or an error shows."""
+    n_before = len(bot_messages(pg))
+    stale = error_text(pg)
+    if path is not None:
+        attach(pg, path)
+    pg.fill("#vkv-input textarea", question)
+    pg.click("#vkv-send")
+    if expect_error:
+        pg.wait_for_function(f"(stale) => {{ const t = {ERROR_JS}; return t && t !== stale; }}", arg=stale,
+                             timeout=TURN_TIMEOUT_MS)
+        return
+    pg.wait_for_function(
+        "(n) => document.querySelectorAll('#vkv-chat [data-testid=\"bot\"]').length === n + 1 && "
+        "document.querySelector('#vkv-progress').innerText.startsWith('done')", arg=n_before,
+        timeout=TURN_TIMEOUT_MS)
+    assert not error_text(pg), error_text(pg)
+
+
+WATCH_JS = """() => {
+    window.__vkv = {points: [], answers: []};
+    clearInterval(window.__vkvTimer);
+    window.__vkvTimer = setInterval(() => {
+        const plot = document.querySelector('#vkv-memory .js-plotly-plot');
+        const held = plot && plot.data ? plot.data.find(t => t.name === 'KV cache (held)') : null;
+        if (held) window.__vkv.points.push(held.x.length);
+        const bots = document.querySelectorAll('#vkv-chat [data-testid="bot"]');
+        if (bots.length) window.__vkv.answers.push(bots[bots.length - 1].innerText.length);
+    }, 25);
+}"""
+
+
+def watch(pg) -> None:
+    """Record, every 25 ms, the memory chart's point count and the last answer's length (to see streaming)."""
+    pg.evaluate(WATCH_JS)
+
+
+def watched(pg) -> dict[str, list[int]]:
+    return pg.evaluate("() => { clearInterval(window.__vkvTimer); return window.__vkv; }")
+
+
+def plot_traces(pg, elem: str) -> dict[str, int]:
+    """{trace name: number of points} of the Plotly chart inside `elem`, read from the DOM."""
+    data = pg.evaluate(
+        "(e) => Array.from(document.querySelectorAll(e + ' .js-plotly-plot'))"
+        ".map(p => (p.data || []).map(t => [t.name, (t.x || []).length]))", elem)
+    assert data, f"no Plotly chart in {elem}"
+    return dict(data[-1])
+
+
+def open_tab(pg, name: str) -> None:
+    pg.click(f"button[role=tab]:has-text('{name}')")
+
+
+def numbers_panel(pg, must_contain: str) -> str:
+    """Text of the Numbers tab once it shows `must_contain` (the views of the last turn render in a
+    follow-up event; tabs render their content only while open). Leaves that tab open."""
+    open_tab(pg, "Numbers")
+    pg.wait_for_function(
+        "(t) => { const e = document.querySelector('#vkv-numbers'); return e && e.innerText.includes(t); }",
+        arg=must_contain, timeout=60_000)
+    return pg.inner_text("#vkv-numbers")
+
+
+def shot(pg, name: str) -> None:
+    pg.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def small_png(path: Path, width: int, height: int, seed: int) -> Path:
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8)).save(path)
+    return path
+
+
+def png_header_only(path: Path, width: int, height: int) -> Path:
+    """A PNG whose header claims width x height with almost no data (a cheap oversized image)."""
+
+    def chunk(kind: bytes, payload: bytes) -> bytes:
+        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64))
+                     + chunk(b"IEND", b""))
+    return path
+
+
+# -- tests -------------------------------------------------------------------------------------------
+
+
+def test_offline_start_is_said_on_the_page(page):
+    note = page.inner_text("#vkv-model-note")
+    assert "offline" in note and MODEL in note
+
+
+def test_image_chat_live_memory_and_heatmap(page):
+    watch(page)
+    send(page, "Where is the small red star?", REPO / "assets" / "example_4k.png")
+    seen = watched(page)
+    answers = bot_messages(page)
+    assert len(answers) == 1 and answers[0].strip()
+    traces = plot_traces(page, "#vkv-memory")
+    n_blocks = traces["KV cache (held)"]
+    assert n_blocks > 2, traces  # a 4K image under budget 256 is prefilled block by block
+    # the chart grew block by block while the prefill ran, and the answer arrived in pieces
+    assert len({n for n in seen["points"] if 0 < n < n_blocks}) >= 2, seen["points"]
+    assert len({n for n in seen["answers"] if n > 0}) >= 2, seen["answers"]
+    assert traces["budget"] == 2 and traces["full cache"] == 2, traces
+    assert traces["process RSS"] == n_blocks
+    progress = page.inner_text("#vkv-progress")
+    assert progress.startswith("done") and "TTFT" in progress
+    numbers = numbers_panel(page, "blockwise-snapkv")
+    assert "peak KV" in numbers and "visual tokens" in numbers
+    open_tab(page, "Kept tokens")
+    heat = page.locator("#vkv-heatmap img").first
+    heat.wait_for(timeout=30_000)
+    width, height = page.evaluate("(img) => [img.naturalWidth, img.naturalHeight]", heat.element_handle())
+    assert 0 < width <= 960 and 0 < height <= 960  # 3840x2160 downscaled for display
+    page.locator("#vkv-memory").scroll_into_view_if_needed()
+    shot(page, "01_image_chat")
+    (REPO / "docs").mkdir(exist_ok=True)
+    page.screenshot(path=str(REPO / "docs" / "screenshot.png"), full_page=True)
+
+
+def test_followup_turn_and_report_download(page):
+    send(page, "And what does the yellow label say?")
+    assert len(bot_messages(page)) == 2
+    assert len(user_messages(page)) == 2
+    with page.expect_download() as dl:
+        page.click("#vkv-download")
+    report = json.loads(Path(dl.value.path()).read_text())
+    assert report["method"] == "blockwise-snapkv" and report["budget"] == 256
+    assert [t["prompt"] for t in report["turns"]] == ["Where is the small red star?",
+                                                      "And what does the yellow label say?"]
+    assert report["media"]["width"] == 3840
+    shot(page, "02_followup")
+
+
+def test_bad_inputs_show_errors_and_keep_chat_and_model(page, tmp_path):
+    history = bot_messages(page)
+    model_note = page.inner_text("#vkv-model-note")
+    corrupt = tmp_path / "broken.png"
+    corrupt.write_bytes(b"\x89PNG\r\n\x1a\n" + os.urandom(300))
+    pdf = tmp_path / "paper.pdf"
+    pdf.write_bytes(b"%PDF-1.4\n1 0 obj << /Type /Catalog >> endobj\ntrailer << /Root 1 0 R >>\n%%EOF\n")
+    huge = png_header_only(tmp_path / "huge.png", 20000, 20000)
+    cases = [("empty message", "", None), ("corrupt file", "what is this?", corrupt),
+             ("PDF", "summarise this", pdf), ("oversized image", "what is this?", huge)]
+    for label, question, path in cases:
+        send(page, question, path, expect_error=True)
+        message = error_text(page)
+        assert len(message) > 10, (label, message)
+        assert bot_messages(page) == history, label
+        if path is not None:  # the rejected file stays in the box; remove it before the next case
+            page.locator("#vkv-input .delete-button").first.click()
+        shot(page, f"03_error_{label.replace(' ', '_')}")
+    page.locator("#vkv-model-id textarea, #vkv-model-id input").first.fill("no-such-org/no-such-model")
+    page.click("#vkv-load")
+    page.wait_for_function(f"() => {ERROR_JS}.includes('no-such-org')", timeout=60_000)
+    assert page.inner_text("#vkv-model-note") == model_note
+    assert bot_messages(page) == history
+    shot(page, "03_error_unknown_model")
+    page.locator("#vkv-model-id textarea, #vkv-model-id input").first.fill("")
+    send(page, "Is the model still there?")  # the chat and its model still work
+    assert len(bot_messages(page)) == len(history) + 1
+
+
+def test_video_frame_timeline(page):
+    page.click("#vkv-new")
+    page.wait_for_function("() => document.querySelectorAll('#vkv-chat [data-testid=\"bot\"]').length === 0")
+    video_method = "salicache" if "salicache" in dropdown_options(page, "#vkv-method") else "blockwise-keydiff"
+    choose(page, "#vkv-method", video_method)
+    page.click("text=Video sampling")
+    set_number(page, "#vkv-fps", 0.25)
+    set_number(page, "#vkv-max-frames", 16)
+    send(page, "What moves in this video?", REPO / "assets" / "example_video.mp4")
+    numbers = numbers_panel(page, "video frames sampled")
+    assert video_method in numbers
+    open_tab(page, "Frame timeline")
+    page.wait_for_selector("#vkv-timeline .js-plotly-plot", timeout=30_000)
+    traces = plot_traces(page, "#vkv-timeline")
+    if "motion" in traces:  # Sali-Cache: motion per sampled frame and its skip threshold
+        assert traces["motion"] == 16 and traces["threshold"] == 2, traces
+    else:  # every sampled frame is on the timeline, kept or skipped
+        assert traces["kept"] + traces["skipped"] == 16, traces
+    page.locator("#vkv-thumbs img").first.wait_for(timeout=30_000)
+    shot(page, "04_video_timeline")
+
+
+def test_compare_tab(page, tmp_path):
+    img = small_png(tmp_path / "compare.png", 448, 336, seed=4)
+    open_tab(page, "Compare")
+    page.set_input_files("#vkv-cmp-file input[type=file]", str(img))
+    page.wait_for_selector("#vkv-cmp-file :text('compare.png')", timeout=30_000)
+    checked = page.locator("#vkv-cmp-methods input[type=checkbox]:checked").count()
+    assert checked >= 3
+    page.locator("#vkv-cmp-q textarea, #vkv-cmp-q input").first.fill("Which colour dominates?")
+    page.click("#vkv-cmp-run")
+    page.wait_for_function("() => (document.querySelector('#vkv-cmp-status') || {innerText: ''})"
+                           ".innerText.includes('done:')", timeout=TURN_TIMEOUT_MS)
+    table = page.locator("#vkv-cmp-table").inner_text()
+    assert "full" in table and "100%" in table, table  # full agrees with itself
+    traces = plot_traces(page, "#vkv-cmp-plot")
+    assert "full" in traces and len(traces) == checked, (traces, table)
+    shot(page, "06_compare")
+
+
+def test_two_users_at_once_keep_separate_chats(browser, app_url, tmp_path):
+    a_img = small_png(tmp_path / "a.png", 448, 448, seed=1)
+    b_img = small_png(tmp_path / "b.png", 896, 448, seed=2)
+    pages = []
+    for _ in range(2):
+        ctx = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+        pg = ctx.new_page()
+        open_app(pg, app_url)
+        pages.append(pg)
+    a, b = pages
+    for pg, img, q in ((a, a_img, "Question from user A?"), (b, b_img, "Question from user B?")):
+        attach(pg, img)
+        pg.fill("#vkv-input textarea", q)
+    a.click("#vkv-send")
+    b.click("#vkv-send")  # both turns are queued at once; the server runs them one after the other
+    for pg in pages:
+        pg.wait_for_function("() => document.querySelector('#vkv-progress').innerText.startsWith('done')",
+                             timeout=TURN_TIMEOUT_MS)
+        numbers_panel(pg, "visual tokens")
+    assert user_messages(a)[-1].strip().endswith("user A?") and len(user_messages(a)) == 1
+    assert user_messages(b)[-1].strip().endswith("user B?") and len(user_messages(b)) == 1
+    reports = []
+    for pg in pages:
+        with pg.expect_download() as dl:
+            pg.click("#vkv-download")
+        reports.append(json.loads(Path(dl.value.path()).read_text()))
+    assert [r["turns"][0]["prompt"] for r in reports] == ["Question from user A?", "Question from user B?"]
+    assert [r["media"]["width"] for r in reports] == [448, 896]
+    assert reports[0]["visual_tokens"] < reports[1]["visual_tokens"]
+    shot(a, "05_user_a")
+    shot(b, "05_user_b")
+    for pg in pages:
+        pg.context.close()

@@ -1,0 +1,233 @@
+"""Figures and overlays of visualkv.viz, and the streaming helpers of visualkv.streaming, on small real reports.
+
+Reports come from the tiny offline Qwen2.5-VL on small synthetic media (a second or two each), so the
+views are tested on exactly the fields the engine and the methods write.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from visualkv import viz
+from visualkv.errors import ConfigError
+from visualkv.methods import METHODS
+from visualkv.models.registry import load_model
+from visualkv.session import ChatSession, SessionConfig
+from visualkv.streaming import (
+    compare_methods,
+    live_report,
+    method_options,
+    method_settings,
+    retained_per_layer,
+    stream_turn,
+    turn_report,
+)
+from visualkv.synthetic import image_media, video_media
+from visualkv.telemetry import BlockEvent, TurnRecord
+
+PROMPT = "Where is the red square?"
+BUDGET = 24
+
+
+@pytest.fixture(scope="module")
+def adapter():
+    return load_model("tiny-qwen2.5-vl")
+
+
+@pytest.fixture(scope="module")
+def image():
+    return image_media(448, 336, seed=1)  # 16 x 12 = 192 visual tokens
+
+
+def _config(method: str, **kw) -> SessionConfig:
+    return SessionConfig(method=method, budget=BUDGET if METHODS[method].needs_budget else None,
+                         max_new_tokens=3, **kw)
+
+
+@pytest.fixture(scope="module")
+def snap(adapter, image):
+    """A two-turn blockwise-snapkv session on the image, blocks of 2 token rows, with the events it streamed."""
+    session = ChatSession(adapter, _config("blockwise-snapkv", block_size=32, prefill="blockwise"))
+    events = list(stream_turn(session, PROMPT, image))
+    list(stream_turn(session, "And the blue one?"))
+    return session, turn_report(session), events
+
+
+# -- streaming ------------------------------------------------------------------------------------
+
+
+def test_stream_turn_orders_blocks_then_text_then_done(snap):
+    session, report, events = snap
+    kinds = [k for k, _ in events]
+    assert kinds[-1] == "done" and kinds.count("done") == 1 and "error" not in kinds
+    first_text = kinds.index("text")
+    assert set(kinds[:first_text]) == {"block"} and set(kinds[first_text:-1]) == {"text"}
+    blocks = [p for k, p in events if k == "block"]
+    assert all(isinstance(b, BlockEvent) for b in blocks)
+    assert [b.index for b in blocks] == list(range(len(blocks))) and blocks[-1].n_blocks == len(blocks)
+    record = events[-1][1]
+    assert isinstance(record, TurnRecord) and record is session.turns[0]
+    assert "".join(p for k, p in events if k == "text") == record.answer
+    assert len(report["turns"]) == 2
+
+
+def test_stream_turn_reports_errors_as_one_event_and_keeps_the_session(adapter, image):
+    session = ChatSession(adapter, _config("blockwise-keydiff"))
+    events = list(stream_turn(session, "   ", image))
+    assert events == [("error", "the question is empty; type a question about the image or video")]
+    assert session.turns == [] and session.cache is None
+
+
+def test_stream_turn_stop_ends_the_answer(adapter, image):
+    session = ChatSession(adapter, dataclasses.replace(_config("blockwise-keydiff"), max_new_tokens=50))
+    stop = threading.Event()
+    pieces = 0
+    for kind, _ in stream_turn(session, PROMPT, image, stop):
+        if kind == "text":
+            pieces += 1
+            stop.set()
+    assert session.turns[-1].stopped == "stopped" and pieces <= 2
+
+
+def test_retained_per_layer_averages_to_retained(snap):
+    session, report, _ = snap
+    per_layer = np.array(retained_per_layer(session))
+    assert per_layer.shape == (session.adapter.num_layers, report["visual_tokens"])
+    np.testing.assert_allclose(per_layer.mean(axis=0), report["retained"], atol=1e-3)
+    # under the budget, each layer keeps at most BUDGET entries per KV head
+    assert (per_layer.sum(axis=1) <= BUDGET + 1e-6).all()
+
+
+def test_live_report_draws_the_blocks_so_far(snap):
+    session, _, events = snap
+    blocks = [p for k, p in events if k == "block"]
+    fig = viz.block_memory_figure(live_report(session, blocks[:3]), n_blocks=len(blocks))
+    traces = {t.name: t for t in fig.data}
+    assert len(traces["KV cache (held)"].x) == 3
+    assert "full cache (so far)" in traces and "full cache" not in traces  # input length unknown until the end
+    assert list(fig.layout.xaxis.range) == [0.5, len(blocks) + 0.5]
+
+
+def test_method_settings_round_trip():
+    keys = {s.key: s for s in method_settings("blockwise-snapkv")}
+    assert keys["config.window"].kind == "int" and keys["config.window"].default == 64
+    opts = method_options("blockwise-snapkv", {"config.window": "16", "config.kernel_size": 3, "nonsense": 1})
+    method = METHODS["blockwise-snapkv"](**opts)
+    assert method.config_dict()["window"] == 16 and method.config_dict()["kernel_size"] == 3
+    assert method_settings("full") == [] and method_options("full", {"x": 1}) == {}
+    with pytest.raises(ConfigError):
+        method_options("blockwise-snapkv", {"config.window": "many"})
+
+
+# -- figures ----------------------------------------------------------------------------------------
+
+
+def test_block_memory_figure_one_point_per_block_with_budget_and_full_lines(snap):
+    _, report, _ = snap
+    fig = viz.block_memory_figure(report)
+    traces = {t.name: t for t in fig.data}
+    n = len(report["blocks"])
+    assert n > 3
+    assert len(traces["KV cache (held)"].x) == n and len(traces["process RSS"].y) == n
+    budget = viz.budget_kv_bytes(report)
+    assert budget == BUDGET * viz.kv_bytes_per_token(report)
+    assert list(traces["budget"].y) == [budget / viz.MIB] * 2
+    assert list(traces["full cache"].y) == [report["full_kv_bytes"] / viz.MIB] * 2
+    growing = np.array(traces["full cache (so far)"].y)  # blockwise: every token went through the LLM
+    assert len(growing) == n and (np.diff(growing) > 0).all()
+    assert growing[-1] * viz.MIB == pytest.approx(report["prompt_tokens"] * viz.kv_bytes_per_token(report))
+    held = np.array(traces["KV cache (held)"].y)
+    assert held.max() < report["full_kv_bytes"] / viz.MIB  # compression held the cache below full
+    json.loads(fig.to_json())  # serialisable for gr.Plot
+
+
+def test_heatmap_is_downscaled_and_per_layer(snap, image):
+    _, report, _ = snap
+    big = np.asarray(Image.fromarray(image.frames[0]).resize((1792, 1344)))  # same layout, scaled pixels
+    scaled = {**report, "layout": {**report["layout"], "frames": [
+        {**f, "box": [v * 4 for v in f["box"]]} for f in report["layout"]["frames"]]}}
+    heat = viz.retained_heatmap(big, scaled, max_side=400)
+    assert heat.size == (400, 300)
+    avg = np.asarray(viz.retained_view(image.frames, image.times, report))
+    layer0 = np.asarray(viz.retained_view(image.frames, image.times, report, layer=0))
+    assert avg.shape == layer0.shape == (336, 448, 3)
+    assert not np.array_equal(avg, layer0) or np.allclose(report["retained_per_layer"][0], report["retained"])
+
+
+def test_summary_rows_name_the_key_numbers(snap):
+    _, report, _ = snap
+    rows = dict(viz.summary_rows(report))
+    assert rows["method"] == "blockwise-snapkv" and rows["visual tokens"] == "192"
+    assert "% of full" in rows["peak KV"]
+
+
+def test_views_of_absent_method_fields_are_none(snap):
+    _, report, _ = snap
+    assert not viz.has_saliency(report) and not viz.has_merge_map(report) and not viz.is_video(report)
+    frames = [np.zeros((336, 448, 3), np.uint8)]
+    assert viz.saliency_view(frames, [0.0], report) is None and viz.tier_view(frames, [0.0], report) is None
+    assert viz.merge_view(frames, [0.0], report) is None and viz.layer_tokens_figure(report) is None
+    assert viz.frame_timeline_figure(report) is None and viz.frame_thumbnails(frames, report) is None
+
+
+@pytest.mark.skipif("salicache" not in METHODS, reason="Sali-Cache is not registered")
+def test_salicache_video_views(adapter):
+    video = video_media(8, 224, 168, fps=1.0, seed=3)
+    session = ChatSession(adapter, _config("salicache"))
+    session.ask(PROMPT, video)
+    report = turn_report(session)
+    assert viz.is_video(report) and viz.has_saliency(report) and viz.has_motion(report)
+    timeline = {t.name: t for t in viz.frame_timeline_figure(report).data}
+    assert len(timeline["motion"].x) == 8 and list(timeline["threshold"].y) == [report["flow_threshold"]] * 2
+    skipped = sum(f["skipped"] for f in report["frames"])
+    assert len(timeline["skipped"].x) == skipped
+    thumbs = viz.frame_thumbnails(video.frames, report, thumb_width=80)
+    assert thumbs.width <= 8 * 84 + 4
+    strip = viz.retained_view(video.frames, video.times, report)
+    assert strip.width < 8 * 250  # one small tile per temporal patch, not full frames
+    tiers = viz.tier_view(video.frames, video.times, report)
+    assert tiers.height > strip.height  # legend underneath
+    assert viz.saliency_view(video.frames, video.times, report) is not None
+    assert "video frames sampled / skipped" in dict(viz.summary_rows(report))
+    # pruned tokens never reach the LLM, so "tokens read" is not the uncompressed cache: no growing line
+    names = [t.name for t in viz.block_memory_figure(report).data]
+    assert report["tiers"]["pruned"] > 0 and "full cache (so far)" not in names and "full cache" in names
+
+
+@pytest.mark.skipif("lightkv" not in METHODS, reason="LightKV is not registered")
+def test_lightkv_merge_views(adapter, image):
+    session = ChatSession(adapter, _config("lightkv"))
+    session.ask(PROMPT, image)
+    report = turn_report(session)
+    assert viz.has_merge_map(report)
+    merge = viz.merge_view(image.frames, image.times, report)
+    assert merge.width == 448 and merge.height > 336
+    fig = viz.layer_tokens_figure(report)
+    assert len(fig.data[0].x) == session.adapter.num_layers
+
+
+def test_tier_names_accept_codes_and_names():
+    assert [viz.tier_name(t) for t in (0, 1, 2, 3, 4)] == ["full", "int8", "int4", "pruned", "skipped"]
+    assert viz.tier_name("FP16") == "full" and viz.tier_name(1, ["a", "b"]) == "b"
+
+
+def test_compare_methods_table_and_curves(adapter, image):
+    methods = ["blockwise-keydiff", "full", "no-such-method"]
+    with pytest.raises(ConfigError):
+        list(compare_methods(adapter, image, PROMPT, methods, _config("full")))
+    results = dict(compare_methods(adapter, image, PROMPT, ["blockwise-keydiff", "full"],
+                                   dataclasses.replace(_config("full"), budget=BUDGET)))
+    assert list(results) == ["full", "blockwise-keydiff"]  # the reference runs first
+    rows = viz.compare_rows(results)
+    assert [r[0] for r in rows] == ["full", "blockwise-keydiff"]
+    assert rows[0][viz.COMPARE_HEADERS.index("agreement with full")] == "100%"
+    assert rows[1][1] < rows[0][1]  # peak KV under the budget is below the full cache's
+    fig = viz.compare_memory_figure(results)
+    assert [t.name for t in fig.data] == ["full", "blockwise-keydiff"]
+    assert viz.agreement([1, 2, 3], [1, 2, 4]) == pytest.approx(2 / 3) and viz.agreement([], []) == 1.0

@@ -1,0 +1,98 @@
+"""Per-browser-session state and the shared model cache.
+
+Each browser session holds one `UserState` in a `gr.State`: its model choice, its
+ChatSession (cache, media, history), its last report. Nothing in it is shared
+between sessions. Model weights are shared: `ModelCache` keeps the few most
+recently used adapters keyed by (name, device); sessions hold a reference to
+theirs, so an adapter evicted from the cache lives as long as a chat uses it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from visualkv.models.registry import OFFLINE_MODELS, load_model, offline_aliases
+
+log = logging.getLogger(__name__)
+
+DEMO_MODEL = "visualkv-demo"
+FALLBACK_MODEL = "tiny-qwen2.5-vl"
+
+
+def is_offline_model(name: str) -> bool:
+    """An alias built in code or shipped with the repo (needs no network)."""
+    return name in offline_aliases() or any(c.name == name and c.offline for c in OFFLINE_MODELS)
+
+
+class ModelCache:
+    """Loaded adapters shared by all sessions, at most `capacity` of them (least recently used goes)."""
+
+    def __init__(self, device: str = "cpu", capacity: int = 2) -> None:
+        self.device = device
+        self.capacity = capacity
+        self._adapters: OrderedDict[str, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, name: str):
+        """The adapter for `name`, loading it if needed (raises ModelLoadError with one line)."""
+        with self._lock:
+            if name in self._adapters:
+                self._adapters.move_to_end(name)
+                return self._adapters[name]
+        adapter = load_model(name, device=self.device)
+        with self._lock:
+            self._adapters[name] = adapter
+            self._adapters.move_to_end(name)
+            while len(self._adapters) > self.capacity:
+                self._adapters.popitem(last=False)
+        return adapter
+
+    def loaded(self) -> list[str]:
+        with self._lock:
+            return list(self._adapters)
+
+
+def default_offline_model(cache: ModelCache) -> str:
+    """The bundled demo model when it loads, else the tiny random-weight Qwen2.5-VL."""
+    if is_offline_model(DEMO_MODEL):
+        try:
+            cache.get(DEMO_MODEL)
+            return DEMO_MODEL
+        except Exception as exc:  # noqa: BLE001 - any failure: fall back to the tiny model
+            log.warning("demo model %s not loadable (%s); using %s", DEMO_MODEL, exc, FALLBACK_MODEL)
+    cache.get(FALLBACK_MODEL)
+    return FALLBACK_MODEL
+
+
+@dataclass
+class UserState:
+    """One browser session's chat. Created lazily by the first event of the session."""
+
+    model_name: str
+    session: Any = None  # visualkv.session.ChatSession of the current chat, None before its first turn
+    history: list[dict[str, Any]] = field(default_factory=list)  # gr.Chatbot messages
+    report: dict[str, Any] | None = None  # report after the last turn
+    report_path: str | None = None  # that report as a JSON file, for the download button
+    media_path: str | None = None  # the chat's image or video (uploaded copy)
+    first_prompt: str = ""
+    live_blocks: list[Any] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+    settings_used: dict[str, Any] = field(default_factory=dict)  # settings the current chat was started with
+    epoch: int = 0  # bumped by new_chat: a turn of an older chat still finishing must not write here
+
+    def new_chat(self) -> None:
+        self.stop.set()  # a turn still running ends at its next token
+        self.stop = threading.Event()
+        self.epoch += 1
+        self.session = None
+        self.history = []
+        self.report = None
+        self.report_path = None
+        self.media_path = None
+        self.first_prompt = ""
+        self.live_blocks = []
+        self.settings_used = {}

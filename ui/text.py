@@ -1,0 +1,86 @@
+"""Words on the page: explanations of methods, settings and follow-up behaviour."""
+
+from __future__ import annotations
+
+import re
+
+from visualkv.methods import METHODS
+
+INTRO = (
+    "# VisualKV\n"
+    "Chat with 4K images and long videos while the vision-language model's **KV cache** is compressed. "
+    "Watch the cache grow block by block during prefill, see which visual tokens were kept, and compare "
+    "methods on the same question."
+)
+
+#: One-line help for method settings, by field name (shared between methods where the name means the same).
+SETTING_HELP = {
+    "window": "question tokens whose attention scores the cached keys",
+    "kernel_size": "1-D pooling width that smooths scores over neighbouring tokens",
+    "flow_threshold": "frames moving less than this (px at 160 px width) are skipped",
+    "threshold": "below this score a frame counts as redundant",
+    "tiers": "fractions of tokens kept FP16, INT8, INT4 (the rest is pruned), e.g. 0.45,0.1,0.3",
+    "layers": "decoder layers after which visual tokens are merged, e.g. 12,17,22",
+    "windows": "merge windows per side at each merge layer, e.g. 6,4,2",
+    "ratio": "fraction of tokens merged away at each merge layer",
+    "group_size": "values sharing one scale and zero point when quantizing",
+    "flow": "optical flow algorithm",
+    "downscale_width": "frames are downscaled to this width before measuring motion",
+}
+
+
+def md_escape(text: str) -> str:
+    """Show `text` literally inside Markdown (error messages carry paths, quotes, underscores)."""
+    return re.sub(r"([\\`*_\[\]<>#|])", r"\\\1", text)
+
+
+def method_line(name: str) -> str:
+    """One line about a method, from its class (so new methods explain themselves)."""
+    cls = METHODS.get(name)
+    if cls is None:
+        return f"`{name}` is not available in this installation."
+    flags = []
+    flags.append("uses the budget" if cls.needs_budget else "no budget")
+    flags.append("query-aware" if cls.query_aware else "query-agnostic")
+    return f"**{name}**: {cls.description or 'no description'} _({', '.join(flags)})_"
+
+
+def followup_note(name: str, followup: str) -> str:
+    """What a follow-up turn means for the chosen method."""
+    cls = METHODS.get(name)
+    if cls is None:
+        return ""
+    if name == "full":
+        return "Follow-ups reuse the full cache: nothing was evicted, every detail is still there."
+    if cls.query_aware and followup == "reprefill":
+        return ("Follow-ups **rebuild** the media cache with the new question as the proxy (a second prefill; "
+                "the conversation so far is replayed as text).")
+    if cls.query_aware:
+        return ("Follow-ups reuse the cache compressed for your **first** question: evidence for a different "
+                "question may already be evicted. Choose follow-up = reprefill, or a query-agnostic method.")
+    return ("Follow-ups reuse the compressed cache. This method does not look at the question when it compresses, "
+            "so every question sees the same kept tokens.")
+
+
+def offline_note(model_name: str, offline: bool, start_error: str | None = None) -> str:
+    """The line under the title: which model runs, and what its answers are worth."""
+    from visualkv.models.registry import OFFLINE_MODELS
+
+    lines = []
+    if start_error:
+        lines.append(f"⚠️ Could not load the requested start model ({md_escape(start_error)}); "
+                     "started on an offline model.")
+    note = next((c.note for c in OFFLINE_MODELS if c.name == model_name), None)
+    if offline and note and "random weights" not in note:
+        lines.append(f"Running **offline** on `{model_name}` ({note}): a tiny model that needs no network. Its "
+                     "answers are only meant for the synthetic examples; memory, token counts and kept-token maps "
+                     "are real. Load a Hub model (needs network) for real answers.")
+    elif offline:
+        lines.append(
+            f"Running **offline** on `{model_name}`: a model built in code with random weights. Answers are "
+            "noise; memory, token counts and kept-token maps are real. Load a Hub model (needs network) for "
+            "real answers."
+        )
+    else:
+        lines.append(f"Model: `{model_name}`.")
+    return "\n\n".join(lines)
