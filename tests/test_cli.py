@@ -62,7 +62,7 @@ def test_bad_media_exits_2_with_one_line(tmp_path, capsys, kind, words):
         (["--prompt", "  "], ["empty"]),
         (["--prompt", "hi", "--method", "blockwise-snapkv", "--budget", "0"], ["budget", "positive"]),
         (["--prompt", "hi", "--method", "blockwise-snapkv", "--budget", "-5"], ["budget", "positive"]),
-        (["--prompt", "hi", "--method", "blockwise-keydiff"], ["needs --budget"]),
+        (["--prompt", "hi", "--method", "blockwise-keydiff"], ["needs a budget", "--budget"]),
         (["--prompt", "hi", "--model", "no-such-org/no-such-model-xyz"], ["cannot load model", "no-such-model-xyz"]),
         (["--prompt", "hi", "--model", "./missing/folder"], ["does not exist"]),
         (["--prompt", "hi", "--method", "magic"], ["invalid choice"]),

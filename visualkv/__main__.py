@@ -53,6 +53,14 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tiers", default=None, metavar="FP,INT8,INT4",
                    help="salicache: fractions of tokens kept at full precision, INT8, INT4 by saliency; "
                         "the rest is pruned (default 0.43,0.10,0.29)")
+    p.add_argument("--lightkv-layers", default=None, metavar="L1,L2,...",
+                   help="lightkv: 0-based decoder layers after which visual tokens merge "
+                        "(default: the paper's schedule scaled to the model's depth)")
+    p.add_argument("--lightkv-windows", default=None, metavar="W1,W2,...",
+                   help="lightkv: windows per side of each tile/frame token grid, per stage (default 6,4,2 "
+                        "Qwen, 4,2,1 SmolVLM)")
+    p.add_argument("--lightkv-ratios", default=None, metavar="P1,P2,...",
+                   help="lightkv: merge ratio P per stage, r = min(floor(P*n), n/2) per window (default 0.5)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or auto (device_map=auto)")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
     p.add_argument("--json", dest="json_out", help="write the JSON report here")
@@ -84,6 +92,19 @@ def _salicache_options(args: argparse.Namespace) -> dict:
     return given
 
 
+def _lightkv_options(args: argparse.Namespace) -> dict:
+    """--lightkv-layers / --lightkv-windows / --lightkv-ratios as method options; refused for other methods."""
+    options = {"layers": args.lightkv_layers, "windows": args.lightkv_windows, "ratios": args.lightkv_ratios}
+    given = {k: v for k, v in options.items() if v is not None}
+    if given and args.method != "lightkv":
+        raise VisualKVError("--lightkv-layers, --lightkv-windows and --lightkv-ratios apply to --method lightkv only")
+    if args.method == "lightkv":
+        from visualkv.methods import make_method
+
+        make_method("lightkv", **given)  # bad values fail here, before any loading
+    return given
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from visualkv.media import FrameSampling, load_media
     from visualkv.models.registry import load_model
@@ -93,7 +114,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = SessionConfig(
         method=args.method, budget=args.budget, block_size=args.block_size, prefill=args.prefill,
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-        followup=args.followup, method_options=_salicache_options(args),
+        followup=args.followup, method_options={**_salicache_options(args), **_lightkv_options(args)},
     )
     config.validate()
     for prompt in args.prompt:
@@ -101,6 +122,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise VisualKVError("a --prompt is empty; give each turn a question")
     media = load_media(args.media, sampling=FrameSampling(fps=args.fps, max_frames=args.max_frames)) \
         if args.media else None
+    for warning in getattr(media, "warnings", None) or []:
+        print(f"warning: {warning}", file=sys.stderr)
     adapter = load_model(args.model, device=args.device, dtype=args.dtype, seed=args.seed)
     session = ChatSession(adapter, config)
 

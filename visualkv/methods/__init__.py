@@ -5,10 +5,12 @@ from __future__ import annotations
 from visualkv.methods.base import Method
 from visualkv.methods.blockwise import BlockwiseKeyDiff, BlockwiseSnapKV
 from visualkv.methods.full import FullCache
+from visualkv.methods.lightkv import LightKV
 from visualkv.methods.post_prefill import PostPrefillSnapKV
+from visualkv.methods.salicache import SaliCache
 
 METHODS: dict[str, type[Method]] = {
-    cls.name: cls for cls in (FullCache, BlockwiseKeyDiff, BlockwiseSnapKV, PostPrefillSnapKV)
+    cls.name: cls for cls in (FullCache, BlockwiseKeyDiff, BlockwiseSnapKV, PostPrefillSnapKV, SaliCache, LightKV)
 }
 
 

@@ -1,0 +1,559 @@
+"""LightKV ("Make Your LVLM KV Cache More Lightweight", TMLR): prompt-aware merging of visual tokens in the prefill.
+
+After a few decoder layers Λ = (λ1, λ2, ...) the visual hidden states of the block are merged, so every later
+layer runs on (and caches) fewer tokens. Per stage k (after layer λk, windows Wk, ratio Pk):
+
+1. Windows: each tile / frame's *own* token grid (rows R x cols C, from `VisualLayout`) is cut into Wk x Wk
+   windows (Wk per side: window row = ⌊row·Wk/R⌋, window col = ⌊col·Wk/C⌋), so non-square grids get
+   rectangular windows and a window never holds tokens of two tiles / frames. Later stages place every
+   surviving token by its *original* (row, col), so sparse survivors fall in the window that contains them.
+2. In each window (tokens in sequence order) tokens alternate into A (even rank) and B (odd rank); each a ∈ A
+   finds its most similar b ∈ B by cosine similarity of the layer's output hidden states; the
+   r = min(⌊P·n⌋, ⌊n/2⌋) most similar A tokens merge into their partners:
+   b ← (ω_b x_b + Σ ω_a x_a) / (ω_b + Σ ω_a). The merged-away tokens leave the sequence.
+3. ω_i = ξ_i · s_i. ξ_i is the attention visual token i pays to the prompt's text tokens at that layer:
+   scores q_i·k_t/√d from the layer's own (post-RoPE) query/key projections of its *input*, visual queries ×
+   text keys only, no causal mask (the prompt follows the image); for every text key and query head a
+   softmax over the visual queries (as the authors' code normalises), summed over text keys and averaged
+   over query heads (GQA: each KV head serves its group of query heads). s_i is the running size: how many
+   original visual tokens token i already stands for (1 before the first stage, summed on every merge), so
+   a token that absorbed k tokens weighs like k tokens of its relevance. At the first stage ω = ξ, exactly
+   the paper's formula.
+
+Kept tokens keep their own hidden row (unless something merged into them), their sequence index and their
+original position ids (3-D M-RoPE ids included): the engine slices positions / cos / sin with them, and the
+cache entries of later layers carry the original `token_index`. Layers up to and including λ1 keep every
+token. Decoding continues the original numbering (positions come from the prepared input's table).
+With every ratio 0 nothing is touched: the forward is the uncompressed model, bit for bit.
+
+The "prompt text" is the question: the prepared input's suffix (everything after the last visual token:
+the question and the assistant prompt). ξ comes from where the question is:
+
+- bulk prefill (the default): the question is in the same forward, so its real hidden states at layer λ
+  (having seen the image) give the keys;
+- block-wise / hybrid prefill, or a follow-up re-prefill (`proxy_ids`): the question is not there yet, so
+  one text-only pass over [prompt prefix + question] (question at its real positions, like the block-wise
+  SnapKV proxy) provides its layer-λ hidden states. Those have not seen the image, so ξ is an approximation.
+  Merging then happens per block, on the block's visual tokens: windows are intersected with blocks (exact
+  for SmolVLM tiles and video frames, which are whole units; Qwen image blocks of grid rows cut windows).
+
+Limits: merged tokens attend and are attended like one token (no size-proportional attention, so the rest
+of the model keeps its normal attention kernel); the merge map records where every original token went but
+merged KV cannot be "un-merged" for a follow-up about a region that was merged away.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from visualkv.cache import CompressibleCache
+from visualkv.errors import ConfigError
+from visualkv.layout import plan_blocks
+from visualkv.methods.base import LayerState, Method, PrefillContext
+
+
+@dataclass(frozen=True)
+class PaperSchedule:
+    """A schedule from the paper: merge layers (the paper's numbering) on a model of `depth` layers."""
+
+    depth: int
+    layers: tuple[int, ...]
+    windows: tuple[int, ...]
+    ratios: tuple[float, ...]
+
+
+#: Qwen2.5-VL-7B (28 layers) and LLaVA-1.5-7B (32 layers); SmolVLM (Llama-style LLM, square tiles) uses LLaVA's.
+PAPER_SCHEDULES: dict[str, PaperSchedule] = {
+    "qwen2_5_vl": PaperSchedule(28, (12, 17, 22), (6, 4, 2), (0.5, 0.5, 0.5)),
+    "smolvlm": PaperSchedule(32, (12, 18, 24), (4, 2, 1), (0.5, 0.5, 0.5)),
+}
+
+
+def scale_layers(paper_layers: tuple[int, ...], paper_depth: int, depth: int) -> list[int]:
+    """Merge-after layers (0-based) for a model of `depth` layers, from the paper's schedule.
+
+    The paper's "layer λ" is read as "λ layers see every token": merging happens after the λ-th layer
+    (1-based), i.e. after our 0-based layer λ-1, which reproduces the paper's "55% of the vision tokens"
+    (LLaVA, 32 layers: 12 x 576 + 6 x 288 + 6 x 145 + 8 x 73 ≈ 0.55 x 32 x 576). Scaled to another depth
+    the same fraction of layers sees every token: after = round(λ · depth / paper_depth) - 1 (halves round
+    up). A stage that lands on or before the previous one moves one layer deeper; stages that no longer fit
+    before the last layer (merging after it would change nothing) are dropped.
+    """
+    out: list[int] = []
+    for lam in paper_layers:
+        after = max(math.floor(lam * depth / paper_depth + 0.5) - 1, 0)
+        if out and after <= out[-1]:
+            after = out[-1] + 1
+        if after > depth - 2:
+            break
+        out.append(after)
+    return out
+
+
+def _as_tuple(value, cast, what: str) -> tuple | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [v for v in value.replace(" ", "").split(",") if v]
+    elif isinstance(value, (int, float)):
+        value = [value]
+    try:
+        return tuple(cast(v) for v in value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"lightkv {what} must be a comma-separated list of numbers, got {value!r}") from None
+
+
+@dataclass
+class LightKVConfig:
+    """LightKV schedule; None = the family's paper schedule scaled to the model's depth.
+
+    layers: 0-based decoder layers after which merging happens (each layer's own cache keeps every token
+      it processed; strictly increasing, each < num_layers - 1).
+    windows: windows per side of each tile / frame grid, per stage (one value = every stage).
+    ratios: P per stage in [0, 1] (one value = every stage); r = min(⌊P·n⌋, ⌊n/2⌋) merges per window.
+    """
+
+    layers: tuple[int, ...] | None = None
+    windows: tuple[int, ...] | None = None
+    ratios: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        self.layers = _as_tuple(self.layers, int, "layers")
+        self.windows = _as_tuple(self.windows, int, "windows")
+        self.ratios = _as_tuple(self.ratios, float, "ratios")
+        if self.layers is not None:
+            if not self.layers:
+                raise ConfigError("lightkv layers: give at least one layer")
+            if any(b <= a for a, b in zip(self.layers, self.layers[1:])) or min(self.layers) < 0:
+                raise ConfigError(f"lightkv layers must be increasing 0-based layer indices, got {self.layers}")
+        if self.windows is not None and (not self.windows or min(self.windows) < 1):
+            raise ConfigError(f"lightkv windows must be whole numbers >= 1 (windows per side), got {self.windows}")
+        if self.ratios is not None and (not self.ratios or not all(0.0 <= p <= 1.0 for p in self.ratios)):
+            raise ConfigError(f"lightkv ratios must lie in [0, 1], got {self.ratios}")
+
+    def resolve(self, family: str, depth: int) -> list[tuple[int, int, float]]:
+        """(layer, windows, ratio) per stage for a model of this family and depth."""
+        paper = PAPER_SCHEDULES.get(family, PAPER_SCHEDULES["smolvlm"])
+        layers = list(self.layers) if self.layers is not None else scale_layers(paper.layers, paper.depth, depth)
+        if not layers:
+            raise ConfigError(f"lightkv: a {depth}-layer model leaves no layer to merge after")
+        if layers[-1] > depth - 2:
+            raise ConfigError(
+                f"lightkv layers must be < {depth - 1} on this {depth}-layer model (merging after the last layer "
+                f"changes nothing), got {tuple(layers)}"
+            )
+        n = len(layers)
+
+        def per_stage(given, default, what):
+            if given is None:
+                return list(default[:n]) + [default[-1]] * max(0, n - len(default))
+            if len(given) == 1:
+                return list(given) * n
+            if len(given) != n:
+                raise ConfigError(f"lightkv {what}: give one value or one per layer ({n}), got {len(given)}")
+            return list(given)
+
+        windows = per_stage(self.windows, paper.windows, "windows")
+        ratios = per_stage(self.ratios, paper.ratios, "ratios")
+        return list(zip(layers, windows, ratios))
+
+
+# -- pure tensor functions ------------------------------------------------------------------------------------------
+def window_ids(frame: torch.Tensor, row: torch.Tensor, col: torch.Tensor, grid_rows: torch.Tensor,
+               grid_cols: torch.Tensor, windows: int) -> torch.Tensor:
+    """Window id per token: W x W windows on each token's own tile / frame grid (W per side).
+
+    frame/row/col: (n,) original place of each token; grid_rows/grid_cols: (n,) its frame's grid size.
+    Ids of different frames never collide.
+    """
+    wr = torch.div(row * windows, grid_rows, rounding_mode="floor")
+    wc = torch.div(col * windows, grid_cols, rounding_mode="floor")
+    return (frame * windows + wr) * windows + wc
+
+
+@dataclass
+class MergeResult:
+    keep: torch.Tensor  # (n,) bool: token survives
+    dest: torch.Tensor  # (n,) long: index of the token it merged into (itself when kept)
+    x: torch.Tensor  # (n, d) hidden states; kept rows that absorbed tokens hold the weighted average
+    weight: torch.Tensor  # (n,) weights after the merge (kept: ω_b + Σ ω_a)
+    pairs: int  # A x B similarity entries computed (for the FLOPs estimate)
+    touched: torch.Tensor  # (t,) indices of the kept tokens that absorbed others (their rows of x changed)
+
+
+def _segment_sum(values: torch.Tensor, segment: torch.Tensor, n_segments: int) -> torch.Tensor:
+    """Sum the rows of `values` (m, d) per `segment` id in [0, n_segments) (every id present), float32.
+
+    A stable sort and a float64 prefix sum: much faster on CPU than index_add / scatter_add (which run a
+    scalar loop there), and exact to float32 precision.
+    """
+    order = torch.sort(segment, stable=True).indices
+    counts = torch.bincount(segment, minlength=n_segments)
+    prefix = values.index_select(0, order).double().cumsum(0)
+    ends = torch.cumsum(counts, 0) - 1
+    totals = prefix.index_select(0, ends)
+    totals[1:] -= totals[:-1].clone()
+    return totals.float()
+
+
+def window_merge(
+    x: torch.Tensor, weight: torch.Tensor, group: torch.Tensor, ratio: float, max_elements: int = 1 << 25
+) -> MergeResult:
+    """ToMe-style bipartite merge inside each group (window), weighted by `weight`.
+
+    x: (n, d) hidden states in sequence order; weight: (n,) positive weights (ω = ξ · size); group: (n,)
+    window id. Within a group, tokens alternate A, B, A, B, ... in sequence order; every a ∈ A picks the
+    b ∈ B of highest cosine similarity; the r = min(⌊ratio·n⌋, ⌊n/2⌋) A tokens with the highest similarity
+    merge into their b: x_b ← (ω_b x_b + Σ ω_a x_a) / (ω_b + Σ ω_a). Rows nothing merged into are returned
+    untouched (bit for bit). `max_elements` bounds the A x B similarity block computed at once.
+    """
+    n, d = x.shape
+    device = x.device
+    keep = torch.ones(n, dtype=torch.bool, device=device)
+    dest = torch.arange(n, device=device)
+    if n < 2 or ratio <= 0:
+        return MergeResult(keep, dest, x, weight, 0, dest[:0])
+    order = torch.sort(group, stable=True).indices  # grouped; sequence order inside a group
+    _, counts = torch.unique_consecutive(group[order], return_counts=True)
+    n_groups = counts.shape[0]
+    starts = torch.cumsum(counts, 0) - counts
+    gidx = torch.repeat_interleave(torch.arange(n_groups, device=device), counts)  # compact group per sorted slot
+    rank = torch.arange(n, device=device) - starts[gidx]
+    is_a = rank % 2 == 0
+    slot = torch.div(rank, 2, rounding_mode="floor")
+    n_a, n_b = (counts + 1) // 2, counts // 2
+    r = torch.minimum(torch.floor(counts.double() * ratio).long(), n_b)
+    max_a, max_b = int(n_a.max()), int(n_b.max())
+    if max_b == 0 or int(r.max()) == 0:
+        return MergeResult(keep, dest, x, weight, 0, dest[:0])
+    a_idx = torch.full((n_groups, max_a), -1, dtype=torch.long, device=device)
+    b_idx = torch.full((n_groups, max_b), -1, dtype=torch.long, device=device)
+    a_idx[gidx[is_a], slot[is_a]] = order[is_a]
+    b_idx[gidx[~is_a], slot[~is_a]] = order[~is_a]
+
+    xn = torch.nn.functional.normalize(x.float(), dim=-1)
+    best_sim = torch.full((n_groups, max_a), -math.inf, device=device)
+    best_b = torch.zeros((n_groups, max_a), dtype=torch.long, device=device)
+    step = max(1, max_elements // max(1, max_a * max_b))
+    for g0 in range(0, n_groups, step):  # chunks of groups bound the (g, A, B) similarity block
+        ai, bi = a_idx[g0 : g0 + step], b_idx[g0 : g0 + step]
+        xa = xn.index_select(0, ai.clamp(min=0).flatten()).view(*ai.shape, d)
+        xb = xn.index_select(0, bi.clamp(min=0).flatten()).view(*bi.shape, d)
+        sim = torch.bmm(xa, xb.transpose(1, 2))  # (g, max_a, max_b)
+        sim = sim.masked_fill((bi < 0)[:, None, :], -math.inf)
+        s, j = sim.max(dim=-1)
+        best_sim[g0 : g0 + step] = s.masked_fill(ai < 0, -math.inf)
+        best_b[g0 : g0 + step] = j
+    # Rank the A tokens of each group by similarity (descending; ties: sequence order).
+    a_rank_order = torch.sort(best_sim, dim=1, descending=True, stable=True).indices
+    a_rank = torch.empty_like(a_rank_order)
+    a_rank.scatter_(1, a_rank_order, torch.arange(max_a, device=device).expand(n_groups, max_a).contiguous())
+    merge = (a_rank < r[:, None]) & (a_idx >= 0)
+    src = a_idx[merge]  # (m,) merged-away tokens
+    dst = b_idx.gather(1, best_b)[merge]  # (m,) their partners
+    keep[src] = False
+    dest[src] = dst
+
+    w = weight.float().clamp_min(1e-30)
+    touched, slot_of = torch.unique(dst, return_inverse=True)  # partners that absorb something
+    den = w[touched] + _segment_sum(w[src, None], slot_of, touched.shape[0])[:, 0]  # ω_b + Σ ω_a
+    x_src = x.index_select(0, src).float() * w[src, None]
+    num = x.index_select(0, touched).float() * w[touched, None] + _segment_sum(x_src, slot_of, touched.shape[0])
+    out = x.clone()
+    out[touched] = (num / den[:, None]).to(x.dtype)
+    new_weight = w.clone()
+    new_weight[touched] = den
+    pairs = int((n_a * n_b).sum())
+    return MergeResult(keep, dest, out, new_weight, pairs, touched)
+
+
+def prompt_attention(queries: torch.Tensor, keys: torch.Tensor, scale: float) -> torch.Tensor:
+    """ξ (n,) from visual queries (1, Hq, n, hd) and text keys (1, Hkv, T, hd), post-RoPE.
+
+    Scores of the visual x text block only (no causal mask); for every (query head, text key) a softmax over
+    the visual queries; summed over text keys, averaged over query heads. Σ_i ξ_i = T.
+    """
+    _, hq, n, hd = queries.shape
+    hkv = keys.shape[1]
+    q = queries[0].float().view(hkv, hq // hkv, n, hd)
+    k = keys[0].float()
+    scores = torch.einsum("hgnd,htd->hgnt", q, k) * scale  # (Hkv, group, n, T)
+    return scores.softmax(dim=2).sum(dim=-1).mean(dim=(0, 1))
+
+
+def key_states(adapter, layer_idx: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Post-RoPE key states (1, kv_heads, q, head_dim) of a layer's input; mirrors `adapter.query_states`."""
+    layer = adapter.layers[layer_idx]
+    attn = layer.self_attn
+    h = layer.input_layernorm(hidden)
+    k = attn.k_proj(h).view(h.shape[0], h.shape[1], -1, adapter.head_dim).transpose(1, 2)
+    if hasattr(attn, "k_norm"):
+        k = attn.k_norm(k)
+    rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+    _, k = rope(k, k, cos, sin)
+    return k
+
+
+class _TextCapture(Method):
+    """Records, at the merge layers, the layer input and cos/sin of the last `n` tokens (the question)."""
+
+    def __init__(self, layers: set[int], n: int) -> None:
+        self.layers, self.n, self.states = layers, n, {}
+
+    def after_layer(self, ctx, state: LayerState) -> None:
+        if state.layer_idx in self.layers:
+            n = self.n
+            self.states[state.layer_idx] = (
+                state.hidden_in[:, -n:].detach(), state.cos[:, -n:].detach(), state.sin[:, -n:].detach()
+            )
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# -- the method -----------------------------------------------------------------------------------------------------
+class LightKV(Method):
+    name = "lightkv"
+    description = "Prompt-aware merging of visual tokens inside the prefill (fewer tokens, FLOPs and KV after λ1)."
+    default_prefill = "bulk"
+    needs_budget = False
+    query_aware = True
+
+    def __init__(self, layers=None, windows=None, ratios=None, config: LightKVConfig | None = None) -> None:
+        self.config = config or LightKVConfig(layers, windows, ratios)
+        self.stages: list[tuple[int, int, float]] = []
+
+    def config_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.name,
+            "layers": list(self.config.layers) if self.config.layers is not None else None,
+            "windows": list(self.config.windows) if self.config.windows is not None else None,
+            "ratios": list(self.config.ratios) if self.config.ratios is not None else None,
+        }
+
+    # -- prefill hooks ----------------------------------------------------------------------------------------------
+    def begin(self, ctx: PrefillContext) -> None:
+        adapter, prepared = ctx.adapter, ctx.prepared
+        self.stages = self.config.resolve(adapter.family, adapter.num_layers)
+        self._stage_at = {layer: i for i, (layer, _, _) in enumerate(self.stages)}
+        layout = prepared.layout
+        n_vis = layout.n_visual
+        self._vid_of_local = torch.from_numpy(layout.visual_id_of_seq(prepared.seq_len))
+        self._frame = torch.from_numpy(layout.frame).long()
+        self._row = torch.from_numpy(layout.row).long()
+        self._col = torch.from_numpy(layout.col).long()
+        grids = torch.tensor([f.grid for f in layout.frames], dtype=torch.long).view(-1, 2)
+        self._grid_rows = grids[self._frame, 0] if n_vis else self._frame
+        self._grid_cols = grids[self._frame, 1] if n_vis else self._frame
+        self._size = torch.ones(n_vis, dtype=torch.float64)
+        self._owner = torch.arange(n_vis)
+        self._stage_log = [
+            {"layer": layer, "windows": w, "ratio": p, "tokens_in": 0, "tokens_out": 0, "windows_used": 0,
+             "xi_seconds": 0.0, "merge_seconds": 0.0}
+            for layer, w, p in self.stages
+        ]
+        self._layer_work = [[0, 0] for _ in range(adapter.num_layers)]  # per layer: tokens run, attention pairs
+        self._overhead_flops = 0.0
+        self.last_xi: dict[int, torch.Tensor] = {}  # stage layer -> ξ of the last merged block (for inspection)
+        self._layer_tokens: list[dict[str, int]] = []
+        # Where ξ's text keys come from: the question inside the forward (bulk), or a text-only proxy pass.
+        blocks = plan_blocks(prepared.seq_len, layout.units, ctx.prefill_mode, ctx.block_size, ctx.budget)
+        whole = len(blocks) == 1
+        self._xi_source = "inline" if whole and self.proxy_ids is None else "proxy"
+        self._proxy: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        if self._xi_source == "proxy" and any(p > 0 for _, _, p in self.stages) and n_vis:
+            t0 = time.perf_counter()
+            self._proxy = self._proxy_text_states(ctx)
+            _sync(adapter.device)
+            self._proxy_seconds = time.perf_counter() - t0
+        else:
+            self._proxy_seconds = 0.0
+
+    def _proxy_text_states(self, ctx: PrefillContext) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Question hidden states at each merge layer from one text-only pass [prefix + question]."""
+        from visualkv.engine import Engine  # local: the engine imports the methods' base
+
+        prepared = ctx.prepared
+        first_visual = int(prepared.visual_mask.nonzero()[0])
+        prefix = torch.arange(first_visual)
+        if self.proxy_ids is not None:
+            n = int(self.proxy_ids.shape[0])
+            start = int(prepared.position_ids[0, prepared.suffix_start])
+            ids = torch.cat([prepared.input_ids[:first_visual], self.proxy_ids.long()])
+            axes = prepared.position_ids.shape[0]
+            positions = torch.cat(
+                [prepared.position_ids[:, :first_visual], (torch.arange(n) + start).expand(axes, n)], dim=1
+            )
+        else:
+            local = torch.cat([prefix, torch.arange(prepared.suffix_start, prepared.seq_len)])
+            n = prepared.seq_len - prepared.suffix_start
+            ids, positions = prepared.input_ids[local], prepared.position_ids[:, local]
+        if n == 0:
+            return {}
+        capture = _TextCapture({layer for layer, _, p in self.stages if p > 0}, n)
+        scratch = CompressibleCache(ctx.adapter.num_layers)
+        Engine(ctx.adapter).run_layers(ctx.adapter.embed(ids), positions, torch.arange(ids.shape[0]), scratch,
+                                       capture, ctx)
+        return capture.states
+
+    def after_layer(self, ctx: PrefillContext, state: LayerState) -> LayerState | None:
+        q_len = state.hidden_in.shape[1]
+        n_total = ctx.cache.layers[state.layer_idx].get_seq_length()
+        work = self._layer_work[state.layer_idx]
+        work[0] += q_len
+        work[1] += q_len * (n_total - q_len) + q_len * (q_len + 1) // 2
+        stage = self._stage_at.get(state.layer_idx)
+        if stage is None:
+            return None
+        layer_idx, windows, ratio = self.stages[stage]
+        log = self._stage_log[stage]
+        is_vis = ctx.is_visual(state.token_index)
+        vis_pos = is_vis.nonzero().flatten()
+        n = int(vis_pos.numel())
+        log["tokens_in"] += n
+        if ratio <= 0 or n < 2:
+            log["tokens_out"] += n
+            return None
+        device = state.hidden.device
+        local = (state.token_index[vis_pos].long() - ctx.seq_offset).cpu()
+        vids = self._vid_of_local[local]
+
+        # ξ: visual queries of this layer x the question's keys.
+        _sync(device)
+        t0 = time.perf_counter()
+        xi = self._xi(ctx, state, vis_pos)
+        _sync(device)
+        t1 = time.perf_counter()
+
+        group = window_ids(self._frame[vids], self._row[vids], self._col[vids], self._grid_rows[vids],
+                           self._grid_cols[vids], windows).to(device)
+        weight = xi * self._size[vids].to(device, torch.float32)
+        hidden_vis = state.hidden[0, vis_pos]
+        res = window_merge(hidden_vis, weight, group, ratio)
+        keep_block = torch.ones(q_len, dtype=torch.bool, device=device)
+        keep_block[vis_pos[~res.keep]] = False
+        hidden = state.hidden[:, keep_block]  # a copy; kept rows that absorbed others get their average
+        new_place = torch.cumsum(keep_block, 0) - 1  # index of each kept token in the reduced block
+        hidden[0, new_place[vis_pos[res.touched]]] = res.x[res.touched]
+        keep_cpu = keep_block.cpu()
+        new_state = LayerState(
+            layer_idx=state.layer_idx,
+            hidden_in=state.hidden_in,
+            hidden=hidden,
+            positions=state.positions[:, keep_cpu.to(state.positions.device)],
+            token_index=state.token_index[keep_block.to(state.token_index.device)],
+            cos=state.cos[:, keep_block.to(state.cos.device)],
+            sin=state.sin[:, keep_block.to(state.sin.device)],
+            tiers=state.tiers[keep_block.to(state.tiers.device)] if state.tiers is not None else None,
+        )
+        # Book-keeping: sizes and the final owner of every original visual token.
+        merged = (~res.keep).nonzero().flatten().cpu()
+        dest = res.dest.cpu()
+        src_v, dst_v = vids[merged], vids[dest[merged]]
+        self._size.index_add_(0, dst_v, self._size[src_v])
+        self._size[src_v] = 0
+        remap = torch.arange(self._owner.shape[0])
+        remap[src_v] = dst_v
+        self._owner = remap[self._owner]
+        _sync(device)
+        t2 = time.perf_counter()
+
+        self.last_xi[layer_idx] = xi.detach().cpu()
+        log["tokens_out"] += int(res.keep.sum())
+        log["windows_used"] += int(torch.unique(group).numel())
+        log["xi_seconds"] += t1 - t0
+        log["merge_seconds"] += t2 - t1
+        cfg = ctx.adapter.text_config
+        hq, hd = cfg.num_attention_heads, ctx.adapter.head_dim
+        n_text = self._n_text(ctx, state)
+        self._overhead_flops += 2.0 * n * cfg.hidden_size * hq * hd + 2.0 * hq * n * n_text * hd  # q proj + scores
+        self._overhead_flops += 2.0 * res.pairs * cfg.hidden_size  # cosine similarities
+        return new_state
+
+    def _n_text(self, ctx: PrefillContext, state: LayerState) -> int:
+        if self._xi_source == "proxy":
+            st = self._proxy.get(state.layer_idx)
+            return int(st[0].shape[1]) if st is not None else 0
+        return int((state.token_index.long() - ctx.seq_offset >= ctx.prepared.suffix_start).sum())
+
+    def _xi(self, ctx: PrefillContext, state: LayerState, vis_pos: torch.Tensor) -> torch.Tensor:
+        """ξ (n,) float32 for the block's visual tokens at this layer (uniform if there is no question)."""
+        adapter, layer_idx = ctx.adapter, state.layer_idx
+        if self._xi_source == "proxy":
+            st = self._proxy.get(layer_idx)
+            if st is None:
+                return torch.ones(int(vis_pos.numel()), device=state.hidden.device)
+            h_text, cos_t, sin_t = (t.to(state.hidden.device) for t in st)
+        else:
+            text_pos = (state.token_index.long() - ctx.seq_offset >= ctx.prepared.suffix_start).nonzero().flatten()
+            if text_pos.numel() == 0:
+                return torch.ones(int(vis_pos.numel()), device=state.hidden.device)
+            h_text, cos_t, sin_t = state.hidden_in[:, text_pos], state.cos[:, text_pos], state.sin[:, text_pos]
+        keys = key_states(adapter, layer_idx, h_text, cos_t, sin_t)
+        queries = adapter.query_states(layer_idx, state.hidden_in[:, vis_pos], state.cos[:, vis_pos],
+                                       state.sin[:, vis_pos])
+        scale = getattr(adapter.layers[layer_idx].self_attn, "scaling", adapter.head_dim ** -0.5)
+        return prompt_attention(queries, keys, scale)
+
+    def end(self, ctx: PrefillContext) -> None:
+        # Snapshot of the media prefill (follow-up turns append text later).
+        self._layer_tokens = []
+        for i, layer in enumerate(ctx.cache.layers):
+            idx = layer.all_token_index()[0, 0].long() if layer.is_initialized else torch.zeros(0, dtype=torch.long)
+            self._layer_tokens.append({
+                "layer": i,
+                "tokens": layer.total_entries_per_head(),
+                "visual_tokens": int(ctx.is_visual(idx).sum()) if idx.numel() else 0,
+                "kv_bytes": layer.kv_bytes(),
+            })
+
+    # -- report -----------------------------------------------------------------------------------------------------
+    def flops_estimate(self, ctx: PrefillContext) -> dict[str, float]:
+        """Decoder FLOPs of this prefill vs the same prefill without merging (vision tower, LM head excluded).
+
+        Per layer: 2 x tokens x (linear weights of the layer) + 4 x query heads x head_dim x (query, key)
+        pairs (causal). Full = every layer doing layer 0's work (layer 0 never loses a token).
+        """
+        layer0 = ctx.adapter.layers[0]
+        params = sum(p.numel() for name, p in layer0.named_parameters() if p.dim() == 2)
+        cfg = ctx.adapter.text_config
+        per_pair = 4.0 * cfg.num_attention_heads * ctx.adapter.head_dim
+
+        def layer_flops(tokens: int, pairs: int) -> float:
+            return 2.0 * tokens * params + per_pair * pairs
+
+        full = layer_flops(*self._layer_work[0]) * len(self._layer_work)
+        merged = sum(layer_flops(t, p) for t, p in self._layer_work)
+        total = merged + self._overhead_flops
+        return {"llm_full": full, "llm_lightkv": merged, "overhead": self._overhead_flops,
+                "reduction": 1.0 - total / full if full else 0.0}
+
+    def report(self, ctx: PrefillContext) -> dict[str, Any]:
+        if not self.stages:
+            return {}
+        stages = [dict(s) for s in self._stage_log]
+        xi_s = sum(s["xi_seconds"] for s in stages) + self._proxy_seconds
+        merge_s = sum(s["merge_seconds"] for s in stages)
+        return {
+            "layer_tokens": self._layer_tokens,
+            "merge_map": self._owner.tolist(),
+            "lightkv": {
+                "layers": [s[0] for s in self.stages],
+                "windows": [s[1] for s in self.stages],
+                "ratios": [s[2] for s in self.stages],
+                "schedule": "user" if self.config.layers is not None else "paper, scaled to depth",
+                "xi_source": self._xi_source,
+                "stages": stages,
+                "overhead_seconds": {"xi": xi_s, "proxy_pass": self._proxy_seconds, "merge": merge_s,
+                                     "total": xi_s + merge_s},
+                "flops": self.flops_estimate(ctx),
+            },
+        }

@@ -1,0 +1,272 @@
+"""Sali-Cache (arXiv 2602.14236), done for real: decide before attention what each patch deserves.
+
+1. Temporal filter (video only). Dense optical flow plus a photometric check on consecutive sampled
+   frames (``visualkv.saliency.MotionFilter``: each frame is compared with the last *kept* frame).
+   A redundant frame's tokens are marked ``keep=False`` in ``begin``: the engine then never sends
+   that frame to the vision encoder and none of its tokens enters the LLM. The last kept frame's
+   entries stand in for it. Kept frames keep their original (M-RoPE) positions: the engine takes
+   positions from the table computed over the uncompressed input.
+   - SmolVLM: one unit = one sampled frame; the decision is the frame's own.
+   - Qwen2.5-VL: one unit = a temporal patch of 2 sampled frames, encoded together. Every sampled
+     frame goes through the filter; a patch is skipped only if *all* its frames are redundant, so
+     an event lasting one sampled frame (which may be the patch's second frame) is never lost. The
+     report lists every sampled frame with its own motion score and the decision of its patch.
+   - The timestamp text SmolVLM puts before each frame is protected text: it stays.
+2. Spatial filter (images and videos). Per visual token, Canny edge density and LAB colour
+   variance inside the token's pixel box (``layout.box``, on the token's source frame; for a Qwen
+   patch the max over its two frames), normalised over all tokens of the video / image
+   (``visualkv.saliency.token_saliency``). Saliency quantiles over the tokens of *non-skipped*
+   frames give the tiers (``TierSpec``, ``--tiers FP,INT8,INT4``, the rest pruned):
+   full precision (model dtype) / INT8 / INT4 / pruned. Pruned tokens get ``keep=False`` (never in
+   the LLM; their frame is still encoded, since the encoder needs the whole frame). INT8 / INT4
+   tokens go to ``ctx.tiers``: the cache stores their keys and values packed (group-wise
+   asymmetric, INT4 two per byte, ``group_size`` channels per scale / zero point) and dequantizes
+   them just in time at every later attention. Text tokens are always full precision.
+
+Prefill: bulk by default (one forward over the kept tokens: lowest TTFT; the prefill itself sees
+its own new entries at full precision and the quantization error only reaches decoding).
+``--prefill blockwise`` runs frame blocks instead: each block attends to the packed entries of
+earlier blocks (dequantized per layer, just in time), which is closer to a streaming deployment and
+keeps the LLM's activations per block, at the cost of one dequantization of the cache per block.
+
+Report (``report``): ``frames`` (per sampled frame: ``index``, ``time``, ``motion``,
+``photometric``, ``reference``, ``redundant`` (own verdict), ``skipped`` (its unit's), ``unit``),
+``tiers`` (token counts: skipped / pruned / int4 / int8 / full), ``tier_fractions`` (the same over
+all visual tokens), ``saliency`` per visual token (null for tokens of skipped frames: never
+computed, skipped frames cost nothing but the flow) and ``tier`` (codes 0 full, 1 int8, 2 int4,
+3 pruned, 4 skipped; legend in ``tier_names``), ``vision_encoder_frames`` (units that went through
+the encoder, the same unit as the session's count for other methods: frames for SmolVLM, temporal
+patches for Qwen), ``vision_encoder_units`` (their indices), ``vision_encoder_source_frames``
+(sampled frames inside them), ``kv_bytes_by_tier``, ``llm_tokens``, ``flow_threshold``, ...
+
+Limits: the flow threshold is calibrated on synthetic footage (see ``MotionConfig``); heavy noise
+keeps frames (never wrongly skips them). Saliency is a pixel heuristic, blind to what the question
+asks. A video with undecodable frames is handled: the filter compares the frames around a gap
+(``media_warnings`` in the report lists what was missing).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from visualkv.cache import TIER_FULL, TIER_INT4, TIER_INT8
+from visualkv.errors import ConfigError
+from visualkv.methods.base import Method, PrefillContext
+from visualkv.quant import QuantSpec
+from visualkv.saliency import (
+    TIER_PRUNED,
+    MotionConfig,
+    TierSpec,
+    assign_tiers,
+    frame_decisions,
+    parse_tiers,
+    token_saliency,
+)
+
+#: tier code of a token whose frame was skipped by the temporal filter (report only)
+TIER_SKIPPED = 4
+TIER_NAMES = ("full", "int8", "int4", "pruned", "skipped")
+#: the paper's patch split (LLaVA-1.6-Mistral-7B), for side-by-side reports
+PAPER_TIER_FRACTIONS = {"skipped": 0.267, "pruned": 0.131, "int4": 0.214, "int8": 0.071, "full": 0.317}
+
+
+@dataclass(frozen=True)
+class SaliCacheConfig:
+    """Sali-Cache settings (all printable, all in the report).
+
+    flow_threshold: tau_t, motion (downscaled px) below which a frame may be redundant; 0 keeps
+      every frame. cut_threshold: photometric change (0-255) at or above which a frame is always
+      kept (cuts, flashes, objects appearing). tiers: fractions (full, int8, int4) of the tokens of
+      non-skipped frames, by saliency rank; the rest is pruned. group_size: channels per
+      quantization scale / zero point (shrinks to head_dim when larger). flow: "farneback" or
+      "dis". downscale_width: width of the frames the flow runs on. edge_weight: weight of edge
+      density against LAB colour variance in the saliency.
+    """
+
+    flow_threshold: float = 0.1
+    cut_threshold: float = 8.0
+    tiers: tuple[float, float, float] = TierSpec().fractions
+    group_size: int = 32
+    flow: str = "farneback"
+    downscale_width: int = 160
+    edge_weight: float = 0.5
+
+    def motion_config(self) -> MotionConfig:
+        return MotionConfig(self.downscale_width, self.flow, self.flow_threshold, self.cut_threshold)
+
+
+class SaliCache(Method):
+    name = "salicache"
+    description = "Skip redundant video frames before encoding; keep tokens at FP / INT8 / INT4 / pruned by saliency."
+    default_prefill = "bulk"
+
+    def __init__(self, config: SaliCacheConfig | None = None, **options: Any) -> None:
+        """``options`` override ``config`` fields; ``tiers`` may be a string ``"0.43,0.1,0.29"``.
+
+        Raises ConfigError (one line) on any invalid value.
+        """
+        fields = asdict(config or SaliCacheConfig())
+        unknown = set(options) - set(fields)
+        if unknown:
+            raise ConfigError(f"unknown salicache option(s): {', '.join(sorted(unknown))}; "
+                              f"known: {', '.join(fields)}")
+        fields.update({k: v for k, v in options.items() if v is not None})
+        try:
+            tiers = fields["tiers"]
+            spec = parse_tiers(tiers) if isinstance(tiers, str) else TierSpec(tuple(float(f) for f in tiers))
+            fields["tiers"] = spec.fractions
+            for key in ("flow_threshold", "cut_threshold", "edge_weight"):
+                fields[key] = float(fields[key])
+            for key in ("group_size", "downscale_width"):
+                if int(fields[key]) != fields[key]:
+                    raise ValueError(f"{key} must be a whole number, got {fields[key]}")
+                fields[key] = int(fields[key])
+            self.config = SaliCacheConfig(**fields)
+            self.motion = self.config.motion_config()  # validates thresholds, flow, width
+            QuantSpec(8, self.config.group_size)  # validates group_size
+            if not 0.0 <= self.config.edge_weight <= 1.0:
+                raise ValueError(f"edge_weight must be in [0, 1], got {self.config.edge_weight}")
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"salicache: {exc}") from None
+        self.tier_spec = TierSpec(self.config.tiers)
+
+    def config_dict(self) -> dict[str, Any]:
+        return {"method": self.name, **asdict(self.config), "tiers": list(self.config.tiers)}
+
+    # -- decisions before any block ----------------------------------------------------
+    def begin(self, ctx: PrefillContext) -> None:
+        t0 = time.perf_counter()
+        prepared, layout = ctx.prepared, ctx.prepared.layout
+        head_dim = ctx.adapter.head_dim
+        specs = {TIER_INT8: QuantSpec(8, self.config.group_size), TIER_INT4: QuantSpec(4, self.config.group_size)}
+        try:
+            specs = {tier: spec.resolved(head_dim) for tier, spec in specs.items()}
+        except ValueError as exc:
+            raise ConfigError(f"salicache: {exc} (model head_dim {head_dim}); choose another group_size") from None
+        for layer in ctx.cache.layers:
+            layer.quant_specs = dict(specs)
+
+        n_visual = layout.n_visual
+        media = prepared.media
+        keep = torch.ones(prepared.seq_len, dtype=torch.bool)
+        tiers = torch.full((prepared.seq_len,), TIER_FULL, dtype=torch.long)
+        decisions = []
+        unit_skipped = np.zeros(len(layout.frames), dtype=bool)
+        saliency = np.full(n_visual, np.nan, dtype=np.float32)  # NaN: not computed (skipped frame)
+        tier_of_token = np.full(n_visual, TIER_FULL, dtype=np.int64)
+        if n_visual and media is not None:
+            is_video = media.kind == "video"
+            if is_video:
+                decisions = frame_decisions(media.frames, self.motion)
+                redundant = [d.redundant for d in decisions]
+                for f, info in enumerate(layout.frames):
+                    unit_skipped[f] = all(redundant[s] for s in info.source_frames)
+            token_skipped = unit_skipped[layout.frame]
+            active = np.flatnonzero(~token_skipped)
+            saliency = _token_saliency(media.frames, layout, self.config.edge_weight, active)
+            tier_of_token[token_skipped] = TIER_SKIPPED
+            tier_of_token[active] = assign_tiers(saliency[active], self.tier_spec)
+            seq = torch.from_numpy(layout.seq_index.astype(np.int64))
+            codes = torch.from_numpy(tier_of_token)
+            keep[seq[codes >= TIER_PRUNED]] = False
+            quantized = (codes == TIER_INT8) | (codes == TIER_INT4)
+            tiers[seq[quantized]] = codes[quantized]
+        prepared.keep = keep
+        ctx.tiers = tiers if bool((tiers != TIER_FULL).any()) else None
+        ctx.extra["salicache"] = {
+            "decisions": decisions,
+            "unit_skipped": unit_skipped,
+            "saliency": saliency,
+            "tier_of_token": tier_of_token,
+            "seconds": time.perf_counter() - t0,
+        }
+
+    # -- report --------------------------------------------------------------------------
+    def report(self, ctx: PrefillContext) -> dict[str, Any]:
+        state = ctx.extra.get("salicache")
+        if state is None:
+            return {}
+        layout, media = ctx.prepared.layout, ctx.prepared.media
+        codes = state["tier_of_token"]
+        counts = np.bincount(codes, minlength=len(TIER_NAMES))
+        n_visual = max(int(codes.size), 1)
+        tiers = {name: int(counts[code]) for code, name in reversed(list(enumerate(TIER_NAMES)))}
+        encoded_units = sorted(set(ctx.encoded_frames))
+        out: dict[str, Any] = {
+            "flow_threshold": self.config.flow_threshold,
+            "cut_threshold": self.config.cut_threshold,
+            "tier_spec": {"full": self.config.tiers[0], "int8": self.config.tiers[1], "int4": self.config.tiers[2],
+                          "pruned": round(self.tier_spec.pruned, 6)},
+            "quant_group_size": self.config.group_size,
+            "tiers": tiers,
+            "tier_fractions": {name: count / n_visual for name, count in tiers.items()},
+            "tier_names": list(TIER_NAMES),
+            "tier": codes.tolist(),
+            "saliency": [None if np.isnan(v) else round(float(v), 4) for v in state["saliency"]],
+            "llm_tokens": int(ctx.prepared.keep.sum()),
+            "vision_encoder_frames": len(encoded_units),
+            "vision_encoder_units": encoded_units,
+            "vision_encoder_source_frames": sum(len(layout.frames[u].source_frames) for u in encoded_units),
+            "kv_bytes_by_tier": _bytes_by_tier(ctx),
+            "salicache_seconds": state["seconds"],
+        }
+        if media is not None:
+            out["media_warnings"] = list(media.warnings)
+        if media is not None and media.kind == "video":
+            unit_of_frame: dict[int, int] = {}
+            for f, info in enumerate(layout.frames):
+                for s in info.source_frames:
+                    unit_of_frame.setdefault(s, f)
+            frames = []
+            for d in state["decisions"]:
+                unit = unit_of_frame.get(d.index)
+                frames.append({
+                    "index": d.index,
+                    "time": float(media.times[d.index]),
+                    "motion": None if d.reference is None else round(float(d.motion), 4),
+                    "photometric": None if d.reference is None else round(float(d.photometric), 3),
+                    "reference": d.reference,
+                    "redundant": bool(d.redundant),
+                    "skipped": bool(state["unit_skipped"][unit]) if unit is not None else True,
+                    "unit": unit,
+                })
+            out["frames"] = frames
+        return out
+
+
+def _token_saliency(frames: list[np.ndarray], layout, edge_weight: float, active: np.ndarray) -> np.ndarray:
+    """Saliency of the ``active`` visual tokens (NaN elsewhere): max over the token's source
+    frames (2 for a Qwen patch), normalised over all active tokens. Skipped frames cost nothing."""
+    sources = [layout.frames[f].source_frames or (0,) for f in range(len(layout.frames))]
+    depth = max(len(s) for s in sources)
+    token_ids, frame_ids = [], []
+    for k in range(depth):
+        source_k = np.array([s[k] if k < len(s) else -1 for s in sources])[layout.frame[active]]
+        ids = active[source_k >= 0]
+        token_ids.append(ids)
+        frame_ids.append(source_k[source_k >= 0])
+    token_ids_all = np.concatenate(token_ids)
+    out = np.full(layout.n_visual, np.nan, dtype=np.float32)
+    if token_ids_all.size == 0:
+        return out
+    values = token_saliency(frames, layout.box[token_ids_all], np.concatenate(frame_ids), edge_weight=edge_weight)
+    out[active] = 0.0
+    np.maximum.at(out, token_ids_all, values)
+    return out
+
+
+def _bytes_by_tier(ctx: PrefillContext) -> dict[str, int]:
+    """KV bytes (K and V, all layers) held per precision tier right now."""
+    out = {"full": 0, "int8": 0, "int4": 0}
+    for layer in ctx.cache.layers:
+        if not layer.is_initialized:
+            continue
+        out["full"] += layer.keys.nbytes + layer.values.nbytes
+        for tier, seg in layer.quant.items():
+            out[TIER_NAMES[tier]] += seg.nbytes
+    return out
