@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -24,7 +25,8 @@ DEFAULT_METHODS = "full,post-snapkv,blockwise-keydiff,blockwise-snapkv"
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("kind", choices=["memory", "latency", "one"], help="which benchmark")
+    p.add_argument("kind", choices=["memory", "latency", "fidelity", "one", "salicache", "needle"],
+                   help="which benchmark")
     p.add_argument("--model", default="tiny-qwen2.5-vl")
     p.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated")
     p.add_argument("--budget", type=int, default=1024)
@@ -39,12 +41,24 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--out", default="bench_out", help="output folder")
     p.add_argument("--json", dest="json_out", default=None, help="(one) write the result here")
+    p.add_argument("--media", default="assets/example_video.mp4", help="(salicache) video or image file")
+    p.add_argument("--fps", type=float, default=1.0, help="(salicache) video frames sampled per second")
+    p.add_argument("--max-frames", type=int, default=64, help="(salicache) video frames sampled at most")
+    p.add_argument("--max-new-tokens", type=int, default=16, help="(salicache) greedy tokens compared with full")
+    p.add_argument("--media-file", default=None, help="(one) load this file instead of generating the input")
+    # needle: accuracy on held-out synthetic scenes (visualkv/needle.py); --model defaults to visualkv-demo there
+    p.add_argument("--needle-sizes", default="560x315,672x378,3840x2160", help="(needle) WxH scene sizes")
+    p.add_argument("--scenes", type=int, default=30, help="(needle) held-out scenes per size")
+    p.add_argument("--scenes-large", type=int, default=6, help="(needle) scenes per size above 2 megapixels")
+    p.add_argument("--videos", type=int, default=10, help="(needle) held-out needle videos")
+    p.add_argument("--fractions", default="0.05,0.1,0.25", help="(needle) budgets as fractions of visual tokens")
+    p.add_argument("--large-fractions", default="0.1", help="(needle) budgets for sizes above 2 megapixels")
 
 
 def run_bench(args: argparse.Namespace) -> int:
     if args.kind == "one":
         result = measure_one(args.model, args.method, args.budget, args.block_size, args.prefill, args.size,
-                             args.video, args.device, args.dtype)
+                             args.video, args.device, args.dtype, args.media_file)
         text = json.dumps(result)
         if args.json_out:
             with open(args.json_out, "w") as fh:
@@ -52,6 +66,16 @@ def run_bench(args: argparse.Namespace) -> int:
         print(text)
         return 0
     os.makedirs(args.out, exist_ok=True)
+    if args.kind == "needle":
+        from visualkv.needle import bench_needle
+
+        if args.methods == DEFAULT_METHODS:  # needle default: every registered method
+            args.methods = "all"
+        return bench_needle(args)
+    if args.kind == "salicache":
+        return bench_salicache(args)
+    if args.kind == "fidelity":
+        return bench_fidelity(args)
     if args.kind == "memory":
         return bench_memory(args)
     return bench_latency(args)
@@ -66,8 +90,13 @@ def _media(size: float, video: bool):
 
 
 def measure_one(model: str, method: str, budget: int | None, block_size: int | None, prefill: str | None,
-                size: float, video: bool, device: str = "cpu", dtype: str = "auto") -> dict[str, Any]:
-    """Prefill one synthetic input and report memory and time (meant for a fresh process)."""
+                size: float, video: bool, device: str = "cpu", dtype: str = "auto",
+                media_file: str | None = None) -> dict[str, Any]:
+    """Prefill one input and report memory and time (meant for a fresh process).
+
+    With `media_file` the input is loaded like a user's upload; otherwise it is
+    generated in memory (whose temporaries then count in the peak RSS).
+    """
     import torch
 
     from visualkv.models.registry import load_model
@@ -75,7 +104,12 @@ def measure_one(model: str, method: str, budget: int | None, block_size: int | N
     from visualkv.telemetry import peak_rss_bytes, rss_bytes
 
     adapter = load_model(model, device=device, dtype=dtype)
-    media = _media(size, video)
+    if media_file:
+        from visualkv.media import load_media
+
+        media = load_media(media_file)
+    else:
+        media = _media(size, video)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     base_rss, base_peak = rss_bytes(), peak_rss_bytes()
@@ -89,21 +123,45 @@ def measure_one(model: str, method: str, budget: int | None, block_size: int | N
     record = session.ask("Describe the image.", media)
     wall = time.perf_counter() - t0
     report = session.report()
+    a = adapter
+    entry_bytes = a.num_layers * 2 * a.num_kv_heads * a.head_dim * torch.empty((), dtype=a.dtype).element_size()
+    protected = report["prompt_tokens"] - report["visual_tokens"] + 1  # + the first decoded token
+    bound = None
+    if METHODS[method].needs_budget and budget:
+        bound = (budget + report["block_size"] + protected) * entry_bytes  # (M + b + protected) in every layer
     return {
         "model": model, "method": method, "budget": budget, "size": size, "video": video,
         "prefill": report["prefill"], "block_size": report["block_size"],
         "visual_tokens": report["visual_tokens"], "blocks": len(report["blocks"]),
         "peak_kv_bytes": report["peak_kv_bytes"], "final_kv_bytes": report["final_kv_bytes"],
-        "full_kv_bytes": report["full_kv_bytes"],
+        "full_kv_bytes": report["full_kv_bytes"], "bound_kv_bytes": bound,
         "rss_before_bytes": base_rss, "peak_rss_before_bytes": base_peak, "peak_rss_bytes": peak_rss_bytes(),
         "cuda_before_bytes": base_cuda, "cuda_peak_bytes": report["cuda_peak_bytes"],
         "ttft_seconds": record.ttft_seconds, "wall_seconds": wall,
     }
 
 
+def _input_file(args: argparse.Namespace, size: float) -> str | None:
+    """Write the synthetic image for `size` once, so each run loads it like an upload."""
+    if args.video:
+        return None
+    from PIL import Image
+
+    from visualkv.synthetic import megapixel_size, synthetic_image
+
+    path = os.path.join(args.out, "inputs", f"image_{size:g}mp.png")
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        Image.fromarray(synthetic_image(*megapixel_size(size))).save(path, compress_level=1)
+    return path
+
+
 def _subprocess_one(args: argparse.Namespace, method: str, size: float) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "visualkv", "bench", "one", "--model", args.model, "--method", method,
            "--budget", str(args.budget), "--size", str(size), "--device", args.device, "--dtype", args.dtype]
+    media_file = _input_file(args, size)
+    if media_file:
+        cmd += ["--media-file", media_file]
     if args.block_size:
         cmd += ["--block-size", str(args.block_size)]
     if args.video:
@@ -156,6 +214,9 @@ def summarize_memory(rows: list[dict], methods: list[str], budget: int) -> dict[
             s["full_over_peak_kv_largest"] = full[-1]["peak_kv_bytes"] / max(rs[-1]["peak_kv_bytes"], 1)
             fg = full[-1]["peak_rss_bytes"] - full[0]["peak_rss_bytes"]
             s["rss_growth_over_full_growth"] = s["peak_rss_growth_bytes"] / fg if fg > 0 else None
+        bounds = [r["peak_kv_bytes"] / r["bound_kv_bytes"] for r in rs if r.get("bound_kv_bytes")]
+        if bounds:
+            s["peak_over_bound_max"] = max(bounds)
         over = [r for r in rs if r["visual_tokens"] > budget + (r["block_size"] or 0)]
         if len(over) >= 2:
             peaks = [r["peak_kv_bytes"] for r in over]
@@ -165,31 +226,160 @@ def summarize_memory(rows: list[dict], methods: list[str], budget: int) -> dict[
 
 
 def bench_latency(args: argparse.Namespace) -> int:
-    """TTFT for full (bulk), block-wise (forced) and hybrid, same process, same input."""
+    """TTFT for full (bulk), block-wise (forced) and hybrid, same process, same input.
+
+    `--methods lightkv` adds LightKV (bulk prefill, merging inside) and its final KV bytes over full's."""
     from visualkv.models.registry import load_model
     from visualkv.session import ChatSession, SessionConfig
 
     adapter = load_model(args.model, device=args.device, dtype=args.dtype)
     media = _media(args.size, args.video)
-    method = "blockwise-snapkv" if "blockwise-snapkv" in args.methods else args.methods.split(",")[-1]
-    configs = {
-        "full": SessionConfig(method="full", max_new_tokens=1),
-        "blockwise": SessionConfig(method=method, budget=args.budget, block_size=args.block_size,
-                                   prefill="blockwise", max_new_tokens=1),
-        "hybrid": SessionConfig(method=method, budget=args.budget, block_size=args.block_size,
-                                prefill="hybrid", max_new_tokens=1),
-    }
+    names = [m.strip() for m in args.methods.split(",") if m.strip()]
+    others = [m for m in names if m != "lightkv"]  # lightkv merges inside a bulk prefill: its own row
+    method = "blockwise-snapkv" if "blockwise-snapkv" in others else (others[-1] if others else None)
+    configs = {"full": SessionConfig(method="full", max_new_tokens=1)}
+    if method is not None:
+        configs["blockwise"] = SessionConfig(method=method, budget=args.budget, block_size=args.block_size,
+                                             prefill="blockwise", max_new_tokens=1)
+        configs["hybrid"] = SessionConfig(method=method, budget=args.budget, block_size=args.block_size,
+                                          prefill="hybrid", max_new_tokens=1)
+    if "lightkv" in names:  # default schedule (the paper's, scaled to the model's depth)
+        configs["lightkv"] = SessionConfig(method="lightkv", max_new_tokens=1)
     ttft: dict[str, float] = {}
+    runs: dict[str, list[float]] = {}  # every TTFT, in run order (repeats alternate the configurations)
+    cpu: dict[str, float] = {}  # process CPU seconds of the turn: robust to other processes sharing the cores
+    final_kv: dict[str, int] = {}
+    lightkv_report = None
     for _ in range(max(1, args.repeats)):
         for name, cfg in configs.items():
-            record = ChatSession(adapter, cfg).ask("Describe the image.", media)
+            session = ChatSession(adapter, cfg)
+            c0 = time.process_time()
+            record = session.ask("Describe the image.", media)
+            used = time.process_time() - c0
+            cpu[name] = min(cpu.get(name, float("inf")), used)
             ttft[name] = min(ttft.get(name, float("inf")), record.ttft_seconds)
-            print(f"{name:10s} TTFT {record.ttft_seconds:.2f}s", flush=True)
+            runs.setdefault(name, []).append(record.ttft_seconds)
+            final_kv[name] = session.cache.kv_bytes()
+            if name == "lightkv":
+                lightkv_report = session.method.report(session.prefill_result.context)["lightkv"]
+            print(f"{name:10s} TTFT {record.ttft_seconds:.2f}s  CPU {used:.2f}s  "
+                  f"final KV {final_kv[name] / 2**20:.2f} MiB", flush=True)
     out = {"kind": "latency", "model": args.model, "method": method, "budget": args.budget, "size": args.size,
-           "video": args.video, "ttft_seconds": ttft,
-           "ratios": {"blockwise/full": ttft["blockwise"] / ttft["full"], "hybrid/full": ttft["hybrid"] / ttft["full"]}}
+           "video": args.video, "ttft_seconds": ttft, "cpu_seconds": cpu, "final_kv_bytes": final_kv,
+           "ratios": {f"{name}/full": ttft[name] / ttft["full"] for name in configs if name != "full"},
+           "cpu_ratios": {f"{name}/full": cpu[name] / cpu["full"] for name in configs if name != "full"},
+           # ratio of each repeat's pair (same load, back to back), median over repeats: robust to load spikes
+           "paired_median_ratios": {f"{name}/full": statistics.median(a / b for a, b in zip(runs[name], runs["full"]))
+                                    for name in configs if name != "full"},
+           "ttft_runs": runs}
+    if lightkv_report is not None:
+        out["kv_ratios"] = {"lightkv/full": final_kv["lightkv"] / final_kv["full"]}
+        out["lightkv"] = lightkv_report
+        print(json.dumps({"final_kv lightkv/full": out["kv_ratios"]["lightkv/full"],
+                          "flops_reduction": lightkv_report["flops"]["reduction"],
+                          "overhead_seconds": lightkv_report["overhead_seconds"]}))
     path = os.path.join(args.out, f"latency_{'video' if args.video else 'image'}_{args.model}.json")
     with open(path, "w") as fh:
         json.dump(out, fh, indent=1)
-    print(json.dumps(out["ratios"]), "saved", path)
+    print("TTFT (min):", json.dumps(out["ratios"]), "paired median:", json.dumps(out["paired_median_ratios"]),
+          "CPU:", json.dumps(out["cpu_ratios"]), "saved", path)
+    return 0
+
+
+def bench_salicache(args: argparse.Namespace) -> int:
+    """Sali-Cache vs full on one media file, same process: TTFT ratio, final KV bytes ratio, tier
+    split beside the paper's, greedy-token agreement. Runs alternate (salicache, full) `--repeats`
+    times; the minimum TTFT of each is kept."""
+    import torch
+
+    from visualkv.media import FrameSampling, load_media
+    from visualkv.methods.salicache import PAPER_TIER_FRACTIONS
+    from visualkv.models.registry import load_model
+    from visualkv.session import ChatSession, SessionConfig
+
+    media = load_media(args.media, sampling=FrameSampling(fps=args.fps, max_frames=args.max_frames))
+    adapter = load_model(args.model, device=args.device, dtype=args.dtype)
+    prompt = "What happens in the video?" if media.kind == "video" else "Describe the image."
+    ttft: dict[str, float] = {}
+    runs: dict[str, tuple] = {}
+    for _ in range(max(1, args.repeats)):
+        for name in ("salicache", "full"):
+            session = ChatSession(adapter, SessionConfig(method=name, max_new_tokens=args.max_new_tokens))
+            record = session.ask(prompt, media)
+            ttft[name] = min(ttft.get(name, float("inf")), record.ttft_seconds)
+            runs[name] = (record, session.report(), session.prefill_result.logits)
+            print(f"{name:10s} TTFT {record.ttft_seconds:.2f}s  final KV {runs[name][1]['final_kv_bytes']} B", flush=True)
+    (sali, sali_report, sali_logits), (full, full_report, full_logits) = runs["salicache"], runs["full"]
+    n = min(len(sali.token_ids), len(full.token_ids))
+    same_prefix = next((i for i in range(n) if sali.token_ids[i] != full.token_ids[i]), n)
+    out = {
+        "kind": "salicache", "model": args.model, "media": args.media, "fps": args.fps,
+        "max_frames": args.max_frames, "frames": len(media.frames), "visual_tokens": sali_report["visual_tokens"],
+        "ttft_seconds": ttft, "ttft_ratio_salicache_over_full": ttft["salicache"] / ttft["full"],
+        "final_kv_bytes": {"full": full_report["final_kv_bytes"], "salicache": sali_report["final_kv_bytes"]},
+        "kv_ratio_full_over_salicache": full_report["final_kv_bytes"] / max(sali_report["final_kv_bytes"], 1),
+        "tiers": sali_report["tiers"], "tier_fractions": sali_report["tier_fractions"],
+        "paper_tier_fractions": PAPER_TIER_FRACTIONS,
+        "vision_encoder_frames": {"full": full_report.get("vision_encoder_frames"),
+                                  "salicache": sali_report.get("vision_encoder_frames")},
+        "llm_tokens_salicache": sali_report["llm_tokens"], "prompt_tokens": sali_report["prompt_tokens"],
+        "greedy_tokens": {"full": full.token_ids, "salicache": sali.token_ids},
+        "greedy_agreement": {"same_prefix_tokens": same_prefix, "compared": n,
+                             "positionwise": sum(a == b for a, b in zip(sali.token_ids, full.token_ids)) / max(n, 1),
+                             "identical": sali.token_ids == full.token_ids},
+        "first_token_logits": {
+            "cosine": float(torch.nn.functional.cosine_similarity(sali_logits, full_logits, dim=0)),
+            "top1_agree": int(sali_logits.argmax()) == int(full_logits.argmax()),
+            "rank_in_full_of_salicache_top1": int((full_logits > full_logits[sali_logits.argmax()]).sum())},
+        "salicache_seconds": sali_report["salicache_seconds"],
+    }
+    path = os.path.join(args.out, f"salicache_{args.model}.json")
+    with open(path, "w") as fh:
+        json.dump(out, fh, indent=1)
+    keys = ("ttft_ratio_salicache_over_full", "kv_ratio_full_over_salicache", "tier_fractions", "greedy_agreement",
+            "first_token_logits")
+    print(json.dumps({k: out[k] for k in keys}), "saved", path)
+    return 0
+
+
+def bench_fidelity(args: argparse.Namespace) -> int:
+    """How far block-by-block prefill (nothing evicted) moves the logits, per method, same input.
+
+    Budget is set above the input, blocks are forced from the start, so any
+    difference comes from encoding the media block by block (Qwen2.5-VL
+    images: full-attention vision layers see one strip at a time).
+    """
+    import torch
+
+    from visualkv.methods import METHODS
+    from visualkv.models.registry import load_model
+    from visualkv.session import ChatSession, SessionConfig
+
+    adapter = load_model(args.model, device=args.device, dtype=args.dtype)
+    media = _media(args.size, args.video)
+    new_tokens = 16
+    ref = ChatSession(adapter, SessionConfig(method="full", max_new_tokens=new_tokens))
+    ref_tokens = ref.ask("Describe the image.", media).token_ids
+    ref_logits = ref.prefill_result.logits
+    rows = []
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    for method in methods:
+        budget = 10**7 if METHODS[method].needs_budget else None
+        s = ChatSession(adapter, SessionConfig(method=method, budget=budget, block_size=args.block_size,
+                                               prefill="blockwise", max_new_tokens=new_tokens))
+        tokens = s.ask("Describe the image.", media).token_ids
+        diff = (s.prefill_result.logits - ref_logits).abs()
+        agree = sum(a == b for a, b in zip(tokens, ref_tokens)) / max(len(ref_tokens), 1)
+        row = {"method": method, "blocks": len(s.blocks), "max_abs_logit_diff": float(diff.max()),
+               "ref_logit_range": float(ref_logits.max() - ref_logits.min()),
+               "cosine": float(torch.nn.functional.cosine_similarity(s.prefill_result.logits, ref_logits, dim=0)),
+               "same_top1": bool(int(s.prefill_result.logits.argmax()) == int(ref_logits.argmax())),
+               "greedy_token_agreement": agree}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    out = {"kind": "fidelity", "model": args.model, "size": args.size, "video": args.video, "rows": rows}
+    path = os.path.join(args.out, f"fidelity_{'video' if args.video else 'image'}_{args.model}.json")
+    with open(path, "w") as fh:
+        json.dump(out, fh, indent=1)
+    print("saved", path)
     return 0
