@@ -85,3 +85,38 @@ def test_local_checkpoint_folder_loads_like_a_real_model(tmp_path, small_image):
         built = ChatSession(get_adapter(alias), SessionConfig(max_new_tokens=3))
         built.ask("What is it?", small_image)
         assert torch.allclose(local.prefill_result.logits, built.prefill_result.logits, atol=1e-5)
+
+
+def test_qwen_lazy_video_pixels_equal_the_processor():
+    from visualkv.models.base import video_metadata
+    from visualkv.synthetic import video_media
+
+    adapter = get_adapter("tiny-qwen2.5-vl")
+    media = video_media(7, 320, 180, fps=2.0, seed=4)  # odd count: the last patch is padded
+    prepared = adapter.prepare(media, "What happens?")
+    text = adapter.chat_text(media, "What happens?")
+    enc = adapter.processor(text=[text], videos=[np.stack(media.frames)], video_metadata=[video_metadata(media)],
+                            do_sample_frames=False, return_tensors="pt")
+    assert torch.equal(prepared.input_ids, enc["input_ids"][0])
+    assert torch.equal(prepared.vision_inputs["video_grid_thw"], enc["video_grid_thw"])
+    t, gh, gw = (int(x) for x in enc["video_grid_thw"][0])
+    per = gh * gw
+    for t0, t1 in [(0, 1), (1, 3), (t - 1, t)]:
+        pixels = adapter._pixels_frames(prepared.vision_inputs, t0, t1)
+        assert torch.allclose(pixels, enc["pixel_values_videos"][t0 * per : t1 * per], atol=1e-6)
+
+
+def test_smolvlm_lazy_video_equals_the_processor():
+    from visualkv.models.base import video_metadata
+    from visualkv.synthetic import video_media
+
+    adapter = get_adapter("tiny-smolvlm2")
+    media = video_media(5, 320, 180, fps=1.0, seed=5)
+    prepared = adapter.prepare(media, "What happens?")
+    enc = adapter.processor(text=[adapter.chat_text(media, "What happens?")], videos=[np.stack(media.frames)],
+                            video_metadata=[video_metadata(media)], do_sample_frames=False, return_tensors="pt")
+    assert torch.equal(prepared.input_ids, enc["input_ids"][0])
+    pixels, mask = adapter._frame_pixels(media, [1, 3])
+    assert torch.allclose(pixels, enc["pixel_values"][:, [1, 3]], atol=1e-6)
+    if mask is not None:
+        assert torch.equal(mask, enc["pixel_attention_mask"][:, [1, 3]])

@@ -24,7 +24,6 @@ from visualkv.streaming import (
     live_report,
     method_options,
     method_settings,
-    retained_per_layer,
     stream_turn,
     turn_report,
 )
@@ -97,7 +96,7 @@ def test_stream_turn_stop_ends_the_answer(adapter, image):
 
 def test_retained_per_layer_averages_to_retained(snap):
     session, report, _ = snap
-    per_layer = np.array(retained_per_layer(session))
+    per_layer = session.retained_per_layer()
     assert per_layer.shape == (session.adapter.num_layers, report["visual_tokens"])
     np.testing.assert_allclose(per_layer.mean(axis=0), report["retained"], atol=1e-3)
     # under the budget, each layer keeps at most BUDGET entries per KV head

@@ -56,16 +56,12 @@ class Qwen25VLAdapter(ModelAdapter):
     # -- tokenization -------------------------------------------------------------
     def prepare(self, media: Media | None, prompt: str) -> PreparedInput:
         text = self.chat_text(media, prompt)
-        kwargs: dict[str, Any] = {"text": [text], "return_tensors": "pt"}
-        if media is not None and media.kind == "image":
+        if media is None:
+            enc = self.processor(text=[text], return_tensors="pt")
+        elif media.kind == "image":
             enc = self._prepare_image_lazily(text, media.frames[0])
-        elif media is not None:
-            frames = list(media.frames)
-            kwargs["videos"] = [np.stack(frames)]
-            kwargs["video_metadata"] = [video_metadata(media)]
-            kwargs["do_sample_frames"] = False
-        if media is None or media.kind == "video":
-            enc = self.processor(**kwargs)
+        else:
+            enc = self._prepare_video_lazily(text, media)
         ids = enc["input_ids"][0]
         cfg = self.model.config
         mm_types = torch.zeros_like(ids, dtype=torch.int32)
@@ -85,8 +81,7 @@ class Qwen25VLAdapter(ModelAdapter):
                 second_per_grid_ts=_as_tensor(enc.get("second_per_grid_ts")),
             )
             positions = positions[:, 0]
-            vision = {k: enc[k] for k in ("resized_image", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
-                      if k in enc}
+            vision = {k: enc[k] for k in ("resized_image", "image_grid_thw", "video", "video_grid_thw") if k in enc}
             layout = self._layout(media, visual_mask, vision)
         visual_idx = visual_mask.nonzero().flatten()
         suffix = int(visual_idx[-1]) + 1 if visual_idx.numel() else ids.shape[0]
@@ -121,6 +116,37 @@ class Qwen25VLAdapter(ModelAdapter):
         text = text.replace(pad, pad * n_tokens, 1)
         ids = self.tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
         return {"input_ids": ids, "resized_image": resized, "image_grid_thw": torch.tensor([[1, grid_h, grid_w]])}
+
+    def _prepare_video_lazily(self, text: str, media: Media) -> dict[str, Any]:
+        """Tokens and grid of a video, without materialising every frame's pixel patches.
+
+        The video processor resizes and patchifies each temporal patch (2
+        frames) on its own, so processing one patch at a time (`_pixels_frames`)
+        gives exactly its slice of the whole video's tensor (a test checks it).
+        Here only the first patch is processed, for the grid.
+        """
+        vp = self.processor.video_processor
+        first = self._pixels_frames({"media": media}, 0, 1, with_grid=True)
+        _, gh, gw = (int(x) for x in first["video_grid_thw"][0])
+        t = -(-len(media.frames) // vp.temporal_patch_size)
+        n_tokens = t * gh * gw // (vp.merge_size**2)
+        pad = self.processor.video_token
+        ids = self.tokenizer(text.replace(pad, pad * n_tokens, 1), add_special_tokens=False,
+                             return_tensors="pt")["input_ids"]
+        fps = video_metadata(media).sampled_fps
+        return {"input_ids": ids, "video": media, "video_grid_thw": torch.tensor([[t, gh, gw]]),
+                "second_per_grid_ts": torch.tensor([vp.temporal_patch_size / fps])}
+
+    def _pixels_frames(self, vision: dict, t0: int, t1: int, with_grid: bool = False):
+        """Pixel patches of temporal patches [t0, t1), through the processor's own video pipeline."""
+        media: Media = vision.get("video") or vision["media"]
+        tp = self.processor.video_processor.temporal_patch_size
+        frames = media.frames[t0 * tp : t1 * tp]
+        sub = Media(kind="video", frames=frames, times=media.times[t0 * tp : t1 * tp], source_fps=media.source_fps,
+                    duration=media.duration, path=None)
+        out = self.processor.video_processor(videos=[np.stack(frames)], video_metadata=[video_metadata(sub)],
+                                             do_sample_frames=False, return_tensors="pt")
+        return out if with_grid else out["pixel_values_videos"]
 
     def _pixels_rows(self, vision: dict, r0: int, r1: int) -> torch.Tensor:
         """Pixel patches (n_patches, C*T*P*P) of merged token rows [r0, r1), exactly as the processor."""
@@ -193,11 +219,10 @@ class Qwen25VLAdapter(ModelAdapter):
 
     def _encode_frames(self, frames: list[int], vision: dict) -> torch.Tensor:
         _t, gh, gw = (int(x) for x in vision["video_grid_thw"][0])
-        per = gh * gw
         f0, f1 = frames[0], frames[-1] + 1
         if frames != list(range(f0, f1)):  # non-contiguous (skipped frames): encode runs
             return torch.cat([self._encode_frames([f], vision) for f in frames])
-        pixels = vision["pixel_values_videos"][f0 * per : f1 * per]
+        pixels = self._pixels_frames(vision, f0, f1)
         grid = torch.tensor([[f1 - f0, gh, gw]])
         return self._run_visual(pixels, grid)
 

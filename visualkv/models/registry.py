@@ -33,11 +33,17 @@ class ModelChoice:
 
 
 OFFLINE_MODELS = (
+    ModelChoice("visualkv-demo", True, "trained offline on synthetic needle scenes (bundled in assets/)"),
     ModelChoice("tiny-qwen2.5-vl", True, "random weights, Qwen2.5-VL architecture (tests)"),
     ModelChoice("tiny-smolvlm2", True, "random weights, SmolVLM2 architecture (tests)"),
     ModelChoice("bench-qwen2.5-vl", True, "random weights, larger LLM for benchmarks"),
     ModelChoice("bench-smolvlm2", True, "random weights, larger LLM for benchmarks"),
 )
+# Bundled checkpoints: alias -> folder (loaded with AutoModelForImageTextToText / AutoProcessor).
+BUNDLED_MODELS = {
+    "visualkv-demo": os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                  "assets", "visualkv-demo"),
+}
 HUB_MODELS = (
     ModelChoice("Qwen/Qwen2.5-VL-3B-Instruct", False, "needs the Hub or a local copy"),
     ModelChoice("Qwen/Qwen2.5-VL-7B-Instruct", False, "needs the Hub or a local copy"),
@@ -62,6 +68,8 @@ def load_model(
     Raises ModelLoadError with one line on any failure.
     """
     torch_dtype = _dtype(dtype, device)
+    if name in BUNDLED_MODELS:  # a checkpoint shipped in the repo: load it like any local folder
+        return _adapter(*_load_pretrained(BUNDLED_MODELS[name], device, torch_dtype, attn_implementation), name)
     if name in offline_aliases():
         from visualkv.models.tiny import build_tiny
 

@@ -41,17 +41,15 @@ class SmolVLMAdapter(ModelAdapter):
 
     def prepare(self, media: Media | None, prompt: str) -> PreparedInput:
         text = self.chat_text(media, prompt)
-        kwargs: dict[str, Any] = {"text": [text], "return_tensors": "pt"}
-        if media is not None and media.kind == "image":
-            kwargs["images"] = [[Image.fromarray(media.frames[0])]]
-        elif media is not None:
-            kwargs["videos"] = [np.stack(media.frames)]
-            kwargs["video_metadata"] = [video_metadata(media)]
-            kwargs["do_sample_frames"] = False
-        enc = self.processor(**kwargs)
-        ids = enc["input_ids"][0]
+        if media is not None and media.kind == "video":
+            ids = self._video_ids(text, media)
+            vision: dict[str, Any] = {"video": media}
+        else:
+            images = [[Image.fromarray(media.frames[0])]] if media is not None else None
+            enc = self.processor(text=[text], images=images, return_tensors="pt")
+            ids = enc["input_ids"][0]
+            vision = {k: enc[k] for k in ("pixel_values", "pixel_attention_mask") if k in enc}
         visual_mask = ids == self.model.config.image_token_id
-        vision = {k: enc[k] for k in ("pixel_values", "pixel_attention_mask") if k in enc}
         layout = self._layout(media, ids, visual_mask) if media is not None else VisualLayout.empty()
         visual_idx = visual_mask.nonzero().flatten()
         suffix = int(visual_idx[-1]) + 1 if visual_idx.numel() else ids.shape[0]
@@ -66,6 +64,28 @@ class SmolVLMAdapter(ModelAdapter):
             vision_inputs=vision,
             media=media,
         )
+
+    def _video_ids(self, text: str, media: Media) -> torch.Tensor:
+        """Token ids of a video prompt, written by the processor's own `replace_video_token`.
+
+        The expansion (intro, one timestamp + 64 image tokens per frame) depends
+        only on the frame count and times, so no pixel is processed here; frames
+        are processed per block in `_frame_pixels` (a test checks both against
+        the processor's full output).
+        """
+        placeholder = {"pixel_values": torch.empty((1, len(media.frames), 0)), "video_metadata": [video_metadata(media)]}
+        expansion = self.processor.replace_video_token(placeholder, 0)
+        text = text.replace(self.processor.video_token, expansion, 1)
+        return self.tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
+
+    def _frame_pixels(self, media: Media, frames: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """pixel_values (1, k, 3, 512, 512) and pixel_attention_mask of the given frames."""
+        chosen = [media.frames[i] for i in frames]
+        sub = Media(kind="video", frames=chosen, times=[media.times[i] for i in frames], source_fps=media.source_fps,
+                    duration=media.duration, path=None)
+        out = self.processor.video_processor(videos=[np.stack(chosen)], video_metadata=[video_metadata(sub)],
+                                             do_sample_frames=False, return_tensors="pt")
+        return out["pixel_values"], out.get("pixel_attention_mask")
 
     def followup_ids(self, prompt: str) -> torch.Tensor:
         text = f"<end_of_utterance>\nUser: {prompt}<end_of_utterance>\nAssistant:"
@@ -113,9 +133,12 @@ class SmolVLMAdapter(ModelAdapter):
         if not units:
             return torch.zeros((0, self.text_config.hidden_size), dtype=self.dtype, device=self.device)
         idx = torch.tensor([u.frame for u in units])
-        pv = prepared.vision_inputs["pixel_values"][:, idx]
-        pam = prepared.vision_inputs.get("pixel_attention_mask")
-        pam = pam[:, idx] if pam is not None else None
+        if "video" in prepared.vision_inputs:  # frames are processed only when their block runs
+            pv, pam = self._frame_pixels(prepared.vision_inputs["video"], idx.tolist())
+        else:
+            pv = prepared.vision_inputs["pixel_values"][:, idx]
+            pam = prepared.vision_inputs.get("pixel_attention_mask")
+            pam = pam[:, idx] if pam is not None else None
         out = self.model.model.get_image_features(pv.to(self.device), pam.to(self.device) if pam is not None else None)
         feats = out.pooler_output
         feats = torch.cat(list(feats)) if isinstance(feats, (list, tuple)) else feats.reshape(-1, feats.shape[-1])
