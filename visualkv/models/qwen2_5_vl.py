@@ -107,7 +107,7 @@ class Qwen25VLAdapter(ModelAdapter):
         checks both against the processor's own output.
         """
         ip = self.processor.image_processor
-        image = torch.from_numpy(np.ascontiguousarray(frame)).permute(2, 0, 1)[None]
+        image = torch.from_numpy(np.require(frame, requirements=["C", "W"])).permute(2, 0, 1)[None]
         factor = ip.patch_size * ip.merge_size
         resized = ip.resize(images=image, size=_size_dict(ip), resample=ip.resample, factor=factor)
         grid_h, grid_w = resized.shape[-2] // ip.patch_size, resized.shape[-1] // ip.patch_size
