@@ -106,13 +106,16 @@ def memory_sweep_figure(rows: list[dict[str, Any]], size_label: str) -> go.Figur
     from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=("peak KV cache (MiB)", "peak process RSS (MiB)"))
-    for method in dict.fromkeys(r["method"] for r in rows):
+    palette = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692")
+    for k, method in enumerate(dict.fromkeys(r["method"] for r in rows)):
         rs = sorted((r for r in rows if r["method"] == method), key=lambda r: r["size"])
         xs = [r["size"] for r in rs]
+        # one colour per method in both panels; dashes tell overlapping lines apart
+        line = {"color": palette[k % len(palette)], "dash": ("solid", "dash", "dot", "dashdot")[k % 4]}
         fig.add_trace(go.Scatter(x=xs, y=[r["peak_kv_bytes"] / MIB for r in rs], name=method, mode="lines+markers",
-                                 legendgroup=method), row=1, col=1)
+                                 legendgroup=method, line=line), row=1, col=1)
         fig.add_trace(go.Scatter(x=xs, y=[r["peak_rss_bytes"] / MIB for r in rs], name=method, mode="lines+markers",
-                                 legendgroup=method, showlegend=False), row=1, col=2)
+                                 legendgroup=method, showlegend=False, line=line), row=1, col=2)
     fig.update_xaxes(title_text=size_label)
     fig.update_layout(height=420, width=1000)
     return fig
