@@ -79,30 +79,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _salicache_options(args: argparse.Namespace) -> dict:
-    """--flow-threshold / --tiers as method options; refused for other methods."""
-    options = {"flow_threshold": args.flow_threshold, "tiers": args.tiers}
-    given = {k: v for k, v in options.items() if v is not None}
-    if given and args.method != "salicache":
-        raise VisualKVError("--flow-threshold and --tiers apply to --method salicache only")
-    if args.method == "salicache":
+# CLI flags that are options of one method: method -> {option name: flag}
+METHOD_FLAGS: dict[str, dict[str, str]] = {
+    "salicache": {"flow_threshold": "--flow-threshold", "tiers": "--tiers"},
+    "lightkv": {"layers": "--lightkv-layers", "windows": "--lightkv-windows", "ratios": "--lightkv-ratios"},
+}
+
+
+def _method_options(args: argparse.Namespace) -> dict:
+    """Method-specific flags as method options; refused when given for another method.
+
+    The method is built once here so that bad values fail before any loading.
+    """
+    chosen: dict = {}
+    for method, flags in METHOD_FLAGS.items():
+        given = {opt: getattr(args, flag[2:].replace("-", "_")) for opt, flag in flags.items()}
+        given = {k: v for k, v in given.items() if v is not None}
+        if given and args.method != method:
+            names = " and ".join(flags[k] for k in given)
+            raise VisualKVError(f"{names} apply to --method {method} only")
+        if method == args.method:
+            chosen = given
+    if chosen:
         from visualkv.methods import make_method
 
-        make_method("salicache", **given)  # bad values fail here, before any loading
-    return given
-
-
-def _lightkv_options(args: argparse.Namespace) -> dict:
-    """--lightkv-layers / --lightkv-windows / --lightkv-ratios as method options; refused for other methods."""
-    options = {"layers": args.lightkv_layers, "windows": args.lightkv_windows, "ratios": args.lightkv_ratios}
-    given = {k: v for k, v in options.items() if v is not None}
-    if given and args.method != "lightkv":
-        raise VisualKVError("--lightkv-layers, --lightkv-windows and --lightkv-ratios apply to --method lightkv only")
-    if args.method == "lightkv":
-        from visualkv.methods import make_method
-
-        make_method("lightkv", **given)  # bad values fail here, before any loading
-    return given
+        make_method(args.method, **chosen)
+    return chosen
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -114,7 +116,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = SessionConfig(
         method=args.method, budget=args.budget, block_size=args.block_size, prefill=args.prefill,
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-        followup=args.followup, method_options={**_salicache_options(args), **_lightkv_options(args)},
+        followup=args.followup, method_options=_method_options(args),
     )
     config.validate()
     for prompt in args.prompt:
