@@ -45,7 +45,6 @@ merged KV cannot be "un-merged" for a follow-up about a region that was merged a
 from __future__ import annotations
 
 import math
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -287,19 +286,6 @@ def prompt_attention(queries: torch.Tensor, keys: torch.Tensor, scale: float) ->
     return scores.softmax(dim=2).sum(dim=-1).mean(dim=(0, 1))
 
 
-def key_states(adapter, layer_idx: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Post-RoPE key states (1, kv_heads, q, head_dim) of a layer's input; mirrors `adapter.query_states`."""
-    layer = adapter.layers[layer_idx]
-    attn = layer.self_attn
-    h = layer.input_layernorm(hidden)
-    k = attn.k_proj(h).view(h.shape[0], h.shape[1], -1, adapter.head_dim).transpose(1, 2)
-    if hasattr(attn, "k_norm"):
-        k = attn.k_norm(k)
-    rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
-    _, k = rope(k, k, cos, sin)
-    return k
-
-
 class _TextCapture(Method):
     """Records, at the merge layers, the layer input and cos/sin of the last `n` tokens (the question)."""
 
@@ -497,7 +483,7 @@ class LightKV(Method):
             if text_pos.numel() == 0:
                 return torch.ones(int(vis_pos.numel()), device=state.hidden.device)
             h_text, cos_t, sin_t = state.hidden_in[:, text_pos], state.cos[:, text_pos], state.sin[:, text_pos]
-        keys = key_states(adapter, layer_idx, h_text, cos_t, sin_t)
+        keys = adapter.key_states(layer_idx, h_text, cos_t, sin_t)
         queries = adapter.query_states(layer_idx, state.hidden_in[:, vis_pos], state.cos[:, vis_pos],
                                        state.sin[:, vis_pos])
         scale = getattr(adapter.layers[layer_idx].self_attn, "scaling", adapter.head_dim ** -0.5)

@@ -128,15 +128,25 @@ class ModelAdapter:
         hidden is the decoder layer's *input* (before its input norm); cos/sin
         those of the same tokens. Mirrors the attention module's own projection.
         """
+        return self._projected(layer_idx, hidden, cos, sin, "q")
+
+    def key_states(
+        self, layer_idx: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> torch.Tensor:
+        """Post-RoPE key states (1, kv_heads, q, head_dim) of a layer's input (as cached)."""
+        return self._projected(layer_idx, hidden, cos, sin, "k")
+
+    def _projected(self, layer_idx: int, hidden, cos, sin, which: str) -> torch.Tensor:
         layer = self.layers[layer_idx]
         attn = layer.self_attn
         h = layer.input_layernorm(hidden)
-        q = attn.q_proj(h).view(h.shape[0], h.shape[1], -1, self.head_dim).transpose(1, 2)
-        if hasattr(attn, "q_norm"):
-            q = attn.q_norm(q)
+        x = getattr(attn, f"{which}_proj")(h).view(h.shape[0], h.shape[1], -1, self.head_dim).transpose(1, 2)
+        norm = getattr(attn, f"{which}_norm", None)  # Qwen3-style q/k norms, where present
+        if norm is not None:
+            x = norm(x)
         rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
-        q, _ = rope(q, q, cos, sin)
-        return q
+        x, _ = rope(x, x, cos, sin)
+        return x
 
     # -- media ----------------------------------------------------------------------
     def chat_text(self, media: Media | None, prompt: str) -> str:
