@@ -331,3 +331,33 @@ def test_ten_hour_video_is_refused(tmp_path, capsys):
     code, err = _run(capsys, "--media", str(path), "--method", "salicache")
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "video is 10.0 h long; the limit is 3.0 h" in err
+
+
+@pytest.mark.parametrize("prefill", ["bulk", "blockwise"])
+def test_heavy_pruning_drops_whole_qwen_rows(prefill):
+    """Rows whose every token is pruned are never sent to the LLM, in any prefill mode (regression)."""
+    from visualkv.synthetic import image_media
+
+    adapter = get_adapter("tiny-qwen2.5-vl")
+    s = ChatSession(adapter, SessionConfig(method="salicache", prefill=prefill, block_size=64, max_new_tokens=2,
+                                           method_options={"tiers": "0.05,0,0"}))
+    s.ask("What is it?", image_media(672, 378, seed=3))
+    report = s.report()
+    kept = report["tiers"]["full"]
+    assert report["tiers"]["pruned"] > 0.9 * report["visual_tokens"]
+    visual_in_cache = int(s.prefill_result.context.is_visual(s.cache.layers[0].token_index)[0, 0].sum())
+    assert visual_in_cache == kept
+
+
+def test_qwen_rows_with_gaps_encode_like_the_whole_image():
+    from visualkv.synthetic import image_media
+
+    adapter = get_adapter("tiny-qwen2.5-vl")
+    prepared = adapter.prepare(image_media(672, 378, seed=3), "What?")
+    units = prepared.layout.units
+    rows, cols = prepared.layout.frames[0].grid
+    whole = adapter.encode_units(prepared, units).view(rows, cols, -1)
+    chosen = [units[0], units[2], units[3], units[-1]]
+    adapter.reset_stream()
+    part = adapter.encode_units(prepared, chosen).view(len(chosen), cols, -1)
+    assert torch.allclose(part, whole[[0, 2, 3, rows - 1]], atol=1e-6)

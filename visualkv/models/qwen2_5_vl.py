@@ -206,7 +206,18 @@ class Qwen25VLAdapter(ModelAdapter):
         if units[0].kind == "frame":
             return self._encode_frames([u.frame for u in units], prepared.vision_inputs)
         rows = [u.row for u in units]
-        return self._encode_rows(rows[0], rows[-1] + 1, prepared.vision_inputs)
+        n_rows, cols = prepared.layout.frames[0].grid
+        if rows[0] == 0 and rows[-1] == n_rows - 1 and len(rows) < n_rows:
+            # a whole image with some fully pruned rows: encode it whole (exact), keep the rows asked for
+            whole = self._encode_rows(0, n_rows, prepared.vision_inputs).view(n_rows, cols, -1)
+            return whole[torch.tensor(rows)].reshape(len(rows) * cols, -1)
+        # otherwise rows whose every token was pruned are absent: encode each consecutive run
+        parts, start = [], 0
+        for i in range(1, len(rows) + 1):
+            if i == len(rows) or rows[i] != rows[i - 1] + 1:
+                parts.append(self._encode_rows(rows[start], rows[i - 1] + 1, prepared.vision_inputs))
+                start = i
+        return torch.cat(parts)
 
     def _run_visual(self, pixels: torch.Tensor, grid: torch.Tensor, row_offset: int = 0) -> torch.Tensor:
         kwargs: dict[str, Any] = {}
