@@ -82,6 +82,9 @@ def load_model(
 
 def _load_pretrained(name: str, device: str, dtype: torch.dtype, attn: str):
     from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one-line CLI output; the app shows its own progress
 
     is_local = os.path.isdir(name)
     if not is_local and (name.startswith((".", "/", "~")) or os.sep in name.strip("/").replace("/", "", 1)):
