@@ -120,3 +120,44 @@ def test_smolvlm_lazy_video_equals_the_processor():
     assert torch.allclose(pixels, enc["pixel_values"][:, [1, 3]], atol=1e-6)
     if mask is not None:
         assert torch.equal(mask, enc["pixel_attention_mask"][:, [1, 3]])
+
+
+def test_qwen2_vl_goes_through_the_same_adapter(small_image, small_video):
+    """Qwen2-VL (no vision windows) loads as a qwen2_vl family and matches transformers' forward."""
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLProcessor
+
+    from visualkv.models.base import video_metadata
+    from visualkv.models.registry import _adapter
+    from visualkv.session import ChatSession, SessionConfig
+
+    base = get_adapter("tiny-qwen2.5-vl")
+    c, p = base.model.config, base.processor
+    cfg = Qwen2VLConfig(
+        text_config=c.text_config.to_dict(),
+        vision_config={"depth": 2, "embed_dim": 32, "hidden_size": c.text_config.hidden_size, "num_heads": 2,
+                       "mlp_ratio": 2, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2},
+        image_token_id=c.image_token_id, video_token_id=c.video_token_id,
+        vision_start_token_id=c.vision_start_token_id, vision_end_token_id=c.vision_end_token_id,
+    )
+    torch.manual_seed(0)
+    model = Qwen2VLForConditionalGeneration(cfg).eval()
+    proc = Qwen2VLProcessor(image_processor=p.image_processor, tokenizer=p.tokenizer,
+                            video_processor=p.video_processor, chat_template=p.chat_template)
+    adapter = _adapter(model, proc, "tiny-qwen2-vl")
+    assert adapter.family == "qwen2_5_vl" and adapter.describe()["model_type"] == "qwen2_vl"
+    for media in (small_image, small_video):
+        session = ChatSession(adapter, SessionConfig(max_new_tokens=2))
+        session.ask("What?", media)
+        text = adapter.chat_text(media, "What?")
+        if media.kind == "image":
+            enc = proc(text=[text], images=[Image.fromarray(media.frames[0])], return_tensors="pt")
+        else:
+            enc = proc(text=[text], videos=[np.stack(media.frames)], video_metadata=[video_metadata(media)],
+                       do_sample_frames=False, return_tensors="pt")
+        with torch.no_grad():
+            reference = model(**enc).logits[0, -1]
+        assert torch.allclose(session.prefill_result.logits, reference, atol=1e-4)
+        compressed = ChatSession(adapter, SessionConfig(method="blockwise-snapkv", budget=32, block_size=48,
+                                                        max_new_tokens=2))
+        compressed.ask("What?", media)
+        assert compressed.report()["final_kv_bytes"] < compressed.report()["full_kv_bytes"]

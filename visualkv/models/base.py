@@ -188,6 +188,7 @@ class ModelAdapter:
     def describe(self) -> dict[str, Any]:
         return {
             "family": self.family,
+            "model_type": self.model.config.model_type,
             "name": self.name,
             "layers": self.num_layers,
             "kv_heads": self.num_kv_heads,

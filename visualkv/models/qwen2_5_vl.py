@@ -39,7 +39,10 @@ class Qwen25VLAdapter(ModelAdapter):
         super().__init__(model, processor, name)
         vcfg = model.config.vision_config
         self.merge = vcfg.spatial_merge_size
-        self.window_rows = max(1, vcfg.window_size // vcfg.patch_size // self.merge)
+        # Qwen2.5-VL attends in windows of window_size px in most vision layers; Qwen2-VL has no
+        # windows (every layer sees the whole image), so any strip is approximate there.
+        window = getattr(vcfg, "window_size", None)
+        self.window_rows = max(1, window // vcfg.patch_size // self.merge) if window else 1
         self._strip: tuple[int, int, torch.Tensor] | None = None  # (row0, row1, embeddings)
 
     @property
