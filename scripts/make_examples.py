@@ -433,6 +433,12 @@ def main(argv: list[str] | None = None) -> int:
     for name in (still["file"], "example_4k.json", video["file"], "example_video.json"):
         size = (args.out / name).stat().st_size
         print(f"{args.out / name}: {size / 1024**2:.2f} MiB")
+    # the bundled demo model's example scenes and their suggested questions (visualkv/scenes.py)
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from visualkv.scenes import write_examples
+
+    demo = write_examples(str(args.out / "visualkv-demo"))
+    print(f"{args.out / 'visualkv-demo'}: {len(demo['examples'])} demo examples")
     print(f"done in {time.perf_counter() - started:.1f} s")
     return 0
 
