@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
 from visualkv.models.base import video_metadata
-from visualkv.models.tiny import QWEN_PROCESSOR_SETTINGS, build_tiny_processor
+from visualkv.models.tiny import TinySpec, build_tiny_processor, qwen_config
 from visualkv.scenes import (
     COLORS,
     SHAPE_CLASSES,
@@ -79,54 +79,29 @@ TRAIN_ASPECTS = (16 / 9, 4 / 3, 1.0)
 VIDEO_FRACTION = 0.12
 
 
+# The same dimensions as a TinySpec, so the config comes from the one Qwen builder in tiny.py;
+# windowed vision attention only (local features, exact strips) and a RoPE base of 10,000.
+DEMO_SPEC = TinySpec(
+    family="qwen2_5_vl",
+    text_hidden_size=DEMO_SIZES["text_hidden_size"],
+    text_num_layers=DEMO_SIZES["text_num_layers"],
+    text_num_heads=DEMO_SIZES["text_num_heads"],
+    text_num_kv_heads=DEMO_SIZES["text_num_kv_heads"],
+    text_intermediate_size=DEMO_SIZES["text_intermediate_size"],
+    vision_hidden_size=DEMO_SIZES["vision_hidden_size"],
+    vision_num_layers=DEMO_SIZES["vision_num_layers"],
+    vision_num_heads=DEMO_SIZES["vision_num_heads"],
+    vision_intermediate_size=DEMO_SIZES["vision_intermediate_size"],
+    mrope_section=tuple(DEMO_SIZES["mrope_section"]),
+    fullatt_block_indexes=(),
+    rope_theta=10000.0,
+    description="visualkv-demo",
+)
+
+
 def demo_config(processor, attn_implementation: str = "sdpa") -> Qwen2_5_VLConfig:
     """Qwen2.5-VL config of the demo model (token ids from the local tokenizer)."""
-    d = DEMO_SIZES
-    tok = processor.tokenizer
-    ids = tok.convert_tokens_to_ids
-    s = QWEN_PROCESSOR_SETTINGS
-    return Qwen2_5_VLConfig(
-        text_config={
-            "vocab_size": len(tok),
-            "hidden_size": d["text_hidden_size"],
-            "intermediate_size": d["text_intermediate_size"],
-            "num_hidden_layers": d["text_num_layers"],
-            "num_attention_heads": d["text_num_heads"],
-            "num_key_value_heads": d["text_num_kv_heads"],
-            "hidden_act": "silu",
-            "initializer_range": 0.02,
-            "use_cache": True,
-            "max_position_embeddings": 128000,
-            "rms_norm_eps": 1e-6,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": d["mrope_section"]},
-            "use_sliding_window": False,
-            "bos_token_id": ids("<|endoftext|>"),
-            "eos_token_id": ids("<|im_end|>"),
-            "pad_token_id": ids("<|endoftext|>"),
-        },
-        vision_config={
-            "depth": d["vision_num_layers"],
-            "hidden_size": d["vision_hidden_size"],
-            "intermediate_size": d["vision_intermediate_size"],
-            "num_heads": d["vision_num_heads"],
-            "hidden_act": "silu",
-            "in_channels": 3,
-            "patch_size": s["patch_size"],
-            "spatial_merge_size": s["merge_size"],
-            "temporal_patch_size": s["temporal_patch_size"],
-            "tokens_per_second": 2,
-            "window_size": 112,
-            "out_hidden_size": d["text_hidden_size"],
-            "fullatt_block_indexes": [],  # windowed attention only: local features, exact strips
-            "initializer_range": 0.02,
-        },
-        image_token_id=ids("<|image_pad|>"),
-        video_token_id=ids("<|video_pad|>"),
-        vision_start_token_id=ids("<|vision_start|>"),
-        vision_end_token_id=ids("<|vision_end|>"),
-        tie_word_embeddings=False,
-        attn_implementation=attn_implementation,
-    )
+    return qwen_config(DEMO_SPEC, processor, attn_implementation)
 
 
 def pick_questions(questions, rng: np.random.Generator, n: int):

@@ -63,6 +63,7 @@ __all__ = [
     "build_tiny",
     "build_tiny_config",
     "build_tiny_processor",
+    "qwen_config",
     "save_tiny",
 ]
 
@@ -86,6 +87,7 @@ class TinySpec:
         fullatt_block_indexes: Qwen only: vision blocks with full (not windowed) attention.
         bpe_vocab_size: Size of the trained BPE vocabulary (special tokens come on top);
             the model's ``vocab_size`` equals ``len(tokenizer)``.
+        rope_theta: LLM RoPE base.
         description: One-line human description.
     """
 
@@ -102,6 +104,7 @@ class TinySpec:
     mrope_section: tuple[int, ...] = ()
     fullatt_block_indexes: tuple[int, ...] = ()
     bpe_vocab_size: int = 1024
+    rope_theta: float = 1000000.0
     description: str = ""
 
     @property
@@ -271,18 +274,10 @@ def build_tiny_processor(alias: str) -> ProcessorMixin:
     raise ValueError(f"unknown family {spec.family!r}")
 
 
-def build_tiny_config(
-    alias: str,
-    processor: ProcessorMixin | None = None,
-    attn_implementation: str = "sdpa",
-) -> Qwen2_5_VLConfig | SmolVLMConfig:
-    """Build the model config of ``alias``; token ids are taken from the processor's tokenizer."""
-    spec = _spec(alias)
-    processor = processor if processor is not None else build_tiny_processor(alias)
-    tok = processor.tokenizer
-    vocab_size = len(tok)
-    text_common = {
-        "vocab_size": vocab_size,
+def _text_common(spec: TinySpec, tok) -> dict:
+    """LLM config entries shared by both families."""
+    return {
+        "vocab_size": len(tok),
         "hidden_size": spec.text_hidden_size,
         "intermediate_size": spec.text_intermediate_size,
         "num_hidden_layers": spec.text_num_layers,
@@ -292,49 +287,67 @@ def build_tiny_config(
         "initializer_range": 0.02,
         "use_cache": True,
     }
+
+
+def qwen_config(spec: TinySpec, processor: ProcessorMixin, attn_implementation: str = "sdpa") -> Qwen2_5_VLConfig:
+    """Qwen2.5-VL config for `spec` (also used by scripts/train_demo.py); token ids from the processor."""
+    tok = processor.tokenizer
+    if sum(spec.mrope_section) * 2 != spec.head_dim:
+        raise ValueError(f"mrope_section {spec.mrope_section} must sum to head_dim/2 = {spec.head_dim // 2}")
+    ids = tok.convert_tokens_to_ids
+    s = QWEN_PROCESSOR_SETTINGS
+    return Qwen2_5_VLConfig(
+        text_config={
+            **_text_common(spec, tok),
+            "max_position_embeddings": 128000,
+            "rms_norm_eps": 1e-6,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": spec.rope_theta,
+                "mrope_section": list(spec.mrope_section),
+            },
+            "use_sliding_window": False,
+            "bos_token_id": ids("<|endoftext|>"),
+            "eos_token_id": ids("<|im_end|>"),
+            "pad_token_id": ids("<|endoftext|>"),
+        },
+        vision_config={
+            "depth": spec.vision_num_layers,
+            "hidden_size": spec.vision_hidden_size,
+            "intermediate_size": spec.vision_intermediate_size,
+            "num_heads": spec.vision_num_heads,
+            "hidden_act": "silu",
+            "in_channels": 3,
+            "patch_size": s["patch_size"],
+            "spatial_merge_size": s["merge_size"],
+            "temporal_patch_size": s["temporal_patch_size"],
+            "tokens_per_second": 2,
+            "window_size": 112,
+            "out_hidden_size": spec.text_hidden_size,
+            "fullatt_block_indexes": list(spec.fullatt_block_indexes),
+            "initializer_range": 0.02,
+        },
+        image_token_id=ids("<|image_pad|>"),
+        video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"),
+        vision_end_token_id=ids("<|vision_end|>"),
+        tie_word_embeddings=False,
+        attn_implementation=attn_implementation,
+    )
+
+
+def build_tiny_config(
+    alias: str,
+    processor: ProcessorMixin | None = None,
+    attn_implementation: str = "sdpa",
+) -> Qwen2_5_VLConfig | SmolVLMConfig:
+    """Build the model config of ``alias``; token ids are taken from the processor's tokenizer."""
+    spec = _spec(alias)
+    processor = processor if processor is not None else build_tiny_processor(alias)
+    tok = processor.tokenizer
+    text_common = _text_common(spec, tok)
     if spec.family == "qwen2_5_vl":
-        if sum(spec.mrope_section) * 2 != spec.head_dim:
-            raise ValueError(f"mrope_section {spec.mrope_section} must sum to head_dim/2 = {spec.head_dim // 2}")
-        ids = tok.convert_tokens_to_ids
-        s = QWEN_PROCESSOR_SETTINGS
-        return Qwen2_5_VLConfig(
-            text_config={
-                **text_common,
-                "max_position_embeddings": 128000,
-                "rms_norm_eps": 1e-6,
-                "rope_parameters": {
-                    "rope_type": "default",
-                    "rope_theta": 1000000.0,
-                    "mrope_section": list(spec.mrope_section),
-                },
-                "use_sliding_window": False,
-                "bos_token_id": ids("<|endoftext|>"),
-                "eos_token_id": ids("<|im_end|>"),
-                "pad_token_id": ids("<|endoftext|>"),
-            },
-            vision_config={
-                "depth": spec.vision_num_layers,
-                "hidden_size": spec.vision_hidden_size,
-                "intermediate_size": spec.vision_intermediate_size,
-                "num_heads": spec.vision_num_heads,
-                "hidden_act": "silu",
-                "in_channels": 3,
-                "patch_size": s["patch_size"],
-                "spatial_merge_size": s["merge_size"],
-                "temporal_patch_size": s["temporal_patch_size"],
-                "tokens_per_second": 2,
-                "window_size": 112,
-                "out_hidden_size": spec.text_hidden_size,
-                "fullatt_block_indexes": list(spec.fullatt_block_indexes),
-                "initializer_range": 0.02,
-            },
-            image_token_id=ids("<|image_pad|>"),
-            video_token_id=ids("<|video_pad|>"),
-            vision_start_token_id=ids("<|vision_start|>"),
-            vision_end_token_id=ids("<|vision_end|>"),
-            tie_word_embeddings=False,
-            attn_implementation=attn_implementation,
-        )
+        return qwen_config(spec, processor, attn_implementation)
     s = SMOLVLM_PROCESSOR_SETTINGS
     return SmolVLMConfig(
         text_config={
