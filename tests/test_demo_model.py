@@ -127,3 +127,54 @@ def test_demo_model_answers_a_fixed_scene(demo):
     n_visual = session.prepared.layout.n_visual
     evict = ChatSession(demo, SessionConfig(method="blockwise-keydiff", budget=n_visual // 4, max_new_tokens=6))
     assert evict.ask(color.question, media).answer == color.answer
+
+
+def test_background_stripes_mark_the_quadrant():
+    """The position cue: each quadrant's background has stripes of its own orientation."""
+    import cv2
+
+    scene = make_scene(21, (672, 378))
+    scene.objects = []  # background only
+    gray = cv2.GaussianBlur(render_scene(scene).astype(np.float32).mean(-1), (0, 0), 1.5)
+    dy, dx = np.gradient(gray)
+    h, w = gray.shape
+    energy = {}
+    for name, (ys, xs) in {"top left": (slice(0, h // 2), slice(0, w // 2)),
+                           "top right": (slice(0, h // 2), slice(w // 2, w)),
+                           "bottom left": (slice(h // 2, h), slice(0, w // 2)),
+                           "bottom right": (slice(h // 2, h), slice(w // 2, w))}.items():
+        gx, gy = dx[ys, xs], dy[ys, xs]
+        # mean squared derivative along x, y and the two diagonals
+        energy[name] = {"x": np.mean(gx**2), "y": np.mean(gy**2),
+                        "/": np.mean((gx + gy) ** 2) / 2, "\\": np.mean((gx - gy) ** 2) / 2}
+    assert max(energy["top left"], key=energy["top left"].get) == "y"  # horizontal stripes vary along y
+    assert max(energy["top right"], key=energy["top right"].get) == "x"
+    assert max(energy["bottom left"], key=energy["bottom left"].get) == "/"
+    assert max(energy["bottom right"], key=energy["bottom right"].get) == "\\"
+    for name, by_direction in energy.items():  # and the winner dominates
+        e = sorted(by_direction.values())
+        assert e[-1] > 1.5 * e[-2], (name, by_direction)
+
+
+def test_video_time_cue_changes_the_stripe_period_per_third():
+    """Videos made with time_cue: the stripes' period says which third of the video a frame is in."""
+    from visualkv.scenes import TIME_CUE_PERIODS, make_video_scene, video_third
+
+    video = make_video_scene(4, (224, 224), time_cue=True)
+    for shot in video.shots:
+        shot.objects = []  # background only
+    frames = render_video(video)
+
+    def period_top_left(frame: np.ndarray) -> float:  # horizontal stripes there: a profile along y
+        profile = frame[:112, :112].astype(np.float32).mean(axis=(1, 2))
+        spectrum = np.abs(np.fft.rfft(profile - profile.mean()))
+        freqs = np.fft.rfftfreq(len(profile))
+        band = freqs > 1 / 30  # ignore the slow background gradient
+        return 1 / freqs[band][np.argmax(spectrum[band])]
+
+    for f in (0, 7, 15):
+        assert abs(period_top_left(frames[f]) - TIME_CUE_PERIODS[video_third(f, 16)]) < 2.5
+    assert [video_third(f, 16) for f in range(16)] == [0] * 6 + [1] * 6 + [2] * 4
+    plain = make_video_scene(4, (224, 224), time_cue=False)
+    assert not plain.time_cue and plain.questions == video.questions  # same scene, same answers
+    assert make_video_scene(4, (224, 224)).time_cue  # the default: what the demo model was trained on

@@ -1,6 +1,7 @@
 """Deterministic synthetic "needle in a haystack" scenes with closed-answer questions.
 
-Images: a textured background (smooth noise, gradient, grain, sometimes stripes), many
+Images: a textured background (smooth noise, gradient, grain, and fine stripes whose
+orientation marks the quadrant: the position cue, see :func:`_quadrant_stripes`), many
 distractor shapes (filled circles and squares, in the needles' colours and in muted ones)
 and one or a few small *needles*: a star, cross, triangle or ring, each in one of six
 saturated colours. Needles keep the same pixel size (``NEEDLE_PX``) whatever the image
@@ -13,8 +14,9 @@ Questions (one fixed template each, short closed answers)::
     Is there a star?                  -> yes | no
     How many stars are there?         -> 0 | 1 | 2 | 3
 
-Videos: two shots separated by a hard cut, distractors that are static or drift, and one
-needle visible in only a few frames (an aligned pair of frames or two pairs)::
+Videos: two shots separated by a hard cut, distractors that are static or drift, one needle
+visible in only a few frames (an aligned pair of frames or two pairs), and stripes whose period
+marks the third of the video (the time cue, ``time_cue=True``)::
 
     What color was the star?          -> colour
     When did the star appear?         -> start | middle | end   (third of the video)
@@ -133,6 +135,7 @@ class VideoScene:
     needle: SceneObject
     visible: tuple[int, int]  # [first, last) frame where the needle is drawn
     questions: list[Question] = field(default_factory=list)
+    time_cue: bool = False  # stripes' period marks the third of the video (see TIME_CUE_PERIODS)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -191,8 +194,13 @@ def _questions(scene: Scene, rng: np.random.Generator) -> list[Question]:
 # Generation
 
 
-def _background(rng: np.random.Generator, width: int, height: int) -> np.ndarray:
-    """Muted textured background, float32 HxWx3 in 0..255."""
+def _background(rng: np.random.Generator, width: int, height: int,
+                stripe_periods: tuple[float, ...] | None = None) -> np.ndarray | list[np.ndarray]:
+    """Muted textured background, float32 HxWx3 in 0..255.
+
+    With ``stripe_periods``: one background per period, identical except for the stripes' period
+    (the videos' time cue); the random draws are the same as without.
+    """
     base = rng.uniform(60, 170, size=3).astype(np.float32)
     other = np.clip(base + rng.uniform(-50, 50, size=3), 20, 200).astype(np.float32)
     # gradient between two muted colours
@@ -207,11 +215,48 @@ def _background(rng: np.random.Generator, width: int, height: int) -> np.ndarray
     coarse = rng.random((height // cell + 3, width // cell + 3, 3)).astype(np.float32)
     big = cv2.resize(coarse, ((width // cell + 3) * cell, (height // cell + 3) * cell), interpolation=cv2.INTER_CUBIC)
     img += (big[cell:cell + height, cell:cell + width] - 0.5) * rng.uniform(30, 70)
-    if rng.random() < 0.35:  # stripes
-        period = rng.uniform(8, 40)
-        img += (np.sin((xs * np.cos(angle) + ys * np.sin(angle)) * 2 * math.pi / period) * rng.uniform(5, 15))[..., None]
-    img += rng.standard_normal(size=(height, width, 1), dtype=np.float32) * np.float32(rng.uniform(3, 10))  # grain
-    return img
+    state = rng.bit_generator.state
+    img_stripes = img + _quadrant_stripes(rng, width, height)[..., None]
+    grain = rng.standard_normal(size=(height, width, 1), dtype=np.float32) * np.float32(rng.uniform(3, 10))
+    if stripe_periods is None:
+        return img_stripes + grain
+    out = []
+    for period in stripe_periods:
+        rng.bit_generator.state = state  # the same amplitude draw, a fixed period
+        out.append(img + _quadrant_stripes(rng, width, height, period)[..., None] + grain)
+    return out
+
+
+TIME_CUE_PERIODS: tuple[float, float, float] = (7.0, 11.0, 17.0)  # stripe period (px) at the start / middle / end
+
+# Stripe direction (radians) of each quadrant's texture: TL horizontal, TR vertical, BL "/", BR "\\".
+QUADRANT_STRIPE_ANGLES: dict[str, float] = {
+    "top left": math.pi / 2, "top right": 0.0, "bottom left": math.pi / 4, "bottom right": 3 * math.pi / 4,
+}
+
+
+def _quadrant_stripes(rng: np.random.Generator, width: int, height: int, period: float | None = None) -> np.ndarray:
+    """Fine stripes whose orientation depends on the quadrant (HxW float32, zero mean).
+
+    This is the scene's position cue. Qwen2.5-VL has no absolute position embedding: a model learns
+    where a token sits only from relative rotary positions, which a 1.7 M-parameter model trained for
+    an hour on two CPU cores does not manage (quadrant answers stayed at chance without this cue).
+    With it, a needle's own tokens (and their 112 px vision window) say which quadrant they are in,
+    so the answer still needs the needle's tokens to be in the cache.
+    """
+    drawn_period = float(rng.uniform(9, 13))
+    period = drawn_period if period is None else period
+    amplitude = float(rng.uniform(10, 16))
+    ys = np.arange(height, dtype=np.float32)[:, None]
+    xs = np.arange(width, dtype=np.float32)[None, :]
+    top = ys < height / 2
+    left = xs < width / 2
+    out = np.zeros((height, width), dtype=np.float32)
+    for name, angle in QUADRANT_STRIPE_ANGLES.items():
+        mask = (top if name.startswith("top") else ~top) & (left if name.endswith("left") else ~left)
+        wave = np.sin((xs * math.cos(angle) + ys * math.sin(angle)) * (2 * math.pi / period))
+        out = np.where(mask, wave, out)
+    return out * np.float32(amplitude)
 
 
 def _muted(rng: np.random.Generator) -> tuple[int, int, int]:
@@ -240,11 +285,13 @@ def make_scene(
     n_shapes: int | None = None,
     min_needles: int = 1,
     density: float = 1.0,
+    multi_prob: float = 0.3,
 ) -> Scene:
     """One still scene. ``size`` is (width, height); ``n_shapes`` distinct needle shapes (1-3).
 
     One needle shape may appear 2-3 times (for counting); the others once. ``density`` scales
-    the number of distractors (training uses a curriculum from 0 to 1).
+    the number of distractors (training uses a curriculum from 0 to 1); ``multi_prob`` is the
+    chance that one shape appears 2-3 times (training raises it so counting gets examples).
     """
     rng = np.random.default_rng(seed)
     width, height = size
@@ -252,7 +299,7 @@ def make_scene(
         n_shapes = int(rng.integers(max(1, min_needles), 4))
     shapes = list(rng.choice(NEEDLE_SHAPES, size=n_shapes, replace=False))
     counts = [1] * n_shapes
-    if rng.random() < 0.3:
+    if rng.random() < multi_prob:
         counts[int(rng.integers(n_shapes))] = int(rng.integers(2, 4))
     taken: list[tuple[float, float, float]] = []
     objects: list[SceneObject] = []
@@ -334,8 +381,20 @@ def scene_media(scene: Scene) -> Media:
 # Videos
 
 
-def make_video_scene(seed: int, size: tuple[int, int] = (224, 224), num_frames: int = 16, fps: float = 4.0) -> VideoScene:
-    """Two shots with a hard cut, drifting distractors, one needle visible in 2 or 4 frames."""
+def video_third(frame: int, num_frames: int) -> int:
+    """0, 1, 2: start, middle or end third of the video, of the 2-frame pair holding ``frame``."""
+    return min(2, (3 * (frame // 2 * 2)) // num_frames)
+
+
+def make_video_scene(seed: int, size: tuple[int, int] = (224, 224), num_frames: int = 16, fps: float = 4.0,
+                     time_cue: bool = True) -> VideoScene:
+    """Two shots with a hard cut, drifting distractors, one needle visible in 2 or 4 frames.
+
+    With ``time_cue`` the background stripes' period changes at each third of the video
+    (:data:`TIME_CUE_PERIODS`), so "when did it appear" is readable from the needle's own tokens:
+    like the quadrant, a 1.7 M-parameter model cannot learn absolute (temporal) position from
+    M-RoPE alone within our CPU budget.
+    """
     rng = np.random.default_rng(seed)
     width, height = size
     cut = int(rng.integers(num_frames // 4, 3 * num_frames // 4)) // 2 * 2
@@ -356,9 +415,9 @@ def make_video_scene(seed: int, size: tuple[int, int] = (224, 224), num_frames: 
     needle = SceneObject(shape, name, COLORS[name], cx, cy, s, True)
     length = int(rng.choice([2, 4]))
     first = int(rng.integers(0, (num_frames - length) // 2 + 1)) * 2
-    third = min(2, (3 * first) // num_frames)
-    when = ("start", "middle", "end")[third]
-    v = VideoScene(seed, width, height, num_frames, fps, cut, shots, vels, needle, (first, first + length))
+    when = ("start", "middle", "end")[video_third(first, num_frames)]
+    v = VideoScene(seed, width, height, num_frames, fps, cut, shots, vels, needle, (first, first + length),
+                   time_cue=time_cue)
     absent = str(rng.choice([x for x in NEEDLE_SHAPES if x != shape]))
     qs = [
         Question("color", shape, color_question(shape, past=True), name),
@@ -372,15 +431,17 @@ def make_video_scene(seed: int, size: tuple[int, int] = (224, 224), num_frames: 
 
 def render_video(video: VideoScene) -> list[np.ndarray]:
     """The frames (HxWx3 uint8) of a video scene."""
-    backgrounds = []
+    backgrounds = []  # per shot: one background, or one per third of the video (time cue)
     for shot in video.shots:
         rng = np.random.default_rng(shot.background_seed)
-        backgrounds.append(np.clip(_background(rng, video.width, video.height), 0, 255).astype(np.uint8))
+        bgs = _background(rng, video.width, video.height, TIME_CUE_PERIODS if video.time_cue else None)
+        bgs = bgs if video.time_cue else [bgs]
+        backgrounds.append([np.clip(b, 0, 255).astype(np.uint8) for b in bgs])
     frames = []
     for f in range(video.num_frames):
         k = 0 if f < video.cut_frame else 1
         t = f if k == 0 else f - video.cut_frame
-        image = Image.fromarray(backgrounds[k])
+        image = Image.fromarray(backgrounds[k][video_third(f, video.num_frames) if video.time_cue else 0])
         draw = ImageDraw.Draw(image)
         for o, (vx, vy) in zip(video.shots[k].objects, video.velocities[k]):
             _draw(draw, o, o.cx + vx * t, o.cy + vy * t)
