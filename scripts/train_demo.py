@@ -20,7 +20,8 @@ chance on every image question):
   (``--count-heads``);
 * a quadrant probe at quadrant answers (``--answer-aux``): a linear head on the attention output of
   each LLM layer >= 1 at the answer's positions predicts the quadrant (the needle tokens carried it,
-  but without this the answer position did not pick it up: quadrant answers stayed at chance);
+  but without this the answer position did not pick it up: quadrant answers stayed at chance); the
+  same weight drives the probe for the video third at "when" answers (time-cue videos only);
 * the same kind of probe for the count at count answers (``--count-aux``), with more multi-needle
   scenes (``--multi-prob``) and count questions about them (``--count-multi-weight``);
 * colour-word targets at needle tokens (``--llm-aux``): each visual token covered by a needle
@@ -209,12 +210,17 @@ def make_sample(index: int, processor, progress: float = 1.0, opts: SampleOption
     # HF shifts labels inside the loss: labels[i] is predicted from position i-1
     input_ids = torch.cat(pieces)[None]
     label_ids = torch.cat(labels)[None]
+
+    def positions(token: str) -> torch.Tensor:
+        return (input_ids[0] == tok.convert_tokens_to_ids(token)).nonzero().flatten()
+
+    visual_pos = positions("<|image_pad|>")
+    sink = int(positions("<|vision_start|>")[0])
     if aux is not None and llm_aux:
         # Auxiliary LM targets at the visual tokens covered by a needle: the first token of the needle's
         # colour word, predicted from that token's own position (labels are shifted by one inside the
         # loss). It aligns needle tokens' states with the answer vocabulary, so the answer position only
         # has to learn *which* token to attend to.
-        visual_pos = (input_ids[0] == processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")).nonzero().flatten()
         names = list(COLORS)
         first = torch.tensor([tok(n, add_special_tokens=False)["input_ids"][0] for n in names])
         needle_cells = (aux[1] > 0).nonzero().flatten()
@@ -227,8 +233,6 @@ def make_sample(index: int, processor, progress: float = 1.0, opts: SampleOption
     attn_targets = []
     quadrant_targets, count_targets = [], []  # (position, QUADRANTS index / count) at quadrant / count answers
     if aux is not None:
-        visual_pos = (input_ids[0] == processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")).nonzero().flatten()
-        sink = int((input_ids[0] == processor.tokenizer.convert_tokens_to_ids("<|vision_start|>")).nonzero()[0, 0])
         for q, start, length in zip(qs, answer_starts, answer_lengths):
             if q.kind not in ("color", "quadrant", "presence", "count"):
                 continue
@@ -254,8 +258,7 @@ def make_sample(index: int, processor, progress: float = 1.0, opts: SampleOption
         cells = (r[:, None] * cols + c[None, :]).flatten()
         patches = torch.arange(video.visible[0] // 2, (video.visible[1] - 1) // 2 + 1)
         needle_tokens = (patches[:, None] * rows * cols + cells[None, :]).flatten()
-        video_pos = (input_ids[0] == processor.tokenizer.convert_tokens_to_ids("<|video_pad|>")).nonzero().flatten()
-        sink = int((input_ids[0] == processor.tokenizer.convert_tokens_to_ids("<|vision_start|>")).nonzero()[0, 0])
+        video_pos = positions("<|video_pad|>")
         for q, start, length in zip(qs, answer_starts, answer_lengths):
             present = q.target == video.needle.shape
             keys = video_pos[needle_tokens] if present else video_pos[:0]
@@ -309,7 +312,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quadrant-needle-weight", type=float, default=3.0,
                     help="weight of needle cells in the per-token quadrant loss (their own pixels hide the cue)")
     ap.add_argument("--answer-aux", type=float, default=1.0,
-                    help="weight of the quadrant probe on the attention output at quadrant answers (0: off)")
+                    help="weight of the quadrant and video-'when' probes on the attention output at those answers (0: off)")
     ap.add_argument("--count-aux", type=float, default=1.0,
                     help="weight of the count probe on the attention output at count answers (0: off)")
     ap.add_argument("--multi-prob", type=float, default=MULTI_PROB,
@@ -381,10 +384,10 @@ def main(argv=None) -> int:
     # positions must predict the quadrant. Without it the needle tokens carried the quadrant (linearly
     # decodable from their states) but the answer position, attending to them, did not pick it up.
     llm_layers = model.model.language_model.layers
-    answer_probe = torch.nn.ModuleList(torch.nn.Linear(hidden, len(QUADRANTS)) for _ in llm_layers[1:])
+    quadrant_probe = torch.nn.ModuleList(torch.nn.Linear(hidden, len(QUADRANTS)) for _ in llm_layers[1:])
     count_probe = torch.nn.ModuleList(torch.nn.Linear(hidden, 4) for _ in llm_layers[1:])  # the same for counts 0-3
     when_probe = torch.nn.ModuleList(torch.nn.Linear(hidden, 3) for _ in llm_layers[1:])  # and video thirds
-    opt.add_param_group({"params": [*answer_probe.parameters(), *count_probe.parameters(), *when_probe.parameters()],
+    opt.add_param_group({"params": [*quadrant_probe.parameters(), *count_probe.parameters(), *when_probe.parameters()],
                          "weight_decay": 0.0})
 
     def grab_attn(index):
@@ -447,7 +450,7 @@ def main(argv=None) -> int:
                 loss = loss + args.aux_weight * torch.nn.functional.cross_entropy(
                     aux_time(captured["merged"]), targets["video_aux"])
             probe_terms = []
-            for probe_targets, heads, weight in ((targets["quadrant"], answer_probe, args.answer_aux),
+            for probe_targets, heads, weight in ((targets["quadrant"], quadrant_probe, args.answer_aux),
                                                  (targets["count"], count_probe, args.count_aux),
                                                  (targets["when"], when_probe, args.answer_aux)):
                 if probe_targets and weight > 0:
@@ -483,7 +486,8 @@ def main(argv=None) -> int:
                     hits.setdefault(kind, []).append(int(ok))
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        if (step + 1) % args.log_every == 0 or step == args.steps - 1 or step + 1 == args.stop_at:
+        last = step == args.steps - 1 or step + 1 == args.stop_at
+        if (step + 1) % args.log_every == 0 or last:
             acc = {k: round(sum(v) / len(v), 3) for k, v in sorted(hits.items())}
             rec = {"step": step + 1, "samples": sample, "loss": round(run_loss / run_n, 4),
                    "aux_loss": round(run_aux / max(run_aux_n, 1), 4),
@@ -496,7 +500,6 @@ def main(argv=None) -> int:
             run_aux, run_aux_n = 0.0, 0
             run_att, run_att_n = 0.0, 0
             run_ans, run_ans_n = 0.0, 0
-        last = step == args.steps - 1 or step + 1 == args.stop_at
         if (step + 1) % args.save_every == 0 or last:
             model.eval()
             save(model, processor, args.out, {"args": vars(args), "sizes": DEMO_SIZES, "history": history,

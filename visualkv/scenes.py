@@ -195,11 +195,11 @@ def _questions(scene: Scene, rng: np.random.Generator) -> list[Question]:
 
 
 def _background(rng: np.random.Generator, width: int, height: int,
-                stripe_periods: tuple[float, ...] | None = None) -> np.ndarray | list[np.ndarray]:
-    """Muted textured background, float32 HxWx3 in 0..255.
+                stripe_periods: tuple[float, ...] | None = None) -> list[np.ndarray]:
+    """Muted textured backgrounds, float32 HxWx3 in 0..255: one per stripe period.
 
-    With ``stripe_periods``: one background per period, identical except for the stripes' period
-    (the videos' time cue); the random draws are the same as without.
+    Without ``stripe_periods`` one background with a drawn period; with them (the videos' time
+    cue) one per period, identical otherwise. The random draws are the same either way.
     """
     base = rng.uniform(60, 170, size=3).astype(np.float32)
     other = np.clip(base + rng.uniform(-50, 50, size=3), 20, 200).astype(np.float32)
@@ -215,16 +215,11 @@ def _background(rng: np.random.Generator, width: int, height: int,
     coarse = rng.random((height // cell + 3, width // cell + 3, 3)).astype(np.float32)
     big = cv2.resize(coarse, ((width // cell + 3) * cell, (height // cell + 3) * cell), interpolation=cv2.INTER_CUBIC)
     img += (big[cell:cell + height, cell:cell + width] - 0.5) * rng.uniform(30, 70)
-    state = rng.bit_generator.state
-    img_stripes = img + _quadrant_stripes(rng, width, height)[..., None]
+    drawn_period = float(rng.uniform(9, 13))
+    amplitude = float(rng.uniform(10, 16))
     grain = rng.standard_normal(size=(height, width, 1), dtype=np.float32) * np.float32(rng.uniform(3, 10))
-    if stripe_periods is None:
-        return img_stripes + grain
-    out = []
-    for period in stripe_periods:
-        rng.bit_generator.state = state  # the same amplitude draw, a fixed period
-        out.append(img + _quadrant_stripes(rng, width, height, period)[..., None] + grain)
-    return out
+    periods = (drawn_period,) if stripe_periods is None else stripe_periods
+    return [img + _quadrant_stripes(width, height, period, amplitude)[..., None] + grain for period in periods]
 
 
 TIME_CUE_PERIODS: tuple[float, float, float] = (7.0, 11.0, 17.0)  # stripe period (px) at the start / middle / end
@@ -235,7 +230,7 @@ QUADRANT_STRIPE_ANGLES: dict[str, float] = {
 }
 
 
-def _quadrant_stripes(rng: np.random.Generator, width: int, height: int, period: float | None = None) -> np.ndarray:
+def _quadrant_stripes(width: int, height: int, period: float, amplitude: float) -> np.ndarray:
     """Fine stripes whose orientation depends on the quadrant (HxW float32, zero mean).
 
     This is the scene's position cue. Qwen2.5-VL has no absolute position embedding: a model learns
@@ -244,9 +239,6 @@ def _quadrant_stripes(rng: np.random.Generator, width: int, height: int, period:
     With it, a needle's own tokens (and their 112 px vision window) say which quadrant they are in,
     so the answer still needs the needle's tokens to be in the cache.
     """
-    drawn_period = float(rng.uniform(9, 13))
-    period = drawn_period if period is None else period
-    amplitude = float(rng.uniform(10, 16))
     ys = np.arange(height, dtype=np.float32)[:, None]
     xs = np.arange(width, dtype=np.float32)[None, :]
     top = ys < height / 2
@@ -364,7 +356,7 @@ def _draw(draw: ImageDraw.ImageDraw, o: SceneObject, cx: float | None = None, cy
 def render_scene(scene: Scene) -> np.ndarray:
     """HxWx3 uint8 RGB of a still scene."""
     rng = np.random.default_rng(scene.background_seed)
-    bg = np.clip(_background(rng, scene.width, scene.height), 0, 255).astype(np.uint8)
+    bg = np.clip(_background(rng, scene.width, scene.height)[0], 0, 255).astype(np.uint8)
     image = Image.fromarray(bg)
     draw = ImageDraw.Draw(image)
     for o in scene.objects:
@@ -435,7 +427,6 @@ def render_video(video: VideoScene) -> list[np.ndarray]:
     for shot in video.shots:
         rng = np.random.default_rng(shot.background_seed)
         bgs = _background(rng, video.width, video.height, TIME_CUE_PERIODS if video.time_cue else None)
-        bgs = bgs if video.time_cue else [bgs]
         backgrounds.append([np.clip(b, 0, 255).astype(np.uint8) for b in bgs])
     frames = []
     for f in range(video.num_frames):
