@@ -173,24 +173,27 @@ def send(pg, question: str, path=None, expect_error: bool = False) -> None:
 
 WATCH_JS = """() => {
     window.__vkv = {points: [], answers: []};
-    clearInterval(window.__vkvTimer);
-    window.__vkvTimer = setInterval(() => {
+    if (window.__vkvObserver) window.__vkvObserver.disconnect();
+    const record = () => {
         const plot = document.querySelector('#vkv-memory .js-plotly-plot');
         const held = plot && plot.data ? plot.data.find(t => t.name === 'KV cache (held)') : null;
         if (held) window.__vkv.points.push(held.x.length);
         const bots = document.querySelectorAll('#vkv-chat [data-testid="bot"]');
         if (bots.length) window.__vkv.answers.push(bots[bots.length - 1].innerText.length);
-    }, 25);
+    };
+    window.__vkvObserver = new MutationObserver(record);
+    window.__vkvObserver.observe(document.body, {childList: true, subtree: true, characterData: true});
 }"""
 
 
 def watch(pg) -> None:
-    """Record, every 25 ms, the memory chart's point count and the last answer's length (to see streaming)."""
+    """Record the memory chart's point count and the last answer's length after every DOM change
+    (a MutationObserver, not a timer: a fast decode can stream its pieces between two timer ticks)."""
     pg.evaluate(WATCH_JS)
 
 
 def watched(pg) -> dict[str, list[int]]:
-    return pg.evaluate("() => { clearInterval(window.__vkvTimer); return window.__vkv; }")
+    return pg.evaluate("() => { window.__vkvObserver.disconnect(); return window.__vkv; }")
 
 
 def plot_traces(pg, elem: str) -> dict[str, int]:
