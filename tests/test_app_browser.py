@@ -350,8 +350,9 @@ def test_compare_tab(page, tmp_path):
     img = small_png(tmp_path / "compare.png", 448, 336, seed=4)
     open_tab(page, "Compare")
     page.set_input_files("#vkv-cmp-file input[type=file]", str(img))
-    # the upload is shown once the queue (busy with the previous test's views under load) gets to it
-    page.wait_for_selector("#vkv-cmp-file :text('compare.png')", timeout=TURN_TIMEOUT_MS)
+    # the file's download link appears once the upload is stored on the server (the name itself is
+    # drawn as two spans, "compare" and ".png", so a text selector would miss it)
+    page.wait_for_selector("#vkv-cmp-file a[download='compare.png']", timeout=TURN_TIMEOUT_MS)
     checked = page.locator("#vkv-cmp-methods input[type=checkbox]:checked").count()
     assert checked >= 3
     page.locator("#vkv-cmp-q textarea, #vkv-cmp-q input").first.fill("Which colour dominates?")
