@@ -19,34 +19,26 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {value}")
-    return value
-
-
 def add_run_args(p: argparse.ArgumentParser) -> None:
+    from visualkv.cli_args import DEVICES, DTYPES, HelpFormatter, positive_float, positive_int
     from visualkv.methods import METHODS
 
+    p.formatter_class = HelpFormatter
     p.add_argument("--model", default="tiny-qwen2.5-vl", help="offline alias, Hub id or local path")
     p.add_argument("--media", help="image or video file")
     p.add_argument("--prompt", action="append", required=True, help="one turn; repeat for several turns")
     p.add_argument("--method", default="full", choices=list(METHODS), help="compression method")
-    p.add_argument("--budget", type=_positive, help="visual KV entries kept per layer and KV head (M)")
-    p.add_argument("--block-size", type=_positive, help="visual tokens per block (default: model's)")
+    p.add_argument("--budget", type=positive_int, help="visual KV entries kept per layer and KV head (M)")
+    p.add_argument("--block-size", type=positive_int, help="visual tokens per block (default: model's)")
     p.add_argument("--prefill", choices=["hybrid", "blockwise", "bulk"], help="default: the method's")
-    p.add_argument("--max-new-tokens", type=_positive, default=32)
+    p.add_argument("--max-new-tokens", type=positive_int, default=32, help="answer length limit per turn")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (with --temperature > 0)")
     p.add_argument("--seed", type=int, default=0, help="model seed (offline aliases) and sampling seed")
     p.add_argument("--followup", choices=["reuse", "reprefill"], default="reuse",
                    help="query-aware methods: reuse the compressed cache or rebuild it per question")
-    p.add_argument("--fps", type=float, default=1.0, help="video frames sampled per second")
-    p.add_argument("--max-frames", type=_positive, default=64, help="video frames sampled at most")
+    p.add_argument("--fps", type=positive_float, default=1.0, help="video frames sampled per second")
+    p.add_argument("--max-frames", type=positive_int, default=64, help="video frames sampled at most")
     p.add_argument("--flow-threshold", type=float, default=None,
                    help="salicache: tau_t, motion (px at 160 px wide) below which a frame is redundant; "
                         "0 keeps every frame (default 0.1)")
@@ -61,8 +53,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                         "Qwen, 4,2,1 SmolVLM)")
     p.add_argument("--lightkv-ratios", default=None, metavar="P1,P2,...",
                    help="lightkv: merge ratio P per stage, r = min(floor(P*n), n/2) per window (default 0.5)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (device_map=auto)")
-    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
+    p.add_argument("--device", choices=DEVICES, default="cpu", help="auto: device_map=auto over the GPUs")
+    p.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--json", dest="json_out", help="write the JSON report here")
     p.add_argument("--quiet", action="store_true", help="print only the answers")
 
@@ -72,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     add_run_args(sub.add_parser("run", help="chat with an image or video (one --prompt per turn)"))
     sub.add_parser("models", help="list offline aliases and suggested Hub models")
-    bench = sub.add_parser("bench", help="benchmarks (memory, latency)")
+    bench = sub.add_parser("bench", help="benchmarks: memory, latency, fidelity, salicache, needle")
     from visualkv.bench import add_bench_args
 
     add_bench_args(bench)

@@ -19,43 +19,90 @@ import sys
 import time
 from typing import Any
 
+from visualkv.cli_args import (
+    DEVICES,
+    DTYPES,
+    HelpFormatter,
+    comma_list,
+    fraction,
+    method_list,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    scene_size,
+)
 from visualkv.errors import ConfigError
 
 DEFAULT_METHODS = "full,post-snapkv,blockwise-keydiff,blockwise-snapkv"
 
 
+BENCH_KINDS = {
+    "memory": "peak/final KV and process RSS over input sizes, each method x size in a fresh process",
+    "latency": "TTFT of full, forced block-wise and hybrid prefill (and lightkv) on one input, one process",
+    "fidelity": "how far block-by-block prefill with nothing evicted moves the logits, per method",
+    "salicache": "Sali-Cache against full on one video: TTFT, KV bytes, tier split, greedy-token agreement",
+    "needle": "answer accuracy of every method on held-out synthetic scenes (the bundled demo model)",
+    "one": "one prefill, reported as JSON (what memory runs in each fresh process)",
+}
+DEFAULT_MODELS = {"needle": "visualkv-demo"}  # random weights cannot answer; the others measure memory/time
+
+
 def add_bench_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("kind", choices=["memory", "latency", "fidelity", "one", "salicache", "needle"],
-                   help="which benchmark")
-    p.add_argument("--model", default="tiny-qwen2.5-vl")
-    p.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated")
-    p.add_argument("--budget", type=int, default=1024)
-    p.add_argument("--block-size", type=int, default=None)
-    p.add_argument("--prefill", default=None, help="(one) prefill mode")
-    p.add_argument("--method", default="full", help="(one) method")
-    p.add_argument("--sizes", default="0.5,1,2,4,8.3", help="megapixels (image) or frame counts (video)")
-    p.add_argument("--size", type=float, default=8.3, help="(one/latency) megapixels or frames")
-    p.add_argument("--video", action="store_true", help="sweep video frame counts instead of megapixels")
-    p.add_argument("--repeats", type=int, default=1, help="(latency) runs per mode; the minimum is kept")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="auto")
+    from visualkv.methods import METHODS
+
+    p.formatter_class = HelpFormatter
+    p.description = "Benchmarks; figures go to --out as JSON, HTML and PNG.\n" + "\n".join(
+        f"  {kind:10s} {what}" for kind, what in BENCH_KINDS.items())
+    p.add_argument("kind", choices=list(BENCH_KINDS), help="which benchmark (see above)")
+    p.add_argument("--model", default=None,
+                   help="offline alias, Hub id or local path (default: visualkv-demo for needle, "
+                        "tiny-qwen2.5-vl otherwise)")
+    p.add_argument("--methods", type=method_list, default=None,
+                   help=f"comma-separated methods, or all (default: all for needle, {DEFAULT_METHODS} otherwise)")
+    p.add_argument("--budget", type=positive_int, default=1024,
+                   help="(memory/latency/one) visual KV entries kept per layer and KV head (M)")
+    p.add_argument("--block-size", type=positive_int, default=None,
+                   help="visual tokens per prefill block (default: the model's)")
+    p.add_argument("--prefill", choices=["hybrid", "blockwise", "bulk"], default=None,
+                   help="(one) prefill mode (default: the method's)")
+    p.add_argument("--method", choices=list(METHODS), default="full", help="(one) method")
+    p.add_argument("--sizes", type=comma_list(positive_float), default=[0.5, 1, 2, 4, 8.3],
+                   help="(memory) megapixels, or frame counts with --video (default: 0.5,1,2,4,8.3)")
+    p.add_argument("--size", type=positive_float, default=8.3,
+                   help="(one/latency/fidelity) megapixels, or frames with --video")
+    p.add_argument("--video", action="store_true",
+                   help="(memory/latency/fidelity/one) a synthetic 640x360 video instead of an image")
+    p.add_argument("--repeats", type=positive_int, default=1,
+                   help="(latency/salicache) runs per configuration; the minimum time is kept")
+    p.add_argument("--device", choices=DEVICES, default="cpu", help="where the model runs")
+    p.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--out", default="bench_out", help="output folder")
-    p.add_argument("--json", dest="json_out", default=None, help="(one) write the result here")
+    p.add_argument("--json", dest="json_out", default=None,
+                   help="(one/needle) also write the result to this file")
     p.add_argument("--media", default="assets/example_video.mp4", help="(salicache) video or image file")
-    p.add_argument("--fps", type=float, default=1.0, help="(salicache) video frames sampled per second")
-    p.add_argument("--max-frames", type=int, default=64, help="(salicache) video frames sampled at most")
-    p.add_argument("--max-new-tokens", type=int, default=16, help="(salicache) greedy tokens compared with full")
+    p.add_argument("--fps", type=positive_float, default=1.0, help="(salicache) video frames sampled per second")
+    p.add_argument("--max-frames", type=positive_int, default=64, help="(salicache) video frames sampled at most")
+    p.add_argument("--max-new-tokens", type=positive_int, default=16,
+                   help="(salicache) greedy tokens compared with full")
     p.add_argument("--media-file", default=None, help="(one) load this file instead of generating the input")
-    # needle: accuracy on held-out synthetic scenes (visualkv/needle.py); --model defaults to visualkv-demo there
-    p.add_argument("--needle-sizes", default="560x315,672x378,3840x2160", help="(needle) WxH scene sizes")
-    p.add_argument("--scenes", type=int, default=30, help="(needle) held-out scenes per size")
-    p.add_argument("--scenes-large", type=int, default=6, help="(needle) scenes per size above 2 megapixels")
-    p.add_argument("--videos", type=int, default=10, help="(needle) held-out needle videos")
-    p.add_argument("--fractions", default="0.05,0.1,0.25", help="(needle) budgets as fractions of visual tokens")
-    p.add_argument("--large-fractions", default="0.1", help="(needle) budgets for sizes above 2 megapixels")
+    # needle: accuracy on held-out synthetic scenes (visualkv/needle.py)
+    p.add_argument("--needle-sizes", type=comma_list(scene_size), default=None,
+                   help="(needle) comma-separated WxH scene sizes (default: 560x315,672x378,3840x2160)")
+    p.add_argument("--scenes", type=non_negative_int, default=30, help="(needle) held-out scenes per size")
+    p.add_argument("--scenes-large", type=non_negative_int, default=6,
+                   help="(needle) scenes per size above 2 megapixels")
+    p.add_argument("--videos", type=non_negative_int, default=10, help="(needle) held-out needle videos")
+    p.add_argument("--fractions", type=comma_list(fraction), default=None,
+                   help="(needle) budgets as fractions of the visual tokens (default: 0.05,0.1,0.25)")
+    p.add_argument("--large-fractions", type=comma_list(fraction), default=None,
+                   help="(needle) budgets for sizes above 2 megapixels (default: 0.1)")
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    if args.model is None:
+        args.model = DEFAULT_MODELS.get(args.kind, "tiny-qwen2.5-vl")
+    if args.methods is None and args.kind != "needle":  # needle's default: every registered method
+        args.methods = DEFAULT_METHODS.split(",")
     if args.kind == "one":
         result = measure_one(args.model, args.method, args.budget, args.block_size, args.prefill, args.size,
                              args.video, args.device, args.dtype, args.media_file)
@@ -69,8 +116,6 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.kind == "needle":
         from visualkv.needle import bench_needle
 
-        if args.methods == DEFAULT_METHODS:  # needle default: every registered method
-            args.methods = "all"
         return bench_needle(args)
     if args.kind == "salicache":
         return bench_salicache(args)
@@ -176,8 +221,7 @@ def _subprocess_one(args: argparse.Namespace, method: str, size: float) -> dict[
 def bench_memory(args: argparse.Namespace) -> int:
     from visualkv.viz import memory_sweep_figure, save_figure
 
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    sizes = [float(s) for s in args.sizes.split(",")]
+    methods, sizes = args.methods, args.sizes
     rows = []
     for size in sizes:
         for method in methods:
@@ -234,7 +278,7 @@ def bench_latency(args: argparse.Namespace) -> int:
 
     adapter = load_model(args.model, device=args.device, dtype=args.dtype)
     media = _media(args.size, args.video)
-    names = [m.strip() for m in args.methods.split(",") if m.strip()]
+    names = args.methods
     others = [m for m in names if m != "lightkv"]  # lightkv merges inside a bulk prefill: its own row
     method = "blockwise-snapkv" if "blockwise-snapkv" in others else (others[-1] if others else None)
     configs = {"full": SessionConfig(method="full", max_new_tokens=1)}
@@ -362,7 +406,7 @@ def bench_fidelity(args: argparse.Namespace) -> int:
     ref_tokens = ref.ask("Describe the image.", media).token_ids
     ref_logits = ref.prefill_result.logits
     rows = []
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    methods = args.methods
     for method in methods:
         budget = 10**7 if METHODS[method].needs_budget else None
         s = ChatSession(adapter, SessionConfig(method=method, budget=budget, block_size=args.block_size,

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from visualkv.errors import ConfigError
 from visualkv.scenes import (
     Question,
     Scene,
@@ -84,6 +85,8 @@ def make_cases(size: tuple[int, int], n: int, seed0: int = 0) -> list[NeedleCase
     label = f"{size[0]}x{size[1]}"
     seed = seed0
     while len(cases) < n:
+        if seed - seed0 > 20 * n + 100:  # a scene places 2+ needle shapes in most seeds; a guard, not a limit
+            raise ConfigError(f"scenes of {label} rarely hold two needles; use a larger size")
         rng = np.random.default_rng(seed + 424_242)
         scene: Scene = make_scene(seed, size, n_shapes=int(rng.integers(2, 4)))
         seed += 1
@@ -181,14 +184,19 @@ def run_needle(
     fractions = fractions or [float(f) for f in DEFAULT_FRACTIONS.split(",")]
     if methods is None:
         methods = ["full", *EVICTION_METHODS, *(m for m in ("salicache", "lightkv") if m in METHODS)]
-    methods = [m for m in methods if m in METHODS]
-    adapter = load_model(model, device=device, dtype=dtype)
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise ConfigError(f"unknown method {', '.join(unknown)}; choose from {', '.join(METHODS)}")
     cases: list[NeedleCase] = []
     for size in sizes:
         n = n_large if size[0] * size[1] > LARGE_PIXELS else n_scenes
         cases += make_cases(size, n, seed0)
     if n_videos:
         cases += make_video_cases(n_videos, seed0)
+    if not cases:
+        raise ConfigError("nothing to run: no scenes for these sizes and no videos (see --scenes, --scenes-large, "
+                          "--videos)")
+    adapter = load_model(model, device=device, dtype=dtype)
     points = method_points(methods, fractions)
     large_points = method_points(methods, large_fractions or fractions)
     per_case: list[dict[str, Any]] = []
@@ -299,13 +307,8 @@ def bench_needle(args) -> int:
     """CLI entry (`python -m visualkv bench needle`)."""
     from visualkv.viz import save_figure
 
-    model = args.model if args.model != "tiny-qwen2.5-vl" else "visualkv-demo"  # random weights cannot answer
-    methods = None if args.methods in (None, "", "all") else [m.strip() for m in args.methods.split(",")]
-    sizes = [parse_size(s) for s in args.needle_sizes.split(",") if s.strip()]
-    fractions = [float(f) for f in args.fractions.split(",")]
-    large_fractions = [float(f) for f in args.large_fractions.split(",")]
-    out = run_needle(model, sizes, args.scenes, args.scenes_large, args.videos, fractions, large_fractions, methods,
-                     args.block_size, device=args.device, dtype=args.dtype)
+    out = run_needle(args.model, args.needle_sizes, args.scenes, args.scenes_large, args.videos, args.fractions,
+                     args.large_fractions, args.methods, args.block_size, device=args.device, dtype=args.dtype)
     os.makedirs(args.out, exist_ok=True)
     path = args.json_out or os.path.join(args.out, "needle.json")
     with open(path, "w") as fh:

@@ -78,6 +78,9 @@ PLURAL = {"star": "stars", "cross": "crosses", "triangle": "triangles", "ring": 
 QUADRANTS: tuple[str, ...] = ("top left", "top right", "bottom left", "bottom right")
 NEEDLE_PX = (36, 52)  # needle side in pixels (min, max), independent of the image size
 DISTRACTOR_PX = (18, 60)
+# a needle stays clear of the midlines (its quadrant is unambiguous) and of the border, so a side
+# shorter than this cannot always hold one (smaller scenes just get fewer needles)
+MIN_SCENE_SIDE = 4 * NEEDLE_PX[1]
 DISTRACTORS_PER_MEGAPIXEL = 48.0
 
 

@@ -1,0 +1,104 @@
+"""`python -m visualkv bench ...`: every kind runs end to end at toy sizes and writes its figures;
+bad options fail at parse time with one line and exit code 2, before any model loads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.test_cli import _assert_one_line_error, _run
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["needle", "--needle-sizes", "foo"], ["--needle-sizes", "WIDTHxHEIGHT"]),
+        (["needle", "--needle-sizes", "672x378,100x100"], ["--needle-sizes", "100x100"]),
+        (["needle", "--fractions", "10"], ["--fractions", "(0, 1]"]),
+        (["needle", "--fractions", "0.1,0"], ["--fractions", "(0, 1]"]),
+        (["needle", "--methods", "full,snapkv"], ["--methods", "unknown method", "snapkv"]),
+        (["needle", "--scenes", "-1"], ["--scenes", "0 or more"]),
+        (["needle", "--scenes", "0", "--scenes-large", "0", "--videos", "0"], ["nothing to run"]),
+        (["memory", "--sizes", "1,big"], ["--sizes", "big"]),
+        (["latency", "--budget", "-5"], ["--budget", "positive"]),
+        (["latency", "--repeats", "0"], ["--repeats", "positive"]),
+        (["latency", "--device", "tpu"], ["--device", "invalid choice"]),
+        (["one", "--method", "magic"], ["--method", "invalid choice"]),
+        (["fidelity", "--dtype", "int3"], ["--dtype", "invalid choice"]),
+    ],
+)
+def test_bad_bench_options_exit_2_with_one_line(tmp_path, capsys, args, words):
+    code, _, err = _run(capsys, "bench", *args, "--out", str(tmp_path))
+    _assert_one_line_error(code, err, *words)
+    assert not any(tmp_path.iterdir())  # refused before any work
+
+
+def test_needle_bench_writes_the_results_contract(tmp_path, capsys):
+    """The issue's contract: a `results` list of {method, budget_fraction, setting, size, accuracy}."""
+    out = tmp_path / "needle.json"
+    code, stdout, err = _run(capsys, "bench", "needle", "--needle-sizes", "256x256", "--scenes", "2", "--videos", "1",
+                             "--methods", "full,blockwise-keydiff", "--fractions", "0.25", "--json", str(out),
+                             "--out", str(tmp_path))
+    assert code == 0, err
+    data = json.loads(out.read_text())
+    assert data["model"] == "visualkv-demo"  # the default for needle: random weights cannot answer
+    rows = data["results"]
+    assert {(r["method"], r["setting"]) for r in rows if r["size"] == "256x256"} == {
+        (m, s) for m in ("full", "blockwise-keydiff") for s in ("single", "followup")}
+    for r in rows:
+        assert set(r) >= {"method", "budget_fraction", "setting", "size", "accuracy"}
+        assert 0 <= r["accuracy"] <= 1
+        assert r["budget_fraction"] == (1.0 if r["method"] == "full" else 0.25)
+    assert any(r["size"].startswith("video") for r in rows)
+    kept = {r["method"]: r["kept_fraction"] for r in rows if r["size"] == "256x256"}
+    assert kept["full"] == 1.0 and kept["blockwise-keydiff"] <= 0.3  # the budget really evicted
+    assert (tmp_path / "needle.html").is_file()
+    assert "blockwise-keydiff" in stdout
+
+
+def test_memory_bench_full_against_blockwise(tmp_path, capsys):
+    """Each (method, size) in a fresh process; block-wise holds less KV than full on the same input."""
+    code, _, err = _run(capsys, "bench", "memory", "--sizes", "0.4", "--methods", "full,blockwise-snapkv",
+                        "--budget", "64", "--block-size", "64", "--out", str(tmp_path))
+    assert code == 0, err
+    data = json.loads((tmp_path / "memory_image_tiny-qwen2.5-vl.json").read_text())
+    rows = {r["method"]: r for r in data["rows"]}
+    assert rows["full"]["visual_tokens"] == rows["blockwise-snapkv"]["visual_tokens"] > 64 + 64
+    assert rows["blockwise-snapkv"]["peak_kv_bytes"] < rows["full"]["peak_kv_bytes"]
+    assert rows["blockwise-snapkv"]["peak_kv_bytes"] <= rows["blockwise-snapkv"]["bound_kv_bytes"]
+    assert data["summary"]["blockwise-snapkv"]["full_over_final_kv_largest"] > 1
+    assert (tmp_path / "memory_image_tiny-qwen2.5-vl.html").is_file()
+
+
+def test_latency_bench_reports_every_configuration(tmp_path, capsys):
+    code, _, err = _run(capsys, "bench", "latency", "--size", "0.3", "--budget", "64",
+                        "--methods", "blockwise-snapkv,lightkv", "--out", str(tmp_path))
+    assert code == 0, err
+    data = json.loads((tmp_path / "latency_image_tiny-qwen2.5-vl.json").read_text())
+    assert set(data["ttft_seconds"]) == {"full", "blockwise", "hybrid", "lightkv"}
+    assert all(t > 0 for t in data["ttft_seconds"].values())
+    assert data["final_kv_bytes"]["blockwise"] < data["final_kv_bytes"]["full"]
+    assert 0 < data["kv_ratios"]["lightkv/full"] < 1
+
+
+def test_fidelity_bench_with_nothing_evicted(tmp_path, capsys):
+    code, _, err = _run(capsys, "bench", "fidelity", "--size", "0.1", "--methods", "blockwise-snapkv",
+                        "--out", str(tmp_path))
+    assert code == 0, err
+    (row,) = json.loads((tmp_path / "fidelity_image_tiny-qwen2.5-vl.json").read_text())["rows"]
+    assert row["method"] == "blockwise-snapkv" and row["blocks"] > 1
+    assert row["cosine"] > 0.99 and row["same_top1"]
+
+
+def test_salicache_bench_on_the_example_video(tmp_path, capsys):
+    code, _, err = _run(capsys, "bench", "salicache", "--media", str(REPO / "assets" / "example_video.mp4"),
+                        "--max-frames", "8", "--max-new-tokens", "2", "--out", str(tmp_path))
+    assert code == 0, err
+    data = json.loads((tmp_path / "salicache_tiny-qwen2.5-vl.json").read_text())
+    tiers = data["tier_fractions"]
+    assert sum(tiers.values()) == pytest.approx(1.0)
+    assert data["kv_ratio_full_over_salicache"] > 1
