@@ -250,6 +250,12 @@ def png_header_only(path: Path, width: int, height: int) -> Path:
 def test_offline_start_is_said_on_the_page(page):
     note = page.inner_text("#vkv-model-note")
     assert "offline" in note and MODEL in note
+    # the demo scenes lead the examples, and the panel says what the demo model can answer
+    from visualkv.demo_examples import load_demo_examples
+
+    first = load_demo_examples()[0].featured()[0].question
+    assert page.locator(f"button:has-text('{first}')").count() >= 1
+    assert "What visualkv-demo can answer" in page.inner_text("#vkv-demo-help")
 
 
 def test_image_chat_live_memory_and_heatmap(page):

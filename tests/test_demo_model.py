@@ -178,3 +178,32 @@ def test_video_time_cue_changes_the_stripe_period_per_third():
     plain = make_video_scene(4, (224, 224), time_cue=False)
     assert not plain.time_cue and plain.questions == video.questions  # same scene, same answers
     assert make_video_scene(4, (224, 224)).time_cue  # the default: what the demo model was trained on
+
+
+def test_app_examples_are_the_demo_scenes_and_it_answers_them(demo):
+    """The app's first examples are the demo scenes, and under the app's default method and budget the
+    demo model answers every featured question right (what a new user clicks first)."""
+    from ui.app import DEFAULT_METHOD, chat_examples
+    from ui.text import demo_questions_md
+    from visualkv.demo_examples import load_demo_examples, question_forms
+    from visualkv.media import load_media
+    from visualkv.scenes import answer_matches
+    from visualkv.session import ChatSession, SessionConfig
+
+    examples = load_demo_examples()
+    assert {e.kind for e in examples} == {"image", "video"}
+    assert any(e.width == 3840 for e in examples)
+    featured = [(q, e) for e in examples for q in e.featured()]
+    shown = chat_examples(examples)
+    assert [(s["text"], s["files"][0]) for s in shown[: len(featured)]] == [(q.question, e.path) for q, e in featured]
+    wrong = []
+    for e in examples:
+        media = load_media(e.path)
+        for q in e.featured():
+            session = ChatSession(demo, SessionConfig(method=DEFAULT_METHOD, budget=1024, max_new_tokens=8))
+            answer = session.ask(q.question, media).answer
+            if not answer_matches(answer, q.answer):
+                wrong.append((e.name, q.question, q.answer, answer))
+    assert not wrong, wrong
+    panel = demo_questions_md(question_forms(), examples)
+    assert all(q.question in panel for e in examples for q in e.questions)

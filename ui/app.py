@@ -6,6 +6,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from visualkv.demo_examples import DemoExample, load_demo_examples, question_forms
 from visualkv.methods import METHODS
 from visualkv.models.registry import HUB_MODELS, OFFLINE_MODELS, offline_aliases
 from visualkv.streaming import method_settings
@@ -15,6 +16,16 @@ from .handlers import Handlers
 from .state import ModelCache, default_offline_model, is_offline_model
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
+# generic examples: real-looking media for memory and kept-token maps (random-weight or Hub models)
+GENERIC_EXAMPLES = [("Where is the small red star?", ASSETS / "example_4k.png"),
+                    ("What happens in this video?", ASSETS / "example_video.mp4")]
+
+
+def chat_examples(demo: list[DemoExample]) -> list[dict]:
+    """The chat box's examples: featured questions on the demo scenes, then the generic media."""
+    pairs = [(q.question, e.path) for e in demo for q in e.featured()]
+    pairs += [(question, str(path)) for question, path in GENERIC_EXAMPLES]
+    return [{"text": question, "files": [str(path)]} for question, path in pairs]
 MAX_UPLOAD = "200mb"  # Gradio's upload limit (MediaLimits then checks pixels, duration, frames)
 DEFAULT_METHOD = "blockwise-snapkv"
 
@@ -48,6 +59,7 @@ def build_app(default_model: str | None = None, device: str = "cpu") -> gr.Block
     model_name, start_error = start_model(cache, default_model)
     h = Handlers(cache, model_name)
     method_names = list(METHODS)
+    demo_examples = load_demo_examples()
     default_method = DEFAULT_METHOD if DEFAULT_METHOD in METHODS else method_names[0]
 
     # delete_cache: uploads and served copies older than 6 h are removed every hour
@@ -110,13 +122,12 @@ def build_app(default_model: str | None = None, device: str = "cpu") -> gr.Block
                     download_btn = gr.DownloadButton("JSON report", interactive=False, elem_id="vkv-download")
                 followup_md = gr.Markdown(text.followup_note(default_method, "reuse"), elem_classes="vkv-small",
                                           elem_id="vkv-followup")
-                gr.Examples(
-                    examples=[
-                        {"text": "Where is the small red star?", "files": [str(ASSETS / "example_4k.png")]},
-                        {"text": "What happens in this video?", "files": [str(ASSETS / "example_video.mp4")]},
-                    ],
-                    inputs=[chat_input], label="examples (from assets/)",
-                )
+                gr.Examples(examples=chat_examples(demo_examples), inputs=[chat_input],
+                            label="examples (from assets/; the demo scenes first: visualkv-demo answers those)",
+                            examples_per_page=8)
+                if demo_examples:
+                    with gr.Accordion("What visualkv-demo can answer", open=False, elem_id="vkv-demo-help"):
+                        gr.Markdown(text.demo_questions_md(question_forms(), demo_examples))
                 progress_html = gr.HTML("", elem_id="vkv-progress")
                 memory_plot = gr.Plot(label="KV memory per prefill block", elem_id="vkv-memory")
         # ---- after prefill ----------------------------------------------------------------------

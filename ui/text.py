@@ -84,3 +84,25 @@ def offline_note(model_name: str, offline: bool, start_error: str | None = None)
     else:
         lines.append(f"Model: `{model_name}`.")
     return "\n\n".join(lines)
+
+
+def demo_questions_md(forms: dict[str, list[str]], examples: list) -> str:
+    """What the bundled demo model can answer: its question forms and each example's questions with the
+    right answers (so a user can check it). `examples`: `visualkv.demo_examples.DemoExample`s."""
+    lines = [
+        ("`visualkv-demo` was trained only on synthetic scenes of small coloured shapes on striped backgrounds "
+         "(see assets/visualkv-demo/MODEL_CARD.md). It answers these closed questions, with X one of "
+         f"{', '.join(forms['shapes'])}:"),
+        "",
+        "- images: " + " · ".join(f"*{md_escape(q)}*" for q in forms["image"]),
+        "- videos: " + " · ".join(f"*{md_escape(q)}*" for q in forms["video"]),
+        "",
+        "Anything else gets a short, meaningless answer. Questions about the example files, with the right answers:",
+        "",
+        "| file | question | answer |",
+        "| --- | --- | --- |",
+    ]
+    for example in examples:
+        for q in example.questions:
+            lines.append(f"| {md_escape(example.name)} | {md_escape(q.question)} | {md_escape(q.answer)} |")
+    return "\n".join(lines)

@@ -147,8 +147,13 @@ class Qwen25VLAdapter(ModelAdapter):
         frames = media.frames[t0 * tp : t1 * tp]
         sub = Media(kind="video", frames=frames, times=media.times[t0 * tp : t1 * tp], source_fps=media.source_fps,
                     duration=media.duration, path=None)
-        out = self.processor.video_processor(videos=[np.stack(frames)], video_metadata=[video_metadata(sub)],
-                                             do_sample_frames=False, return_tensors="pt")
+        vp = self.processor.video_processor
+        # transformers' optional total-pixel cap (`cap_pixels_per_frame`) shrinks frames by the frame
+        # count of the call, so blocks of a few frames would be resized unlike the whole video. Keep
+        # it off explicitly (also silences its deprecation warning); frame sampling bounds the total.
+        no_total_cap = {"cap_pixels_per_frame": False} if hasattr(vp, "cap_pixels_per_frame") else {}
+        out = vp(videos=[np.stack(frames)], video_metadata=[video_metadata(sub)], do_sample_frames=False,
+                 return_tensors="pt", **no_total_cap)
         return out if with_grid else out["pixel_values_videos"]
 
     def _pixels_rows(self, vision: dict, r0: int, r1: int) -> torch.Tensor:
