@@ -121,3 +121,16 @@ def test_subprocess_entry_point_no_traceback(tmp_path):
 def test_models_lists_aliases(capsys):
     code, out, _ = _run(capsys, "models")
     assert code == 0 and "tiny-qwen2.5-vl" in out and "Qwen/Qwen2.5-VL-3B-Instruct" in out
+
+
+def test_run_defaults_to_the_demo_model(tmp_path, capsys):
+    """No --model: the bundled demo model, which answers its own example scene."""
+    from visualkv.demo_examples import load_demo_examples
+
+    example = next(e for e in load_demo_examples() if e.kind == "image")
+    question = example.featured()[0]
+    code, out, err = _run(capsys, "run", "--media", example.path, "--prompt", question.question, "--quiet",
+                          "--json", str(tmp_path / "r.json"))
+    assert code == 0, err
+    assert json.loads((tmp_path / "r.json").read_text())["model"] == "visualkv-demo"
+    assert out.strip() == question.answer

@@ -15,12 +15,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from visualkv.models.registry import OFFLINE_MODELS, load_model, offline_aliases
+from visualkv.models.registry import DEMO_MODEL, FALLBACK_MODEL, OFFLINE_MODELS, load_model, offline_aliases
 
 log = logging.getLogger(__name__)
-
-DEMO_MODEL = "visualkv-demo"
-FALLBACK_MODEL = "tiny-qwen2.5-vl"
 
 
 def is_offline_model(name: str) -> bool:

@@ -22,9 +22,12 @@ class _Parser(argparse.ArgumentParser):
 def add_run_args(p: argparse.ArgumentParser) -> None:
     from visualkv.cli_args import DEVICES, DTYPES, HelpFormatter, positive_float, positive_int
     from visualkv.methods import METHODS
+    from visualkv.models.registry import default_offline_model_name
 
     p.formatter_class = HelpFormatter
-    p.add_argument("--model", default="tiny-qwen2.5-vl", help="offline alias, Hub id or local path")
+    p.add_argument("--model", default=default_offline_model_name(),
+                   help="offline alias, Hub id or local path (default: %(default)s, the bundled demo model when "
+                        "present; it answers questions about its synthetic scenes only)")
     p.add_argument("--media", help="image or video file")
     p.add_argument("--prompt", action="append", required=True, help="one turn; repeat for several turns")
     p.add_argument("--method", default="full", choices=list(METHODS), help="compression method")

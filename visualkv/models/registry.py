@@ -52,6 +52,16 @@ HUB_MODELS = (
 )
 
 
+DEMO_MODEL = "visualkv-demo"
+FALLBACK_MODEL = "tiny-qwen2.5-vl"
+
+
+def default_offline_model_name() -> str:
+    """The bundled demo model when its checkpoint is present, else the tiny random-weight Qwen2.5-VL."""
+    present = os.path.isfile(os.path.join(BUNDLED_MODELS[DEMO_MODEL], "config.json"))
+    return DEMO_MODEL if present else FALLBACK_MODEL
+
+
 def offline_aliases() -> list[str]:
     from visualkv.models.tiny import TINY_SPECS
 
