@@ -19,8 +19,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np
 
+from visualkv.cli_args import scene_size
 from visualkv.models.registry import load_model
-from visualkv.needle import parse_size
 from visualkv.scenes import answer_matches, make_scene, scene_media
 from visualkv.session import ChatSession, SessionConfig
 
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     adapter = load_model(args.model)
     out = {}
     for size_text in args.sizes.split(","):
-        size = parse_size(size_text)
+        size = scene_size(size_text)
         hits: dict[str, list[bool]] = {"presence": [], "count": []}
         for seed in range(args.scenes):
             scene = make_scene(seed, size)

@@ -37,6 +37,15 @@ def test_bad_bench_options_exit_2_with_one_line(tmp_path, capsys, args, words):
     assert not any(tmp_path.iterdir())  # refused before any work
 
 
+def test_needle_defaults_keep_4k_to_one_budget():
+    """With no options, 4K scenes (seconds per case) run at the one large budget, the others at three."""
+    from visualkv.__main__ import build_parser
+
+    args = build_parser().parse_args(["bench", "needle"])
+    assert args.needle_sizes == [(560, 315), (672, 378), (3840, 2160)]
+    assert args.fractions == [0.05, 0.1, 0.25] and args.large_fractions == [0.1]
+
+
 def test_needle_bench_writes_the_results_contract(tmp_path, capsys):
     """The issue's contract: a `results` list of {method, budget_fraction, setting, size, accuracy}."""
     out = tmp_path / "needle.json"

@@ -34,6 +34,7 @@ from visualkv.cli_args import (
 from visualkv.errors import ConfigError
 
 DEFAULT_METHODS = "full,post-snapkv,blockwise-keydiff,blockwise-snapkv"
+DEFAULT_SIZES = (0.5, 1, 2, 4, 8.3)  # megapixels; 8.3 = 3840x2160
 
 
 BENCH_KINDS = {
@@ -49,6 +50,7 @@ DEFAULT_MODELS = {"needle": "visualkv-demo"}  # random weights cannot answer; th
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
     from visualkv.methods import METHODS
+    from visualkv.needle import DEFAULT_FRACTIONS, DEFAULT_LARGE_FRACTIONS, DEFAULT_NEEDLE_SIZES
 
     p.formatter_class = HelpFormatter
     p.description = "Benchmarks; figures go to --out as JSON, HTML and PNG.\n" + "\n".join(
@@ -66,8 +68,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill", choices=["hybrid", "blockwise", "bulk"], default=None,
                    help="(one) prefill mode (default: the method's)")
     p.add_argument("--method", choices=list(METHODS), default="full", help="(one) method")
-    p.add_argument("--sizes", type=comma_list(positive_float), default=[0.5, 1, 2, 4, 8.3],
-                   help="(memory) megapixels, or frame counts with --video (default: 0.5,1,2,4,8.3)")
+    p.add_argument("--sizes", type=comma_list(positive_float), default=list(DEFAULT_SIZES),
+                   help=f"(memory) megapixels, or frame counts with --video (default: {_csv(DEFAULT_SIZES)})")
     p.add_argument("--size", type=positive_float, default=8.3,
                    help="(one/latency/fidelity) megapixels, or frames with --video")
     p.add_argument("--video", action="store_true",
@@ -86,17 +88,21 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    help="(salicache) greedy tokens compared with full")
     p.add_argument("--media-file", default=None, help="(one) load this file instead of generating the input")
     # needle: accuracy on held-out synthetic scenes (visualkv/needle.py)
-    p.add_argument("--needle-sizes", type=comma_list(scene_size), default=None,
-                   help="(needle) comma-separated WxH scene sizes (default: 560x315,672x378,3840x2160)")
+    p.add_argument("--needle-sizes", type=comma_list(scene_size), default=list(DEFAULT_NEEDLE_SIZES),
+                   help="(needle) comma-separated WxH scene sizes (default: "
+                        f"{','.join(f'{w}x{h}' for w, h in DEFAULT_NEEDLE_SIZES)})")
     p.add_argument("--scenes", type=non_negative_int, default=30, help="(needle) held-out scenes per size")
     p.add_argument("--scenes-large", type=non_negative_int, default=6,
                    help="(needle) scenes per size above 2 megapixels")
     p.add_argument("--videos", type=non_negative_int, default=10, help="(needle) held-out needle videos")
-    p.add_argument("--fractions", type=comma_list(fraction), default=None,
-                   help="(needle) budgets as fractions of the visual tokens (default: 0.05,0.1,0.25)")
-    p.add_argument("--large-fractions", type=comma_list(fraction), default=None,
-                   help="(needle) budgets for sizes above 2 megapixels (default: 0.1)")
+    p.add_argument("--fractions", type=comma_list(fraction), default=list(DEFAULT_FRACTIONS),
+                   help=f"(needle) budgets as fractions of the visual tokens (default: {_csv(DEFAULT_FRACTIONS)})")
+    p.add_argument("--large-fractions", type=comma_list(fraction), default=list(DEFAULT_LARGE_FRACTIONS),
+                   help=f"(needle) budgets for sizes above 2 megapixels (default: {_csv(DEFAULT_LARGE_FRACTIONS)})")
 
+
+def _csv(values) -> str:
+    return ",".join(f"{v:g}" for v in values)
 
 def run_bench(args: argparse.Namespace) -> int:
     if args.model is None:

@@ -50,8 +50,9 @@ from visualkv.scenes import (
     video_media,
 )
 
-DEFAULT_NEEDLE_SIZES = "560x315,672x378,3840x2160"
-DEFAULT_FRACTIONS = "0.05,0.1,0.25"
+DEFAULT_NEEDLE_SIZES: tuple[tuple[int, int], ...] = ((560, 315), (672, 378), (3840, 2160))
+DEFAULT_FRACTIONS: tuple[float, ...] = (0.05, 0.1, 0.25)
+DEFAULT_LARGE_FRACTIONS: tuple[float, ...] = (0.1,)  # the CLI's: one budget where a case costs seconds
 EVICTION_METHODS = ("blockwise-snapkv", "blockwise-keydiff", "post-snapkv")
 KIND_WEIGHTS = {"color": 0.5, "quadrant": 0.25, "count": 0.15, "presence": 0.1}
 LARGE_PIXELS = 2_000_000  # sizes above this use --scenes-large scenes
@@ -64,11 +65,6 @@ class NeedleCase:
     first: Question
     second: Question
     video: bool = False
-
-
-def parse_size(text: str) -> tuple[int, int]:
-    w, h = text.lower().split("x")
-    return int(w), int(h)
 
 
 def _pick(questions: list[Question], rng: np.random.Generator) -> Question:
@@ -180,8 +176,8 @@ def run_needle(
     from visualkv.methods import METHODS
     from visualkv.models.registry import load_model
 
-    sizes = sizes or [parse_size(s) for s in DEFAULT_NEEDLE_SIZES.split(",")]
-    fractions = fractions or [float(f) for f in DEFAULT_FRACTIONS.split(",")]
+    sizes = sizes or list(DEFAULT_NEEDLE_SIZES)
+    fractions = fractions or list(DEFAULT_FRACTIONS)
     if methods is None:
         methods = ["full", *EVICTION_METHODS, *(m for m in ("salicache", "lightkv") if m in METHODS)]
     unknown = [m for m in methods if m not in METHODS]
