@@ -19,13 +19,6 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 # generic examples: real-looking media for memory and kept-token maps (random-weight or Hub models)
 GENERIC_EXAMPLES = [("Where is the small red star?", ASSETS / "example_4k.png"),
                     ("What happens in this video?", ASSETS / "example_video.mp4")]
-
-
-def chat_examples(demo: list[DemoExample]) -> list[dict]:
-    """The chat box's examples: featured questions on the demo scenes, then the generic media."""
-    pairs = [(q.question, e.path) for e in demo for q in e.featured()]
-    pairs += [(question, str(path)) for question, path in GENERIC_EXAMPLES]
-    return [{"text": question, "files": [str(path)]} for question, path in pairs]
 MAX_UPLOAD = "200mb"  # Gradio's upload limit (MediaLimits then checks pixels, duration, frames)
 DEFAULT_METHOD = "blockwise-snapkv"
 
@@ -35,6 +28,12 @@ CSS = """
 #vkv-progress .vkv-bar {width: 100%; height: 14px;}
 .vkv-small {font-size: 0.9em; opacity: 0.85;}
 """
+
+
+def chat_examples(demo: list[DemoExample]) -> list[dict]:
+    """The chat box's examples: featured questions on the demo scenes, then the generic media."""
+    pairs = [(q.question, e.path) for e in demo for q in e.featured()] + GENERIC_EXAMPLES
+    return [{"text": question, "files": [str(path)]} for question, path in pairs]
 
 
 def model_choices(current: str) -> list[str]:

@@ -15,7 +15,14 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from visualkv.models.registry import DEMO_MODEL, FALLBACK_MODEL, OFFLINE_MODELS, load_model, offline_aliases
+from visualkv.models.registry import (
+    DEMO_MODEL,
+    FALLBACK_MODEL,
+    OFFLINE_MODELS,
+    default_offline_model_name,
+    load_model,
+    offline_aliases,
+)
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +62,7 @@ class ModelCache:
 
 def default_offline_model(cache: ModelCache) -> str:
     """The bundled demo model when it loads, else the tiny random-weight Qwen2.5-VL."""
-    if is_offline_model(DEMO_MODEL):
+    if default_offline_model_name() == DEMO_MODEL:  # its checkpoint is present
         try:
             cache.get(DEMO_MODEL)
             return DEMO_MODEL

@@ -32,6 +32,7 @@ from visualkv.cli_args import (
     scene_size,
 )
 from visualkv.errors import ConfigError
+from visualkv.models.registry import DEMO_MODEL, FALLBACK_MODEL
 
 DEFAULT_METHODS = "full,post-snapkv,blockwise-keydiff,blockwise-snapkv"
 DEFAULT_SIZES = (0.5, 1, 2, 4, 8.3)  # megapixels; 8.3 = 3840x2160
@@ -45,7 +46,7 @@ BENCH_KINDS = {
     "needle": "answer accuracy of every method on held-out synthetic scenes (the bundled demo model)",
     "one": "one prefill, reported as JSON (what memory runs in each fresh process)",
 }
-DEFAULT_MODELS = {"needle": "visualkv-demo"}  # random weights cannot answer; the others measure memory/time
+DEFAULT_MODELS = {"needle": DEMO_MODEL}  # random weights cannot answer; the others measure memory/time
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
@@ -106,7 +107,7 @@ def _csv(values) -> str:
 
 def run_bench(args: argparse.Namespace) -> int:
     if args.model is None:
-        args.model = DEFAULT_MODELS.get(args.kind, "tiny-qwen2.5-vl")
+        args.model = DEFAULT_MODELS.get(args.kind, FALLBACK_MODEL)
     if args.methods is None and args.kind != "needle":  # needle's default: every registered method
         args.methods = DEFAULT_METHODS.split(",")
     if args.kind == "one":

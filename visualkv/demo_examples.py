@@ -11,7 +11,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from visualkv.models.registry import BUNDLED_MODELS
+from visualkv.models.registry import BUNDLED_MODELS, DEMO_MODEL
 from visualkv.scenes import (
     NEEDLE_SHAPES,
     PLURAL,
@@ -21,7 +21,7 @@ from visualkv.scenes import (
     when_question,
 )
 
-DEMO_DIR = BUNDLED_MODELS["visualkv-demo"]
+DEMO_DIR = BUNDLED_MODELS[DEMO_MODEL]
 # the question kinds shown first for each file: the ones that need the needle's own tokens
 FEATURED_KINDS = {"image": ("color", "quadrant"), "video": ("when", "color")}
 

@@ -32,17 +32,19 @@ class ModelChoice:
     note: str
 
 
+DEMO_MODEL = "visualkv-demo"  # the bundled trained checkpoint (assets/visualkv-demo)
+FALLBACK_MODEL = "tiny-qwen2.5-vl"  # built in code: always there
 OFFLINE_MODELS = (
-    ModelChoice("visualkv-demo", True, "trained offline on synthetic needle scenes (bundled in assets/)"),
-    ModelChoice("tiny-qwen2.5-vl", True, "random weights, Qwen2.5-VL architecture (tests)"),
+    ModelChoice(DEMO_MODEL, True, "trained offline on synthetic needle scenes (bundled in assets/)"),
+    ModelChoice(FALLBACK_MODEL, True, "random weights, Qwen2.5-VL architecture (tests)"),
     ModelChoice("tiny-smolvlm2", True, "random weights, SmolVLM2 architecture (tests)"),
     ModelChoice("bench-qwen2.5-vl", True, "random weights, larger LLM for benchmarks"),
     ModelChoice("bench-smolvlm2", True, "random weights, larger LLM for benchmarks"),
 )
 # Bundled checkpoints: alias -> folder (loaded with AutoModelForImageTextToText / AutoProcessor).
 BUNDLED_MODELS = {
-    "visualkv-demo": os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                                  "assets", "visualkv-demo"),
+    DEMO_MODEL: os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                             "assets", DEMO_MODEL),
 }
 HUB_MODELS = (
     ModelChoice("Qwen/Qwen2.5-VL-3B-Instruct", False, "needs the Hub or a local copy"),
@@ -50,10 +52,6 @@ HUB_MODELS = (
     ModelChoice("HuggingFaceTB/SmolVLM2-500M-Video-Instruct", False, "needs the Hub or a local copy"),
     ModelChoice("HuggingFaceTB/SmolVLM2-2.2B-Instruct", False, "needs the Hub or a local copy"),
 )
-
-
-DEMO_MODEL = "visualkv-demo"
-FALLBACK_MODEL = "tiny-qwen2.5-vl"
 
 
 def default_offline_model_name() -> str:

@@ -344,14 +344,13 @@ def build_tiny_config(
     """Build the model config of ``alias``; token ids are taken from the processor's tokenizer."""
     spec = _spec(alias)
     processor = processor if processor is not None else build_tiny_processor(alias)
-    tok = processor.tokenizer
-    text_common = _text_common(spec, tok)
     if spec.family == "qwen2_5_vl":
         return qwen_config(spec, processor, attn_implementation)
+    tok = processor.tokenizer
     s = SMOLVLM_PROCESSOR_SETTINGS
     return SmolVLMConfig(
         text_config={
-            **text_common,
+            **_text_common(spec, tok),
             "model_type": "llama",
             "head_dim": spec.head_dim,
             "max_position_embeddings": 8192,
