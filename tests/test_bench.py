@@ -54,6 +54,7 @@ def test_needle_bench_writes_the_results_contract(tmp_path, capsys):
                              "--out", str(tmp_path))
     assert code == 0, err
     data = json.loads(out.read_text())
+    _assert_provenance(data, "bench needle --needle-sizes 256x256")
     assert data["model"] == "visualkv-demo"  # the default for needle: random weights cannot answer
     rows = data["results"]
     assert {(r["method"], r["setting"]) for r in rows if r["size"] == "256x256"} == {
@@ -69,12 +70,21 @@ def test_needle_bench_writes_the_results_contract(tmp_path, capsys):
     assert "blockwise-keydiff" in stdout
 
 
+def _assert_provenance(data: dict, command_part: str) -> None:
+    """Every bench JSON says which command and machine produced it (README captions read this)."""
+    prov = data["provenance"]
+    assert command_part in prov["command"] and prov["command"].startswith("python -m visualkv bench")
+    assert prov["cpu_cores"] >= 1 and prov["condition"] in ("idle", "loaded", "unknown")
+    assert prov["load_end"] is None or prov["load_end"] >= 0
+
+
 def test_memory_bench_full_against_blockwise(tmp_path, capsys):
     """Each (method, size) in a fresh process; block-wise holds less KV than full on the same input."""
     code, _, err = _run(capsys, "bench", "memory", "--sizes", "0.4", "--methods", "full,blockwise-snapkv",
                         "--budget", "64", "--block-size", "64", "--out", str(tmp_path))
     assert code == 0, err
     data = json.loads((tmp_path / "memory_image_tiny-qwen2.5-vl.json").read_text())
+    _assert_provenance(data, "bench memory --sizes 0.4")
     rows = {r["method"]: r for r in data["rows"]}
     assert rows["full"]["visual_tokens"] == rows["blockwise-snapkv"]["visual_tokens"] > 64 + 64
     assert rows["blockwise-snapkv"]["peak_kv_bytes"] < rows["full"]["peak_kv_bytes"]
@@ -88,6 +98,7 @@ def test_latency_bench_reports_every_configuration(tmp_path, capsys):
                         "--methods", "blockwise-snapkv,lightkv", "--out", str(tmp_path))
     assert code == 0, err
     data = json.loads((tmp_path / "latency_image_tiny-qwen2.5-vl.json").read_text())
+    _assert_provenance(data, "bench latency --size 0.3")
     assert set(data["ttft_seconds"]) == {"full", "blockwise", "hybrid", "lightkv"}
     assert all(t > 0 for t in data["ttft_seconds"].values())
     assert data["final_kv_bytes"]["blockwise"] < data["final_kv_bytes"]["full"]

@@ -167,6 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_models()
         from visualkv.bench import run_bench
 
+        args.command_argv = list(sys.argv[1:] if argv is None else argv)  # recorded in every bench JSON
         return run_bench(args)
     except VisualKVError as exc:
         print(f"error: {exc}", file=sys.stderr)

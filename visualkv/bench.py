@@ -19,6 +19,7 @@ import sys
 import time
 from typing import Any
 
+from visualkv import provenance
 from visualkv.cli_args import (
     DEVICES,
     DTYPES,
@@ -45,6 +46,7 @@ BENCH_KINDS = {
     "salicache": "Sali-Cache against full on one video: TTFT, KV bytes, tier split, greedy-token agreement",
     "needle": "answer accuracy of every method on held-out synthetic scenes (the bundled demo model)",
     "one": "one prefill, reported as JSON (what memory runs in each fresh process)",
+    "report": "regenerate the tables in README.md and docs/ from docs/results/*.json (--check: only compare)",
 }
 DEFAULT_MODELS = {"needle": DEMO_MODEL}  # random weights cannot answer; the others measure memory/time
 
@@ -78,6 +80,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=positive_int, default=1,
                    help="(latency/salicache) runs per configuration; the minimum time is kept")
     p.add_argument("--device", choices=DEVICES, default="cpu", help="where the model runs")
+    p.add_argument("--check", action="store_true",
+                   help="(report) only compare the tables with the JSON; exit 1 when any is out of date")
     p.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--out", default="bench_out", help="output folder")
     p.add_argument("--json", dest="json_out", default=None,
@@ -87,6 +91,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-frames", type=positive_int, default=64, help="(salicache) video frames sampled at most")
     p.add_argument("--max-new-tokens", type=positive_int, default=16,
                    help="(salicache) greedy tokens compared with full")
+    p.add_argument("--variants", action="store_true",
+                   help="(salicache) also run the ablation: temporal filter only, spatial tiers only, "
+                        "quantization only (each against the same full run)")
     p.add_argument("--media-file", default=None, help="(one) load this file instead of generating the input")
     # needle: accuracy on held-out synthetic scenes (visualkv/needle.py)
     p.add_argument("--needle-sizes", type=comma_list(scene_size), default=list(DEFAULT_NEEDLE_SIZES),
@@ -106,6 +113,9 @@ def _csv(values) -> str:
     return ",".join(f"{v:g}" for v in values)
 
 def run_bench(args: argparse.Namespace) -> int:
+    if args.kind == "report":
+        return bench_report(args)
+    args.provenance = provenance.start(getattr(args, "command_argv", None))
     if args.model is None:
         args.model = DEFAULT_MODELS.get(args.kind, FALLBACK_MODEL)
     if args.methods is None and args.kind != "needle":  # needle's default: every registered method
@@ -131,6 +141,20 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.kind == "memory":
         return bench_memory(args)
     return bench_latency(args)
+
+
+def bench_report(args: argparse.Namespace) -> int:
+    """Regenerate (or with --check, compare) the README/docs tables from the committed JSON."""
+    from visualkv import figures
+
+    if args.check:
+        stale = figures.check_documents()
+        for name in stale:
+            print(f"out of date: {name} (run: python -m visualkv bench report)")
+        return 1 if stale else 0
+    changed = figures.write_documents()
+    print("updated: " + (", ".join(changed) if changed else "nothing (already current)"))
+    return 0
 
 
 def _media(size: float, video: bool):
@@ -241,8 +265,7 @@ def bench_memory(args: argparse.Namespace) -> int:
     out = {"kind": "memory", "model": args.model, "budget": args.budget, "video": args.video,
            "rows": rows, "summary": summary}
     path = os.path.join(args.out, f"memory_{'video' if args.video else 'image'}_{args.model}.json")
-    with open(path, "w") as fh:
-        json.dump(out, fh, indent=1)
+    out = provenance.save_json(out, path, args.provenance)
     fig = memory_sweep_figure(rows, "frames" if args.video else "megapixels")
     saved = save_figure(fig, path[:-5])
     print(json.dumps(summary, indent=1))
@@ -330,8 +353,7 @@ def bench_latency(args: argparse.Namespace) -> int:
                           "flops_reduction": lightkv_report["flops"]["reduction"],
                           "overhead_seconds": lightkv_report["overhead_seconds"]}))
     path = os.path.join(args.out, f"latency_{'video' if args.video else 'image'}_{args.model}.json")
-    with open(path, "w") as fh:
-        json.dump(out, fh, indent=1)
+    out = provenance.save_json(out, path, args.provenance)
     print("TTFT (min):", json.dumps(out["ratios"]), "paired median:", json.dumps(out["paired_median_ratios"]),
           "CPU:", json.dumps(out["cpu_ratios"]), "saved", path)
     return 0
@@ -384,13 +406,48 @@ def bench_salicache(args: argparse.Namespace) -> int:
             "rank_in_full_of_salicache_top1": int((full_logits > full_logits[sali_logits.argmax()]).sum())},
         "salicache_seconds": sali_report["salicache_seconds"],
     }
+    if args.variants:
+        out["variants"] = _salicache_variants(adapter, media, prompt, args.max_new_tokens, full, full_report,
+                                              full_logits)
     path = os.path.join(args.out, f"salicache_{args.model}.json")
-    with open(path, "w") as fh:
-        json.dump(out, fh, indent=1)
+    out = provenance.save_json(out, path, args.provenance)
     keys = ("ttft_ratio_salicache_over_full", "kv_ratio_full_over_salicache", "tier_fractions", "greedy_agreement",
             "first_token_logits")
     print(json.dumps({k: out[k] for k in keys}), "saved", path)
     return 0
+
+
+SALICACHE_VARIANTS = {  # name -> method options: which part of Sali-Cache costs what
+    "defaults": {},
+    "temporal only": {"tiers": (1.0, 0.0, 0.0)},
+    "spatial only": {"flow_threshold": 0.0},
+    "quantization only": {"flow_threshold": 0.0, "tiers": (0.43, 0.10, 0.47)},
+}
+
+
+def _salicache_variants(adapter, media, prompt: str, max_new_tokens: int, full, full_report: dict,
+                        full_logits) -> list[dict[str, Any]]:
+    """Each variant once, against the same `full` run: KV ratio, first-token cosine, greedy agreement."""
+    import torch
+
+    from visualkv.session import ChatSession, SessionConfig
+
+    rows = []
+    for name, options in SALICACHE_VARIANTS.items():
+        session = ChatSession(adapter, SessionConfig(method="salicache", max_new_tokens=max_new_tokens,
+                                                     method_options=dict(options)))
+        record = session.ask(prompt, media)
+        report = session.report()
+        logits = session.prefill_result.logits
+        rows.append({
+            "variant": name, "options": {k: list(v) if isinstance(v, tuple) else v for k, v in options.items()},
+            "kv_ratio_full_over_salicache": full_report["final_kv_bytes"] / max(report["final_kv_bytes"], 1),
+            "first_token_cosine": float(torch.nn.functional.cosine_similarity(logits, full_logits, dim=0)),
+            "greedy_equal": sum(a == b for a, b in zip(record.token_ids, full.token_ids)),
+            "compared": min(len(record.token_ids), len(full.token_ids)),
+        })
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
 
 
 def bench_fidelity(args: argparse.Namespace) -> int:
@@ -430,7 +487,6 @@ def bench_fidelity(args: argparse.Namespace) -> int:
         print(json.dumps(row), flush=True)
     out = {"kind": "fidelity", "model": args.model, "size": args.size, "video": args.video, "rows": rows}
     path = os.path.join(args.out, f"fidelity_{'video' if args.video else 'image'}_{args.model}.json")
-    with open(path, "w") as fh:
-        json.dump(out, fh, indent=1)
+    out = provenance.save_json(out, path, args.provenance)
     print("saved", path)
     return 0

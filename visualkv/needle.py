@@ -31,7 +31,6 @@ budget_fraction, setting, size, accuracy, n, kept_fraction, by_kind) and a Plotl
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from visualkv import provenance
 from visualkv.errors import ConfigError
 from visualkv.scenes import (
     Question,
@@ -307,8 +307,7 @@ def bench_needle(args) -> int:
                      args.large_fractions, args.methods, args.block_size, device=args.device, dtype=args.dtype)
     os.makedirs(args.out, exist_ok=True)
     path = args.json_out or os.path.join(args.out, "needle.json")
-    with open(path, "w") as fh:
-        json.dump(out, fh, indent=1)
+    out = provenance.save_json(out, path, getattr(args, "provenance", None))
     print(format_table(out["results"]))
     saved = save_figure(needle_figure(out["results"]), os.path.join(args.out, "needle"))
     print("saved", path, *saved)

@@ -1,0 +1,57 @@
+"""README and docs tables are generated from the committed JSON (`python -m visualkv bench report`)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from visualkv import figures
+from visualkv.provenance import finish, machine_label, start
+
+
+def test_readme_and_docs_tables_match_the_committed_json():
+    stale = figures.check_documents()
+    assert not stale, f"out of date (run `python -m visualkv bench report`): {stale}"
+
+
+def test_readme_has_every_results_table():
+    text = (figures.ROOT / "README.md").read_text()
+    assert {"memory-image", "latency-image", "fidelity", "memory-video", "salicache", "lightkv", "needle"} <= set(
+        figures.blocks_in(text))
+
+
+def test_a_changed_json_value_makes_the_check_fail(tmp_path):
+    """The check compares figures, not just markers: edit one number in a copy of the results."""
+    results = tmp_path / "results"
+    shutil.copytree(figures.RESULTS, results)
+    path = results / "memory_image_bench-qwen2.5-vl.json"
+    data = json.loads(path.read_text())
+    data["summary"]["blockwise-snapkv"]["full_over_peak_kv_largest"] = 3.0
+    path.write_text(json.dumps(data))
+    assert "README.md: memory-image" in figures.check_documents(results=results)
+
+
+def test_a_hand_edited_table_makes_the_check_fail(tmp_path):
+    root = tmp_path / "repo"
+    (root / "docs").mkdir(parents=True)
+    text = (figures.ROOT / "README.md").read_text()
+    edited = text.replace("| **full / block-wise, final KV at 4K** | 9.99×", "| **full / block-wise, final KV at 4K** | 12×")
+    assert edited != text
+    (root / "README.md").write_text(edited)
+    assert figures.check_documents(root=root) == ["README.md: memory-image"]
+
+
+def test_every_table_names_its_json_command_and_machine():
+    for name, build in figures.TABLES.items():
+        table = build(figures.RESULTS)
+        assert "Source: [`" in table and "`python -m visualkv " in table, name
+        assert "machine not recorded" not in table, name
+
+
+def test_provenance_says_idle_or_loaded_from_the_load_average():
+    prov = start(["bench", "latency"])
+    assert prov["command"] == "python -m visualkv bench latency"
+    busy = finish({**prov, "cpu_cores": 2, "load_start": 3.4})
+    assert busy["condition"] == "loaded" and machine_label(busy).startswith("2 CPU cores, loaded")
+    quiet = finish({**prov, "cpu_cores": 64, "load_start": 1.0})
+    assert quiet["condition"] in ("idle", "loaded")  # load_end is this machine's, read now

@@ -1,0 +1,330 @@
+"""README / docs tables generated from the committed benchmark JSON (``python -m visualkv bench report``).
+
+A document marks each generated table with a pair of HTML comments::
+
+    <!-- figures:memory-image -->
+    ...generated Markdown, never edited by hand...
+    <!-- /figures:memory-image -->
+
+`render_document` rewrites what lies between the markers from the JSON files under
+``docs/results/``; `check_documents` reports every block whose text differs from what the JSON
+gives (a test runs it, so README and JSON cannot drift apart). Every table ends with a source line:
+the JSON file, the command that wrote it and the machine (cores or GPU, idle or loaded) from its
+``provenance`` block (see :mod:`visualkv.provenance`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from visualkv.provenance import machine_label
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "results"
+DOCUMENTS = ("README.md", "docs/SALICACHE.md", "docs/LIGHTKV.md", "docs/DEMO.md")
+_BLOCK = re.compile(r"(<!-- figures:([\w-]+) -->\n)(.*?)(<!-- /figures:\2 -->)", re.DOTALL)
+MIB = 2**20
+
+
+def load(name: str, results: Path = RESULTS) -> dict[str, Any]:
+    with open(results / name) as fh:
+        return json.load(fh)
+
+
+def source_line(*names_and_data: tuple[str, dict[str, Any]], prefix: str = "docs/results/") -> str:
+    parts = []
+    for name, data in names_and_data:
+        prov = data.get("provenance") or {}
+        command = prov.get("command", "command not recorded")
+        parts.append(f"[`{name}`]({prefix}{name}): `{command}` ({machine_label(prov)})")
+    return "Source: " + "; ".join(parts) + "."
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def _mib(n: float) -> str:
+    return f"{n / MIB:.2f} MiB"
+
+
+def _x(v: float) -> str:
+    return f"{v:.2f}×"
+
+
+# -- tables ----------------------------------------------------------------------------------------
+def _memory_columns(data: dict[str, Any]) -> dict[str, str]:
+    rows, s, budget = data["rows"], data["summary"], data["budget"]
+    largest = max(r["size"] for r in rows)
+    at = {r["method"]: r for r in rows if r["size"] == largest}
+    bw = "blockwise-snapkv"
+    over = sorted((r for r in rows if r["method"] == bw and r["visual_tokens"] > budget + (r["block_size"] or 0)),
+                  key=lambda r: r["size"])
+    full = sorted((r for r in rows if r["method"] == "full"), key=lambda r: r["size"])
+    bw_growth = [s[m]["rss_growth_over_full_growth"] for m in ("blockwise-keydiff", bw) if m in s]
+    return {
+        "visual": f"{at['full']['visual_tokens']:,}",
+        "peak": " / ".join(_mib(at[m]["peak_kv_bytes"]) for m in ("full", "post-snapkv", bw)),
+        "final_ratio": _x(s[bw]["full_over_final_kv_largest"]),
+        "peak_ratio": _x(s[bw]["full_over_peak_kv_largest"]),
+        "flat": ", ".join(_mib(r["peak_kv_bytes"]) for r in over)
+        + f" (spread {s[bw].get('peak_kv_spread_over_bound_sizes', 0) * 100:.1f} %)",
+        "full_growth": f"{_mib(full[0]['peak_kv_bytes'])} → {_mib(full[-1]['peak_kv_bytes'])}",
+        "bound": f"≤ {s[bw]['peak_over_bound_max']:.2f}" if "peak_over_bound_max" in s[bw] else "not recorded",
+        "rss": f"+{s['full']['peak_rss_growth_bytes'] / MIB:.0f} MiB / "
+        + " … ".join(f"+{s[m]['peak_rss_growth_bytes'] / MIB:.0f}" for m in ("blockwise-keydiff", bw) if m in s)
+        + f" MiB ({min(bw_growth):.2f}–{max(bw_growth):.2f} of full's)",
+        "sizes": ", ".join(f"{r['size']:g}" for r in full),
+    }
+
+
+def table_memory_image(results: Path) -> str:
+    names = ["memory_image_tiny-qwen2.5-vl.json", "memory_image_bench-qwen2.5-vl.json"]
+    data = [load(n, results) for n in names]
+    cols = [_memory_columns(d) for d in data]
+    labels = [
+        ("visual tokens at the largest size (4K = 3840×2160)", "visual"),
+        ("peak KV at 4K: full / post-snapkv / block-wise", "peak"),
+        ("**full / block-wise, final KV at 4K**", "final_ratio"),
+        ("**full / block-wise, peak KV at 4K**", "peak_ratio"),
+        ("block-wise peak KV over the sizes > M + b", "flat"),
+        ("full peak KV, smallest → largest size", "full_growth"),
+        ("block-wise peak / ((M + b + protected) × layers)", "bound"),
+        ("process peak RSS growth over the sweep: full / block-wise (KeyDiff … SnapKV)", "rss"),
+        ("sizes (megapixels)", "sizes"),
+    ]
+    lines = _table(["figure", data[0]["model"], data[1]["model"]],
+                   [[label, cols[0][key], cols[1][key]] for label, key in labels])
+    return "\n".join(lines + ["", source_line(*zip(names, data))])
+
+
+def table_latency_image(results: Path) -> str:
+    names = [n for n in sorted(os.listdir(results)) if re.fullmatch(r"latency_image_bench-qwen2\.5-vl.*\.json", n)]
+    rows, sources = [], []
+    for name in names:
+        d = load(name, results)
+        if "hybrid/full" not in d["ratios"]:
+            continue
+        t = d["ttft_seconds"]
+        rows.append([
+            machine_label(d.get("provenance")),
+            f"{t['full']:.2f} s", f"{t['hybrid']:.2f} s", f"{t['blockwise']:.2f} s",
+            f"**{d['ratios']['hybrid/full']:.2f}**", f"{d['ratios']['blockwise/full']:.2f}",
+            f"{d['cpu_ratios']['hybrid/full']:.2f} / {d['cpu_ratios']['blockwise/full']:.2f}",
+        ])
+        sources.append((name, d))
+    lines = _table(["run", "TTFT full", "hybrid", "forced block-wise", "hybrid / full", "block-wise / full",
+                    "CPU-time ratios (hybrid / block-wise)"], rows)
+    return "\n".join(lines + ["", source_line(*sources)])
+
+
+def table_fidelity(results: Path) -> str:
+    names = ["fidelity_image_bench-qwen2.5-vl.json", "fidelity_video_bench-qwen2.5-vl.json"]
+    rows, sources = [], []
+    for name in names:
+        d = load(name, results)
+        r = next(r for r in d["rows"] if r["method"] == "full")
+        what = f"{'video, ' + format(d['size'], 'g') + ' frames' if d['video'] else 'image, ' + format(d['size'], 'g') + ' MP'}"
+        rows.append([what, str(r["blocks"]), f"{r['max_abs_logit_diff']:.2g}", f"{r['ref_logit_range']:.2f}",
+                     f"{r['cosine']:.4f}", "yes" if r["same_top1"] else "no",
+                     f"{r['greedy_token_agreement'] * 100:.0f} %"])
+        sources.append((name, d))
+    lines = _table(["input (bench-qwen2.5-vl, nothing evicted)", "blocks", "max \\|Δlogit\\|", "logit range",
+                    "cosine", "same top-1", "greedy tokens equal"], rows)
+    return "\n".join(lines + ["", source_line(*sources)])
+
+
+def table_memory_video(results: Path) -> str:
+    name = "memory_video_tiny-qwen2.5-vl.json"
+    d = load(name, results)
+    rows = []
+    for size in sorted({r["size"] for r in d["rows"]}):
+        at = {r["method"]: r for r in d["rows"] if r["size"] == size}
+        bw = at.get("blockwise-snapkv") or at.get("blockwise-keydiff")
+        rows.append([f"{size:g}", f"{at['full']['visual_tokens']:,}", _mib(at["full"]["peak_kv_bytes"]),
+                     _mib(bw["peak_kv_bytes"]), _mib(bw["final_kv_bytes"])])
+    s = d["summary"]
+    bw_name = "blockwise-snapkv" if "blockwise-snapkv" in s else "blockwise-keydiff"
+    note = (f"Process peak RSS growth over the sweep: full +{s['full']['peak_rss_growth_bytes'] / MIB:.0f} MiB, "
+            f"block-wise +{s[bw_name]['peak_rss_growth_bytes'] / MIB:.0f} MiB "
+            f"({s[bw_name]['rss_growth_over_full_growth']:.2f} of full's).")
+    lines = _table(["frames (1 fps)", "visual tokens", "full peak KV", "block-wise peak KV", "block-wise final KV"],
+                   rows)
+    return "\n".join(lines + ["", note, "", source_line((name, d))])
+
+
+SALICACHE_RESULTS = ("salicache_tiny-qwen2.5-vl.json", "salicache_bench-qwen2.5-vl.json", "salicache_tiny-smolvlm2.json")
+
+
+def table_salicache(results: Path) -> str:
+    names = [n for n in SALICACHE_RESULTS if (results / n).exists()]
+    data = [load(n, results) for n in names]
+
+    def agree(d):
+        g = d["greedy_agreement"]
+        return (f"{round(g['positionwise'] * g['compared'])} / {g['compared']}"
+                f" (first-token cosine {d['first_token_logits']['cosine']:.3f})")
+
+    def split(d):
+        f = d["tier_fractions"]
+        return " / ".join(f"{f[k] * 100:.1f}" for k in ("skipped", "pruned", "int4", "int8", "full"))
+
+    labels = [
+        ("**final KV bytes, full / salicache**", lambda d: f"**{d['kv_ratio_full_over_salicache']:.2f}×**"),
+        ("**TTFT salicache / full** (one process)", lambda d: f"**{d['ttft_ratio_salicache_over_full']:.2f}** "
+         f"({d['ttft_seconds']['salicache']:.2f} s / {d['ttft_seconds']['full']:.2f} s)"),
+        ("greedy tokens equal to `full`", agree),
+        ("vision encoder calls (Qwen: temporal patches; SmolVLM: frames)",
+         lambda d: f"{d['vision_encoder_frames']['salicache']} of {d['vision_encoder_frames']['full']}"),
+        ("final KV bytes: full / salicache", lambda d: f"{d['final_kv_bytes']['full']:,} / "
+         f"{d['final_kv_bytes']['salicache']:,} B"),
+        ("tier split, % of visual tokens: skipped / pruned / INT4 / INT8 / FP", split),
+        ("run", lambda d: machine_label(d.get("provenance"))),
+    ]
+    paper = data[0]["paper_tier_fractions"] if data else {}
+    lines = _table(["figure", *(d["model"] for d in data)], [[label, *(f(d) for d in data)] for label, f in labels])
+    tail = ["", "Paper's split (LLaVA-1.6-Mistral-7B): " + " / ".join(
+        f"{paper[k] * 100:.1f}" for k in ("skipped", "pruned", "int4", "int8", "full")) + "."] if paper else []
+    return "\n".join(lines + tail + ["", source_line(*zip(names, data))])
+
+
+def table_salicache_variants(results: Path) -> str:
+    name = SALICACHE_RESULTS[0]
+    d = load(name, results)
+    rows = [[f"{v['variant']} (`{json.dumps(v['options'])}`)" if v["options"] else v["variant"],
+             _x(v["kv_ratio_full_over_salicache"]), f"{v['first_token_cosine']:.4f}",
+             f"{v['greedy_equal']} / {v['compared']}"] for v in d.get("variants", [])]
+    lines = _table(["variant", "KV full / salicache", "first-token logits cosine", "greedy tokens equal"], rows)
+    return "\n".join(lines + ["", source_line((name, d))])
+
+
+def table_lightkv(results: Path) -> str:
+    name = "latency_lightkv_quiet_bench-qwen2.5-vl.json"
+    d = load(name, results)
+    lk = d["lightkv"]
+    t, c, kv = d["ttft_seconds"], d["cpu_seconds"], d["final_kv_bytes"]
+    rows = [
+        ["**final KV bytes**", _mib(kv["full"]), _mib(kv["lightkv"]), f"**{d['kv_ratios']['lightkv/full']:.3f}**"],
+        [f"**TTFT** (min of {len(d['ttft_runs']['full'])})", f"{t['full']:.2f} s", f"{t['lightkv']:.2f} s",
+         f"**{d['ratios']['lightkv/full']:.3f}**"],
+        ["process CPU time", f"{c['full']:.1f} s", f"{c['lightkv']:.1f} s", f"{d['cpu_ratios']['lightkv/full']:.3f}"],
+        ["decoder FLOPs (estimate)", "", "", f"−{lk['flops']['reduction'] * 100:.1f} %"],
+    ]
+    stages = lk["stages"]
+    tokens = " → ".join([f"{stages[0]['tokens_in']:,}"] + [f"{s['tokens_out']:,}" for s in stages])
+    note = (f"Merge after layers {', '.join(str(s) for s in lk['layers'])}, windows "
+            f"{'-'.join(str(w) for w in lk['windows'])}, P = {', '.join(f'{r:g}' for r in lk['ratios'])}. "
+            f"Visual tokens per stage {tokens}; ξ + merging overhead {lk['overhead_seconds']['total']:.2f} s "
+            f"({lk['overhead_seconds']['total'] / t['lightkv'] * 100:.0f} % of TTFT), measured inside the method.")
+    lines = _table(["figure", "full", "LightKV", "LightKV / full"], rows)
+    return "\n".join(lines + ["", note, "", source_line((name, d))])
+
+
+def _needle_acc(results: list[dict], method: str, size: str, setting: str, fraction: float | None) -> dict | None:
+    for r in results:
+        if r["method"] == method and r["size"] == size and r["setting"] == setting and (
+                fraction is None or abs(r["budget_fraction"] - fraction) < 1e-9) and not r.get("question"):
+            return r
+    return None
+
+
+def table_needle(results: Path) -> str:
+    names = ["needle_small/needle.json", "needle_4k30/needle.json"]
+    data = [load(n, results) for n in names]
+    columns = [("full", "full", None), ("block-wise SnapKV 10 %", "blockwise-snapkv", 0.1),
+               ("block-wise KeyDiff 10 %", "blockwise-keydiff", 0.1), ("post-SnapKV 10 %", "post-snapkv", 0.1),
+               ("Sali-Cache 25 % of FP bytes", "salicache", 0.25), ("LightKV", "lightkv", None)]
+    rows = []
+    for d in data:
+        res = d["results"]
+        sizes = sorted({r["size"] for r in res if not r["size"].startswith("video")}, key=lambda s: int(s.split("x")[0]))
+        for size in sizes:
+            for setting in ("single", "followup"):
+                cells = []
+                for _, method, fraction in columns:
+                    r = _needle_acc(res, method, size, setting, fraction)
+                    if r is None and method == "salicache":  # 4K runs: one budget only
+                        r = _needle_acc(res, method, size, setting, 0.1)
+                        cells.append(f"{r['accuracy'] * 100:.0f} % (at 10 %; entries kept {r['kept_fraction']:.2f})"
+                                     if r else "—")
+                        continue
+                    if r is None:
+                        cells.append("—")
+                    elif method in ("salicache", "lightkv"):
+                        cells.append(f"{r['accuracy'] * 100:.0f} % (entries kept {r['kept_fraction']:.2f})")
+                    else:
+                        cells.append(f"{r['accuracy'] * 100:.0f} %")
+                n = (_needle_acc(res, "full", size, setting, None) or {}).get("n", "?")
+                label = f"{size.replace('x', '×')} {'single question' if setting == 'single' else 'follow-up'} (n = {n})"
+                rows.append([label, *cells])
+    lines = _table(["held-out accuracy", *(c[0] for c in columns)], rows)
+    return "\n".join(lines + ["", source_line(*zip(names, data))])
+
+
+TABLES: dict[str, Callable[[Path], str]] = {
+    "memory-image": table_memory_image,
+    "latency-image": table_latency_image,
+    "fidelity": table_fidelity,
+    "memory-video": table_memory_video,
+    "salicache": table_salicache,
+    "salicache-variants": table_salicache_variants,
+    "lightkv": table_lightkv,
+    "needle": table_needle,
+}
+
+
+# -- documents -------------------------------------------------------------------------------------
+def render_document(text: str, results: Path = RESULTS, in_docs: bool = False) -> str:
+    """`text` with every marked block regenerated (unknown table names raise KeyError).
+
+    in_docs: the document lives in docs/, so links to the JSON are relative to it."""
+
+    def sub(m: re.Match) -> str:
+        table = TABLES[m.group(2)](results)
+        if in_docs:
+            table = table.replace("](docs/results/", "](results/")
+        return f"{m.group(1)}{table}\n{m.group(4)}"
+
+    return _BLOCK.sub(sub, text)
+
+
+def blocks_in(text: str) -> list[str]:
+    return [m.group(2) for m in _BLOCK.finditer(text)]
+
+
+def check_documents(root: Path = ROOT, results: Path = RESULTS) -> list[str]:
+    """Names ("README.md: memory-image") of generated blocks that disagree with the JSON."""
+    stale = []
+    for doc in DOCUMENTS:
+        path = root / doc
+        if not path.exists():
+            continue
+        text = path.read_text()
+        fresh = render_document(text, results, in_docs=doc.startswith("docs/"))
+        if fresh != text:
+            old = {m.group(2): m.group(3) for m in _BLOCK.finditer(text)}
+            new = {m.group(2): m.group(3) for m in _BLOCK.finditer(fresh)}
+            stale += [f"{doc}: {name}" for name in old if old[name] != new.get(name)]
+    return stale
+
+
+def write_documents(root: Path = ROOT, results: Path = RESULTS) -> list[str]:
+    """Regenerate every marked block in place; returns the documents that changed."""
+    changed = []
+    for doc in DOCUMENTS:
+        path = root / doc
+        if not path.exists():
+            continue
+        text = path.read_text()
+        fresh = render_document(text, results, in_docs=doc.startswith("docs/"))
+        if fresh != text:
+            path.write_text(fresh)
+            changed.append(doc)
+    return changed
