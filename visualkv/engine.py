@@ -183,6 +183,10 @@ class Engine:
         if last_hidden is None:
             raise ValueError("nothing to prefill: every token was dropped")
         method.end(ctx)
+        if events:  # a post-prefill method compressed after the last block: its record shows the result
+            per_layer = cache.entries_per_layer()
+            events[-1].kv_tokens, events[-1].kv_tokens_per_layer = max(per_layer), per_layer
+            events[-1].kv_bytes = cache.kv_bytes()
         self.adapter.reset_stream()
         logits = self.logits(last_hidden)
         return PrefillResult(logits, events, ctx, time.perf_counter() - t_start)
