@@ -111,3 +111,49 @@ def test_keep_full_gathers_per_head():
     assert layer.token_index.tolist() == [[[1, 4], [0, 2]]]
     assert torch.equal(layer.keys[0, 0], k[0, 0, [1, 4]])
     assert layer.kv_bytes() == 2 * 2 * 2 * 4 * 4
+
+
+def test_grid_pooling_is_avg_pool_when_nothing_is_evicted_and_skips_gaps_after():
+    """pool_along_grid: neighbours are by original token order within a tile/frame, not by cache slot."""
+    import torch.nn.functional as F
+
+    from visualkv.scoring import pool_along_grid
+
+    torch.manual_seed(0)
+    scores = torch.rand(1, 2, 12)
+    coord = torch.arange(12).expand(1, 2, 12)
+    one_frame = torch.zeros(1, 2, 12, dtype=torch.long)
+    pooled = pool_along_grid(scores, coord, one_frame, kernel_size=5)
+    ref = F.avg_pool1d(scores.view(2, 1, 12), 5, stride=1, padding=2, count_include_pad=False).view(1, 2, 12)
+    assert torch.allclose(pooled, ref, atol=1e-6)
+    # two frames: no pooling across their boundary
+    frames = (torch.arange(12) >= 6).long().expand(1, 2, 12)
+    split = pool_along_grid(scores, coord, frames, kernel_size=5)
+    assert torch.allclose(split[..., 5], scores[..., 3:6].mean(-1), atol=1e-6)
+    # after eviction: entries 1 and 2 are gone; entry 3 (coord 3) pools with coords 4, 5 only (0 is 3 away)
+    keep = torch.tensor([0, 3, 4, 5, 6, 7])
+    gapped = pool_along_grid(scores[..., keep], coord[..., keep], one_frame[..., keep], kernel_size=5)
+    assert torch.allclose(gapped[..., 1], scores[..., [3, 4, 5]].mean(-1), atol=1e-6)
+    # protected entries (group -1) pool with nobody and nobody pools with them
+    text = one_frame.clone()
+    text[..., 0] = -1
+    alone = pool_along_grid(scores, coord, text, kernel_size=5)
+    assert torch.allclose(alone[..., 0], scores[..., 0]) and torch.allclose(alone[..., 1], scores[..., 1:4].mean(-1))
+
+
+def test_snapkv_proxy_window_is_the_question_only():
+    """Block-wise SnapKV's proxy queries cover the question + assistant prompt, as post-prefill's window."""
+    from tests.conftest import get_adapter
+    from visualkv.cache import CompressibleCache
+    from visualkv.methods.base import PrefillContext
+    from visualkv.methods.blockwise import proxy_queries
+    from visualkv.synthetic import image_media
+
+    adapter = get_adapter("tiny-qwen2.5-vl")
+    prepared = adapter.prepare(image_media(224, 168, seed=3), "Where is the red star?")
+    ctx = PrefillContext(adapter, CompressibleCache(adapter.num_layers), prepared, 64, 64, "blockwise")
+    queries = proxy_queries(ctx, window=64)
+    n_question = prepared.seq_len - prepared.suffix_start
+    text_pass = prepared.seq_len - prepared.layout.n_visual  # [prefix + question] of the text-only pass
+    assert n_question < min(64, text_pass)  # a plain "last 64 tokens" window would reach into the prefix
+    assert all(q.shape[2] == n_question for q in queries)

@@ -9,9 +9,12 @@ SnapKV needs queries from the user's question, which comes *after* the media.
 Our choice (the paper does not say): before the first visual block we run one
 text-only pass over [prompt prefix + question + assistant prompt], with the
 question tokens at the positions they will really occupy after the media, and
-keep each layer's post-RoPE query states of the last `window` tokens as proxy
-queries. They see the prefix but not the image; the cost is one short text
-forward. Limits: the kept set is tuned to *this* question; a follow-up about
+keep each layer's post-RoPE query states of the question and the assistant
+prompt (at most the last `window` of them; never the system prompt, so that
+block-wise and post-prefill SnapKV observe the same tokens) as proxy queries.
+They see the prefix but not the image; the cost is one short text forward.
+Scores are pooled along each tile / frame's original token order (not cache
+order, which skips evicted neighbours). Limits: the kept set is tuned to *this* question; a follow-up about
 something else may find its evidence evicted (use KeyDiff, or the session's
 `followup="reprefill"`).
 """
@@ -30,8 +33,8 @@ from visualkv.scoring import keydiff_scores, snapkv_scores
 
 @dataclass
 class SnapKVConfig:
-    window: int = 64  # proxy / observation queries: at most this many last prompt tokens
-    kernel_size: int = 5  # 1-D pooling over token order
+    window: int = 64  # proxy / observation queries: at most this many question + assistant-prompt tokens
+    kernel_size: int = 5  # 1-D pooling over each tile / frame's original token order
 
 
 class BlockwiseKeyDiff(Method):
@@ -61,11 +64,33 @@ class BlockwiseSnapKV(BlockwiseKeyDiff):
 
     def scores(self, ctx: PrefillContext, state: LayerState) -> torch.Tensor:
         queries = ctx.extra["proxy_queries"][state.layer_idx]
-        keys = ctx.cache.layers[state.layer_idx].keys
-        return snapkv_scores(queries.to(keys.device), keys, kernel_size=self.config.kernel_size)
+        layer = ctx.cache.layers[state.layer_idx]
+        return snapkv_scores(queries.to(layer.keys.device), layer.keys, kernel_size=self.config.kernel_size,
+                             grid=grid_places(ctx, layer.token_index))
 
     def config_dict(self) -> dict:
         return {"method": self.name, **self.config.__dict__}
+
+
+def grid_places(ctx: PrefillContext, token_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(coord, group) of cache entries for `pool_along_grid`: a visual entry's id in layout order and
+    its tile / frame; -1 as group for everything else (protected text pools with nobody).
+
+    The lookup tables go to the entries' device once per prefill; the gather needs no host read.
+    """
+    tables = ctx.extra.setdefault("_grid_places", {})
+    device = token_index.device
+    if device not in tables:
+        layout, seq_len = ctx.prepared.layout, ctx.prepared.seq_len
+        vid = torch.from_numpy(layout.visual_id_of_seq(seq_len))  # (L,) -1 for text
+        frame = torch.full((seq_len,), -1, dtype=torch.long)
+        frame[torch.from_numpy(layout.seq_index).long()] = torch.from_numpy(layout.frame).long()
+        tables[device] = (vid.to(device), frame.to(device))
+    vid, frame = tables[device]
+    local = token_index.long() - ctx.seq_offset
+    inside = (local >= 0) & (local < ctx.prepared.seq_len)
+    local = local.clamp(0, ctx.prepared.seq_len - 1)
+    return vid[local], torch.where(inside, frame[local], -1)
 
 
 class _QueryCapture(Method):
@@ -106,7 +131,10 @@ def proxy_queries(ctx: PrefillContext, window: int, proxy_ids: torch.Tensor | No
         )
         local = torch.arange(ids.shape[0])
     hidden = ctx.adapter.embed(ids)
-    capture = _QueryCapture(ctx.adapter, window)
+    # The window holds the question and the assistant prompt only (never the system prompt before the
+    # media): the same tokens post-prefill SnapKV observes.
+    n_question = int(proxy_ids.shape[0]) if proxy_ids is not None else prepared.seq_len - prepared.suffix_start
+    capture = _QueryCapture(ctx.adapter, max(1, min(window, n_question)))
     scratch = CompressibleCache(ctx.adapter.num_layers)
     Engine(ctx.adapter).run_layers(hidden, positions, local, scratch, capture, ctx)
     return capture.queries

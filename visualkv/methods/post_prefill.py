@@ -9,7 +9,7 @@ block-wise, but the peak is the full cache.
 from __future__ import annotations
 
 from visualkv.methods.base import LayerState, Method, PrefillContext
-from visualkv.methods.blockwise import SnapKVConfig, proxy_queries
+from visualkv.methods.blockwise import SnapKVConfig, grid_places, proxy_queries
 from visualkv.methods.eviction import evict_to_budget
 from visualkv.scoring import snapkv_scores
 
@@ -41,8 +41,9 @@ class PostPrefillSnapKV(Method):
         if self.proxy_ids is not None:  # follow-up re-prefill: score with the new question
             window = dict(enumerate(proxy_queries(ctx, self.config.window, self.proxy_ids)))
         for layer_idx, queries in window.items():
-            keys = ctx.cache.layers[layer_idx].keys
-            scores = snapkv_scores(queries.to(keys.device), keys, kernel_size=self.config.kernel_size)
+            layer = ctx.cache.layers[layer_idx]
+            scores = snapkv_scores(queries.to(layer.keys.device), layer.keys, kernel_size=self.config.kernel_size,
+                                   grid=grid_places(ctx, layer.token_index))
             evict_to_budget(ctx, layer_idx, scores, ctx.budget)
 
     def config_dict(self) -> dict:
