@@ -157,6 +157,22 @@ def test_all_full_precision_and_tau_zero_reproduce_full(alias, small_image, smal
             assert not any(f["skipped"] for f in report["frames"])
 
 
+@pytest.mark.parametrize("alias", FAMILIES)
+def test_first_answer_token_reads_the_media_as_stored(alias, small_image):
+    """All media tokens INT4 (nothing pruned, nothing skipped): the question runs after the media as its
+    own block, so the first answer token's logits carry the quantization error (a bulk forward would let
+    the question see the fresh full-precision keys, and give `full`'s logits exactly)."""
+    ref = _full_reference(alias, small_image, "small_image")
+    s = _session(alias, max_new_tokens=1, tiers="0,0,1", flow_threshold=0.0)
+    s.ask(PROMPT, small_image)
+    report = s.report()
+    assert report["tiers"]["int4"] == report["visual_tokens"]
+    assert [b["kind"] for b in report["blocks"]] == ["bulk", "text"]
+    diff = (s.prefill_result.logits - ref.prefill_result.logits).abs().max().item()
+    assert diff > 1e-4, "the question did not read the quantized media"
+    assert torch.nn.functional.cosine_similarity(s.prefill_result.logits, ref.prefill_result.logits, dim=0) > 0.9
+
+
 # -- temporal filter: skipped before the encoder, cut and event kept -----------------------------
 
 @pytest.mark.parametrize("alias", FAMILIES)

@@ -148,7 +148,8 @@ class Engine:
         ctx = PrefillContext(self.adapter, cache, prepared, budget, block_size, mode, seq_offset)
         self.adapter.reset_stream()
         method.begin(ctx)
-        ctx.blocks = plan_blocks(prepared.seq_len, prepared.layout.units, mode, block_size, budget)
+        ctx.blocks = plan_blocks(prepared.seq_len, prepared.layout.units, mode, block_size, budget,
+                                 question_apart=method.question_apart)
         events: list[BlockEvent] = []
         last_hidden = None
         for block in ctx.blocks:

@@ -124,6 +124,7 @@ def plan_blocks(
     mode: str,
     block_size: int,
     budget: int | None,
+    question_apart: bool = False,
 ) -> list[Block]:
     """Split the sequence into blocks that never cut a visual unit.
 
@@ -134,9 +135,15 @@ def plan_blocks(
     fit within `budget` visual tokens form one bulk block; if everything fits,
     the whole input is one bulk block (identical to "bulk").
     Text between units travels with the unit that follows it.
+    question_apart: the text after the last unit (the question and the assistant prompt) is always a
+    block of its own, so it attends to the media's entries as the cache *stores* them (e.g. packed
+    INT8 / INT4) rather than to the fresh full-precision keys of the same forward.
     """
     if mode not in ("bulk", "blockwise", "hybrid"):
         raise ValueError(f"unknown prefill mode {mode!r}")
+    if question_apart and units and units[-1].seq_end < seq_len:
+        head = plan_blocks(units[-1].seq_end, units, mode, block_size, budget)
+        return [*head, Block(len(head), "text", units[-1].seq_end, seq_len, [])]
     if mode == "bulk" or not units:
         return [Block(0, "bulk" if units else "text", 0, seq_len, list(units))]
     if block_size < 1:

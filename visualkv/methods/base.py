@@ -72,6 +72,9 @@ class Method:
     needs_budget: ClassVar[bool] = False
     #: does the kept set depend on the question (so a follow-up may miss things)?
     query_aware: ClassVar[bool] = False
+    #: run the question as a block of its own after the media, so it reads the media from the cache as
+    #: stored (a method that stores entries lossily wants its first answer token to see that loss)
+    question_apart: ClassVar[bool] = False
     #: token ids of a question to use as proxy instead of the prompt's own (follow-up re-prefill)
     proxy_ids: torch.Tensor | None = None
 

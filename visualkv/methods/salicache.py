@@ -23,11 +23,13 @@
    asymmetric, INT4 two per byte, ``group_size`` channels per scale / zero point) and dequantizes
    them just in time at every later attention. Text tokens are always full precision.
 
-Prefill: bulk by default (one forward over the kept tokens: lowest TTFT; the prefill itself sees
-its own new entries at full precision and the quantization error only reaches decoding).
-``--prefill blockwise`` runs frame blocks instead: each block attends to the packed entries of
-earlier blocks (dequantized per layer, just in time), which is closer to a streaming deployment and
-keeps the LLM's activations per block, at the cost of one dequantization of the cache per block.
+Prefill: the media in one bulk forward by default (lowest TTFT), then the question and the assistant
+prompt as a block of their own (``question_apart``), which reads the media's entries as the cache
+stores them: dequantized INT8 / INT4, exactly what a deployed tiered cache serves, so the first answer
+token already carries the quantization error (inside the media forward, media tokens see each other's
+fresh keys at full precision: they are computed there). ``--prefill blockwise`` runs frame blocks
+instead: each block attends to the packed entries of earlier blocks (dequantized per layer, just in
+time), which is closer to a streaming deployment and keeps the LLM's activations per block.
 
 Report (``report``): ``frames`` (per sampled frame: ``index``, ``time``, ``motion``,
 ``photometric``, ``reference``, ``redundant`` (own verdict), ``skipped`` (its unit's), ``unit``),
@@ -104,6 +106,7 @@ class SaliCache(Method):
     name = "salicache"
     description = "Skip redundant video frames before encoding; keep tokens at FP / INT8 / INT4 / pruned by saliency."
     default_prefill = "bulk"
+    question_apart = True  # the question reads the media as stored (packed tiers), see the module doc
 
     def __init__(self, config: SaliCacheConfig | None = None, **options: Any) -> None:
         """``options`` override ``config`` fields; ``tiers`` may be a string ``"0.43,0.1,0.29"``.
