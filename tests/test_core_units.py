@@ -145,6 +145,7 @@ def test_snapkv_proxy_window_is_the_question_only():
     """Block-wise SnapKV's proxy queries cover the question + assistant prompt, as post-prefill's window."""
     from tests.conftest import get_adapter
     from visualkv.cache import CompressibleCache
+    from visualkv.engine import Engine
     from visualkv.methods.base import PrefillContext
     from visualkv.methods.blockwise import proxy_queries
     from visualkv.synthetic import image_media
@@ -152,6 +153,7 @@ def test_snapkv_proxy_window_is_the_question_only():
     adapter = get_adapter("tiny-qwen2.5-vl")
     prepared = adapter.prepare(image_media(224, 168, seed=3), "Where is the red star?")
     ctx = PrefillContext(adapter, CompressibleCache(adapter.num_layers), prepared, 64, 64, "blockwise")
+    ctx.text_pass = lambda ids, positions, observer: Engine(adapter).text_pass(ids, positions, observer, ctx)
     queries = proxy_queries(ctx, window=64)
     n_question = prepared.seq_len - prepared.suffix_start
     text_pass = prepared.seq_len - prepared.layout.n_visual  # [prefix + question] of the text-only pass

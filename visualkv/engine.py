@@ -146,6 +146,7 @@ class Engine:
         block_size = block_size or self.adapter.default_block_size
         mode = prefill_mode or method.default_prefill
         ctx = PrefillContext(self.adapter, cache, prepared, budget, block_size, mode, seq_offset)
+        ctx.text_pass = lambda ids, positions, observer: self.text_pass(ids, positions, observer, ctx)
         self.adapter.reset_stream()
         method.begin(ctx)
         ctx.blocks = plan_blocks(prepared.seq_len, prepared.layout.units, mode, block_size, budget,
@@ -191,6 +192,16 @@ class Engine:
         self.adapter.reset_stream()
         logits = self.logits(last_hidden)
         return PrefillResult(logits, events, ctx, time.perf_counter() - t_start)
+
+    @torch.no_grad()
+    def text_pass(self, ids: torch.Tensor, positions: torch.Tensor, observer: Method, ctx: PrefillContext) -> None:
+        """Run text tokens through every layer in a scratch cache; `observer.after_layer` sees each layer.
+
+        The service behind `PrefillContext.text_pass`: SnapKV's proxy queries and LightKV's question states
+        come from such a pass over [prompt prefix + question] before the media blocks.
+        """
+        scratch = CompressibleCache(self.adapter.num_layers)
+        self.run_layers(self.adapter.embed(ids), positions, torch.arange(ids.shape[0]), scratch, observer, ctx)
 
     @torch.no_grad()
     def extend(self, ids: torch.Tensor, start_position: int, seq_offset: int, cache: CompressibleCache) -> torch.Tensor:

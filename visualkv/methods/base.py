@@ -13,6 +13,7 @@ which method it is:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -39,6 +40,10 @@ class PrefillContext:
     tiers: torch.Tensor | None = None  # (L,) tier per prepared token, or None = all full precision
     extra: dict[str, Any] = field(default_factory=dict)  # method scratch space and report fields
     encoded_frames: list[int] = field(default_factory=list)  # tiles/frames sent to the vision tower, in order
+    #: the engine's text-pass service: text_pass(ids (n,), positions (P, n), observer) runs the tokens through
+    #: every decoder layer in a scratch cache, calling observer.after_layer(ctx, state) after each layer
+    #: (proxy queries, the question's hidden states); methods never import the engine
+    text_pass: Callable[[torch.Tensor, torch.Tensor, Method], None] | None = None
 
     def is_visual(self, token_index: torch.Tensor) -> torch.Tensor:
         """Bool tensor: which global token indices are (evictable) visual tokens."""

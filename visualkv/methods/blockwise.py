@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 import torch
 
-from visualkv.cache import CompressibleCache
 from visualkv.methods.base import LayerState, Method, PrefillContext
 from visualkv.methods.eviction import evict_to_budget
 from visualkv.scoring import keydiff_scores, snapkv_scores
@@ -115,8 +114,6 @@ def proxy_queries(ctx: PrefillContext, window: int, proxy_ids: torch.Tensor | No
     question at the positions right after the media. `proxy_ids` replaces the
     prompt's own question tokens (a follow-up question being re-prefilled).
     """
-    from visualkv.engine import Engine  # local: engine imports the methods' base
-
     prepared = ctx.prepared
     first_visual = int(prepared.visual_mask.nonzero()[0]) if prepared.visual_mask.any() else prepared.seq_len
     local = torch.cat([torch.arange(first_visual), torch.arange(prepared.suffix_start, prepared.seq_len)])
@@ -129,12 +126,9 @@ def proxy_queries(ctx: PrefillContext, window: int, proxy_ids: torch.Tensor | No
         positions = torch.cat(
             [prepared.position_ids[:, :first_visual], (torch.arange(n) + start).expand(positions.shape[0], n)], dim=1
         )
-        local = torch.arange(ids.shape[0])
-    hidden = ctx.adapter.embed(ids)
     # The window holds the question and the assistant prompt only (never the system prompt before the
     # media): the same tokens post-prefill SnapKV observes.
     n_question = int(proxy_ids.shape[0]) if proxy_ids is not None else prepared.seq_len - prepared.suffix_start
     capture = _QueryCapture(ctx.adapter, max(1, min(window, n_question)))
-    scratch = CompressibleCache(ctx.adapter.num_layers)
-    Engine(ctx.adapter).run_layers(hidden, positions, local, scratch, capture, ctx)
+    ctx.text_pass(ids, positions, capture)
     return capture.queries

@@ -51,7 +51,6 @@ from typing import Any
 
 import torch
 
-from visualkv.cache import CompressibleCache
 from visualkv.errors import ConfigError
 from visualkv.layout import plan_blocks
 from visualkv.methods.base import LayerState, Method, PrefillContext
@@ -365,8 +364,6 @@ class LightKV(Method):
 
     def _proxy_text_states(self, ctx: PrefillContext) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Question hidden states at each merge layer from one text-only pass [prefix + question]."""
-        from visualkv.engine import Engine  # local: the engine imports the methods' base
-
         prepared = ctx.prepared
         first_visual = int(prepared.visual_mask.nonzero()[0])
         prefix = torch.arange(first_visual)
@@ -385,9 +382,7 @@ class LightKV(Method):
         if n == 0:
             return {}
         capture = _TextCapture({layer for layer, _, p in self.stages if p > 0}, n)
-        scratch = CompressibleCache(ctx.adapter.num_layers)
-        Engine(ctx.adapter).run_layers(ctx.adapter.embed(ids), positions, torch.arange(ids.shape[0]), scratch,
-                                       capture, ctx)
+        ctx.text_pass(ids, positions, capture)
         return capture.states
 
     def after_layer(self, ctx: PrefillContext, state: LayerState) -> LayerState | None:
