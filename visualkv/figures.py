@@ -236,7 +236,7 @@ def _needle_acc(results: list[dict], method: str, size: str, setting: str, fract
 
 
 def table_needle(results: Path) -> str:
-    names = ["needle_small/needle.json", "needle_4k30/needle.json"]
+    names = list(NEEDLE_RESULTS)
     data = [load(n, results) for n in names]
     columns = [("full", "full", None), ("block-wise SnapKV 10 %", "blockwise-snapkv", 0.1),
                ("block-wise KeyDiff 10 %", "blockwise-keydiff", 0.1), ("post-SnapKV 10 %", "post-snapkv", 0.1),
@@ -268,6 +268,92 @@ def table_needle(results: Path) -> str:
     return "\n".join(lines + ["", source_line(*zip(names, data))])
 
 
+# -- docs/DEMO.md: the needle tables in full ---------------------------------------------------------
+NEEDLE_RESULTS = ("needle_small/needle.json", "needle_4k30/needle.json")
+
+
+def _needle_all(results: Path) -> tuple[list[dict], list[tuple[str, dict]]]:
+    data = [(n, load(n, results)) for n in NEEDLE_RESULTS]
+    return [r for _, d in data for r in d["results"]], data
+
+
+def _pct(r: dict | None) -> str:
+    return f"{r['accuracy'] * 100:.0f} %" if r else ""
+
+
+def _image_sizes(rows: list[dict]) -> list[str]:
+    return sorted({r["size"] for r in rows if not r["size"].startswith("video")}, key=lambda s: int(s.split("x")[0]))
+
+
+def table_needle_eviction(results: Path) -> str:
+    rows, data = _needle_all(results)
+    cols = [("full", "full", None)] + [(f"{label} {f * 100:g} %", m, f) for label, m in
+                                       (("SnapKV", "blockwise-snapkv"), ("KeyDiff", "blockwise-keydiff"),
+                                        ("post-SnapKV", "post-snapkv")) for f in (0.05, 0.1, 0.25)]
+    body = []
+    for size in _image_sizes(rows):
+        for setting in ("single", "followup"):
+            n = (_needle_acc(rows, "full", size, setting, None) or {}).get("n", "?")
+            body.append([f"{size} (n = {n})", "follow-up" if setting == "followup" else setting,
+                         *(_pct(_needle_acc(rows, m, size, setting, f)) for _, m, f in cols)])
+    lines = _table(["size", "setting", *(c[0] for c in cols)], body)
+    return "\n".join(lines + ["", source_line(*data)])
+
+
+def table_needle_video(results: Path) -> str:
+    rows, data = _needle_all(results)
+    video = [r for r in rows if r["size"].startswith("video")]
+    if not video:
+        return "No video rows in the committed JSON."
+    size = video[0]["size"]
+
+    def cell(method: str, question: str) -> str:
+        found = sorted((r for r in video if r["method"] == method and r.get("question") == question),
+                       key=lambda r: r["budget_fraction"])
+        return " / ".join(_pct(r) for r in found)
+
+    methods = [("full", "full"), ("SnapKV 5 / 10 / 25 %", "blockwise-snapkv"),
+               ("KeyDiff 5 / 10 / 25 %", "blockwise-keydiff"), ("post-SnapKV 5 / 10 / 25 %", "post-snapkv"),
+               ("Sali-Cache 5 / 10 / 25 %", "salicache"), ("LightKV", "lightkv")]
+    n = video[0]["n"]
+    body = [[q, *(cell(m, q) for _, m in methods)] for q in ("color", "when")]
+    lines = _table([f"{size} (n = {n})", *(label for label, _ in methods)], body)
+    return "\n".join(lines + ["", source_line(*data)])
+
+
+def table_needle_salicache_lightkv(results: Path) -> str:
+    rows, data = _needle_all(results)
+    body = []
+    for size in _image_sizes(rows):
+        for setting in ("single", "followup"):
+            sali = sorted((r for r in rows if r["method"] == "salicache" and r["size"] == size
+                           and r["setting"] == setting), key=lambda r: r["budget_fraction"])
+            light = _needle_acc(rows, "lightkv", size, setting, None)
+            body.append([size, "follow-up" if setting == "followup" else setting,
+                         _pct(_needle_acc(rows, "full", size, setting, None)),
+                         " / ".join(f"{_pct(r)} ({r['budget_fraction'] * 100:g} %: {r['kept_fraction']:.2f})"
+                                    for r in sali),
+                         f"{_pct(light)} ({light['kept_fraction']:.2f})" if light else ""])
+    lines = _table(["size", "setting", "full", "Sali-Cache (nominal fraction of FP bytes: entries kept)",
+                    "LightKV (entries kept)"], body)
+    return "\n".join(lines + ["", source_line(*data)])
+
+
+def table_needle_by_kind(results: Path) -> str:
+    rows, data = _needle_all(results)
+    kinds = ("color", "quadrant", "presence", "count")
+    body = []
+    for size in _image_sizes(rows):
+        cells = []
+        for kind in kinds:
+            vals = [(_needle_acc(rows, "full", size, s, None) or {}).get("by_kind", {}).get(kind) for s in
+                    ("single", "followup")]
+            cells.append(" / ".join("—" if v is None else f"{v * 100:.0f} %" for v in vals))
+        body.append([size, *cells])
+    lines = _table(["full cache, single / follow-up", *kinds], body)
+    return "\n".join(lines + ["", source_line(*data)])
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "memory-image": table_memory_image,
     "latency-image": table_latency_image,
@@ -277,6 +363,10 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "salicache-variants": table_salicache_variants,
     "lightkv": table_lightkv,
     "needle": table_needle,
+    "needle-eviction": table_needle_eviction,
+    "needle-video": table_needle_video,
+    "needle-salicache-lightkv": table_needle_salicache_lightkv,
+    "needle-by-kind": table_needle_by_kind,
 }
 
 
