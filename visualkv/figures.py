@@ -354,6 +354,26 @@ def table_needle_by_kind(results: Path) -> str:
     return "\n".join(lines + ["", source_line(*data)])
 
 
+def table_needle_before_after(results: Path) -> str:
+    """SnapKV's proxy window (question only) and Sali-Cache's honest path: the same scenes before / after."""
+    before_name, after_name = "needle_small_before/needle.json", NEEDLE_RESULTS[0]
+    before, after = load(before_name, results), load(after_name, results)
+
+    def acc(d: dict, method: str, size: str, setting: str, fraction: float) -> str:
+        return _pct(_needle_acc(d["results"], method, size, setting, fraction))
+
+    body = []
+    for method, label in (("blockwise-snapkv", "block-wise SnapKV"), ("post-snapkv", "post-SnapKV"),
+                          ("salicache", "Sali-Cache")):
+        for fraction in (0.05, 0.1):
+            for size in _image_sizes(after["results"]):
+                cells = [f"{acc(before, method, size, s, fraction)} → {acc(after, method, size, s, fraction)}"
+                         for s in ("single", "followup")]
+                body.append([f"{label} {fraction * 100:g} %", size, *cells])
+    lines = _table(["method", "size", "single: before → after", "follow-up: before → after"], body)
+    return "\n".join(lines + ["", source_line((before_name, before), (after_name, after))])
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "memory-image": table_memory_image,
     "latency-image": table_latency_image,
@@ -367,6 +387,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "needle-video": table_needle_video,
     "needle-salicache-lightkv": table_needle_salicache_lightkv,
     "needle-by-kind": table_needle_by_kind,
+    "needle-before-after": table_needle_before_after,
 }
 
 
