@@ -65,3 +65,14 @@ def snapkv_scores(
             count_include_pad=False,
         )[..., :n_tokens].reshape(batch, kv_heads, n_tokens)
     return probs
+
+
+def keydiff_working_bytes(keys: torch.Tensor) -> int:
+    """Transient bytes `keydiff_scores` allocates: the float32 normalised keys (plus a float32 copy)."""
+    return 2 * keys.numel() * 4
+
+
+def snapkv_working_bytes(queries: torch.Tensor, keys: torch.Tensor) -> int:
+    """Transient bytes `snapkv_scores` allocates: float32 keys, logits and probabilities (b, kv, g*w, n)."""
+    batch, q_heads, window, _ = queries.shape
+    return keys.numel() * 4 + 2 * batch * q_heads * window * keys.shape[2] * 4

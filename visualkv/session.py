@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from visualkv.cache import CompressibleCache
+from visualkv.detokenize import IncrementalDetokenizer
 from visualkv.engine import Engine, PrefillResult
 from visualkv.errors import ConfigError
 from visualkv.media import Media
@@ -199,11 +200,12 @@ class ChatSession:
     def _decode(self, logits: torch.Tensor, record: TurnRecord, t0: float, stop) -> Iterator[str]:
         eos = self.adapter.eos_token_ids
         generator = torch.Generator().manual_seed(self.config.seed + len(self.turns))
-        shown = ""
+        detok = IncrementalDetokenizer(self.adapter.tokenizer)
         t_first = None
         record.stopped = "max_new_tokens"
+        self.cache.reserve(self.config.max_new_tokens + 1)  # one growth now, none while decoding
         for step in range(self.config.max_new_tokens):
-            token = self._sample(logits, generator)
+            token = self._sample(logits, generator)  # the one host sync per token: EOS and text need it
             if t_first is None:
                 t_first = time.perf_counter()
                 record.ttft_seconds = t_first - t0
@@ -211,10 +213,9 @@ class ChatSession:
                 record.stopped = "eos"
                 break
             record.token_ids.append(token)
-            text = self.adapter.tokenizer.decode(record.token_ids, skip_special_tokens=True)
-            if not text.endswith("\ufffd") and len(text) > len(shown):
-                piece, shown = text[len(shown):], text
-                record.answer = shown
+            piece = detok.push(token)
+            if piece:
+                record.answer = detok.text
                 yield piece
             if stop is not None and stop.is_set():
                 record.stopped = "stopped"

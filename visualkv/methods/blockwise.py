@@ -25,7 +25,7 @@ import torch
 from visualkv.cache import CompressibleCache
 from visualkv.methods.base import LayerState, Method, PrefillContext
 from visualkv.methods.eviction import evict_to_budget
-from visualkv.scoring import keydiff_scores, snapkv_scores
+from visualkv.scoring import keydiff_scores, keydiff_working_bytes, snapkv_scores, snapkv_working_bytes
 
 
 @dataclass
@@ -43,9 +43,18 @@ class BlockwiseKeyDiff(Method):
     def scores(self, ctx: PrefillContext, state: LayerState) -> torch.Tensor:
         return keydiff_scores(ctx.cache.layers[state.layer_idx].keys)
 
+    def scratch_bytes(self, ctx: PrefillContext, state: LayerState) -> int:
+        return keydiff_working_bytes(ctx.cache.layers[state.layer_idx].keys)
+
+    def capacity_hint(self, ctx: PrefillContext) -> int | None:
+        if ctx.budget is None or not ctx.blocks:
+            return None
+        protected = ctx.prepared.seq_len - int(ctx.prepared.visual_mask.sum())
+        return ctx.budget + max(b.end - b.start for b in ctx.blocks) + protected
+
     def after_layer(self, ctx: PrefillContext, state: LayerState) -> None:
         if ctx.budget is not None and ctx.block is not None and ctx.block.units:
-            evict_to_budget(ctx, state.layer_idx, self.scores(ctx, state), ctx.budget)
+            evict_to_budget(ctx, state.layer_idx, self.scores(ctx, state), ctx.budget, self.scratch_bytes(ctx, state))
 
 
 class BlockwiseSnapKV(BlockwiseKeyDiff):
@@ -63,6 +72,9 @@ class BlockwiseSnapKV(BlockwiseKeyDiff):
         queries = ctx.extra["proxy_queries"][state.layer_idx]
         keys = ctx.cache.layers[state.layer_idx].keys
         return snapkv_scores(queries.to(keys.device), keys, kernel_size=self.config.kernel_size)
+
+    def scratch_bytes(self, ctx: PrefillContext, state: LayerState) -> int:
+        return snapkv_working_bytes(ctx.extra["proxy_queries"][state.layer_idx], ctx.cache.layers[state.layer_idx].keys)
 
     def config_dict(self) -> dict:
         return {"method": self.name, **self.config.__dict__}
