@@ -108,3 +108,13 @@ def test_incremental_detokenizer_matches_full_decode():
     assert "".join(pieces) == tok.decode(ids, skip_special_tokens=True) == detok.text
     assert all("\ufffd" not in p for p in pieces)
     assert sum(1 for p in pieces if p) > len(ids) // 3  # streamed as it goes, not all at the end
+
+
+def test_decoding_never_grows_a_buffer():
+    """The first allocation leaves room for the answer: a bulk prefill + decode allocates once per layer."""
+    adapter = get_adapter("tiny-qwen2.5-vl")
+    session = ChatSession(adapter, SessionConfig(method="full", max_new_tokens=7))
+    session.ask("Hi there?")
+    for layer in session.cache.layers:
+        assert layer._rows.capacity == session.prepared.seq_len + 8  # prompt + max_new_tokens + 1, never grown
+        assert layer.n_full == session.prepared.seq_len + len(session.turns[-1].token_ids) - 1

@@ -54,6 +54,8 @@ def _grown(needed: int, capacity: int, hint: int | None) -> int:
     """New capacity (entries) for `needed` entries in a buffer of `capacity`."""
     if hint is not None and needed <= hint:
         return hint
+    if capacity == 0:
+        return needed  # the first allocation is exact (it already includes the answer's headroom)
     return max(needed, int(capacity * GROWTH), capacity + MIN_GROWTH)
 
 
@@ -164,6 +166,7 @@ class CompressibleLayer(CacheLayerMixin):
         self._stores: dict[int, _PackedStore] = {}
         self._deq_stale = False
         self.capacity_hint: int | None = None  # entries this layer will need at most (full + view), if known
+        self.headroom = 0  # entries added to the first allocation (the answer to come), so decoding never grows
         self.visual_entries = 0  # visual entries held per head (host int, kept by the engine and eviction)
         self.quant_specs: dict[int, QuantSpec] = {}
         self.working_bytes = 0  # transient bytes of the last operation (read by the cache's peak)
@@ -232,7 +235,9 @@ class CompressibleLayer(CacheLayerMixin):
         new_index = token_index.to(self.device, torch.int32, non_blocking=True).view(1, 1, q).expand(b, h, q)
         self.working_bytes = 0
         if not self._rows.buffers:
-            self.working_bytes += self._rows.ensure(q, [key_states, value_states, new_index], self.capacity_hint)
+            self.working_bytes += self._rows.ensure(
+                q + self.headroom, [key_states, value_states, new_index], self.capacity_hint
+            )
         self._refresh_dequantized()
         if tiers is None:
             # The common path (every decode step, every block without quantized tiers): write in place, read a view.
@@ -399,8 +404,13 @@ class CompressibleCache(Cache):
     `peak_kv_bytes` and `peak_device_bytes`.
     """
 
-    def __init__(self, num_layers: int) -> None:
+    def __init__(self, num_layers: int, headroom: int = 0) -> None:
+        """headroom: entries to allocate beyond the prefill (e.g. the answer's tokens), so decoding appends
+        in place without growing a buffer."""
         super().__init__(layers=[CompressibleLayer() for _ in range(num_layers)])
+        self.headroom = headroom
+        for layer in self.layers:
+            layer.headroom = headroom
         self.pending_token_index: torch.Tensor | None = None
         self.pending_tiers: dict[int, torch.Tensor] | None = None
         self.pending_visual = 0  # visual tokens among the pending ones (host int)
@@ -421,7 +431,7 @@ class CompressibleCache(Cache):
     def set_capacity_hint(self, entries: int | None) -> None:
         """Entries each layer will hold at most (eviction methods know it): buffers are allocated once."""
         for layer in self.layers:
-            layer.capacity_hint = entries
+            layer.capacity_hint = entries + self.headroom if entries is not None else None
 
     def reserve(self, extra: int) -> None:
         """Room for `extra` more entries in every layer (e.g. a whole answer before decoding)."""

@@ -143,7 +143,7 @@ class ChatSession:
     # -- turns --------------------------------------------------------------------
     def _first_turn(self, prompt: str, media: Media | None, on_block) -> torch.Tensor:
         prepared = self.adapter.prepare(media, prompt)
-        cache = CompressibleCache(self.adapter.num_layers)
+        cache = CompressibleCache(self.adapter.num_layers, headroom=self.config.max_new_tokens + 1)
         result = self.engine.prefill(
             prepared, cache, self.method, self.config.budget, self.config.block_size, self.config.prefill,
             on_block=self._collect(on_block),
@@ -165,7 +165,7 @@ class ChatSession:
 
     def _reprefill(self, prompt: str, ids: torch.Tensor, on_block) -> torch.Tensor:
         """Rebuild the media cache with `prompt` as the proxy question, replay the history."""
-        cache = CompressibleCache(self.adapter.num_layers)
+        cache = CompressibleCache(self.adapter.num_layers, headroom=self.config.max_new_tokens + 1)
         proxy = torch.tensor(self.adapter.tokenizer(prompt, add_special_tokens=False)["input_ids"])
         self.method.proxy_ids = proxy
         try:
@@ -294,6 +294,10 @@ class ChatSession:
             "peak_kv_bytes": self.cache.peak_kv_bytes if self.cache else 0,
             "final_kv_bytes": self.cache.kv_bytes() if self.cache else 0,
             "index_bytes": self.cache.index_bytes() if self.cache else 0,
+            # device view: buffers allocated (free capacity, dequantized view) and their peak with transients
+            "allocated_kv_bytes": self.cache.allocated_bytes() if self.cache else 0,
+            "dequant_view_bytes": self.cache.dequant_bytes() if self.cache else 0,
+            "peak_device_kv_bytes": self.cache.peak_device_bytes if self.cache else 0,
             "full_kv_bytes": self.full_kv_bytes(),
             "peak_rss_bytes": peak_rss_bytes(),
             "cuda_peak_bytes": cuda_peak(),
