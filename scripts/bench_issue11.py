@@ -25,6 +25,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--budget", type=int, default=256)
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--methods", default="", help="comma-separated subset of the configurations (default: all)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: CPU seconds are not inflated by spinning)")
     args = p.parse_args()
 
@@ -44,6 +45,8 @@ def main() -> None:
         "lightkv": {"method": "lightkv"},
         "salicache": {"method": "salicache"},
     }
+    if args.methods:
+        configs = {name: cfg for name, cfg in configs.items() if name in args.methods.split(",")}
     rows: dict[str, dict] = {}
     for _ in range(args.repeats):
         for name, cfg in configs.items():
@@ -89,7 +92,8 @@ def main() -> None:
             print(name, {k: (round(v[-1], 3) if isinstance(v, list) else v) for k, v in row.items()}, flush=True)
     out = {
         "command": f"python scripts/bench_issue11.py {args.out} --size {args.size} --tokens {args.tokens} "
-        f"--budget {args.budget} --repeats {args.repeats} --threads {args.threads}",
+        f"--budget {args.budget} --repeats {args.repeats} --threads {args.threads}"
+        + (f" --methods {args.methods}" if args.methods else ""),
         "code": visualkv.__file__,
         "machine": f"{platform.machine()}, torch {torch.__version__}, {args.threads} torch thread(s); "
         "2 CPU cores shared by five engineers (loaded)",

@@ -19,10 +19,22 @@ from visualkv.session import ChatSession, SessionConfig
 from visualkv.synthetic import image_media, video_media
 
 _READS_DEVICE = {
-    torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.cpu, torch.Tensor.numpy,
-    torch.Tensor.__bool__, torch.Tensor.__int__, torch.Tensor.__float__, torch.Tensor.__index__,
-    torch.Tensor.nonzero, torch.nonzero, torch.argwhere, torch.Tensor.unique, torch.unique,
-    torch.unique_consecutive, torch.masked_select, torch.Tensor.masked_select,
+    torch.Tensor.item,
+    torch.Tensor.tolist,
+    torch.Tensor.cpu,
+    torch.Tensor.numpy,
+    torch.Tensor.__bool__,
+    torch.Tensor.__int__,
+    torch.Tensor.__float__,
+    torch.Tensor.__index__,
+    torch.Tensor.nonzero,
+    torch.nonzero,
+    torch.argwhere,
+    torch.Tensor.unique,
+    torch.unique,
+    torch.unique_consecutive,
+    torch.masked_select,
+    torch.Tensor.masked_select,
 }
 
 
@@ -82,7 +94,9 @@ CASES = [
     # LightKV's merge still reads device data at each merge stage (the next layers' length depends on which
     # tokens survived; its window bookkeeping runs on the host): open work of issue 11, reported as such.
     pytest.param("lightkv", None, None, marks=pytest.mark.xfail(strict=True, reason="LightKV merge: host reads")),
-    pytest.param("lightkv", None, "blockwise", marks=pytest.mark.xfail(strict=True, reason="LightKV merge: host reads")),
+    pytest.param(
+        "lightkv", None, "blockwise", marks=pytest.mark.xfail(strict=True, reason="LightKV merge: host reads")
+    ),
 ]
 
 
@@ -91,8 +105,9 @@ CASES = [
 def test_no_host_sync_in_layer_loop(guard, family, method, budget, prefill):
     adapter = get_adapter(family)
     media = video_media(4, 224, 168, fps=1.0, seed=3) if method == "salicache" else image_media(448, 336, seed=1)
-    session = ChatSession(adapter, SessionConfig(method=method, budget=budget, prefill=prefill, block_size=48,
-                                                 max_new_tokens=3))
+    session = ChatSession(
+        adapter, SessionConfig(method=method, budget=budget, prefill=prefill, block_size=48, max_new_tokens=3)
+    )
     session.ask("What is in the picture?", media)  # prefill blocks + decode steps
     session.ask("And the colours?")  # a follow-up turn: text extend + decode steps
     assert guard.hits == [], f"{method}/{prefill}: host syncs in the layer loop: {sorted(set(guard.hits))}"
