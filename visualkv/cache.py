@@ -99,6 +99,10 @@ class _Rows:
         self.n += q
         return moved
 
+    def held_bytes(self, n_buffers: int) -> int:
+        """Bytes of the entries held in the first `n_buffers` buffers (from shapes: no device read)."""
+        return self.n * sum(b.nbytes // b.shape[2] for b in self.buffers[:n_buffers]) if self.capacity else 0
+
     def view(self, i: int, start: int = 0) -> torch.Tensor:
         return self.buffers[i][:, :, start : self.n]
 
@@ -234,9 +238,10 @@ class CompressibleLayer(CacheLayerMixin):
             token_index = torch.arange(start, start + q, device=self.device)
         new_index = token_index.to(self.device, torch.int32, non_blocking=True).view(1, 1, q).expand(b, h, q)
         self.working_bytes = 0
-        if not self._rows.buffers:
+        if not self._rows.buffers:  # sized for what this layer keeps at full precision, plus the answer
+            first = q if tiers is None else (tiers[TIER_FULL].numel() if TIER_FULL in tiers else 0)
             self.working_bytes += self._rows.ensure(
-                q + self.headroom, [key_states, value_states, new_index], self.capacity_hint
+                first + self.headroom, [key_states, value_states, new_index], self.capacity_hint
             )
         self._refresh_dequantized()
         if tiers is None:
@@ -249,7 +254,7 @@ class CompressibleLayer(CacheLayerMixin):
         attend_v = torch.cat([self._rows.view(1), value_states], dim=-2)
         self.working_bytes += attend_k.nbytes + attend_v.nbytes
         for tier, sel in tiers.items():
-            sel = sel.to(self.device, non_blocking=True)
+            sel = sel.to(self.device, non_blocking=True)  # a no-op when the engine put it there (BlockPlan)
             k, v, idx = key_states[:, :, sel], value_states[:, :, sel], new_index[:, :, sel]
             if tier == TIER_FULL:
                 self.working_bytes += self._rows.append([k, v, idx], self.capacity_hint)
@@ -300,7 +305,8 @@ class CompressibleLayer(CacheLayerMixin):
         rows = self._rows
         full = [rows.view(i, self._front).clone() for i in range(3)]  # moved behind the new view
         n_full = full[0].shape[2]
-        self.working_bytes += sum(t.nbytes for t in full) + rows.ensure(front + n_full, full, None)
+        needed = front + n_full + self.headroom  # exact: no geometric overshoot for a one-off rebuild
+        self.working_bytes += sum(t.nbytes for t in full) + rows.ensure(needed, full, needed)
         at = 0
         for seg in segments:
             m = seg.token_index.shape[-1]
@@ -351,7 +357,8 @@ class CompressibleLayer(CacheLayerMixin):
     def kv_bytes(self) -> int:
         if not self.is_initialized:
             return 0
-        return self.n_full * self._entry_bytes() + sum(s.nbytes for s in self.quant.values())
+        # packed K/V: data, scale, zero of keys and values (the token index is bookkeeping)
+        return self.n_full * self._entry_bytes() + sum(s.rows.held_bytes(6) for s in self._stores.values())
 
     def dequant_bytes(self) -> int:
         """Bytes of the dequantized view of the packed tiers (working memory kept for decoding)."""

@@ -70,7 +70,7 @@ class BlockPlan:
                  n_visual: int | None = None) -> None:
         self.token_index = token_index
         self.tier_split = split_tiers(tiers)
-        self._on: dict[torch.device, torch.Tensor] = {}
+        self._on: dict = {}  # device -> token indices there; ("tiers", device) -> tier positions there
         if n_visual is not None or ctx is None:
             self.n_visual_full = n_visual or 0
             return
@@ -82,8 +82,16 @@ class BlockPlan:
 
     def index_on(self, device: torch.device) -> torch.Tensor:
         if device not in self._on:
-            self._on[device] = to_device(self.token_index, device)
+            self._on[device] = to_device(self.token_index.to(torch.int32), device)
         return self._on[device]
+
+    def tiers_on(self, device: torch.device) -> dict[int, torch.Tensor] | None:
+        if self.tier_split is None:
+            return None
+        key = ("tiers", device)
+        if key not in self._on:
+            self._on[key] = {tier: to_device(sel, device) for tier, sel in self.tier_split.items()}
+        return self._on[key]
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -103,7 +111,7 @@ def attention_working_bytes(adapter: ModelAdapter, q: int, n: int, causal_flag: 
     """
     cfg = adapter.text_config
     hq, hkv, hd = cfg.num_attention_heads, adapter.num_kv_heads, adapter.head_dim
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     impl = adapter.attn_implementation
     expand = 0 if (impl == "sdpa" and causal_flag) or hq == hkv else 2 * hq * n * hd * itemsize
     scores = 2 * hq * q * n * itemsize if impl == "eager" else 0
@@ -147,7 +155,7 @@ class Engine:
                 masks[key] = attention_mask(q, n_past, adapter.attn_implementation, hidden.dtype, device)
             mask = masks[key]
             cache.pending_token_index = plan.index_on(device)
-            cache.pending_tiers = plan.tier_split
+            cache.pending_tiers = plan.tiers_on(device)
             cache.pending_visual = plan.n_visual_full
             out = layer(
                 hidden, attention_mask=mask, position_embeddings=(cos, sin), past_key_values=cache, use_cache=True
@@ -260,7 +268,9 @@ class Engine:
     def extend(self, ids: torch.Tensor, start_position: int, seq_offset: int, cache: CompressibleCache) -> torch.Tensor:
         """Run plain text tokens (protected) after the cache; returns last logits."""
         n = int(ids.shape[0])
-        positions = (torch.arange(n) + start_position).view(1, n).expand(self.adapter.position_axes, n)
+        device = self.adapter.device  # positions and indices made there: no host-to-device copy per token
+        steps = torch.arange(n, device=device)
+        positions = (steps + start_position).view(1, n).expand(self.adapter.position_axes, n)
         hidden = self.adapter.embed(ids)
-        hidden = self.run_layers(hidden, positions, torch.arange(n) + seq_offset, cache)
+        hidden = self.run_layers(hidden, positions, steps + seq_offset, cache)
         return self.logits(hidden)
