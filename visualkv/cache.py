@@ -226,12 +226,15 @@ class CompressibleLayer(CacheLayerMixin):
 
         token_index: (q,) sequence indices of the new tokens (on this layer's
         device, or moved here). tiers: None (all full precision) or {tier: (k,)
-        positions in the block} for every tier present (see `split_tiers`);
+        positions in the block} for every tier present (see `split_tiers`; a
+        (q,) tensor of tier codes is also accepted and split here);
         quantized tiers are stored packed, while the current block still attends
         to its own new entries at full precision (they were just computed).
         """
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        if isinstance(tiers, torch.Tensor):  # (q,) tier codes, for direct callers: split here (reads them)
+            tiers = split_tiers(tiers)
         b, h, q, _ = key_states.shape
         if token_index is None:
             start = self.total_entries_per_head()
