@@ -308,7 +308,8 @@ class CompressibleLayer(CacheLayerMixin):
         rows = self._rows
         full = [rows.view(i, self._front).clone() for i in range(3)]  # moved behind the new view
         n_full = full[0].shape[2]
-        needed = front + n_full + self.headroom  # exact: no geometric overshoot for a one-off rebuild
+        # exact (no geometric overshoot for a one-off rebuild), keeping any room reserved for the answer
+        needed = front + max(rows.capacity - self._front, n_full + self.headroom)
         self.working_bytes += sum(t.nbytes for t in full) + rows.ensure(needed, full, needed)
         at = 0
         for seg in segments:
