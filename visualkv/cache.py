@@ -1,4 +1,4 @@
-"""The compressible KV cache: a transformers `Cache` with per-head bookkeeping.
+"""The compressible KV cache: a transformers `Cache` with per-head bookkeeping, built for the device.
 
 Each layer holds, per KV head, the kept entries in original sequence order:
 full-precision keys/values, optional packed INT8 / INT4 segments (Sali-Cache),
@@ -7,11 +7,33 @@ token sequence (`token_index`). That index is the entry's original position:
 the engine keeps a table from sequence index to position ids (3-D M-RoPE ids
 for Qwen), so nothing is ever renumbered.
 
-Byte accounting is exact: `kv_bytes()` is the sum of `nbytes` of the K/V
-tensors (packed data + scales + zero points included) really held.
+Storage: every layer owns preallocated buffers on its own device (a model
+sharded with `device_map="auto"` keeps its cache sharded). New entries are
+written in place and attention reads views, so appending a block or a decoded
+token copies only the new entries. Capacity comes from a hint (eviction
+methods know their bound M + b + protected) or grows geometrically (x1.25, at
+least 256 entries), and `reserve` makes room for a whole answer before
+decoding. Eviction compacts in place. Entry counts live on the host as Python
+ints, so nothing here needs to read the device.
+
+Byte accounting (all exact, from tensor shapes):
+- `kv_bytes()`: bytes of the entries held (full K/V + packed data, scales and
+  zero points). `peak_kv_bytes` is its high-water mark, taken right after each
+  append (before eviction), when a block-wise cache is fullest.
+- `allocated_bytes()`: bytes of the buffers really allocated (unused capacity
+  and the dequantized view of packed tiers included): what the device holds.
+- `peak_device_bytes`: high-water mark of allocated bytes plus the transient
+  working memory of a step (buffer growth, the gathers and scores of an
+  eviction, the concatenation of a quantized block, the grouped-query
+  expansion of attention), noted by whoever allocates it via `note_working`.
 Bookkeeping (`token_index`, int32) is reported separately as `index_bytes()`.
-Tensors live on the device of the keys they were created from, i.e. of their
-layer, so a model sharded with `device_map="auto"` keeps its cache sharded.
+
+Packed tiers and decoding: Sali-Cache's INT8 / INT4 entries are dequantized
+once into a view kept in front of the full-precision entries of the same
+buffer (the "dequantized view" option of the issue): a decode step attends to
+one contiguous view and dequantizes nothing; the view is rebuilt only when a
+packed segment changes (a prefill block). Its bytes count in
+`allocated_bytes()` / `dequant_bytes()`, not in `kv_bytes()`.
 """
 
 from __future__ import annotations
@@ -21,14 +43,86 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from visualkv.quant import PackedTensor, QuantSpec, cat_packed, dequantize, quantize, select_tokens
+from visualkv.quant import PackedTensor, QuantSpec, dequantize, quantize
 
 TIER_FULL, TIER_INT8, TIER_INT4 = 0, 1, 2
+GROWTH = 1.25  # geometric growth factor of a buffer without a capacity hint
+MIN_GROWTH = 256  # entries added at least per growth
+
+
+def _grown(needed: int, capacity: int, hint: int | None) -> int:
+    """New capacity (entries) for `needed` entries in a buffer of `capacity`."""
+    if hint is not None and needed <= hint:
+        return hint
+    if capacity == 0:
+        return needed  # the first allocation is exact (it already includes the answer's headroom)
+    return max(needed, int(capacity * GROWTH), capacity + MIN_GROWTH)
+
+
+def _alloc_like(t: torch.Tensor, capacity: int) -> torch.Tensor:
+    """An empty buffer shaped like `t` with `capacity` entries along dim 2."""
+    return t.new_empty((*t.shape[:2], capacity, *t.shape[3:]))
+
+
+class _Rows:
+    """A group of buffers sharing one entry axis (dim 2): append, view, compact in place."""
+
+    def __init__(self) -> None:
+        self.buffers: list[torch.Tensor] = []
+        self.n = 0  # entries held (host int)
+
+    @property
+    def capacity(self) -> int:
+        return self.buffers[0].shape[2] if self.buffers else 0
+
+    @property
+    def nbytes_allocated(self) -> int:
+        return sum(b.nbytes for b in self.buffers)
+
+    def ensure(self, needed: int, like: list[torch.Tensor], hint: int | None) -> int:
+        """Room for `needed` entries; returns the bytes of the old buffers copied (transient), 0 if none."""
+        if self.buffers and needed <= self.capacity:
+            return 0
+        cap = _grown(needed, self.capacity, hint)
+        old = self.buffers
+        new = [_alloc_like(t, cap) for t in (old or like)]
+        for dst, src in zip(new, old):
+            dst[:, :, : self.n].copy_(src[:, :, : self.n])
+        self.buffers = new
+        return sum(b.nbytes for b in old)
+
+    def append(self, tensors: list[torch.Tensor], hint: int | None) -> int:
+        q = tensors[0].shape[2]
+        moved = self.ensure(self.n + q, tensors, hint)
+        for dst, src in zip(self.buffers, tensors):
+            dst[:, :, self.n : self.n + q].copy_(src)
+        self.n += q
+        return moved
+
+    def held_bytes(self, n_buffers: int) -> int:
+        """Bytes of the entries held in the first `n_buffers` buffers (from shapes: no device read)."""
+        return self.n * sum(b.nbytes // b.shape[2] for b in self.buffers[:n_buffers]) if self.capacity else 0
+
+    def view(self, i: int, start: int = 0) -> torch.Tensor:
+        return self.buffers[i][:, :, start : self.n]
+
+    def compact(self, index: torch.Tensor, start: int = 0) -> int:
+        """Keep entries `index` (b, h, m) of [start, n), sorted, in place; returns transient bytes."""
+        m = index.shape[-1]
+        working = 0
+        for buf in self.buffers:
+            held = buf[:, :, start : self.n]
+            idx = index.view(*index.shape, *([1] * (held.dim() - 3))).expand(*index.shape, *held.shape[3:])
+            kept = held.gather(2, idx)  # transient: the kept entries, then copied to the front
+            working += kept.nbytes
+            buf[:, :, start : start + m].copy_(kept)
+        self.n = start + m
+        return working
 
 
 @dataclass
 class QuantSegment:
-    """Packed keys/values of one precision tier, with their token indices."""
+    """Packed keys/values of one precision tier, with their token indices (views of the layer's buffers)."""
 
     keys: PackedTensor
     values: PackedTensor
@@ -39,25 +133,84 @@ class QuantSegment:
         return self.keys.nbytes + self.values.nbytes
 
 
+class _PackedStore:
+    """One tier's packed K/V (data, scale, zero for each) and token index, in growable buffers."""
+
+    def __init__(self, spec: QuantSpec, head_dim: int, dtype: torch.dtype) -> None:
+        self.spec, self.head_dim, self.dtype = spec, head_dim, dtype
+        self.rows = _Rows()  # buffers: k data, k scale, k zero, v data, v scale, v zero, token index
+
+    def append(self, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor) -> int:
+        pk, pv = quantize(k, self.spec), quantize(v, self.spec)
+        parts = [pk.data, pk.scale, pk.zero, pv.data, pv.scale, pv.zero, idx]
+        return self.rows.append(parts, None)
+
+    def segment(self) -> QuantSegment:
+        r = self.rows
+        b, h = r.buffers[0].shape[:2]
+        shape = (b, h, r.n, self.head_dim)
+        keys = PackedTensor(r.view(0), r.view(1), r.view(2), shape, self.dtype, self.spec)
+        values = PackedTensor(r.view(3), r.view(4), r.view(5), shape, self.dtype, self.spec)
+        return QuantSegment(keys, values, r.view(6))
+
+
 class CompressibleLayer(CacheLayerMixin):
-    """One decoder layer's cache: full-precision segment + packed tiers."""
+    """One decoder layer's cache: full-precision entries + packed tiers, in preallocated device buffers.
+
+    Buffer layout along the entry axis: [dequantized view of the packed tiers | full-precision entries | free].
+    `keys` / `values` / `token_index` are views of the full-precision entries.
+    """
 
     is_sliding = False
     is_compileable = False
 
     def __init__(self) -> None:
-        super().__init__()
-        self.token_index: torch.Tensor | None = None  # (b, h, n) int32
-        self.quant: dict[int, QuantSegment] = {}  # tier -> segment
+        self._rows = _Rows()  # buffers: keys, values, token index
+        self._front = 0  # entries of the dequantized view in front of the full-precision ones
+        self._stores: dict[int, _PackedStore] = {}
+        self._deq_stale = False
+        self.capacity_hint: int | None = None  # entries this layer will need at most (full + view), if known
+        self.headroom = 0  # entries added to the first allocation (the answer to come), so decoding never grows
+        self.visual_entries = 0  # visual entries held per head (host int, kept by the engine and eviction)
         self.quant_specs: dict[int, QuantSpec] = {}
+        self.working_bytes = 0  # transient bytes of the last operation (read by the cache's peak)
+        super().__init__()
+
+    # `keys` / `values` are views, not attributes: transformers' base class assigns None to them.
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return self._rows.view(0, self._front) if self.is_initialized else None
+
+    @keys.setter
+    def keys(self, value) -> None:
+        if value is not None:
+            raise AttributeError("CompressibleLayer.keys is a view; use replace_full")
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return self._rows.view(1, self._front) if self.is_initialized else None
+
+    @values.setter
+    def values(self, value) -> None:
+        if value is not None:
+            raise AttributeError("CompressibleLayer.values is a view; use replace_full")
+
+    @property
+    def token_index(self) -> torch.Tensor | None:
+        return self._rows.view(2, self._front) if self.is_initialized else None
+
+    @property
+    def n_full(self) -> int:
+        return self._rows.n - self._front
+
+    @property
+    def quant(self) -> dict[int, QuantSegment]:
+        """tier -> packed segment (views)."""
+        return {tier: s.segment() for tier, s in self._stores.items() if s.rows.n}
 
     # -- transformers' layer protocol -------------------------------------------------
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
-        b, h, _, d = key_states.shape
-        self.keys = key_states.new_zeros((b, h, 0, d))
-        self.values = value_states.new_zeros((b, h, 0, value_states.shape[-1]))
-        self.token_index = torch.zeros((b, h, 0), dtype=torch.int32, device=self.device)
         self.is_initialized = True
 
     def update(
@@ -65,43 +218,52 @@ class CompressibleLayer(CacheLayerMixin):
         key_states: torch.Tensor,
         value_states: torch.Tensor,
         token_index: torch.Tensor | None = None,
-        tiers: torch.Tensor | None = None,
+        tiers: dict[int, torch.Tensor] | None = None,
         *args,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append new entries; return K/V to attend to (new entries last).
+        """Append new entries; return K/V to attend to (new entries last, in block order).
 
-        token_index: (q,) sequence indices of the new tokens. tiers: optional
-        (q,) tier per new token (TIER_FULL / TIER_INT8 / TIER_INT4); quantized
-        tiers are stored packed, while the current block still attends to its
-        own new entries at full precision (they were just computed).
+        token_index: (q,) sequence indices of the new tokens (on this layer's
+        device, or moved here). tiers: None (all full precision) or {tier: (k,)
+        positions in the block} for every tier present (see `split_tiers`; a
+        (q,) tensor of tier codes is also accepted and split here);
+        quantized tiers are stored packed, while the current block still attends
+        to its own new entries at full precision (they were just computed).
         """
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        if isinstance(tiers, torch.Tensor):  # (q,) tier codes, for direct callers: split here (reads them)
+            tiers = split_tiers(tiers)
         b, h, q, _ = key_states.shape
         if token_index is None:
             start = self.total_entries_per_head()
-            token_index = torch.arange(start, start + q)
-        new_index = token_index.to(self.device, torch.int32).view(1, 1, q).expand(b, h, q)
-
-        # What this block attends to: old quantized (dequantized just in time), old full, new.
-        attend_k = [dequantize(seg.keys) for seg in self.quant.values()] + [self.keys, key_states]
-        attend_v = [dequantize(seg.values) for seg in self.quant.values()] + [self.values, value_states]
-
-        if tiers is None or bool((tiers == TIER_FULL).all()):
-            self._append_full(key_states, value_states, new_index)
-        else:
-            tiers = tiers.to(self.device)
-            for tier in (TIER_FULL, TIER_INT8, TIER_INT4):
-                sel = (tiers == tier).nonzero().flatten()
-                if sel.numel() == 0:
-                    continue
-                k, v, idx = key_states[:, :, sel], value_states[:, :, sel], new_index[:, :, sel]
-                if tier == TIER_FULL:
-                    self._append_full(k, v, idx)
-                else:
-                    self._append_quant(tier, k, v, idx)
-        return torch.cat(attend_k, dim=-2), torch.cat(attend_v, dim=-2)
+            token_index = torch.arange(start, start + q, device=self.device)
+        new_index = token_index.to(self.device, torch.int32, non_blocking=True).view(1, 1, q).expand(b, h, q)
+        self.working_bytes = 0
+        if not self._rows.buffers:  # sized for what this layer keeps at full precision, plus the answer
+            first = q if tiers is None else (tiers[TIER_FULL].numel() if TIER_FULL in tiers else 0)
+            self.working_bytes += self._rows.ensure(
+                first + self.headroom, [key_states, value_states, new_index], self.capacity_hint
+            )
+        self._refresh_dequantized()
+        if tiers is None:
+            # The common path (every decode step, every block without quantized tiers): write in place, read a view.
+            self.working_bytes += self._rows.append([key_states, value_states, new_index], self.capacity_hint)
+            return self._rows.view(0), self._rows.view(1)
+        # A block with quantized tiers (Sali-Cache prefill): attend to [old entries, the whole block at full
+        # precision], then store each tier (one concatenation per layer per such block; never while decoding).
+        attend_k = torch.cat([self._rows.view(0), key_states], dim=-2)
+        attend_v = torch.cat([self._rows.view(1), value_states], dim=-2)
+        self.working_bytes += attend_k.nbytes + attend_v.nbytes
+        for tier, sel in tiers.items():
+            sel = sel.to(self.device, non_blocking=True)  # a no-op when the engine put it there (BlockPlan)
+            k, v, idx = key_states[:, :, sel], value_states[:, :, sel], new_index[:, :, sel]
+            if tier == TIER_FULL:
+                self.working_bytes += self._rows.append([k, v, idx], self.capacity_hint)
+            else:
+                self._append_quant(tier, k, v, idx)
+        return attend_k, attend_v
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.get_seq_length() + query_length, 0
@@ -113,52 +275,75 @@ class CompressibleLayer(CacheLayerMixin):
         return -1
 
     def reset(self) -> None:
-        self.keys = self.values = self.token_index = None
-        self.quant = {}
+        self._rows = _Rows()
+        self._front = 0
+        self._stores = {}
+        self.visual_entries = 0
         self.is_initialized = False
 
     # -- storage -----------------------------------------------------------------------
-    def _append_full(self, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor) -> None:
-        self.keys = torch.cat([self.keys, k], dim=-2)
-        self.values = torch.cat([self.values, v], dim=-2)
-        self.token_index = torch.cat([self.token_index, idx], dim=-1)
+    def reserve(self, extra: int) -> None:
+        """Make room for `extra` more full-precision entries (one growth now instead of several later)."""
+        if self.is_initialized and self._rows.buffers:
+            self.working_bytes = self._rows.ensure(self._rows.n + extra, [], self._rows.n + extra)
 
     def _append_quant(self, tier: int, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor) -> None:
-        spec = self.quant_specs.get(tier) or QuantSpec(bits=8 if tier == TIER_INT8 else 4)
-        pk, pv = quantize(k, spec), quantize(v, spec)
-        seg = self.quant.get(tier)
-        if seg is None:
-            self.quant[tier] = QuantSegment(pk, pv, idx.contiguous())
-        else:
-            self.quant[tier] = QuantSegment(
-                cat_packed(seg.keys, pk), cat_packed(seg.values, pv), torch.cat([seg.token_index, idx], dim=-1)
-            )
+        store = self._stores.get(tier)
+        if store is None:
+            spec = (self.quant_specs.get(tier) or QuantSpec(bits=8 if tier == TIER_INT8 else 4)).resolved(k.shape[-1])
+            store = self._stores[tier] = _PackedStore(spec, k.shape[-1], k.dtype)
+        self.working_bytes += store.append(k, v, idx)
+        self._deq_stale = True
+
+    def _refresh_dequantized(self) -> None:
+        """Rebuild the dequantized view in front of the full-precision entries after a packed segment changed.
+
+        Runs once per change (a prefill block with quantized tiers), never per decode step.
+        """
+        if not self._deq_stale:
+            return
+        self._deq_stale = False
+        segments = list(self.quant.values())
+        front = sum(s.token_index.shape[-1] for s in segments)
+        rows = self._rows
+        full = [rows.view(i, self._front).clone() for i in range(3)]  # moved behind the new view
+        n_full = full[0].shape[2]
+        # exact (no geometric overshoot for a one-off rebuild), keeping any room reserved for the answer
+        needed = front + max(rows.capacity - self._front, n_full + self.headroom)
+        self.working_bytes += sum(t.nbytes for t in full) + rows.ensure(needed, full, needed)
+        at = 0
+        for seg in segments:
+            m = seg.token_index.shape[-1]
+            rows.buffers[0][:, :, at : at + m].copy_(dequantize(seg.keys))
+            rows.buffers[1][:, :, at : at + m].copy_(dequantize(seg.values))
+            rows.buffers[2][:, :, at : at + m].copy_(seg.token_index)
+            at += m
+        for i, t in enumerate(full):
+            rows.buffers[i][:, :, front : front + n_full].copy_(t)
+        rows.n, self._front = front + n_full, front
 
     # -- compression -------------------------------------------------------------------
     def keep_full(self, index: torch.Tensor) -> None:
-        """Keep only full-precision entries `index` (b, h, m), per head, sorted."""
+        """Keep only full-precision entries `index` (b, h, m), per head, in place (sorted first)."""
         index = index.sort(dim=-1).values
-        d = self.keys.shape[-1]
-        self.keys = self.keys.gather(2, index[..., None].expand(-1, -1, -1, d)).contiguous()
-        self.values = self.values.gather(2, index[..., None].expand(-1, -1, -1, self.values.shape[-1])).contiguous()
-        self.token_index = self.token_index.gather(2, index).contiguous()
+        self.working_bytes = index.nbytes + self._rows.compact(index, self._front)
 
     def keep_quant(self, tier: int, index: torch.Tensor) -> None:
-        seg = self.quant[tier]
+        store = self._stores[tier]
         index = index.sort(dim=-1).values
-        self.quant[tier] = QuantSegment(
-            select_tokens(seg.keys, index), select_tokens(seg.values, index), seg.token_index.gather(2, index)
-        )
+        self.working_bytes = store.rows.compact(index.to(self.device))
+        self._deq_stale = True
 
     def replace_full(self, keys: torch.Tensor, values: torch.Tensor, token_index: torch.Tensor) -> None:
-        """Overwrite the full-precision segment (used by merging methods)."""
-        self.keys, self.values, self.token_index = keys.contiguous(), values.contiguous(), token_index.contiguous()
+        """Overwrite the full-precision entries (used by merging methods)."""
+        self._rows.n = self._front
+        self.working_bytes = self._rows.append([keys, values, token_index.to(torch.int32)], self.capacity_hint)
 
-    # -- accounting --------------------------------------------------------------------
+    # -- accounting (host ints and tensor shapes only: nothing reads the device) --------
     def total_entries_per_head(self) -> int:
         if not self.is_initialized:
             return 0
-        return int(self.keys.shape[-2]) + sum(int(s.token_index.shape[-1]) for s in self.quant.values())
+        return self.n_full + sum(s.rows.n for s in self._stores.values())
 
     def all_token_index(self) -> torch.Tensor:
         """(b, h, n) token indices of every entry, quantized ones first."""
@@ -166,10 +351,30 @@ class CompressibleLayer(CacheLayerMixin):
             return torch.zeros((1, 1, 0), dtype=torch.int32)
         return torch.cat([s.token_index for s in self.quant.values()] + [self.token_index], dim=-1)
 
+    def _entry_bytes(self) -> int:
+        """Bytes of one full-precision entry (K + V, all heads)."""
+        if not self._rows.buffers:
+            return 0
+        k, v = self._rows.buffers[:2]
+        return (k.nbytes + v.nbytes) // max(k.shape[2], 1)
+
     def kv_bytes(self) -> int:
         if not self.is_initialized:
             return 0
-        return self.keys.nbytes + self.values.nbytes + sum(s.nbytes for s in self.quant.values())
+        # packed K/V: data, scale, zero of keys and values (the token index is bookkeeping)
+        return self.n_full * self._entry_bytes() + sum(s.rows.held_bytes(6) for s in self._stores.values())
+
+    def dequant_bytes(self) -> int:
+        """Bytes of the dequantized view of the packed tiers (working memory kept for decoding)."""
+        return self._front * self._entry_bytes()
+
+    def allocated_bytes(self) -> int:
+        """K/V bytes of the buffers allocated (free capacity and dequantized view included; no token index)."""
+        if not self.is_initialized:
+            return 0
+        kv = sum(b.nbytes for b in self._rows.buffers[:2])
+        packed = sum(sum(b.nbytes for b in s.rows.buffers[:6]) for s in self._stores.values())
+        return kv + packed
 
     def index_bytes(self) -> int:
         if not self.is_initialized:
@@ -180,47 +385,97 @@ class CompressibleLayer(CacheLayerMixin):
         """Entries per tier summed over heads (batch 0)."""
         if not self.is_initialized:
             return {}
-        counts = {TIER_FULL: int(self.token_index[0].numel())}
-        for tier, seg in self.quant.items():
-            counts[tier] = int(seg.token_index[0].numel())
+        heads = self._rows.buffers[0].shape[1] if self._rows.buffers else 0
+        counts = {TIER_FULL: self.n_full * heads}
+        for tier, store in self._stores.items():
+            if store.rows.n:
+                counts[tier] = store.rows.n * store.rows.buffers[0].shape[1]
         return counts
+
+
+def split_tiers(tiers: torch.Tensor | None) -> dict[int, torch.Tensor] | None:
+    """{tier: positions} of a block's (q,) host tier codes, or None when all are full precision.
+
+    Computed on the host once per block, so no layer looks at tier codes on the device.
+    """
+    if tiers is None:
+        return None
+    tiers = tiers.cpu()
+    present = {int(t): (tiers == t).nonzero().flatten() for t in (TIER_FULL, TIER_INT8, TIER_INT4)}
+    present = {t: sel for t, sel in present.items() if sel.numel()}
+    return None if set(present) <= {TIER_FULL} else present
 
 
 class CompressibleCache(Cache):
     """A transformers `Cache` made of `CompressibleLayer`s.
 
-    The engine sets `pending_token_index` / `pending_tiers` before running a
-    layer, because transformers' attention modules call
-    `update(key, value, layer_idx)` without them. `peak_kv_bytes` is the
-    high-water mark of `kv_bytes()` observed right after every append (that is,
-    before any eviction), which is when a block-wise cache is fullest.
+    The engine sets `pending_token_index` / `pending_tiers` / `pending_visual`
+    before running a layer, because transformers' attention modules call
+    `update(key, value, layer_idx)` without them. See the module docstring for
+    `peak_kv_bytes` and `peak_device_bytes`.
     """
 
-    def __init__(self, num_layers: int) -> None:
+    def __init__(self, num_layers: int, headroom: int = 0) -> None:
+        """headroom: entries to allocate beyond the prefill (e.g. the answer's tokens), so decoding appends
+        in place without growing a buffer."""
         super().__init__(layers=[CompressibleLayer() for _ in range(num_layers)])
+        self.headroom = headroom
+        for layer in self.layers:
+            layer.headroom = headroom
         self.pending_token_index: torch.Tensor | None = None
-        self.pending_tiers: torch.Tensor | None = None
+        self.pending_tiers: dict[int, torch.Tensor] | None = None
+        self.pending_visual = 0  # visual tokens among the pending ones (host int)
         self.peak_kv_bytes = 0
+        self.peak_device_bytes = 0
         self._layer_bytes = [0] * num_layers
+        self._layer_alloc = [0] * num_layers
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor]:
         layer = self.layers[layer_idx]
         out = layer.update(key_states, value_states, self.pending_token_index, self.pending_tiers)
-        self.refresh_bytes(layer_idx)
+        layer.visual_entries += self.pending_visual
+        self.refresh_bytes(layer_idx, layer.working_bytes)
         return out
 
-    def refresh_bytes(self, layer_idx: int) -> None:
-        """Re-count one layer's bytes (after append or eviction) and track the peak."""
-        self._layer_bytes[layer_idx] = self.layers[layer_idx].kv_bytes()
+    def set_capacity_hint(self, entries: int | None) -> None:
+        """Entries each layer will hold at most (eviction methods know it): buffers are allocated once."""
+        for layer in self.layers:
+            layer.capacity_hint = entries + self.headroom if entries is not None else None
+
+    def reserve(self, extra: int) -> None:
+        """Room for `extra` more entries in every layer (e.g. a whole answer before decoding)."""
+        for i, layer in enumerate(self.layers):
+            layer.reserve(extra)
+            self.refresh_bytes(i, layer.working_bytes)
+
+    def refresh_bytes(self, layer_idx: int, working: int = 0) -> None:
+        """Re-count one layer's bytes (after append or eviction) and track the peaks.
+
+        working: transient bytes that existed on top of the buffers during the operation just done.
+        """
+        layer = self.layers[layer_idx]
+        self._layer_bytes[layer_idx] = layer.kv_bytes()
+        self._layer_alloc[layer_idx] = layer.allocated_bytes()
         self.peak_kv_bytes = max(self.peak_kv_bytes, sum(self._layer_bytes))
+        self.note_working(working)
+
+    def note_working(self, nbytes: int) -> None:
+        """Record transient working memory that exists on top of the allocated buffers right now."""
+        self.peak_device_bytes = max(self.peak_device_bytes, sum(self._layer_alloc) + nbytes)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.layers[layer_idx].get_seq_length()
 
     def kv_bytes(self) -> int:
         return sum(layer.kv_bytes() for layer in self.layers)
+
+    def allocated_bytes(self) -> int:
+        return sum(layer.allocated_bytes() for layer in self.layers)
+
+    def dequant_bytes(self) -> int:
+        return sum(layer.dequant_bytes() for layer in self.layers)
 
     def index_bytes(self) -> int:
         return sum(layer.index_bytes() for layer in self.layers)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from visualkv.cache import CompressibleCache
+from visualkv.cache import TIER_FULL, CompressibleCache, split_tiers
 from visualkv.layout import Block, plan_blocks
 from visualkv.methods.base import LayerState, Method, PrefillContext
 from visualkv.models.base import ModelAdapter, PreparedInput
@@ -58,6 +58,66 @@ def attention_mask(q: int, n_past: int, impl: str, dtype: torch.dtype, device) -
     return allowed
 
 
+class BlockPlan:
+    """What the layers of one block need from its host-side token indices, computed once on the host.
+
+    index_on(device): the block's token indices on a layer's device (copied once per device).
+    tier_split: {tier: positions} or None (all full precision), see `split_tiers`.
+    n_visual_full: visual tokens among the block's full-precision entries (for eviction's count).
+    """
+
+    def __init__(self, token_index: torch.Tensor, tiers: torch.Tensor | None, ctx: PrefillContext | None,
+                 n_visual: int | None = None) -> None:
+        self.token_index = token_index
+        self.tier_split = split_tiers(tiers)
+        self._on: dict = {}  # device -> token indices there; ("tiers", device) -> tier positions there
+        if n_visual is not None or ctx is None:
+            self.n_visual_full = n_visual or 0
+            return
+        visual = ctx.is_visual(token_index.cpu())
+        if self.tier_split is not None:
+            full = self.tier_split.get(TIER_FULL)
+            visual = visual[full] if full is not None else visual[:0]
+        self.n_visual_full = int(visual.sum())
+
+    def index_on(self, device: torch.device) -> torch.Tensor:
+        if device not in self._on:
+            self._on[device] = to_device(self.token_index.to(torch.int32), device)
+        return self._on[device]
+
+    def tiers_on(self, device: torch.device) -> dict[int, torch.Tensor] | None:
+        if self.tier_split is None:
+            return None
+        key = ("tiers", device)
+        if key not in self._on:
+            self._on[key] = {tier: to_device(sel, device) for tier, sel in self.tier_split.items()}
+        return self._on[key]
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Copy a host tensor to `device` without a stream synchronisation (pinned, non-blocking on CUDA)."""
+    if t.device == device:
+        return t
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device, non_blocking=True)
+
+
+def attention_working_bytes(adapter: ModelAdapter, q: int, n: int, causal_flag: bool, dtype: torch.dtype) -> int:
+    """Transient bytes one attention call holds on top of the cache (estimate from shapes).
+
+    transformers' SDPA path expands K/V to every query head (`repeat_kv`) unless it can use the kernel's
+    own GQA (no mask); eager attention also materialises the (heads, q, n) scores and probabilities.
+    """
+    cfg = adapter.text_config
+    hq, hkv, hd = cfg.num_attention_heads, adapter.num_kv_heads, adapter.head_dim
+    itemsize = dtype.itemsize
+    impl = adapter.attn_implementation
+    expand = 0 if (impl == "sdpa" and causal_flag) or hq == hkv else 2 * hq * n * hd * itemsize
+    scores = 2 * hq * q * n * itemsize if impl == "eager" else 0
+    return expand + scores + q * n  # + the bool mask
+
+
 class Engine:
     """Runs blocks of tokens through the LLM with a `CompressibleCache`."""
 
@@ -76,19 +136,31 @@ class Engine:
         ctx: PrefillContext | None = None,
         tiers: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """hidden (1, q, d) through every decoder layer; returns the last hidden states."""
+        """hidden (1, q, d) through every decoder layer; returns the last hidden states.
+
+        token_index / tiers are host tensors. Everything the layers need from them (device copies, the
+        tier split, the visual count, masks) is prepared on the host once per block (`BlockPlan`), so
+        the layer loop itself never reads the device (no host synchronisation).
+        """
         adapter = self.adapter
         cos, sin = adapter.rotary(hidden, positions)
+        plan = BlockPlan(token_index, tiers, ctx)
+        masks: dict[tuple, torch.Tensor | None] = {}
         for layer_idx, layer in enumerate(adapter.layers):
             device = layer.input_layernorm.weight.device
             hidden, cos, sin = hidden.to(device), cos.to(device), sin.to(device)
-            n_past = cache.layers[layer_idx].get_seq_length()
-            mask = attention_mask(hidden.shape[1], n_past, adapter.attn_implementation, hidden.dtype, device)
-            cache.pending_token_index = token_index
-            cache.pending_tiers = tiers
+            q, n_past = hidden.shape[1], cache.layers[layer_idx].get_seq_length()  # host ints
+            key = (q, n_past, device)
+            if key not in masks:  # one mask per block (per distinct cache length and device)
+                masks[key] = attention_mask(q, n_past, adapter.attn_implementation, hidden.dtype, device)
+            mask = masks[key]
+            cache.pending_token_index = plan.index_on(device)
+            cache.pending_tiers = plan.tiers_on(device)
+            cache.pending_visual = plan.n_visual_full
             out = layer(
                 hidden, attention_mask=mask, position_embeddings=(cos, sin), past_key_values=cache, use_cache=True
             )
+            cache.note_working(attention_working_bytes(adapter, q, n_past + q, mask is None, hidden.dtype))
             if method is not None:
                 state = LayerState(layer_idx, hidden, out, positions, token_index, cos, sin, tiers)
                 new = method.after_layer(ctx, state)
@@ -96,8 +168,10 @@ class Engine:
                     out, positions, token_index, cos, sin, tiers = (
                         new.hidden, new.positions, new.token_index, new.cos, new.sin, new.tiers
                     )
+                    plan = BlockPlan(token_index, tiers, ctx, new.n_visual)
             hidden = out
         cache.pending_token_index = cache.pending_tiers = None
+        cache.pending_visual = 0
         return hidden
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -151,6 +225,9 @@ class Engine:
         method.begin(ctx)
         ctx.blocks = plan_blocks(prepared.seq_len, prepared.layout.units, mode, block_size, budget,
                                  question_apart=method.question_apart)
+        cache.set_capacity_hint(method.capacity_hint(ctx))
+        for device in {layer.input_layernorm.weight.device for layer in self.adapter.layers}:
+            ctx.visual_mask_on(device)  # copied once, before any layer needs it
         events: list[BlockEvent] = []
         last_hidden = None
         for block in ctx.blocks:
@@ -207,7 +284,9 @@ class Engine:
     def extend(self, ids: torch.Tensor, start_position: int, seq_offset: int, cache: CompressibleCache) -> torch.Tensor:
         """Run plain text tokens (protected) after the cache; returns last logits."""
         n = int(ids.shape[0])
-        positions = (torch.arange(n) + start_position).view(1, n).expand(self.adapter.position_axes, n)
+        device = self.adapter.device  # positions and indices made there: no host-to-device copy per token
+        steps = torch.arange(n, device=device)
+        positions = (steps + start_position).view(1, n).expand(self.adapter.position_axes, n)
         hidden = self.adapter.embed(ids)
-        hidden = self.run_layers(hidden, positions, torch.arange(n) + seq_offset, cache)
+        hidden = self.run_layers(hidden, positions, steps + seq_offset, cache)
         return self.logits(hidden)

@@ -99,3 +99,14 @@ def pool_along_grid(scores: torch.Tensor, coord: torch.Tensor, group: torch.Tens
             total[..., here] += torch.where(near, scores[..., there].float(), 0.0)
             count[..., here] += near.float()
     return total / count
+
+
+def keydiff_working_bytes(keys: torch.Tensor) -> int:
+    """Transient bytes `keydiff_scores` allocates: the float32 normalised keys (plus a float32 copy)."""
+    return 2 * keys.numel() * 4
+
+
+def snapkv_working_bytes(queries: torch.Tensor, keys: torch.Tensor) -> int:
+    """Transient bytes `snapkv_scores` allocates: float32 keys, logits and probabilities (b, kv, g*w, n)."""
+    batch, q_heads, window, _ = queries.shape
+    return keys.numel() * 4 + 2 * batch * q_heads * window * keys.shape[2] * 4

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from visualkv.cache import CompressibleCache
+from visualkv.detokenize import IncrementalDetokenizer
 from visualkv.engine import Engine, PrefillResult
 from visualkv.errors import ConfigError
 from visualkv.media import Media
@@ -142,7 +143,7 @@ class ChatSession:
     # -- turns --------------------------------------------------------------------
     def _first_turn(self, prompt: str, media: Media | None, on_block) -> torch.Tensor:
         prepared = self.adapter.prepare(media, prompt)
-        cache = CompressibleCache(self.adapter.num_layers)
+        cache = CompressibleCache(self.adapter.num_layers, headroom=self.config.max_new_tokens + 1)
         result = self.engine.prefill(
             prepared, cache, self.method, self.config.budget, self.config.block_size, self.config.prefill,
             on_block=self._collect(on_block),
@@ -164,7 +165,7 @@ class ChatSession:
 
     def _reprefill(self, prompt: str, ids: torch.Tensor, on_block) -> torch.Tensor:
         """Rebuild the media cache with `prompt` as the proxy question, replay the history."""
-        cache = CompressibleCache(self.adapter.num_layers)
+        cache = CompressibleCache(self.adapter.num_layers, headroom=self.config.max_new_tokens + 1)
         proxy = torch.tensor(self.adapter.tokenizer(prompt, add_special_tokens=False)["input_ids"])
         self.method.proxy_ids = proxy
         try:
@@ -199,11 +200,12 @@ class ChatSession:
     def _decode(self, logits: torch.Tensor, record: TurnRecord, t0: float, stop) -> Iterator[str]:
         eos = self.adapter.eos_token_ids
         generator = torch.Generator().manual_seed(self.config.seed + len(self.turns))
-        shown = ""
+        detok = IncrementalDetokenizer(self.adapter.tokenizer)
         t_first = None
         record.stopped = "max_new_tokens"
+        self.cache.reserve(self.config.max_new_tokens + 1)  # one growth now, none while decoding
         for step in range(self.config.max_new_tokens):
-            token = self._sample(logits, generator)
+            token = self._sample(logits, generator)  # the one host sync per token: EOS and text need it
             if t_first is None:
                 t_first = time.perf_counter()
                 record.ttft_seconds = t_first - t0
@@ -211,10 +213,9 @@ class ChatSession:
                 record.stopped = "eos"
                 break
             record.token_ids.append(token)
-            text = self.adapter.tokenizer.decode(record.token_ids, skip_special_tokens=True)
-            if not text.endswith("\ufffd") and len(text) > len(shown):
-                piece, shown = text[len(shown):], text
-                record.answer = shown
+            piece = detok.push(token)
+            if piece:
+                record.answer = detok.text
                 yield piece
             if stop is not None and stop.is_set():
                 record.stopped = "stopped"
@@ -293,6 +294,10 @@ class ChatSession:
             "peak_kv_bytes": self.cache.peak_kv_bytes if self.cache else 0,
             "final_kv_bytes": self.cache.kv_bytes() if self.cache else 0,
             "index_bytes": self.cache.index_bytes() if self.cache else 0,
+            # device view: buffers allocated (free capacity, dequantized view) and their peak with transients
+            "allocated_kv_bytes": self.cache.allocated_bytes() if self.cache else 0,
+            "dequant_view_bytes": self.cache.dequant_bytes() if self.cache else 0,
+            "peak_device_kv_bytes": self.cache.peak_device_bytes if self.cache else 0,
             "full_kv_bytes": self.full_kv_bytes(),
             "peak_rss_bytes": peak_rss_bytes(),
             "cuda_peak_bytes": cuda_peak(),

@@ -46,11 +46,20 @@ class PrefillContext:
     text_pass: Callable[[torch.Tensor, torch.Tensor, Method], None] | None = None
 
     def is_visual(self, token_index: torch.Tensor) -> torch.Tensor:
-        """Bool tensor: which global token indices are (evictable) visual tokens."""
+        """Bool tensor: which global token indices are (evictable) visual tokens (on token_index's device)."""
         local = token_index.long() - self.seq_offset
         inside = (local >= 0) & (local < self.prepared.seq_len)
-        vis = self.prepared.visual_mask.to(token_index.device)
+        vis = self.visual_mask_on(token_index.device)
         return inside & vis[local.clamp(0, self.prepared.seq_len - 1)]
+
+    def visual_mask_on(self, device: torch.device) -> torch.Tensor:
+        """The prepared input's visual mask on `device`, copied once per prefill (the engine warms it up
+        before the first block, so no layer waits for a host-to-device copy)."""
+        cached = self.extra.setdefault("_visual_mask_on", {})
+        if device not in cached:
+            mask = self.prepared.visual_mask
+            cached[device] = mask.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else mask.to(device)
+        return cached[device]
 
 
 @dataclass
@@ -65,6 +74,7 @@ class LayerState:
     cos: torch.Tensor
     sin: torch.Tensor
     tiers: torch.Tensor | None = None  # (q,) tiers of the block's tokens
+    n_visual: int | None = None  # visual tokens among them, when a method that changes the block knows it
 
 
 class Method:
@@ -85,6 +95,11 @@ class Method:
 
     def begin(self, ctx: PrefillContext) -> None:
         """Called once before the first block."""
+
+    def capacity_hint(self, ctx: PrefillContext) -> int | None:
+        """Entries per layer and head the cache will hold at most during this prefill, if the method
+        bounds it (the cache then allocates its buffers once); None = unbounded (geometric growth)."""
+        return None
 
     def after_layer(self, ctx: PrefillContext, state: LayerState) -> LayerState | None:
         """Called after every decoder layer of every block; may return a new state."""

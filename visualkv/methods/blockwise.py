@@ -27,7 +27,7 @@ import torch
 
 from visualkv.methods.base import LayerState, Method, PrefillContext
 from visualkv.methods.eviction import evict_to_budget
-from visualkv.scoring import keydiff_scores, snapkv_scores
+from visualkv.scoring import keydiff_scores, keydiff_working_bytes, snapkv_scores, snapkv_working_bytes
 
 
 @dataclass
@@ -45,9 +45,18 @@ class BlockwiseKeyDiff(Method):
     def scores(self, ctx: PrefillContext, state: LayerState) -> torch.Tensor:
         return keydiff_scores(ctx.cache.layers[state.layer_idx].keys)
 
+    def scratch_bytes(self, ctx: PrefillContext, state: LayerState) -> int:
+        return keydiff_working_bytes(ctx.cache.layers[state.layer_idx].keys)
+
+    def capacity_hint(self, ctx: PrefillContext) -> int | None:
+        if ctx.budget is None or not ctx.blocks:
+            return None
+        protected = ctx.prepared.seq_len - int(ctx.prepared.visual_mask.sum())
+        return ctx.budget + max(b.end - b.start for b in ctx.blocks) + protected
+
     def after_layer(self, ctx: PrefillContext, state: LayerState) -> None:
         if ctx.budget is not None and ctx.block is not None and ctx.block.units:
-            evict_to_budget(ctx, state.layer_idx, self.scores(ctx, state), ctx.budget)
+            evict_to_budget(ctx, state.layer_idx, self.scores(ctx, state), ctx.budget, self.scratch_bytes(ctx, state))
 
 
 class BlockwiseSnapKV(BlockwiseKeyDiff):
@@ -66,6 +75,9 @@ class BlockwiseSnapKV(BlockwiseKeyDiff):
         layer = ctx.cache.layers[state.layer_idx]
         return snapkv_scores(queries.to(layer.keys.device), layer.keys, kernel_size=self.config.kernel_size,
                              grid=grid_places(ctx, layer.token_index))
+
+    def scratch_bytes(self, ctx: PrefillContext, state: LayerState) -> int:
+        return snapkv_working_bytes(ctx.extra["proxy_queries"][state.layer_idx], ctx.cache.layers[state.layer_idx].keys)
 
     def config_dict(self) -> dict:
         return {"method": self.name, **self.config.__dict__}

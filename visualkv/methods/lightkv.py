@@ -299,8 +299,13 @@ class _TextCapture(Method):
             )
 
 
+#: synchronise CUDA around each merge stage so the report's xi/merge seconds are device times; off by default
+#: (each synchronisation stalls the launch queue; without it the seconds are host-side launch times on CUDA)
+SYNC_TIMING = False
+
+
 def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
+    if SYNC_TIMING and device.type == "cuda":
         torch.cuda.synchronize(device)
 
 

@@ -25,10 +25,11 @@ class PostPrefillSnapKV(Method):
         self.config = config or SnapKVConfig()
 
     def after_layer(self, ctx: PrefillContext, state: LayerState) -> None:
-        # Capture the observation window where the question's tokens are in the block.
-        suffix = state.token_index - ctx.seq_offset >= ctx.prepared.suffix_start
-        if bool(suffix.any()):
-            w = min(self.config.window, int(suffix.sum()))
+        # Capture the observation window where the question's tokens are in the block (they end it, and
+        # text is never dropped): counted from the block's host-side span, so no tensor is read.
+        n_suffix = ctx.block.end - max(ctx.block.start, ctx.prepared.suffix_start) if ctx.block is not None else 0
+        if n_suffix > 0:
+            w = min(self.config.window, n_suffix, state.hidden_in.shape[1])
             q = ctx.adapter.query_states(
                 state.layer_idx, state.hidden_in[:, -w:], state.cos[:, -w:], state.sin[:, -w:]
             )
