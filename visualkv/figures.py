@@ -40,8 +40,9 @@ def source_line(*names_and_data: tuple[str, dict[str, Any]], prefix: str = "docs
     parts = []
     for name, data in names_and_data:
         prov = data.get("provenance") or {}
-        command = prov.get("command", "command not recorded")
-        parts.append(f"[`{name}`]({prefix}{name}): `{command}` ({machine_label(prov)})")
+        command = prov.get("command") or data.get("command", "command not recorded")
+        machine = machine_label(prov) if prov else data.get("machine", "machine not recorded")
+        parts.append(f"[`{name}`]({prefix}{name}): `{command}` ({machine})")
     return "Source: " + "; ".join(parts) + "."
 
 
@@ -374,6 +375,27 @@ def table_needle_before_after(results: Path) -> str:
     return "\n".join(lines + ["", source_line((before_name, before), (after_name, after))])
 
 
+def table_speed_issue11(results: Path) -> str:
+    """Prefill and decode CPU time before / after the device-built cache (scripts/bench_issue11.py)."""
+    pairs = [("0.5 MP", "speed_issue11_before.json", "speed_issue11_after.json"),
+             ("3 MP", "speed_issue11_3mp_before.json", "speed_issue11_3mp_after.json")]
+    body, sources = [], []
+    for label, before_name, after_name in pairs:
+        before, after = load(before_name, results), load(after_name, results)
+        sources += [(before_name, before), (after_name, after)]
+        for method, a in after["rows"].items():
+            b = before["rows"].get(method)
+            if b is None:
+                continue
+            pre_b, pre_a = min(b["prefill_cpu_seconds"]), min(a["prefill_cpu_seconds"])
+            dec_b, dec_a = min(b["decode_cpu_ms_per_token"]), min(a["decode_cpu_ms_per_token"])
+            body.append([label, method, f"{pre_b:.2f} → {pre_a:.2f}", f"{dec_b:.1f} → {dec_a:.1f}",
+                         f"{dec_a / dec_b:.2f}", _mib(a["final_kv_bytes"]), _mib(a["allocated_bytes"])])
+    lines = _table(["input", "method", "prefill CPU s before → after", "decode CPU ms / token before → after",
+                    "decode after / before", "KV held after", "allocated after"], body)
+    return "\n".join(lines + ["", source_line(*sources)])
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "memory-image": table_memory_image,
     "latency-image": table_latency_image,
@@ -388,6 +410,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "needle-salicache-lightkv": table_needle_salicache_lightkv,
     "needle-by-kind": table_needle_by_kind,
     "needle-before-after": table_needle_before_after,
+    "speed-issue11": table_speed_issue11,
 }
 
 
