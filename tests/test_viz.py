@@ -94,6 +94,17 @@ def test_stream_turn_stop_ends_the_answer(adapter, image):
     assert session.turns[-1].stopped == "stopped" and pieces <= 2
 
 
+def test_stream_turn_stop_during_prefill_ends_with_a_stopped_event(adapter, image):
+    session = ChatSession(adapter, _config("blockwise-snapkv", block_size=32, prefill="blockwise"))
+    stop = threading.Event()
+    kinds = []
+    for kind, _ in stream_turn(session, PROMPT, image, stop):
+        kinds.append(kind)
+        stop.set()  # after the first block
+    assert kinds == ["block", "stopped"]  # no text: a stopped prefill never yields an answer
+    assert session.turns == [] and session.cache is None
+
+
 def test_retained_per_layer_averages_to_retained(snap):
     session, report, _ = snap
     per_layer = session.retained_per_layer()
