@@ -465,23 +465,25 @@ def _token_overlay(image: np.ndarray, report: dict[str, Any], values: np.ndarray
 
 def _with_colour_bar(body: Image.Image, cmap: str, title: str, percent: bool = True) -> Image.Image:
     """`body` with a horizontal colour bar for values 0..1 under it (five ticks, as % or as fractions)."""
-    font = _font(13)
     width = max(body.width, 360)
-    bar_x0, bar_x1 = 12, width - 12
-    out = Image.new("RGB", (width, body.height + 56), "white")
+    unit = max(13, round(width / 45))  # text stays legible when a wide image is shown scaled down
+    font = _font(unit)
+    bar_x0, bar_x1 = unit, width - unit
+    out = Image.new("RGB", (width, body.height + 4 * unit + 8), "white")
     out.paste(body, (0, 0))
     draw = ImageDraw.Draw(out)
     y = body.height + 4
     draw.text((bar_x0, y), title, fill=(20, 20, 20), font=font)
+    top, bottom = y + unit + 5, y + 2 * unit + 5
     ramp = colour_map(np.linspace(0, 1, bar_x1 - bar_x0, dtype=np.float32), cmap).astype(np.uint8)
-    out.paste(Image.fromarray(np.repeat(ramp[None], 12, axis=0)), (bar_x0, y + 18))
-    draw.rectangle([bar_x0, y + 18, bar_x1 - 1, y + 29], outline=(0, 0, 0))
+    out.paste(Image.fromarray(np.repeat(ramp[None], bottom - top, axis=0)), (bar_x0, top))
+    draw.rectangle([bar_x0, top, bar_x1 - 1, bottom - 1], outline=(0, 0, 0))
     for k in range(5):
         x = bar_x0 + round(k / 4 * (bar_x1 - bar_x0 - 1))
-        draw.line([x, y + 29, x, y + 33], fill=(0, 0, 0))
+        draw.line([x, bottom - 1, x, bottom + 3], fill=(0, 0, 0))
         label = f"{25 * k}%" if percent else f"{k / 4:g}"
         tw = draw.textlength(label, font=font)
-        draw.text((min(max(x - tw / 2, 0), width - tw), y + 34), label, fill=(20, 20, 20), font=font)
+        draw.text((min(max(x - tw / 2, 0), width - tw), bottom + 4), label, fill=(20, 20, 20), font=font)
     return out
 
 
