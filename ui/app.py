@@ -28,6 +28,7 @@ CSS = """
 #vkv-progress .vkv-bar {width: 100%; height: 14px;}
 #vkv-summary {font-weight: 600;}
 .vkv-small {font-size: 0.9em; opacity: 0.85;}
+#vkv-results button[role=tab] {padding: 4px 9px; font-size: 0.92em;}  /* all six result tabs fit in one row */
 /* a control the chosen method does not use looks switched off, not editable */
 #vkv-budget input:disabled {background: repeating-linear-gradient(45deg, #eee, #eee 6px, #e2e2e2 6px, #e2e2e2 12px);
   color: #888; cursor: not-allowed;}
@@ -150,7 +151,7 @@ def build_app(default_model: str | None = None, device: str = "cpu") -> gr.Block
                         gr.Markdown(text.demo_questions_md(question_forms(), demo_examples))
             # ---- results ----------------------------------------------------------------------
             with gr.Column(scale=5, min_width=420, elem_id="vkv-results"):
-                with gr.Tabs():
+                with gr.Tabs(overflow_behavior="wrap"):  # every result tab in sight, none in a menu
                     with gr.Tab("Kept tokens"):
                         with gr.Row():
                             layer_dd = gr.Dropdown(["average"], value="average", label="layer", elem_id="vkv-layer",
@@ -161,18 +162,18 @@ def build_app(default_model: str | None = None, device: str = "cpu") -> gr.Block
                         heatmap = gr.ImageSlider(label="before / after: drag to compare", type="pil",
                                                  interactive=False, elem_id="vkv-heatmap", max_height=420,
                                                  buttons=["download", "fullscreen"])
-                    with gr.Tab("Saliency and tiers"):
+                    with gr.Tab("Saliency"):
                         sali_note = gr.Markdown("Sali-Cache only.")
                         saliency_img = gr.Gallery(label="saliency per frame (click to zoom)", columns=2, height=300,
                                                   elem_id="vkv-saliency", object_fit="contain")
                         tier_img = gr.Gallery(label="precision tiers per frame (click to zoom)", columns=2, height=300,
                                               elem_id="vkv-tiers", object_fit="contain")
-                    with gr.Tab("Frame timeline"):
+                    with gr.Tab("Frames"):
                         timeline_note = gr.Markdown("Video only.")
                         timeline_plot = gr.Plot(label="frame timeline", elem_id="vkv-timeline")
                         thumbs_img = gr.Image(label="sampled frames (blue border kept, orange-red skipped)",
                                               type="pil", interactive=False, elem_id="vkv-thumbs")
-                    with gr.Tab("Merge map"):
+                    with gr.Tab("Merges"):
                         merge_note = gr.Markdown("LightKV only.")
                         merge_img = gr.Image(label="merge map", type="pil", interactive=False, elem_id="vkv-merge")
                         layer_plot = gr.Plot(label="tokens per layer", elem_id="vkv-layer-tokens")

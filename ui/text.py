@@ -95,13 +95,13 @@ def media_label(path: str) -> str:
             info = {}
         size = f"{info['width']}×{info['height']}" if "width" in info and "height" in info else ""
         length = f"{info['duration']:g} s" if "duration" in info else ""
-        return "🎞 video " + ", ".join(x for x in (length, size) if x)
+        return " ".join(["video", ", ".join(x for x in (length, size) if x)]).strip()
     try:
         with Image.open(p) as img:  # reads the header only
             width, height = img.size
     except OSError:
-        return "🖼 image"
-    return f"🖼 {'4K ' if max(width, height) >= 3840 else ''}image {width}×{height}"
+        return "image"
+    return f"{'4K ' if max(width, height) >= 3840 else ''}image {width}×{height}"
 
 
 def offline_note(model_name: str, offline: bool, start_error: str | None = None) -> str:
