@@ -101,6 +101,7 @@ class Handlers:
         self._waiting: dict[Any, float] = {}  # session -> when its turn was sent, until it starts
         self._running = 0  # turns computing now
         self._turn_seconds = 0.0  # moving average of recent turn times
+        self._active: set[int] = set()  # id() of the UserStates with a turn running (Stop has something to stop)
 
     # -- helpers --------------------------------------------------------------------------------
     def _state(self, state: UserState | None) -> UserState:
@@ -234,8 +235,17 @@ class Handlers:
         st.history = [*before, {"role": "user", "content": user_content}, {"role": "assistant", "content": ""}]
         st.stop = threading.Event()
         st.live_blocks = []
-        yield (st.history, {"text": "", "files": []}, st, "", _progress(0, 1, "reading the input…"), skip, skip,
-               skip, followup_md)
+        self._active.add(id(st))
+        try:
+            yield (st.history, {"text": "", "files": []}, st, "", _progress(0, 1, "reading the input…"), skip,
+                   skip, skip, followup_md)
+            yield from self._stream(st, session, prompt, media, files, before, new_session, cfg, notes)
+        finally:
+            self._active.discard(id(st))
+
+    def _stream(self, st: UserState, session, prompt, media, files, before, new_session, cfg, notes):
+        """The events of one running turn, as outputs (see `chat`)."""
+        skip = gr.skip()
 
         answer = ""
         epoch = st.epoch
@@ -293,8 +303,9 @@ class Handlers:
                        gr.update(value=st.report_path, interactive=True), summary, skip)
 
     def stop(self, state):
-        if state is not None:
-            state.stop.set()
+        if state is None or id(state) not in self._active:
+            return gr.skip()  # no turn of this session is running: nothing to stop
+        state.stop.set()
         return _progress(0, 1, "stopping… (a prefill ends at its next block boundary; an answer at its next token)")
 
     def new_chat(self, state, method, followup):
