@@ -343,6 +343,13 @@ def test_before_after_slider_with_opacity_and_layers(page):
     page.wait_for_function("(a) => Array.from(document.querySelectorAll('#vkv-heatmap img'))[1].src !== a",
                            arg=faint[1], timeout=60_000)
     choose(page, "#vkv-layer", "average")
+    # an opacity typed outside 0..1 is clamped, not refused with an error badge
+    shown = slider_sources(page)[1]
+    page.locator("#vkv-opacity input[type=number]").first.fill("5")
+    page.locator("#vkv-opacity input[type=number]").first.press("Tab")
+    page.wait_for_function("(a) => Array.from(document.querySelectorAll('#vkv-heatmap img'))[1].src !== a",
+                           arg=shown, timeout=60_000)
+    assert page.locator(".toast-body").count() == 0
 
 
 def test_followup_note_follows_the_method_the_chat_runs(page):

@@ -158,6 +158,9 @@ def build_app(default_model: str | None = None, device: str = "cpu") -> gr.Block
                                                    min_width=120)
                             opacity = gr.Slider(0, 1, value=0.6, step=0.05, label="overlay opacity",
                                                 elem_id="vkv-opacity", min_width=160)
+                            # a value typed outside 0..1 is clamped by the handler instead of being refused by
+                            # Gradio's bounds check (an error badge over the view)
+                            opacity.preprocess = _lenient_number
                         heat_note = gr.Markdown(text.EMPTY_HEAT_NOTE, elem_classes="vkv-small", elem_id="vkv-heat-note")
                         heatmap = gr.ImageSlider(label="before / after: drag to compare", type="pil",
                                                  interactive=False, elem_id="vkv-heatmap", max_height=420,
@@ -233,6 +236,10 @@ def build_app(default_model: str | None = None, device: str = "cpu") -> gr.Block
                       [cmp_table, cmp_plot, cmp_status], show_progress_on=[cmp_table], **compute)
     demo.vkv_model = model_name  # for app.py's start message
     return demo
+
+
+def _lenient_number(payload):
+    return None if payload is None else float(payload)
 
 
 def _setting_component(s):
