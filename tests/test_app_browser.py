@@ -1,8 +1,10 @@
 """The app in a real browser: `python app.py` on an offline model, driven by Playwright + Debian's Chromium.
 
-One app process serves every test of this module (in file order): a 4K image chat with a live memory
-chart and a heatmap, a follow-up turn, a video with the frame timeline, two users chatting at the same
-time, and the bad inputs a new user tries. Screenshots go to artifacts/ (and one to docs/screenshot.png).
+One app process serves every test of this module (in file order), in a 1440x900 window: a 4K image chat
+with a live memory chart, the result in view (summary and before/after kept-token slider), a follow-up
+turn, the bad files and bad control values a new user tries, Stop during a prefill, a video with the
+frame timeline, Compare, a text-only question, Load model, and two users at once (with the queue
+message). Screenshots go to artifacts/ (and the 1440x900 one to docs/screenshot.png).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"
                  "--disable-component-update", "--disable-sync"]
 MODEL = "tiny-qwen2.5-vl"
 TURN_TIMEOUT_MS = 120_000
+VIEWPORT = {"width": 1440, "height": 900}
+APP_LOG: list[Path] = []  # the server log of this module's app, for "no traceback" checks
 
 if not Path(CHROMIUM).exists():
     pytest.skip(f"{CHROMIUM} is missing (install Debian's chromium package to run the browser test)",
@@ -53,6 +57,7 @@ def app_url(tmp_path_factory):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False",
            "GRADIO_TEMP_DIR": str(tmp / "gradio"), "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
     log = (tmp / "app.log").open("w")
+    APP_LOG[:] = [tmp / "app.log"]
     proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--model", MODEL], cwd=REPO, env=env,
                             stdout=log, stderr=subprocess.STDOUT)
     deadline = time.time() + 180
@@ -88,8 +93,8 @@ def browser():
 
 @pytest.fixture(scope="module")
 def page(browser, app_url):
-    """The main user's page, shared by the tests in order (image chat, follow-up, video, bad inputs)."""
-    context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+    """The main user's page, shared by the tests in order."""
+    context = browser.new_context(viewport=VIEWPORT, accept_downloads=True)
     pg = context.new_page()
     open_app(pg, app_url)
     yield pg
@@ -172,7 +177,7 @@ def send(pg, question: str, path=None, expect_error: bool = False) -> None:
 
 
 WATCH_JS = """() => {
-    window.__vkv = {points: [], answers: []};
+    window.__vkv = {points: [], answers: [], progress: []};
     if (window.__vkvObserver) window.__vkvObserver.disconnect();
     const record = () => {
         const plot = document.querySelector('#vkv-memory .js-plotly-plot');
@@ -180,6 +185,10 @@ WATCH_JS = """() => {
         if (held) window.__vkv.points.push(held.x.length);
         const bots = document.querySelectorAll('#vkv-chat [data-testid="bot"]');
         if (bots.length) window.__vkv.answers.push(bots[bots.length - 1].innerText.length);
+        const progress = document.querySelector('#vkv-progress');
+        const said = progress ? progress.innerText.trim() : '';
+        const last = window.__vkv.progress[window.__vkv.progress.length - 1];
+        if (said && said !== last) window.__vkv.progress.push(said);
     };
     window.__vkvObserver = new MutationObserver(record);
     window.__vkvObserver.observe(document.body, {childList: true, subtree: true, characterData: true});
@@ -192,7 +201,7 @@ def watch(pg) -> None:
     pg.evaluate(WATCH_JS)
 
 
-def watched(pg) -> dict[str, list[int]]:
+def watched(pg) -> dict[str, list]:
     return pg.evaluate("() => { window.__vkvObserver.disconnect(); return window.__vkv; }")
 
 
@@ -217,6 +226,22 @@ def numbers_panel(pg, must_contain: str) -> str:
         "(t) => { const e = document.querySelector('#vkv-numbers'); return e && e.innerText.includes(t); }",
         arg=must_contain, timeout=60_000)
     return pg.inner_text("#vkv-numbers")
+
+
+def in_viewport(pg, elem: str) -> bool:
+    """Whether the element's bounding box lies wholly inside the window (as scrolled now)."""
+    box = pg.locator(elem).first.bounding_box()
+    return box is not None and box["height"] > 0 and box["y"] >= 0 and box["x"] >= 0 and \
+        box["y"] + box["height"] <= VIEWPORT["height"] and box["x"] + box["width"] <= VIEWPORT["width"]
+
+
+def server_log() -> str:
+    return APP_LOG[0].read_text() if APP_LOG else ""
+
+
+def slider_sources(pg) -> list[str]:
+    """The two images of the before/after slider (left: the media, right: the keep map)."""
+    return pg.locator("#vkv-heatmap img").evaluate_all("els => els.map(e => e.src)")
 
 
 def shot(pg, name: str) -> None:
@@ -256,6 +281,9 @@ def test_offline_start_is_said_on_the_page(page):
     first = load_demo_examples()[0].featured()[0].question
     assert page.locator(f"button:has-text('{first}')").count() >= 1
     assert "What visualkv-demo can answer" in page.inner_text("#vkv-demo-help")
+    # the example cards say what each file is
+    assert page.locator("button:has-text('4K image 3840×2160')").count() >= 1
+    assert page.locator("button:has-text('video')").count() >= 1
 
 
 def test_image_chat_live_memory_and_heatmap(page):
@@ -274,6 +302,8 @@ def test_image_chat_live_memory_and_heatmap(page):
     assert traces["process RSS"] == n_blocks
     progress = page.inner_text("#vkv-progress")
     assert progress.startswith("done") and "TTFT" in progress
+    # while blocks arrived, the progress said how long the rest of the prefill should take
+    assert any("s left" in said for said in seen["progress"] if said.startswith("prefill block")), seen["progress"]
     numbers = numbers_panel(page, "blockwise-snapkv")
     assert "peak KV" in numbers and "visual tokens" in numbers
     open_tab(page, "Kept tokens")
@@ -281,10 +311,59 @@ def test_image_chat_live_memory_and_heatmap(page):
     heat.wait_for(timeout=60_000)
     width, height = page.evaluate("(img) => [img.naturalWidth, img.naturalHeight]", heat.element_handle())
     assert 0 < width <= 960 and 0 < height <= 960  # 3840x2160 downscaled for display
-    page.locator("#vkv-memory").scroll_into_view_if_needed()
     shot(page, "01_image_chat")
+
+
+def test_result_in_view_at_1440x900(page):
+    """After a turn, the chat, the one-line summary and the kept-token view fit in the window unscrolled."""
+    open_tab(page, "Kept tokens")
+    page.evaluate("() => window.scrollTo(0, 0)")
+    page.locator("#vkv-heatmap img").nth(1).wait_for(timeout=60_000)
+    summary = page.inner_text("#vkv-summary")
+    assert "visual tokens" in summary and "vs full" in summary and "× less" in summary and "TTFT" in summary
+    for elem in ("#vkv-chat", "#vkv-summary", "#vkv-heatmap", "#vkv-input"):
+        assert in_viewport(page, elem), (elem, page.locator(elem).first.bounding_box())
     (REPO / "docs").mkdir(exist_ok=True)
-    page.screenshot(path=str(REPO / "docs" / "screenshot.png"), full_page=True)
+    page.screenshot(path=str(REPO / "docs" / "screenshot.png"))  # the window, as a user first sees it
+    shot(page, "01b_result_in_view")
+
+
+def test_before_after_slider_with_opacity_and_layers(page):
+    open_tab(page, "Kept tokens")
+    before, after = slider_sources(page)
+    assert before != after  # the media alone, and the media under the keep map
+    page.locator("#vkv-opacity input[type=number]").first.fill("0.2")
+    page.locator("#vkv-opacity input[type=number]").first.press("Enter")
+    page.locator("#vkv-opacity input[type=range]").first.dispatch_event("pointerup")
+    page.wait_for_function("(a) => Array.from(document.querySelectorAll('#vkv-heatmap img'))[1].src !== a",
+                           arg=after, timeout=60_000)
+    faint = slider_sources(page)
+    assert faint[0] == before  # opacity changes the keep map side only
+    choose(page, "#vkv-layer", "layer 0")
+    page.wait_for_function("(a) => Array.from(document.querySelectorAll('#vkv-heatmap img'))[1].src !== a",
+                           arg=faint[1], timeout=60_000)
+    choose(page, "#vkv-layer", "average")
+    # an opacity typed outside 0..1 is clamped, not refused with an error badge
+    shown = slider_sources(page)[1]
+    page.locator("#vkv-opacity input[type=number]").first.fill("5")
+    page.locator("#vkv-opacity input[type=number]").first.press("Tab")
+    page.wait_for_function("(a) => Array.from(document.querySelectorAll('#vkv-heatmap img'))[1].src !== a",
+                           arg=shown, timeout=60_000)
+    assert page.locator(".toast-body").count() == 0
+
+
+def test_followup_note_follows_the_method_the_chat_runs(page):
+    choose(page, "#vkv-method", "full")
+    page.wait_for_function("() => document.querySelector('#vkv-followup').innerText.includes('blockwise-snapkv')")
+    note = page.inner_text("#vkv-followup")
+    assert "This chat runs blockwise-snapkv" in note and "first" in note, note  # SnapKV's caveat, not full's
+    assert page.locator("#vkv-budget input[type=number]").first.is_disabled()
+    # a budget the method ignores looks switched off: not the background of an editable field
+    colours = page.evaluate("() => ['#vkv-budget', '#vkv-block-size'].map(e => getComputedStyle("
+                            "document.querySelector(e + ' input[type=number]')).backgroundImage)")
+    assert colours[0] != colours[1], colours
+    choose(page, "#vkv-method", "blockwise-snapkv")
+    page.wait_for_function("() => !document.querySelector('#vkv-followup').innerText.includes('This chat runs')")
 
 
 def test_followup_turn_and_report_download(page):
@@ -298,6 +377,10 @@ def test_followup_turn_and_report_download(page):
     assert [t["prompt"] for t in report["turns"]] == ["Where is the small red star?",
                                                       "And what does the yellow label say?"]
     assert report["media"]["width"] == 3840
+    assert report["media"]["path"] == "example_4k.png"  # the server's upload folder stays private
+    headers = page.evaluate("() => { const e = document.querySelector('#vkv-numbers'); return e ? "
+                            "Array.from(e.querySelectorAll('th')).map(t => t.innerText.trim()) : []; }")
+    assert headers and all(headers), headers  # the Numbers table has a real header row
     shot(page, "02_followup")
 
 
@@ -315,6 +398,7 @@ def test_bad_inputs_show_errors_and_keep_chat_and_model(page, tmp_path):
         send(page, question, path, expect_error=True)
         message = error_text(page)
         assert len(message) > 10, (label, message)
+        assert "MediaLimits" not in message, message  # a web user cannot raise a library limit
         assert bot_messages(page) == history, label
         if path is not None:  # the rejected file stays in the box; remove it before the next case
             page.locator("#vkv-input .delete-button").first.click()
@@ -322,12 +406,76 @@ def test_bad_inputs_show_errors_and_keep_chat_and_model(page, tmp_path):
     page.locator("#vkv-model-id textarea, #vkv-model-id input").first.fill("no-such-org/no-such-model")
     page.click("#vkv-load")
     page.wait_for_function(f"() => {ERROR_JS}.includes('no-such-org')", timeout=60_000)
+    assert ".;" not in error_text(page), error_text(page)
     assert page.inner_text("#vkv-model-note") == model_note
     assert bot_messages(page) == history
     shot(page, "03_error_unknown_model")
     page.locator("#vkv-model-id textarea, #vkv-model-id input").first.fill("")
     send(page, "Is the model still there?")  # the chat and its model still work
     assert len(bot_messages(page)) == len(history) + 1
+
+
+BAD_VALUES = [("#vkv-budget", "0", "budget"), ("#vkv-budget", "-5", "budget"), ("#vkv-budget", "", "budget"),
+              ("#vkv-block-size", "-3", "block size"), ("#vkv-block-size", "", "block size"),
+              ("#vkv-max-new", "0", "max new tokens"), ("#vkv-max-new", "", "max new tokens"),
+              ("#vkv-temperature", "-1", "temperature")]
+
+
+def test_every_bad_control_value_is_one_line_and_loses_nothing(page):
+    history = bot_messages(page)
+    model_note = page.inner_text("#vkv-model-note")
+    log_before = server_log()
+    for elem, value, name in BAD_VALUES:
+        good = page.locator(f"{elem} input[type=number]").first.input_value()
+        set_number(page, elem, value)
+        send(page, "Is the model still there?", expect_error=True)
+        message = error_text(page)
+        assert name in message and "\n" not in message, (elem, value, message)
+        assert bot_messages(page) == history, (elem, value)  # the chat panel still shows the history
+        assert page.locator("#vkv-chat .error, .toast-body").count() == 0, (elem, value)  # no red Error badge
+        assert page.inner_text("#vkv-model-note") == model_note
+        set_number(page, elem, good)
+        page.fill("#vkv-input textarea", "")
+    assert "Traceback" not in server_log()[len(log_before):]
+    shot(page, "03_bad_values")
+
+
+def test_new_chat_clears_a_rejected_attachment(page, tmp_path):
+    corrupt = tmp_path / "broken.png"
+    corrupt.write_bytes(b"\x89PNG\r\n\x1a\n" + os.urandom(300))
+    send(page, "what is this?", corrupt, expect_error=True)
+    assert page.locator("#vkv-input .thumbnail-item").count() == 1  # kept while the chat goes on
+    page.click("#vkv-new")
+    page.wait_for_function("() => document.querySelectorAll('#vkv-chat [data-testid=\"bot\"]').length === 0")
+    page.wait_for_function("() => document.querySelectorAll('#vkv-input .thumbnail-item').length === 0",
+                           timeout=10_000)
+
+
+def test_stop_during_prefill_stops_it_and_keeps_the_chat(page, tmp_path):
+    set_number(page, "#vkv-block-size", 256)  # the 4K image: ~40 blocks, each well under a second
+    attach(page, REPO / "assets" / "example_4k.png")
+    page.fill("#vkv-input textarea", "Where is the small red star?")
+    watch(page)
+    page.click("#vkv-send")
+    page.wait_for_function("() => /prefill block [2-9]\\//.test(document.querySelector('#vkv-progress').innerText)",
+                           timeout=TURN_TIMEOUT_MS)
+    page.click("#vkv-stop")
+    t_stop = time.monotonic()
+    page.wait_for_function("() => document.querySelector('#vkv-progress').innerText.includes('stopping')",
+                           timeout=5_000)
+    assert time.monotonic() - t_stop < 3  # said at once
+    page.wait_for_function(f"() => {ERROR_JS}.includes('Stopped')", timeout=TURN_TIMEOUT_MS)
+    seen = watched(page)
+    total = int(next(p for p in seen["progress"] if p.startswith("prefill block")).split("/")[1].split()[0])
+    assert max(seen["points"]) < total  # the prefill ended early, at a block boundary
+    assert bot_messages(page) == [] and max(seen["answers"] or [0]) == 0  # no answer, not even one letter
+    assert page.input_value("#vkv-input textarea") == "Where is the small red star?"  # the question is back
+    # the chat is usable: ask about a small image instead
+    page.locator("#vkv-input .delete-button").first.click()
+    set_number(page, "#vkv-block-size", 0)
+    send(page, "Which colour dominates?", small_png(tmp_path / "small.png", 448, 336, seed=5))
+    assert len(bot_messages(page)) == 1
+    shot(page, "03_stopped")
 
 
 def test_video_frame_timeline(page):
@@ -341,7 +489,7 @@ def test_video_frame_timeline(page):
     send(page, "What moves in this video?", REPO / "assets" / "example_video.mp4")
     numbers = numbers_panel(page, "video frames sampled")
     assert video_method in numbers
-    open_tab(page, "Frame timeline")
+    open_tab(page, "Frames")
     page.wait_for_selector("#vkv-timeline .js-plotly-plot", timeout=60_000)
     traces = plot_traces(page, "#vkv-timeline")
     if "motion" in traces:  # Sali-Cache: motion per sampled frame and its skip threshold
@@ -350,6 +498,14 @@ def test_video_frame_timeline(page):
         assert traces["kept"] + traces["skipped"] == 16, traces
     page.locator("#vkv-thumbs img").first.wait_for(timeout=60_000)
     shot(page, "04_video_timeline")
+    if video_method == "salicache":  # saliency and tiers: one large image per frame, in a zoomable gallery
+        open_tab(page, "Saliency")
+        page.locator("#vkv-tiers img").first.wait_for(timeout=60_000)
+        assert page.locator("#vkv-tiers img").count() >= 2 and page.locator("#vkv-saliency img").count() >= 2
+        page.wait_for_function("() => document.querySelector('#vkv-tiers img').naturalWidth > 0", timeout=30_000)
+        width = page.evaluate("() => document.querySelector('#vkv-tiers img').naturalWidth")
+        assert width >= 360  # each frame large enough to read (the old strip had ~240 px tiles)
+        shot(page, "04b_saliency_tiers")
 
 
 def test_compare_tab(page, tmp_path):
@@ -372,12 +528,37 @@ def test_compare_tab(page, tmp_path):
     shot(page, "06_compare")
 
 
+def test_text_only_question_says_no_image_was_given(page):
+    page.click("#vkv-new")
+    page.wait_for_function("() => document.querySelectorAll('#vkv-chat [data-testid=\"bot\"]').length === 0")
+    send(page, "What is the capital of France?")
+    assert "No image or video" in page.inner_text("#vkv-summary")
+
+
+def test_load_model_clears_every_result_view(page, tmp_path):
+    page.click("#vkv-new")
+    page.wait_for_function("() => document.querySelectorAll('#vkv-chat [data-testid=\"bot\"]').length === 0")
+    send(page, "Which colour dominates?", small_png(tmp_path / "load.png", 448, 336, seed=6))
+    numbers_panel(page, "visual tokens")
+    open_tab(page, "Kept tokens")
+    page.locator("#vkv-heatmap img").first.wait_for(timeout=60_000)
+    page.click("#vkv-load")  # the same model again: a new chat, and nothing of the old one on show
+    page.wait_for_function("() => document.querySelector('#vkv-progress').innerText.startsWith('Loaded')",
+                           timeout=TURN_TIMEOUT_MS)
+    page.wait_for_function("() => document.querySelectorAll('#vkv-heatmap img').length === 0", timeout=10_000)
+    assert bot_messages(page) == [] and page.inner_text("#vkv-summary").strip() == ""
+    assert not page.evaluate("() => { const p = document.querySelector('#vkv-memory .js-plotly-plot');"
+                             " return !!(p && p.data && p.data.length); }")
+    assert "No turn yet" in numbers_panel(page, "No turn yet")
+    shot(page, "07_loaded")
+
+
 def test_two_users_at_once_keep_separate_chats(browser, app_url, tmp_path):
     a_img = small_png(tmp_path / "a.png", 448, 448, seed=1)
     b_img = small_png(tmp_path / "b.png", 896, 448, seed=2)
     pages = []
     for _ in range(2):
-        ctx = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+        ctx = browser.new_context(viewport=VIEWPORT, accept_downloads=True)
         pg = ctx.new_page()
         open_app(pg, app_url)
         pages.append(pg)
@@ -385,12 +566,16 @@ def test_two_users_at_once_keep_separate_chats(browser, app_url, tmp_path):
     for pg, img, q in ((a, a_img, "Question from user A?"), (b, b_img, "Question from user B?")):
         attach(pg, img)
         pg.fill("#vkv-input textarea", q)
+    watch(b)
     a.click("#vkv-send")
     b.click("#vkv-send")  # both turns are queued at once; the server runs them one after the other
     for pg in pages:
         pg.wait_for_function("() => document.querySelector('#vkv-progress').innerText.startsWith('done')",
                              timeout=TURN_TIMEOUT_MS)
         numbers_panel(pg, "visual tokens")
+    # B was told where it waits (no ticking counter that could run past an estimate)
+    waiting = [p for p in watched(b)["progress"] if p.startswith("waiting")]
+    assert waiting and "position 2" in waiting[0], watched(b)
     assert user_messages(a)[-1].strip().endswith("user A?") and len(user_messages(a)) == 1
     assert user_messages(b)[-1].strip().endswith("user B?") and len(user_messages(b)) == 1
     reports = []

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from tests.conftest import get_adapter
-from visualkv.errors import ConfigError
+from visualkv.errors import ConfigError, PrefillStopped
 from visualkv.session import ChatSession, SessionConfig
 
 
@@ -26,12 +26,47 @@ def test_stream_pieces_make_the_answer(qwen, small_image):
 def test_stop_event_ends_the_turn_and_chat_goes_on(qwen, small_image):
     s = ChatSession(qwen, SessionConfig(max_new_tokens=50))
     stop = threading.Event()
-    stop.set()
     for _ in s.stream("What is this?", small_image, stop=stop):
-        pass
+        stop.set()  # during decoding: the answer so far is kept
     assert s.turns[-1].stopped == "stopped" and len(s.turns[-1].token_ids) == 1
     s.ask("And now?")  # the stopped token is fed before the follow-up
     assert len(s.turns) == 2
+
+
+def _blockwise(**kw) -> SessionConfig:
+    return SessionConfig(method="blockwise-snapkv", budget=16, block_size=16, prefill="blockwise", max_new_tokens=3,
+                         **kw)
+
+
+def test_stop_during_prefill_ends_it_at_a_block_boundary_and_keeps_nothing(qwen, small_image):
+    s = ChatSession(qwen, _blockwise())
+    stop = threading.Event()
+    seen = []
+
+    def on_block(event):
+        seen.append(event)
+        if len(seen) == 2:
+            stop.set()
+
+    with pytest.raises(PrefillStopped):
+        list(s.stream("What is this?", small_image, on_block=on_block, stop=stop))
+    assert len(seen) == 2 < seen[0].n_blocks  # no block ran after the stop
+    assert s.turns == [] and s.cache is None and s.media is None and s.blocks == []
+    s.ask("What is this?", small_image)  # the session is usable as if the stopped turn never happened
+    assert len(s.turns) == 1 and len(s.blocks) == seen[0].n_blocks
+
+
+def test_stop_during_a_followup_reprefill_keeps_the_previous_cache(qwen, small_image):
+    s = ChatSession(qwen, _blockwise(followup="reprefill"))
+    s.ask("What is this?", small_image)
+    before = (s.cache, s.method, list(s.blocks), s._seq_len, s.report()["retained"])
+    stop = threading.Event()
+    with pytest.raises(PrefillStopped):
+        list(s.stream("And the colour?", on_block=lambda ev: stop.set(), stop=stop))
+    assert (s.cache, s.method, s.blocks, s._seq_len, s.report()["retained"]) == before
+    assert len(s.turns) == 1
+    s.ask("And the colour?")
+    assert len(s.turns) == 2 and s.cache is not before[0]
 
 
 def test_failed_turn_loses_nothing(qwen, small_image):

@@ -94,6 +94,19 @@ def test_stream_turn_stop_ends_the_answer(adapter, image):
     assert session.turns[-1].stopped == "stopped" and pieces <= 2
 
 
+def test_stream_turn_stop_during_prefill_ends_with_a_stopped_event(adapter, image):
+    session = ChatSession(adapter, _config("blockwise-snapkv", block_size=32, prefill="blockwise"))
+    stop = threading.Event()
+    kinds, n_blocks = [], 0
+    for kind, payload in stream_turn(session, PROMPT, image, stop):
+        kinds.append(kind)
+        n_blocks = n_blocks or payload.n_blocks
+        stop.set()  # after the first block (the worker may have finished one more meanwhile)
+    assert kinds[-1] == "stopped" and set(kinds[:-1]) == {"block"}  # no text: no answer from a stopped prefill
+    assert len(kinds) - 1 < n_blocks
+    assert session.turns == [] and session.cache is None
+
+
 def test_retained_per_layer_averages_to_retained(snap):
     session, report, _ = snap
     per_layer = session.retained_per_layer()
@@ -143,7 +156,26 @@ def test_block_memory_figure_one_point_per_block_with_budget_and_full_lines(snap
     assert growing[-1] * viz.MIB == pytest.approx(report["prompt_tokens"] * viz.kv_bytes_per_token(report))
     held = np.array(traces["KV cache (held)"].y)
     assert held.max() < report["full_kv_bytes"] / viz.MIB  # compression held the cache below full
+    # held, peak and budget have a panel of their own, scaled to them (not to the full cache) ...
+    peak = np.array(traces["KV peak so far"].y)
+    assert traces["KV peak so far"].yaxis == traces["budget"].yaxis == "y"
+    top = fig.layout.yaxis.range[1]
+    assert max(held.max(), peak.max(), budget / viz.MIB) <= top < report["full_kv_bytes"] / viz.MIB
+    # ... and the full cache and the process RSS share a log axis in the other panel (no second y axis)
+    assert traces["full cache"].yaxis == traces["process RSS"].yaxis == "y2" and fig.layout.yaxis2.type == "log"
+    assert fig.layout.yaxis2.overlaying is None
+    assert fig.layout.xaxis.tickformat == "d" and fig.layout.xaxis.dtick >= 1
     json.loads(fig.to_json())  # serialisable for gr.Plot
+
+
+def test_single_block_memory_figure_has_integer_ticks_and_visible_markers(snap):
+    _, report, _ = snap
+    one = {**report, "blocks": [{**report["blocks"][0], "n_blocks": 1}]}
+    fig = viz.block_memory_figure(one)
+    assert list(fig.layout.xaxis.range) == [0.5, 1.5] and fig.layout.xaxis.dtick == 1
+    assert fig.layout.xaxis.tickformat == "d"
+    held = next(t for t in fig.data if t.name == "KV cache (held)")
+    assert held.marker.size >= 10
 
 
 def test_heatmap_is_downscaled_and_per_layer(snap, image):
@@ -155,8 +187,28 @@ def test_heatmap_is_downscaled_and_per_layer(snap, image):
     assert heat.size == (400, 300)
     avg = np.asarray(viz.retained_view(image.frames, image.times, report))
     layer0 = np.asarray(viz.retained_view(image.frames, image.times, report, layer=0))
-    assert avg.shape == layer0.shape == (336, 448, 3)
+    assert avg.shape == layer0.shape and avg.shape[1] == 448 and avg.shape[0] > 336  # colour bar underneath
     assert not np.array_equal(avg, layer0) or np.allclose(report["retained_per_layer"][0], report["retained"])
+
+
+def test_before_after_pair_has_one_size_and_the_before_side_is_the_media(snap, image):
+    _, report, _ = snap
+    before = np.asarray(viz.retained_view(image.frames, image.times, report, opacity=0.0))
+    faint = np.asarray(viz.retained_view(image.frames, image.times, report, opacity=0.2))
+    after = np.asarray(viz.retained_view(image.frames, image.times, report, opacity=0.8))
+    assert before.shape == after.shape  # the two sides of a slider line up
+    assert np.array_equal(before[:336], image.frames[0])  # opacity 0: the image itself
+    media_diff = [np.abs(x[:336].astype(int) - image.frames[0]).mean() for x in (faint, after)]
+    assert 0 < media_diff[0] < media_diff[1]  # opacity sets how strongly the keep map covers the image
+
+
+def test_keep_colour_map_is_sequential_and_not_red_green():
+    ramp = viz.colour_map(np.linspace(0, 1, 50, dtype=np.float32))
+    luminance = ramp @ np.array([0.2126, 0.7152, 0.0722])
+    assert (np.diff(luminance) > 0).all()  # readable in grey and for every colour-vision deficiency
+    assert tuple(ramp[0].round()) == (68, 1, 84) and tuple(ramp[-1].round()) == (253, 231, 37)  # viridis
+    red_green = np.abs(ramp[:, 0] - ramp[:, 1]) > 200
+    assert not red_green.any()
 
 
 def test_summary_rows_name_the_key_numbers(snap):
@@ -164,6 +216,11 @@ def test_summary_rows_name_the_key_numbers(snap):
     rows = dict(viz.summary_rows(report))
     assert rows["method"] == "blockwise-snapkv" and rows["visual tokens"] == "192"
     assert "% of full" in rows["peak KV"]
+    line = viz.summary_line(report)
+    ratio = report["full_kv_bytes"] / report["peak_kv_bytes"]
+    assert line.startswith("192 visual tokens") and f"{ratio:.1f}× less at peak" in line and "TTFT" in line
+    assert viz.decode_speed({"decode_tokens_per_second": 0.0, "token_ids": [5]}) == "n/a"
+    assert viz.decode_speed({"decode_tokens_per_second": 3.0, "token_ids": [5, 6]}) == "3.0 tokens/s"
 
 
 def test_views_of_absent_method_fields_are_none(snap):
@@ -193,6 +250,14 @@ def test_salicache_video_views(adapter):
     tiers = viz.tier_view(video.frames, video.times, report)
     assert tiers.height > strip.height  # legend underneath
     assert viz.saliency_view(video.frames, video.times, report) is not None
+    n_frames = len(report["layout"]["frames"])
+    for gallery in (viz.saliency_gallery(video.frames, video.times, report),
+                    viz.tier_gallery(video.frames, video.times, report)):
+        assert len(gallery) == n_frames  # one readable image per frame
+        assert all(img.width >= 360 and caption.startswith("frame ") for img, caption in gallery)
+    per_frame = [caption for _, caption in viz.tier_gallery(video.frames, video.times, report)]
+    total = sum(int(part.rsplit(" ", 1)[1]) for c in per_frame for part in c.split(" · ")[2].split(", "))
+    assert total == len(report["tier"])  # the per-frame counts add up to every token
     assert "video frames sampled / skipped" in dict(viz.summary_rows(report))
     # pruned tokens never reach the LLM, so "tokens read" is not the uncompressed cache: no growing line
     names = [t.name for t in viz.block_memory_figure(report).data]
@@ -209,6 +274,16 @@ def test_lightkv_merge_views(adapter, image):
     assert merge.width == 448 and merge.height > 336
     fig = viz.layer_tokens_figure(report)
     assert len(fig.data[0].x) == session.adapter.num_layers
+    assert fig.layout.xaxis.tickformat == "d" and fig.layout.xaxis.dtick >= 1
+    # every colour of the legend is one the drawing uses (blended 55 % over the image)
+    drawn = np.asarray(merge)[:336].reshape(-1, 3).astype(int)
+    base = np.asarray(image.frames[0]).reshape(-1, 3).astype(int)
+    legend = viz.merge_legend(report)
+    assert legend[0][2] > 0 and sum(count for _, _, count in legend[1:]) > 0
+    for label, colour, count in legend:
+        if count:
+            expected = 0.45 * base + 0.55 * np.array(colour)
+            assert (np.abs(drawn - expected).max(axis=1) <= 1).any(), label
 
 
 def test_tier_names_accept_codes_and_names():
@@ -229,4 +304,7 @@ def test_compare_methods_table_and_curves(adapter, image):
     assert rows[1][1] < rows[0][1]  # peak KV under the budget is below the full cache's
     fig = viz.compare_memory_figure(results)
     assert [t.name for t in fig.data] == ["full", "blockwise-keydiff"]
+    styles = [(t.line.color, t.line.dash, t.marker.symbol) for t in fig.data]
+    assert len(set(styles)) == len(styles) and all(len(set(parts)) == 2 for parts in zip(*styles))
+    assert fig.data[0].line.width > fig.data[1].line.width  # the one drawn first stays visible under the next
     assert viz.agreement([1, 2, 3], [1, 2, 4]) == pytest.approx(2 / 3) and viz.agreement([], []) == 1.0

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import re
 import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +51,33 @@ NOT_AVAILABLE = "_Not available for this method._"
 
 
 def _error(message: str, paths: list[str] | None = None) -> str:
-    """The error line: Markdown-escaped, with server-side upload paths shortened to file names."""
+    """The error line: Markdown-escaped, with server-side upload paths shortened to file names and
+    hints meant for library users (e.g. "(or raise MediaLimits.max_image_pixels)") left out."""
     for path in paths or []:
         message = message.replace(str(path), Path(path).name)
+    message = re.sub(r"\s*\(or raise MediaLimits\.\w+\)", "", message)
     return "⚠️ " + text.md_escape(message)
+
+
+def _whole(value, name: str, low: int, high: int | None = None, hint: str = "") -> int:
+    """A number field's value as an int in [low, high], or a one-line ConfigError naming the field."""
+    if value is None or value == "":
+        raise ConfigError(f"{name} is empty: type a whole number ≥ {low}{hint}")
+    number = float(value)
+    if number != int(number) or number < low or (high is not None and number > high):
+        limit = f"between {low} and {high}" if high is not None else f"≥ {low}"
+        raise ConfigError(f"{name} must be a whole number {limit}{hint}, got {value:g}")
+    return int(number)
+
+
+def _real(value, name: str, low: float, high: float, low_open: bool = False) -> float:
+    if value is None or value == "":
+        raise ConfigError(f"{name} is empty: type a number")
+    number = float(value)
+    if number < low or number > high or (low_open and number == low):
+        raise ConfigError(f"{name} must be {'above' if low_open else 'at least'} {low:g} and at most {high:g}, "
+                          f"got {number:g}")
+    return number
 
 
 def _progress(done: int, total: int, label: str) -> str:
@@ -72,6 +97,11 @@ class Handlers:
         self.method_keys: list[tuple[str, str]] = []  # (method, setting key) of each method-settings input
         self.group_names: list[str] = []  # methods with a settings group, in output order
         self._tmp = Path(tempfile.mkdtemp(prefix="visualkv-reports-"))
+        self._queue_lock = threading.Lock()
+        self._waiting: dict[Any, float] = {}  # session -> when its turn was sent, until it starts
+        self._running = 0  # turns computing now
+        self._turn_seconds = 0.0  # moving average of recent turn times
+        self._active: set[int] = set()  # id() of the UserStates with a turn running (Stop has something to stop)
 
     # -- helpers --------------------------------------------------------------------------------
     def _state(self, state: UserState | None) -> UserState:
@@ -79,16 +109,19 @@ class Handlers:
 
     def _config(self, method, budget, block_size, max_new, temperature, followup, prefill,
                 method_values) -> SessionConfig:
+        """The session config from the form, checking every field first (one line naming the field)."""
         if method not in METHODS:
-            raise ConfigError(f"unknown method {method!r}")
+            raise ConfigError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
+        needs_budget = METHODS[method].needs_budget
         values = {key: v for (name, key), v in zip(self.method_keys, method_values) if name == method}
         cfg = SessionConfig(
             method=method,
-            budget=int(budget) if METHODS[method].needs_budget and budget is not None else None,
-            block_size=int(block_size) if block_size else None,
+            budget=_whole(budget, "budget M", 1, hint=" (visual entries kept per layer and KV head)")
+            if needs_budget else None,
+            block_size=_whole(block_size, "block size", 0, hint=" (0 = auto)") or None,
             prefill=None if prefill in (None, "auto") else prefill,
-            max_new_tokens=int(max_new or 64),
-            temperature=float(temperature or 0.0),
+            max_new_tokens=_whole(max_new, "max new tokens", 1, 4096),
+            temperature=_real(temperature, "temperature", 0.0, 5.0),
             followup=followup or "reuse",
             method_options=method_options(method, values),
         )
@@ -97,25 +130,70 @@ class Handlers:
 
     @staticmethod
     def _sampling(fps, max_frames) -> FrameSampling:
+        rate = _real(fps, "frames per second sampled", 0.0, 60.0, low_open=True)
+        count = _whole(max_frames, "frames sampled at most", 1, 1024)
         try:
-            return FrameSampling(fps=float(fps or 1.0), max_frames=int(max_frames or 32))
+            return FrameSampling(fps=rate, max_frames=count)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"video sampling: {exc}") from None
 
     def _write_report(self, report: dict[str, Any], previous: str | None) -> str:
-        """The report as a JSON file of its own (the session's previous one is deleted)."""
+        """The report as a JSON file of its own (the session's previous one is deleted). The media's
+        path is reduced to its file name: the server's upload folder is nobody's business."""
         if previous and Path(previous).parent.parent == self._tmp:
             shutil.rmtree(Path(previous).parent, ignore_errors=True)
         folder = Path(tempfile.mkdtemp(dir=self._tmp))
         path = folder / "visualkv_report.json"
+        media = report.get("media")
+        if media and media.get("path"):
+            report = {**report, "media": {**media, "path": Path(media["path"]).name}}
         write_json(report, str(path))
         return str(path)
 
+    # -- queue ----------------------------------------------------------------------------------
+    def queued(self, request: gr.Request, message, state):
+        """Runs at once when a turn is sent: where it waits while other sessions' turns run."""
+        if not (message or {}).get("text", "").strip():
+            return gr.skip()
+        now = time.monotonic()
+        with self._queue_lock:
+            self._waiting = {k: t for k, t in self._waiting.items() if now - t < 1800}  # forget lost entries
+            key = getattr(request, "session_hash", None) or id(state)
+            self._waiting[key] = now
+            ahead = sum(t < now for t in self._waiting.values()) + (1 if self._running else 0)
+        if not ahead:
+            return _progress(0, 1, "starting…")
+        per_turn = f" Recent turns took about {self._turn_seconds:.0f} s each." if self._turn_seconds else ""
+        return _progress(0, 1, f"waiting: position {ahead + 1} in the queue ({ahead} turn(s) ahead of yours; "
+                               f"one model computation runs at a time).{per_turn}")
+
+    def _started(self, request) -> None:
+        with self._queue_lock:
+            self._waiting.pop(getattr(request, "session_hash", None), None)
+            self._running += 1
+
+    def _finished(self, seconds: float) -> None:
+        with self._queue_lock:
+            self._running = max(0, self._running - 1)
+            # a moving average of turn times, for the waiting message
+            self._turn_seconds = seconds if not self._turn_seconds else 0.7 * self._turn_seconds + 0.3 * seconds
+
     # -- chat -----------------------------------------------------------------------------------
     @gpu
-    def chat(self, message, state, method, budget, block_size, max_new, temperature, followup, prefill, fps,
-             max_frames, *method_values):
-        """Generator: one turn, streamed. Outputs: chatbot, input, state, error, progress, plot, download."""
+    def chat(self, request: gr.Request, message, state, method, budget, block_size, max_new, temperature, followup,
+             prefill, fps, max_frames, *method_values):
+        """Generator: one turn, streamed. Outputs: chatbot, input, state, error, progress, plot, download,
+        summary, follow-up note."""
+        self._started(request)
+        t0 = time.monotonic()
+        try:
+            yield from self._turn(message, state, method, budget, block_size, max_new, temperature, followup,
+                                  prefill, fps, max_frames, method_values)
+        finally:
+            self._finished(time.monotonic() - t0)
+
+    def _turn(self, message, state, method, budget, block_size, max_new, temperature, followup, prefill, fps,
+              max_frames, method_values):
         st = self._state(state)
         skip = gr.skip()
         message = message or {}
@@ -123,7 +201,7 @@ class Handlers:
         files = message.get("files") or []
 
         def fail(msg: str):
-            return (skip, skip, st, _error(msg, files), skip, skip, skip)
+            return (skip, skip, st, _error(msg, files), "", skip, skip, skip, skip)
 
         if not prompt:
             yield fail("The question is empty: type a question about the image or video, then send.")
@@ -150,66 +228,106 @@ class Handlers:
         notes = []
         if not new_session and st.settings_used and st.settings_used != cfg.__dict__:
             notes.append("This chat keeps the settings it started with; click New chat to apply new ones.")
+        chat_cfg = session.config
+        followup_md = text.chat_followup_note(chat_cfg.method, chat_cfg.followup, method, followup)
         before = list(st.history)
         user_content: list[Any] = ([{"path": files[0]}] if files else []) + [prompt]
         st.history = [*before, {"role": "user", "content": user_content}, {"role": "assistant", "content": ""}]
         st.stop = threading.Event()
         st.live_blocks = []
-        yield (st.history, {"text": "", "files": []}, st, "", _progress(0, 1, "reading the input…"), skip, skip)
+        self._active.add(id(st))
+        try:
+            yield (st.history, {"text": "", "files": []}, st, "", _progress(0, 1, "reading the input…"), skip,
+                   skip, skip, followup_md)
+            yield from self._stream(st, session, prompt, media, files, before, new_session, cfg, notes)
+        finally:
+            self._active.discard(id(st))
+
+    def _stream(self, st: UserState, session, prompt, media, files, before, new_session, cfg, notes):
+        """The events of one running turn, as outputs (see `chat`)."""
+        skip = gr.skip()
 
         answer = ""
         epoch = st.epoch
+        t_prefill = time.monotonic()
         for kind, payload in stream_turn(session, prompt, media, st.stop):
             if st.epoch != epoch:  # New chat or another model was chosen meanwhile: drop this turn quietly
                 return
             if kind == "block":
                 st.live_blocks.append(payload)
-                label = (f"prefill block {payload.index + 1}/{payload.n_blocks} ({payload.kind}, +{payload.tokens_in} "
-                         f"tokens) · KV {payload.kv_bytes / viz.MIB:.2f} MiB")
-                fig = viz.block_memory_figure(live_report(session, st.live_blocks), n_blocks=payload.n_blocks)
-                yield (skip, skip, st, "", _progress(payload.index + 1, payload.n_blocks, label), fig, skip)
+                done, total = payload.index + 1, payload.n_blocks
+                if st.stop.is_set():
+                    label = f"stopping… (after block {done}/{total}; nothing of this turn is kept)"
+                else:
+                    # the remaining blocks at the mean pace of the blocks done so far
+                    left = (time.monotonic() - t_prefill) / done * (total - done)
+                    eta = f" · about {left:.0f} s left" if total > done else ""
+                    label = (f"prefill block {done}/{total} ({payload.kind}, +{payload.tokens_in} tokens) · "
+                             f"KV {payload.kv_bytes / viz.MIB:.2f} MiB{eta}")
+                fig = viz.block_memory_figure(live_report(session, st.live_blocks), n_blocks=total)
+                yield (skip, skip, st, "", _progress(done, total, label), fig, skip, skip, skip)
             elif kind == "text":
                 answer += payload
                 st.history[-1] = {"role": "assistant", "content": answer}
-                yield (st.history, skip, st, "", skip, skip, skip)
-            elif kind == "error":
-                st.history = before  # the failed turn leaves no trace; the session is unchanged
-                yield (st.history, skip, st, _error(payload, files), "", skip, skip)
+                yield (st.history, skip, st, "", skip, skip, skip, skip, skip)
+            elif kind in ("error", "stopped"):
+                st.history = before  # the failed or stopped turn leaves no trace; the session is unchanged
+                line = ("⏹ Stopped while reading the media: nothing of this turn was kept, the chat is as it was. "
+                        "Send again to retry." if kind == "stopped" else _error(payload, files))
+                # the question (and its file) go back into the input box, so nothing typed is lost
+                yield (st.history, {"text": prompt, "files": files}, st, line, "", skip, skip, skip, skip)
                 return
             else:  # done
                 record = payload
                 if new_session:
                     st.session, st.media_path, st.first_prompt = session, files[0] if files else None, prompt
                     st.settings_used = dict(cfg.__dict__)
-                st.history[-1] = {"role": "assistant", "content": record.answer or "(empty answer)"}
+                stopped = record.stopped == "stopped"
+                content = record.answer or "(empty answer)"
+                if stopped:
+                    content = f"{record.answer} … (stopped by you after {len(record.token_ids)} token(s))"
+                st.history[-1] = {"role": "assistant", "content": content}
                 st.report = viz_report = turn_report(session)
                 st.report_path = self._write_report(viz_report, st.report_path)
                 fig = viz.block_memory_figure(viz_report) if viz_report.get("blocks") else skip
-                stopped = " · stopped" if record.stopped == "stopped" else ""
-                label = (f"done · TTFT {record.ttft_seconds:.2f} s · {record.decode_tokens_per_second:.1f} tokens/s"
-                         f" · KV {record.kv_bytes_after / viz.MIB:.2f} MiB{stopped}")
+                label = (f"done · TTFT {record.ttft_seconds:.2f} s · {viz.decode_speed(record.to_dict())}"
+                         f" · KV {record.kv_bytes_after / viz.MIB:.2f} MiB{' · stopped' if stopped else ''}")
                 if notes:
                     label += " · " + " ".join(notes)
+                summary = viz.summary_line(viz_report)
+                if session.media is None:
+                    summary = ("⚠️ No image or video in this chat: the model answered from the text alone. "
+                               "Attach a file (New chat) to ask about one. · " + summary)
                 n = max(len(viz_report.get("blocks") or []), 1)
                 yield (st.history, skip, st, "", _progress(n, n, label), fig,
-                       gr.update(value=st.report_path, interactive=True))
+                       gr.update(value=st.report_path, interactive=True), summary, skip)
 
     def stop(self, state):
-        if state is not None:
-            state.stop.set()
-        return gr.skip()
+        if state is None or id(state) not in self._active:
+            return gr.skip()  # no turn of this session is running: nothing to stop
+        state.stop.set()
+        return _progress(0, 1, "stopping… (a prefill ends at its next block boundary; an answer at its next token)")
 
-    def new_chat(self, state):
+    def new_chat(self, state, method, followup):
         st = self._state(state)
         st.new_chat()
-        return (st, [], "", "", None, gr.update(value=None, interactive=False), *self._empty_views())
+        return (st, [], {"text": "", "files": []}, "", "", None, gr.update(value=None, interactive=False), "",
+                text.followup_note(method, followup), *self._empty_views())
 
     # -- views after prefill ----------------------------------------------------------------------
     def _empty_views(self):
-        return (gr.update(choices=["average"], value="average"), "Ask a question to see the kept tokens.", None,
+        return (gr.update(choices=["average"], value="average"), text.EMPTY_HEAT_NOTE, None,
                 "Sali-Cache only.", None, None, "Video only.", None, None, "LightKV only.", None, None, "No turn yet.")
 
-    def views(self, state, layer_choice):
+    def _before_after(self, st: UserState, layer_choice, opacity):
+        """(media alone, keep map over it): the two sides of the before/after slider."""
+        media = st.session.media
+        layer = _layer_index(layer_choice)
+        alpha = min(max(float(opacity if opacity is not None else 0.6), 0.0), 1.0)
+        return (viz.retained_view(media.frames, media.times, st.report, layer=layer, opacity=0.0),
+                viz.retained_view(media.frames, media.times, st.report, layer=layer, opacity=alpha))
+
+    def views(self, state, layer_choice, opacity=0.6):
         st = self._state(state)
         rep = st.report
         if rep is None or st.session is None:
@@ -223,18 +341,18 @@ class Handlers:
         layer_dd = gr.update(choices=layers, value=layer_value)
 
         if frames and rep.get("visual_tokens"):
-            heat = viz.retained_view(frames, times, rep, layer=_layer_index(layer_value))
+            heat = self._before_after(st, layer_value, opacity)
             kept = sum(rep.get("retained") or []) / max(rep["visual_tokens"], 1)
-            heat_note = (f"{rep['visual_tokens']} visual tokens, {kept:.1%} of their entries kept on average "
-                         "(green kept, red evicted; " + ("one tile per frame)." if viz.is_video(rep) else
-                                                         "downscaled for display).")
-                         )
+            heat_note = (f"{rep['visual_tokens']} visual tokens, {kept:.1%} of their entries kept on average. "
+                         "Left of the slider the media, right the keep map (yellow kept, dark purple evicted"
+                         + ("; one tile per frame)." if viz.is_video(rep) else ")."))
         else:
             heat, heat_note = None, "No image or video in this chat."
 
         if frames and viz.has_saliency(rep):
-            sal, tiers, sali_note = viz.saliency_view(frames, times, rep), viz.tier_view(frames, times, rep), \
-                "Saliency (bright = salient) and the precision tier of each visual token."
+            sal, tiers = viz.saliency_gallery(frames, times, rep), viz.tier_gallery(frames, times, rep)
+            sali_note = ("Saliency (bright = salient) and the precision tier of each visual token, one image per "
+                         "frame: click one to zoom.")
         else:
             sal, tiers, sali_note = None, None, NOT_AVAILABLE + " Saliency and tiers come from Sali-Cache."
 
@@ -247,47 +365,53 @@ class Handlers:
 
         if viz.has_merge_map(rep):
             merge = viz.merge_view(frames, times, rep) if frames else None
-            layer_fig, merge_note = viz.layer_tokens_figure(rep), "Tokens merged together share a colour."
+            layer_fig, merge_note = viz.layer_tokens_figure(rep), (
+                "Dark: merged into a neighbour. Yellow to red: a kept token that now stands for 2 up to the most "
+                "tokens (see the legend). Untouched tokens are shown as they are.")
         else:
             merge, layer_fig, merge_note = None, None, NOT_AVAILABLE + " Merge maps come from LightKV."
 
-        numbers = "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in viz.summary_rows(rep))
+        numbers = "| quantity | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in viz.summary_rows(rep))
         return (layer_dd, heat_note, heat, sali_note, sal, tiers, timeline_note, timeline, thumbs, merge_note, merge,
                 layer_fig, numbers)
 
-    def layer_changed(self, state, layer_choice):
+    def layer_changed(self, state, layer_choice, opacity=0.6):
         st = self._state(state)
         if st.report is None or st.session is None or st.session.media is None or not st.report.get("visual_tokens"):
             return gr.skip()
-        media = st.session.media
-        return viz.retained_view(media.frames, media.times, st.report, layer=_layer_index(layer_choice))
+        return self._before_after(st, layer_choice, opacity)
 
     # -- model ------------------------------------------------------------------------------------
     def load_model(self, choice, typed, state, progress=gr.Progress()):  # noqa: B008 - how Gradio injects progress
         st = self._state(state)
         skip = gr.skip()
         name = (typed or "").strip() or (choice or "").strip()
+        keep = (skip,) * (5 + len(self._empty_views()))  # chat, progress, plot, download, summary, views
         if not name:
-            return (st, skip, _error("Choose a model or type a Hub id / local folder."), skip, skip, skip, skip)
+            return (st, skip, _error("Choose a model or type a Hub id / local folder."), *keep)
         progress(0.1, desc=f"loading {name}…")
         try:
             self.cache.get(name)
         except Exception as exc:  # noqa: BLE001 - ModelLoadError or anything else: keep the current model
-            return (st, skip, _error(f"{failure_message(exc)} — still using {st.model_name}."), skip, skip, skip,
-                    skip)
+            return (st, skip, _error(f"{failure_message(exc)} — still using {st.model_name}."), *keep)
         progress(1.0, desc="loaded")
         st.model_name = name
-        st.new_chat()  # a chat's cache belongs to its model
+        st.new_chat()  # a chat's cache belongs to its model: every result view of the old one goes
         note = text.offline_note(name, is_offline_model(name))
         return (st, note, "", [], f"Loaded {html.escape(name)}; new chat started.", None,
-                gr.update(value=None, interactive=False))
+                gr.update(value=None, interactive=False), "", *self._empty_views())
 
     # -- settings ---------------------------------------------------------------------------------
-    def method_changed(self, method, followup):
+    def method_changed(self, method, followup, state=None):
+        """Method or follow-up choice changed: its help, the budget field, its settings group, and the
+        follow-up note of the method the chat really runs (a started chat keeps its own)."""
         cls = METHODS.get(method)
-        budget = gr.update(interactive=bool(cls and cls.needs_budget))
+        budget = gr.update(interactive=bool(cls and cls.needs_budget), info=text.budget_info(method))
         groups = [gr.update(visible=name == method) for name in self.group_names]
-        return (text.method_line(method), budget, text.followup_note(method, followup), *groups)
+        chat = state.session.config if state is not None and state.session is not None else None
+        note = text.chat_followup_note(chat.method if chat else None, chat.followup if chat else None, method,
+                                       followup)
+        return (text.method_line(method), budget, note, *groups)
 
     # -- compare ----------------------------------------------------------------------------------
     @gpu

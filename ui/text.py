@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 from visualkv.methods import METHODS
 
 INTRO = (
-    "# VisualKV\n"
-    "Chat with 4K images and long videos while the vision-language model's **KV cache** is compressed. "
-    "Watch the cache grow block by block during prefill, see which visual tokens were kept, and compare "
-    "methods on the same question."
+    "## VisualKV: chat with 4K images and long videos while the model's KV cache is compressed\n"
+    "Attach an image or video (or pick an example under the chat), ask, and see on the right what the cache "
+    "kept, block by block."
 )
+
+EMPTY_HEAT_NOTE = ("Ask a question about an image or video to compare it with the tokens its cache kept "
+                   "(drag the slider: left the media, right the keep map).")
 
 #: One-line help for method settings, by field name (shared between methods where the name means the same).
 SETTING_HELP = {
@@ -60,6 +64,44 @@ def followup_note(name: str, followup: str) -> str:
                 "question may already be evicted. Choose follow-up = reprefill, or a query-agnostic method.")
     return ("Follow-ups reuse the compressed cache. This method does not look at the question when it compresses, "
             "so every question sees the same kept tokens.")
+
+
+def budget_info(name: str) -> str:
+    """The budget field's help: what it means, or that the chosen method does not use it."""
+    cls = METHODS.get(name)
+    if cls is not None and not cls.needs_budget:
+        return f"not used by {name} (it keeps no fixed number of entries)"
+    return "visual KV entries kept per layer and KV head (a whole number ≥ 1)"
+
+
+def chat_followup_note(chat_method: str | None, chat_followup: str | None, chosen: str, followup: str) -> str:
+    """The follow-up note for the method the chat really runs (a chat keeps the method it started with)."""
+    if not chat_method or chat_method == chosen:
+        return followup_note(chosen, chat_followup or followup)
+    return (f"This chat runs **{chat_method}** (chosen when it started); {chosen} applies after New chat. "
+            + followup_note(chat_method, chat_followup or followup))
+
+
+def media_label(path: str) -> str:
+    """What an example file is, for its card: "4K image 3840×2160", "image 672×378", "video 64 s, 640×360"."""
+    from PIL import Image
+
+    p = Path(path)
+    if p.suffix.lower() in (".mp4", ".webm", ".mov", ".avi", ".mkv"):
+        meta = p.with_suffix(".json")
+        try:
+            info = json.loads(meta.read_text()) if meta.is_file() else {}
+        except (OSError, ValueError):
+            info = {}
+        size = f"{info['width']}×{info['height']}" if "width" in info and "height" in info else ""
+        length = f"{info['duration']:g} s" if "duration" in info else ""
+        return " ".join(["video", ", ".join(x for x in (length, size) if x)]).strip()
+    try:
+        with Image.open(p) as img:  # reads the header only
+            width, height = img.size
+    except OSError:
+        return "image"
+    return f"{'4K ' if max(width, height) >= 3840 else ''}image {width}×{height}"
 
 
 def offline_note(model_name: str, offline: bool, start_error: str | None = None) -> str:

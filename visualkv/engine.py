@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from visualkv.cache import TIER_FULL, CompressibleCache, split_tiers
+from visualkv.errors import PrefillStopped
 from visualkv.layout import Block, plan_blocks
 from visualkv.methods.base import LayerState, Method, PrefillContext
 from visualkv.models.base import ModelAdapter, PreparedInput
@@ -214,8 +215,13 @@ class Engine:
         prefill_mode: str | None = None,
         seq_offset: int = 0,
         on_block: BlockCallback | None = None,
+        should_stop: Callable[[], bool] | None = None,
     ) -> PrefillResult:
-        """Run the whole prepared input into `cache` under `method`."""
+        """Run the whole prepared input into `cache` under `method`.
+
+        `should_stop` is asked before every block and once after the last (a block is never cut
+        halfway): when it says yes, `PrefillStopped` is raised and `cache` must be discarded.
+        """
         t_start = time.perf_counter()
         block_size = block_size or self.adapter.default_block_size
         mode = prefill_mode or method.default_prefill
@@ -231,6 +237,8 @@ class Engine:
         events: list[BlockEvent] = []
         last_hidden = None
         for block in ctx.blocks:
+            if should_stop is not None and should_stop():
+                raise PrefillStopped()
             t0 = time.perf_counter()
             ctx.block = block
             hidden, local = self.block_embeddings(prepared, block, ctx.encoded_frames)
@@ -259,6 +267,8 @@ class Engine:
             events.append(event)
             if on_block is not None:
                 on_block(event)
+        if should_stop is not None and should_stop():
+            raise PrefillStopped()
         if last_hidden is None:
             raise ValueError("nothing to prefill: every token was dropped")
         method.end(ctx)

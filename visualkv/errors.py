@@ -21,3 +21,10 @@ class ModelLoadError(VisualKVError):
 
 class ConfigError(VisualKVError):
     """An option value is out of range or inconsistent."""
+
+
+class PrefillStopped(VisualKVError):
+    """A stop request ended a prefill at a block boundary; the partial cache is discarded."""
+
+    def __init__(self, message: str = "stopped while reading the media; nothing was kept") -> None:
+        super().__init__(message)

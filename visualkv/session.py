@@ -124,7 +124,9 @@ class ChatSession:
         """Yield answer text pieces as they are decoded.
 
         The first turn may carry media; later turns reuse it. If anything fails
-        before decoding starts, the session is left exactly as it was.
+        before decoding starts, the session is left exactly as it was. `stop` is
+        checked between prefill blocks (raising `PrefillStopped`, session unchanged)
+        and between decoded tokens (the answer so far is kept).
         """
         if not prompt or not prompt.strip():
             raise ConfigError("the question is empty; type a question about the image or video")
@@ -132,53 +134,64 @@ class ChatSession:
             raise ConfigError("this chat already has media; start a new chat to use another file")
         record = TurnRecord(prompt=prompt)
         t0 = time.perf_counter()
-        if not self.turns:
-            logits = self._first_turn(prompt, media, on_block)
-        else:
-            logits = self._followup_turn(prompt, on_block)
+        should_stop = stop.is_set if stop is not None else None
+        blocks_before = list(self.blocks)
+        try:
+            if not self.turns:
+                logits = self._first_turn(prompt, media, on_block, should_stop)
+            else:
+                logits = self._followup_turn(prompt, on_block, should_stop)
+        except Exception:
+            self.blocks = blocks_before  # a failed or stopped prefill leaves no block behind
+            raise
         record.prefill_seconds = time.perf_counter() - t0
         self.turns.append(record)
         yield from self._decode(logits, record, t0, stop)
 
     # -- turns --------------------------------------------------------------------
-    def _first_turn(self, prompt: str, media: Media | None, on_block) -> torch.Tensor:
+    def _first_turn(self, prompt: str, media: Media | None, on_block, should_stop=None) -> torch.Tensor:
         prepared = self.adapter.prepare(media, prompt)
         cache = CompressibleCache(self.adapter.num_layers, headroom=self.config.max_new_tokens + 1)
-        result = self.engine.prefill(
-            prepared, cache, self.method, self.config.budget, self.config.block_size, self.config.prefill,
-            on_block=self._collect(on_block),
-        )
+        try:
+            result = self.engine.prefill(
+                prepared, cache, self.method, self.config.budget, self.config.block_size, self.config.prefill,
+                on_block=self._collect(on_block), should_stop=should_stop,
+            )
+        except Exception:
+            self.method = self._fresh_method()  # no state of the failed prefill stays behind
+            raise
         self.cache, self.media, self.prepared, self.prefill_result = cache, media, prepared, result
         self._seq_len = prepared.seq_len
         self._next_position = prepared.next_position
         return result.logits
 
-    def _followup_turn(self, prompt: str, on_block) -> torch.Tensor:
+    def _fresh_method(self):
+        return make_method(self.config.method, **self.config.method_options)
+
+    def _followup_turn(self, prompt: str, on_block, should_stop=None) -> torch.Tensor:
         ids = self.adapter.followup_ids(prompt)
         if self._pending is not None:
             ids = torch.cat([torch.tensor([self._pending]), ids])
         if self.config.followup == "reprefill" and self.method.query_aware and self.prepared is not None:
-            return self._reprefill(prompt, ids, on_block)
+            return self._reprefill(prompt, ids, on_block, should_stop)
         logits = self.engine.extend(ids, self._next_position, self._seq_len, self.cache)
         self._advance(ids)
         return logits
 
-    def _reprefill(self, prompt: str, ids: torch.Tensor, on_block) -> torch.Tensor:
+    def _reprefill(self, prompt: str, ids: torch.Tensor, on_block, should_stop=None) -> torch.Tensor:
         """Rebuild the media cache with `prompt` as the proxy question, replay the history."""
         cache = CompressibleCache(self.adapter.num_layers, headroom=self.config.max_new_tokens + 1)
-        proxy = torch.tensor(self.adapter.tokenizer(prompt, add_special_tokens=False)["input_ids"])
-        self.method.proxy_ids = proxy
-        try:
-            self.blocks = []
-            result = self.engine.prefill(
-                self.prepared, cache, self.method, self.config.budget, self.config.block_size,
-                self.config.prefill, on_block=self._collect(on_block),
-            )
-        finally:
-            self.method.proxy_ids = None
+        method = self._fresh_method()  # swapped in only when the whole rebuild succeeded
+        method.proxy_ids = torch.tensor(self.adapter.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        self.blocks = []
+        result = self.engine.prefill(
+            self.prepared, cache, method, self.config.budget, self.config.block_size,
+            self.config.prefill, on_block=self._collect(on_block), should_stop=should_stop,
+        )
+        method.proxy_ids = None
         history = torch.cat(self._history_ids + [ids]) if self._history_ids else ids
         logits = self.engine.extend(history, self.prepared.next_position, self.prepared.seq_len, cache)
-        self.cache, self.prefill_result = cache, result
+        self.cache, self.prefill_result, self.method = cache, result, method
         self._advance(ids)
         return logits
 

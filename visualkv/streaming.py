@@ -10,14 +10,16 @@ the model runs. `stream_turn` gives exactly that:
         kind == "text"   -> payload: str, the next piece of the answer
         kind == "done"   -> payload: TurnRecord of the finished turn (always last on success)
         kind == "error"  -> payload: one-line message (always last on failure)
+        kind == "stopped" -> payload: one-line message (last; `stop` ended the prefill at a block
+                             boundary, the session is exactly as before the turn)
 
 Errors never escape as exceptions: deliberate ones (`VisualKVError`) keep their
 message; anything else becomes "unexpected failure (Type: first line)" with the
 traceback logged. The session guarantees that input errors leave it unchanged.
 
-Limits: `stop` is checked by the session between decoded tokens, so a stop
-during prefill takes effect after the prefill finishes (a block cannot be
-interrupted halfway without corrupting the cache). Turns of one session are
+`stop` is checked by the engine between prefill blocks (a block is never cut
+halfway: that would corrupt the cache) and by the session between decoded
+tokens. Turns of one session are
 serialised by a per-session lock: if a reader walks away mid-turn, the next turn
 of that session waits until the abandoned one has finished.
 
@@ -43,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from visualkv.errors import ConfigError, VisualKVError
+from visualkv.errors import ConfigError, PrefillStopped, VisualKVError
 from visualkv.media import Media
 from visualkv.methods import METHODS
 from visualkv.session import ChatSession, SessionConfig
@@ -92,6 +94,8 @@ def stream_turn(
                 for piece in session.stream(prompt, media, on_block=lambda ev: events.put(("block", ev)), stop=stop):
                     events.put(("text", piece))
                 events.put(("done", session.turns[-1]))
+            except PrefillStopped as exc:
+                events.put(("stopped", str(exc)))
             except Exception as exc:
                 if not isinstance(exc, VisualKVError):
                     log.exception("turn failed")
@@ -103,7 +107,7 @@ def stream_turn(
     try:
         while True:
             kind, payload = events.get()
-            if kind in ("done", "error"):
+            if kind in ("done", "error", "stopped"):
                 finished = True
             yield kind, payload
             if finished:

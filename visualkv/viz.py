@@ -24,14 +24,37 @@ from PIL import Image, ImageDraw, ImageFont
 MIB = 2**20
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
+#: Okabe-Ito qualitative palette (distinguishable under the common colour-vision deficiencies).
+OKABE_ITO = {"blue": (0, 114, 178), "orange": (230, 159, 0), "green": (0, 158, 115), "vermillion": (213, 94, 0),
+             "sky": (86, 180, 233), "purple": (204, 121, 167), "yellow": (240, 228, 66), "black": (0, 0, 0)}
+
 #: Sali-Cache precision tiers, in display order: (name, label, RGB colour).
 TIERS: tuple[tuple[str, str, tuple[int, int, int]], ...] = (
-    ("full", "FP16 (full)", (46, 204, 64)),
-    ("int8", "INT8", (0, 116, 217)),
-    ("int4", "INT4", (255, 133, 27)),
+    ("full", "FP16 (full)", OKABE_ITO["green"]),
+    ("int8", "INT8", OKABE_ITO["blue"]),
+    ("int4", "INT4", OKABE_ITO["orange"]),
     ("pruned", "pruned", (60, 60, 60)),
-    ("skipped", "skipped frame", (255, 65, 54)),
+    ("skipped", "skipped frame", OKABE_ITO["purple"]),
 )
+KEPT_COLOUR, SKIPPED_COLOUR = OKABE_ITO["blue"], OKABE_ITO["vermillion"]  # kept / skipped video frames
+
+#: Perceptually uniform, colour-blind-safe sequential maps (matplotlib's), as 9 evenly spaced anchors.
+COLOUR_MAPS = {
+    "viridis": ((68, 1, 84), (71, 44, 122), (59, 81, 139), (44, 113, 142), (33, 144, 141), (39, 173, 129),
+                (92, 200, 99), (170, 220, 50), (253, 231, 37)),
+    "inferno": ((0, 0, 4), (31, 12, 72), (85, 15, 109), (136, 34, 106), (186, 54, 85), (227, 89, 51),
+                (249, 140, 10), (249, 201, 50), (252, 255, 164)),
+}
+KEEP_CMAP, SALIENCY_CMAP = "viridis", "inferno"
+
+
+def colour_map(values: np.ndarray, name: str = KEEP_CMAP) -> np.ndarray:
+    """RGB (float, 0-255) of values in [0, 1] under a sequential map; shape values.shape + (3,)."""
+    anchors = np.asarray(COLOUR_MAPS[name], dtype=np.float32)
+    pos = np.clip(np.nan_to_num(values), 0, 1) * (len(anchors) - 1)
+    low = np.floor(pos).astype(np.int64).clip(0, len(anchors) - 2)
+    frac = (pos - low)[..., None]
+    return anchors[low] * (1 - frac) + anchors[low + 1] * frac
 _TIER_ALIASES = {"fp16": "full", "bf16": "full", "fp32": "full", "prune": "pruned", "skip": "skipped"}
 _TIER_BY_INT = ("full", "int8", "int4", "pruned", "skipped")  # visualkv.saliency.TIER_* order
 
@@ -55,49 +78,77 @@ def budget_kv_bytes(report: dict[str, Any]) -> int | None:
     return int(budget) * per_token if budget and per_token else None
 
 
+def block_axis(total: int) -> dict[str, Any]:
+    """An x axis of prefill blocks 1..total: integer ticks (at most ~10 of them), half a block of margin."""
+    total = max(int(total), 1)
+    return {"title": "prefill block", "range": [0.5, total + 0.5], "tick0": 1, "dtick": max(1, -(-total // 10)),
+            "tickformat": "d"}
+
+
 def block_memory_figure(report: dict[str, Any], budget_bytes: int | None = None, n_blocks: int | None = None,
                         show_rss: bool = True) -> go.Figure:
-    """KV MiB after each prefill block, with the full-cache line and the budget line (+ process RSS).
+    """KV MiB after each prefill block, in two panels so no series hides another.
 
-    Traces, by name: "KV cache (held)" (one point per block), "KV peak so far", "full cache (so far)"
-    (the tokens read so far at full precision: what an uncompressed cache would hold after each
-    block; left out when the method kept some input from the LLM, e.g. skipped frames), "full cache"
-    (the uncompressed cache of the whole conversation; once `full_kv_bytes` is known),
-    "budget" (M entries per layer and head; `budget_bytes` overrides the value from the report),
-    "process RSS" (right axis). `n_blocks` fixes the x range while blocks are still arriving.
+    Left panel ("the cache against its budget", linear MiB): "KV cache (held)" (one point per
+    block), "KV peak so far", "budget" (M entries per layer and head; `budget_bytes` overrides
+    the value from the report). Its y range is set by these three only, so they stay apart
+    however large the full cache is.
+    Right panel ("against the full cache", log MiB): "full cache (so far)" (the tokens read so far
+    at full precision: what an uncompressed cache would hold after each block; left out when the
+    method kept some input from the LLM, e.g. skipped frames), "full cache" (the uncompressed cache
+    of the whole conversation, once `full_kv_bytes` is known), the held cache again, and
+    "process RSS" (the whole process, same unit, so no second axis).
+    `n_blocks` fixes the x range while blocks are still arriving.
     """
+    from plotly.subplots import make_subplots
+
     blocks = report.get("blocks", [])
     total = n_blocks or (blocks[-1].get("n_blocks") if blocks else 0) or len(blocks)
     x = list(range(1, len(blocks) + 1))
     span = [0.5, max(total, 1) + 0.5]
-    fig = go.Figure()
-    fig.add_trace(go.Scatter(x=x, y=[b["kv_bytes"] / MIB for b in blocks], mode="lines+markers",
-                             name="KV cache (held)", line={"color": "#1f77b4"}))
-    fig.add_trace(go.Scatter(x=x, y=[b["peak_kv_bytes"] / MIB for b in blocks], mode="lines",
-                             name="KV peak so far", line={"dash": "dot", "color": "#9467bd"}))
+    single = len(blocks) <= 1  # one block: draw markers big enough to read, no line to draw
+    held = [b["kv_bytes"] / MIB for b in blocks]
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.14,
+                        subplot_titles=("the cache against its budget (MiB)", "against the full cache (MiB, log)"))
+    blue, purple, vermillion, grey = "#0072B2", "#CC79A7", "#D55E00", "#7f7f7f"
+    fig.add_trace(go.Scatter(x=x, y=held, mode="lines+markers", name="KV cache (held)", legendgroup="held",
+                             line={"color": blue, "width": 3}, marker={"size": 10 if single else 6}), row=1, col=1)
+    fig.add_trace(go.Scatter(x=x, y=[b["peak_kv_bytes"] / MIB for b in blocks], mode="lines+markers",
+                             name="KV peak so far", line={"dash": "dot", "color": purple, "width": 2},
+                             marker={"symbol": "triangle-up", "size": 9 if single else 6}), row=1, col=1)
+    budget_bytes = budget_bytes or budget_kv_bytes(report)
+    if budget_bytes:
+        fig.add_trace(go.Scatter(x=span, y=[budget_bytes / MIB] * 2, mode="lines", name="budget",
+                                 line={"dash": "dash", "color": vermillion, "width": 2}), row=1, col=1)
     per_token = kv_bytes_per_token(report)
     tokens_read = np.cumsum([b["tokens_in"] for b in blocks]) if blocks else np.zeros(0)
     # The growing line is honest only when every input token went through the LLM (no frame skipped,
     # no patch pruned before it): then tokens read = what an uncompressed cache would hold so far.
     complete = report.get("prompt_tokens") in (None, int(tokens_read[-1]) if len(tokens_read) else 0)
     if per_token and blocks and complete:
-        fig.add_trace(go.Scatter(x=x, y=list(tokens_read * per_token / MIB), mode="lines", name="full cache (so far)",
-                                 line={"dash": "dot", "color": "gray"}))
+        fig.add_trace(go.Scatter(x=x, y=list(tokens_read * per_token / MIB), mode="lines+markers",
+                                 name="full cache (so far)", line={"dash": "dot", "color": grey},
+                                 marker={"symbol": "square", "size": 8 if single else 5}), row=1, col=2)
     if report.get("full_kv_bytes"):
         fig.add_trace(go.Scatter(x=span, y=[report["full_kv_bytes"] / MIB] * 2, mode="lines", name="full cache",
-                                 line={"dash": "dash", "color": "gray"}))
-    budget_bytes = budget_bytes or budget_kv_bytes(report)
-    if budget_bytes:
-        fig.add_trace(go.Scatter(x=span, y=[budget_bytes / MIB] * 2, mode="lines", name="budget",
-                                 line={"dash": "dash", "color": "red"}))
+                                 line={"dash": "dash", "color": "black", "width": 2}), row=1, col=2)
+    fig.add_trace(go.Scatter(x=x, y=held, mode="lines+markers", name="KV cache (held)", legendgroup="held",
+                             showlegend=False, line={"color": blue, "width": 3},
+                             marker={"size": 10 if single else 6}), row=1, col=2)
     if show_rss and blocks and blocks[0].get("rss_bytes"):
-        fig.add_trace(go.Scatter(x=x, y=[b["rss_bytes"] / MIB for b in blocks], mode="lines", name="process RSS",
-                                 yaxis="y2", line={"color": "#2ca02c", "width": 1}, opacity=0.6))
-        fig.update_layout(yaxis2={"title": "process MiB", "overlaying": "y", "side": "right", "showgrid": False,
-                                  "rangemode": "tozero"})
-    fig.update_layout(xaxis={"title": "prefill block", "range": span}, yaxis={"title": "KV MiB", "rangemode": "tozero"},
-                      margin={"l": 50, "r": 50, "t": 30, "b": 40}, height=320,
-                      legend={"orientation": "h", "y": -0.25})
+        fig.add_trace(go.Scatter(x=x, y=[b["rss_bytes"] / MIB for b in blocks], mode="lines+markers",
+                                 name="process RSS", line={"color": "#009E73", "width": 1, "dash": "dashdot"},
+                                 marker={"symbol": "diamond", "size": 7 if single else 4}), row=1, col=2)
+    axis = block_axis(total)
+    fig.update_xaxes(**axis)
+    fig.update_yaxes(rangemode="tozero", row=1, col=1)
+    left = [v for v in [*held, *(b["peak_kv_bytes"] / MIB for b in blocks), (budget_bytes or 0) / MIB] if v]
+    if left:  # headroom above the highest of held / peak / budget, so the lines never sit on the frame
+        fig.update_yaxes(range=[0, max(left) * 1.15], row=1, col=1)
+    fig.update_yaxes(type="log", row=1, col=2)
+    fig.update_layout(margin={"l": 50, "r": 20, "t": 40, "b": 40}, height=340,
+                      legend={"orientation": "h", "y": -0.3}, font={"size": 12})
+    fig.update_annotations(font={"size": 12})
     return fig
 
 
@@ -159,14 +210,15 @@ def has_motion(report: dict[str, Any]) -> bool:
 
 
 def retained_heatmap(image: np.ndarray, report: dict[str, Any], max_side: int = 960,
-                     layer: int | None = None) -> Image.Image:
-    """Overlay the keep fraction of each visual token on a downscaled image (green kept, red evicted).
+                     layer: int | None = None, opacity: float = 0.6) -> Image.Image:
+    """Overlay the keep fraction of each visual token on a downscaled image (viridis: dark evicted,
+    yellow kept; no colour bar, see `retained_view` for one).
 
     layer: None = averaged over layers (`retained`), else that layer of `retained_per_layer`.
     Uses the layout's token boxes; where several tiles/frames cover the same pixels (SmolVLM's
     global thumbnail), the maximum is shown.
     """
-    return _token_overlay(image, report, _retained_values(report, layer), max_side)
+    return _token_overlay(image, report, _retained_values(report, layer), max_side, alpha=opacity)
 
 
 def _retained_values(report: dict[str, Any], layer: int | None) -> np.ndarray:
@@ -175,26 +227,45 @@ def _retained_values(report: dict[str, Any], layer: int | None) -> np.ndarray:
     return np.asarray(report.get("retained", []), dtype=np.float32)
 
 
+KEEP_BAR_TITLE = "share of each token's KV entries kept (over layers and KV heads)"
+
+
 def retained_view(frames: Sequence[np.ndarray], times: Sequence[float] | None, report: dict[str, Any],
-                  layer: int | None = None, max_side: int = 960) -> Image.Image:
-    """Kept-token view for any media: the heatmap on an image; a strip of frame thumbnails for video."""
+                  layer: int | None = None, max_side: int = 960, opacity: float = 0.6,
+                  colour_bar: bool = True) -> Image.Image:
+    """Kept-token view for any media: the viridis overlay on an image; a strip of frame thumbnails for
+    video; a colour bar underneath. `opacity` 0 draws the media alone, with the same size and colour
+    bar (the "before" side of a before/after comparison)."""
     values = _retained_values(report, layer)
     if _layout_is_video(report):
-        return _frame_strip(frames, times, report, lambda img, f: _token_overlay(img, report, values, 240, {f}))
-    return _token_overlay(frames[0], report, values, max_side)
+        body = _frame_strip(frames, times, report,
+                            lambda img, f: _token_overlay(img, report, values, 240, {f}, alpha=opacity))
+    else:
+        body = _token_overlay(frames[0], report, values, max_side, alpha=opacity)
+    return _with_colour_bar(body, KEEP_CMAP, KEEP_BAR_TITLE) if colour_bar else body
 
 
 def saliency_view(frames: Sequence[np.ndarray], times: Sequence[float] | None, report: dict[str, Any],
                   max_side: int = 960) -> Image.Image | None:
-    """Sali-Cache saliency per token (dark = background, bright = salient); None without `saliency`."""
+    """Sali-Cache saliency per token (inferno: dark = background, bright = salient) with a colour bar;
+    None without `saliency`."""
+    values = _saliency_values(report)
+    if values is None:
+        return None
+    if _layout_is_video(report):
+        body = _frame_strip(frames, times, report,
+                            lambda img, f: _token_overlay(img, report, values, 240, {f}, cmap=SALIENCY_CMAP))
+    else:
+        body = _token_overlay(frames[0], report, values, max_side, cmap=SALIENCY_CMAP)
+    return _with_colour_bar(body, SALIENCY_CMAP, "saliency (0 = background, 1 = most salient)",
+                            percent=False)
+
+
+def _saliency_values(report: dict[str, Any]) -> np.ndarray | None:
     if not report.get("saliency"):
         return None
     # null = never computed (a token of a skipped frame): drawn as background
-    values = np.nan_to_num(np.array([np.nan if v is None else v for v in report["saliency"]], dtype=np.float32))
-    if _layout_is_video(report):
-        return _frame_strip(frames, times, report,
-                            lambda img, f: _token_overlay(img, report, values, 240, {f}, cmap="heat"))
-    return _token_overlay(frames[0], report, values, max_side, cmap="heat")
+    return np.nan_to_num(np.array([np.nan if v is None else v for v in report["saliency"]], dtype=np.float32))
 
 
 def tier_view(frames: Sequence[np.ndarray], times: Sequence[float] | None, report: dict[str, Any],
@@ -202,7 +273,7 @@ def tier_view(frames: Sequence[np.ndarray], times: Sequence[float] | None, repor
     """Sali-Cache tier per token (FP16 / INT8 / INT4 / pruned / skipped) with a legend; None without `tier`."""
     if not report.get("tier"):
         return None
-    names = [tier_name(t, report.get("tier_names")) for t in report["tier"]]
+    names = _tier_names(report)
     colours = np.array([_tier_colour(n) for n in names], dtype=np.float32)
     if _layout_is_video(report):
         body = _frame_strip(frames, times, report, lambda img, f: _token_paint(img, report, colours, 240, {f}))
@@ -210,6 +281,71 @@ def tier_view(frames: Sequence[np.ndarray], times: Sequence[float] | None, repor
         body = _token_paint(frames[0], report, colours, max_side)
     counts = report.get("tiers") or {n: names.count(n) for n in dict.fromkeys(names)}
     return _with_legend(body, [(label, colour, counts.get(name)) for name, label, colour in TIERS])
+
+
+def _tier_names(report: dict[str, Any]) -> list[str]:
+    return [tier_name(t, report.get("tier_names")) for t in report["tier"]]
+
+
+def _layout_frame_captions(report: dict[str, Any]) -> list[str]:
+    frames = (report.get("layout") or {}).get("frames", [])
+    if not _layout_is_video(report):
+        return ["image" for _ in frames[:1]]
+    return [f"frame {f + 1}/{len(frames)} · t={info.get('time') or 0.0:.1f}s" for f, info in enumerate(frames)]
+
+
+def _frame_source(frames: Sequence[np.ndarray], times: Sequence[float] | None, info: dict[str, Any]) -> np.ndarray:
+    """The media frame a layout frame was made from (its first source frame, else the nearest in time)."""
+    sources = [i for i in info.get("source_frames") or [] if i < len(frames)]
+    if sources:
+        return frames[sources[0]]
+    media_times = list(times) if times is not None and len(times) == len(frames) else list(range(len(frames)))
+    t = info.get("time") or 0.0
+    return frames[int(np.argmin([abs(mt - t) for mt in media_times]))] if media_times else frames[0]
+
+
+def saliency_gallery(frames: Sequence[np.ndarray], times: Sequence[float] | None, report: dict[str, Any],
+                     max_side: int = 640) -> list[tuple[Image.Image, str]] | None:
+    """Saliency per frame (one large, captioned image each, with its colour bar), for a zoomable
+    gallery; None without `saliency`."""
+    values = _saliency_values(report)
+    if values is None:
+        return None
+    layout_frames = (report.get("layout") or {}).get("frames", [])
+    token_frame = np.asarray((report.get("layout") or {}).get("token_frame", []), dtype=np.int64)
+    items = []
+    for f, caption in enumerate(_layout_frame_captions(report)):
+        img = _token_overlay(_frame_source(frames, times, layout_frames[f]), report, values, max_side, {f},
+                             cmap=SALIENCY_CMAP)
+        mine = values[: len(token_frame)][token_frame[: len(values)] == f]
+        mean = f" · mean saliency {float(mine.mean()):.2f}" if mine.size else ""
+        items.append((_with_colour_bar(img, SALIENCY_CMAP, "saliency (0 = background, 1 = most salient)",
+                                       percent=False),
+                      caption + mean))
+    return items
+
+
+def tier_gallery(frames: Sequence[np.ndarray], times: Sequence[float] | None, report: dict[str, Any],
+                 max_side: int = 640) -> list[tuple[Image.Image, str]] | None:
+    """The precision tier of every token, one large image per frame with that frame's tier counts in
+    its legend and caption, for a zoomable gallery; None without `tier`."""
+    if not report.get("tier"):
+        return None
+    names = _tier_names(report)
+    colours = np.array([_tier_colour(n) for n in names], dtype=np.float32)
+    layout_frames = (report.get("layout") or {}).get("frames", [])
+    token_frame = (report.get("layout") or {}).get("token_frame", [])
+    items = []
+    for f, caption in enumerate(_layout_frame_captions(report)):
+        counts = {name: 0 for name, _, _ in TIERS}
+        for i, frame in enumerate(token_frame[: len(names)]):
+            if frame == f:
+                counts[names[i]] = counts.get(names[i], 0) + 1
+        img = _token_paint(_frame_source(frames, times, layout_frames[f]), report, colours, max_side, {f})
+        legend = [(label, colour, counts.get(name, 0)) for name, label, colour in TIERS]
+        text = ", ".join(f"{label} {counts.get(name, 0)}" for name, label, _ in TIERS if counts.get(name))
+        items.append((_with_legend(img, legend), f"{caption} · {text}"))
+    return items
 
 
 def tier_name(tier: Any, names: Sequence[str] | None = None) -> str:
@@ -220,6 +356,10 @@ def tier_name(tier: Any, names: Sequence[str] | None = None) -> str:
         tier = table[int(tier)] if 0 <= int(tier) < len(table) else str(tier)
     name = str(tier).lower()
     return _TIER_ALIASES.get(name, name)
+
+
+def _hex(rgb: tuple[int, int, int]) -> str:
+    return "#{:02x}{:02x}{:02x}".format(*rgb)
 
 
 def _tier_colour(name: str) -> tuple[int, int, int]:
@@ -244,16 +384,29 @@ def merge_view(frames: Sequence[np.ndarray], times: Sequence[float] | None, repo
     colours = np.full((len(target), 3), np.nan, dtype=np.float32)
     colours[~own] = MERGED_COLOUR
     absorbing = own & (sizes > 1)
-    level = (sizes[absorbing] - 1) / (biggest - 1)  # 0 = absorbed one token, 1 = the largest group
+    level = (sizes[absorbing] - 2) / max(biggest - 2, 1)  # 0 = a group of 2 (yellow), 1 = the largest (red)
     colours[absorbing] = np.stack([np.full_like(level, 255), 230 * (1 - level), np.zeros_like(level)], axis=1)
     if _layout_is_video(report):
         body = _frame_strip(frames, times, report, lambda img, f: _token_paint(img, report, colours, 240, {f}))
     else:
         body = _token_paint(frames[0], report, colours, max_side)
-    return _with_legend(body, [
-        ("merged into a neighbour", MERGED_COLOUR, int((~own).sum())),
-        (f"kept, standing for 2 tokens (yellow) to {biggest} (red)", (255, 115, 0), int(absorbing.sum())),
-    ])
+    return _with_legend(body, merge_legend(report))
+
+
+def merge_legend(report: dict[str, Any]) -> list[tuple[str, tuple[int, int, int], int]]:
+    """(label, colour, tokens) of the merge map: exactly the colours `merge_view` draws (dark merged,
+    the yellow end of the ramp for a group of 2, its red end for the largest group)."""
+    target = np.asarray(report.get("merge_map") or [], dtype=np.int64)
+    own = target == np.arange(len(target))
+    sizes = np.bincount(target, minlength=len(target))
+    biggest = max(int(sizes.max()) if len(sizes) else 2, 2)
+    group = sizes[own & (sizes > 1)]
+    entries = [("merged into a neighbour", MERGED_COLOUR, int((~own).sum())),
+               ("kept, standing for 2 tokens", (255, 230, 0), int((group == 2).sum()))]
+    if biggest > 2:
+        entries.append((f"kept, standing for 3 to {biggest} tokens (yellow to red)", (255, 0, 0),
+                        int((group > 2).sum())))
+    return entries
 
 
 MERGED_COLOUR = (40, 40, 40)
@@ -293,22 +446,45 @@ def _downscale(image: np.ndarray, max_side: int) -> tuple[Image.Image, float]:
 
 
 def _token_overlay(image: np.ndarray, report: dict[str, Any], values: np.ndarray, max_side: int,
-                   frame_filter: set[int] | None = None, cmap: str = "keep") -> Image.Image:
+                   frame_filter: set[int] | None = None, cmap: str = KEEP_CMAP, alpha: float = 0.6) -> Image.Image:
+    """Each token's box tinted by `values` (0..1) under `cmap`, `alpha` of the colour over the media."""
     small, scale = _downscale(image, max_side)
+    base = np.asarray(small, dtype=np.float32)
+    if alpha <= 0:
+        return small
     heat = np.zeros((small.height, small.width), dtype=np.float32)
+    covered = np.zeros((small.height, small.width), dtype=bool)
     for i, sl in _token_boxes(report, scale, frame_filter):
         if i < len(values):
             heat[sl] = np.maximum(heat[sl], values[i])
-    colour = np.zeros((*heat.shape, 3), dtype=np.float32)
-    if cmap == "heat":  # black -> red -> yellow
-        colour[..., 0] = 255 * np.clip(2 * heat, 0, 1)
-        colour[..., 1] = 255 * np.clip(2 * heat - 1, 0, 1)
-    else:  # red (evicted) -> green (kept)
-        colour[..., 0] = 255 * (1 - heat)
-        colour[..., 1] = 255 * heat
-    base = np.asarray(small, dtype=np.float32)
-    out = 0.55 * base + 0.45 * colour
+            covered[sl] = True
+    colour = colour_map(heat, cmap)
+    out = np.where(covered[..., None], (1 - alpha) * base + alpha * colour, base)
     return Image.fromarray(out.clip(0, 255).astype(np.uint8))
+
+
+def _with_colour_bar(body: Image.Image, cmap: str, title: str, percent: bool = True) -> Image.Image:
+    """`body` with a horizontal colour bar for values 0..1 under it (five ticks, as % or as fractions)."""
+    width = max(body.width, 360)
+    unit = max(13, round(width / 45))  # text stays legible when a wide image is shown scaled down
+    font = _font(unit)
+    bar_x0, bar_x1 = unit, width - unit
+    out = Image.new("RGB", (width, body.height + 4 * unit + 8), "white")
+    out.paste(body, (0, 0))
+    draw = ImageDraw.Draw(out)
+    y = body.height + 4
+    draw.text((bar_x0, y), title, fill=(20, 20, 20), font=font)
+    top, bottom = y + unit + 5, y + 2 * unit + 5
+    ramp = colour_map(np.linspace(0, 1, bar_x1 - bar_x0, dtype=np.float32), cmap).astype(np.uint8)
+    out.paste(Image.fromarray(np.repeat(ramp[None], bottom - top, axis=0)), (bar_x0, top))
+    draw.rectangle([bar_x0, top, bar_x1 - 1, bottom - 1], outline=(0, 0, 0))
+    for k in range(5):
+        x = bar_x0 + round(k / 4 * (bar_x1 - bar_x0 - 1))
+        draw.line([x, bottom - 1, x, bottom + 3], fill=(0, 0, 0))
+        label = f"{25 * k}%" if percent else f"{k / 4:g}"
+        tw = draw.textlength(label, font=font)
+        draw.text((min(max(x - tw / 2, 0), width - tw), bottom + 4), label, fill=(20, 20, 20), font=font)
+    return out
 
 
 def _token_paint(image: np.ndarray, report: dict[str, Any], colours: np.ndarray, max_side: int,
@@ -401,19 +577,19 @@ def frame_timeline_figure(report: dict[str, Any]) -> go.Figure | None:
     if has_motion(report):
         motion = [f.get("motion") or 0.0 for f in frames]
         fig.add_trace(go.Bar(x=times, y=motion, name="motion",
-                             marker_color=["#ff4136" if s else "#2ecc40" for s in skipped]))
+                             marker_color=[_hex(SKIPPED_COLOUR) if s else _hex(KEPT_COLOUR) for s in skipped]))
         if report.get("flow_threshold") is not None:
             fig.add_trace(go.Scatter(x=[min(times), max(times)], y=[report["flow_threshold"]] * 2, mode="lines",
                                      name="threshold", line={"dash": "dash", "color": "black"}))
         y_skip = [m for m, s in zip(motion, skipped) if s]
-        title, y_title = "motion per sampled frame (red: skipped)", "motion (px, downscaled frame)"
+        title, y_title = "motion per sampled frame (orange-red: skipped)", "motion (px, downscaled frame)"
     else:
         fig.add_trace(go.Scatter(x=[t for t, s in zip(times, skipped) if not s], y=[1] * (len(frames) - sum(skipped)),
-                                 mode="markers", name="kept", marker={"color": "#2ecc40", "size": 10}))
+                                 mode="markers", name="kept", marker={"color": _hex(KEPT_COLOUR), "size": 10}))
         y_skip = [1] * sum(skipped)
         title, y_title = "sampled frames (motion scores not available for this method)", ""
     fig.add_trace(go.Scatter(x=[t for t, s in zip(times, skipped) if s], y=y_skip, mode="markers", name="skipped",
-                             marker={"symbol": "x", "size": 11, "color": "#ff4136"}))
+                             marker={"symbol": "x", "size": 11, "color": _hex(SKIPPED_COLOUR)}))
     encoded = report.get("vision_encoder_frames")
     if encoded is not None:
         title += f" | {len(frames)} sampled, {sum(skipped)} skipped, {encoded} sent to the vision encoder"
@@ -425,7 +601,7 @@ def frame_timeline_figure(report: dict[str, Any]) -> go.Figure | None:
 
 def frame_thumbnails(frames: Sequence[np.ndarray], report: dict[str, Any], thumb_width: int = 160,
                      per_row: int = 8) -> Image.Image | None:
-    """Thumbnails of the sampled frames: green border kept, red border and dimmed skipped."""
+    """Thumbnails of the sampled frames: blue border kept, vermillion border, dimmed and captioned skipped."""
     info = report.get("frames") or []
     if not info or not frames:
         return None
@@ -438,7 +614,7 @@ def frame_thumbnails(frames: Sequence[np.ndarray], report: dict[str, Any], thumb
             small = Image.blend(small, Image.new("RGB", small.size, (255, 255, 255)), 0.55)
         tiles.append(small)
         captions.append(f"t={meta.get('time', k):.1f}s" + (" skipped" if skipped else ""))
-        borders.append((255, 65, 54) if skipped else (46, 204, 64))
+        borders.append(SKIPPED_COLOUR if skipped else KEPT_COLOUR)
     return _grid(tiles, captions, per_row=per_row, borders=borders)
 
 
@@ -455,9 +631,13 @@ def layer_tokens_figure(report: dict[str, Any]) -> go.Figure | None:
     fig.add_trace(go.Bar(x=layers, y=[r.get("tokens", 0) for r in rows], name="tokens held"))
     fig.add_trace(go.Scatter(x=layers, y=[r.get("kv_bytes", 0) / MIB for r in rows], name="KV MiB", yaxis="y2",
                              mode="lines+markers"))
-    fig.update_layout(xaxis_title="layer", yaxis_title="tokens",
-                      yaxis2={"title": "KV MiB", "overlaying": "y", "side": "right", "showgrid": False},
-                      height=280, margin={"l": 50, "r": 50, "t": 20, "b": 40}, legend={"orientation": "h"})
+    n = len(layers)
+    fig.update_layout(xaxis={"title": "layer", "range": [-0.5, n - 0.5], "tick0": 0, "dtick": max(1, -(-n // 12)),
+                             "tickformat": "d"},
+                      yaxis={"title": "tokens", "rangemode": "tozero", "automargin": True, "tickformat": "d"},
+                      yaxis2={"title": "KV MiB", "overlaying": "y", "side": "right", "showgrid": False,
+                              "rangemode": "tozero", "automargin": True},
+                      height=300, margin={"l": 60, "r": 60, "t": 20, "b": 40}, legend={"orientation": "h", "y": -0.25})
     return fig
 
 
@@ -466,6 +646,28 @@ def layer_tokens_figure(report: dict[str, Any]) -> go.Figure | None:
 
 def _mib(n: float | None) -> str:
     return "n/a" if n is None else f"{n / MIB:.2f} MiB"
+
+
+def decode_speed(turn: dict[str, Any]) -> str:
+    """Tokens per second of a turn's answer, "n/a" when it had fewer than two tokens (no rate to measure)."""
+    speed = turn.get("decode_tokens_per_second") or 0
+    return f"{speed:.1f} tokens/s" if speed > 0 and len(turn.get("token_ids") or []) > 1 else "n/a"
+
+
+def summary_line(report: dict[str, Any]) -> str:
+    """One line of what the compression saved: visual tokens, peak and final KV against the full cache,
+    how many times less, and the time to the first token of the last turn."""
+    full = report.get("full_kv_bytes") or 0
+    peak, final = report.get("peak_kv_bytes") or 0, report.get("final_kv_bytes") or 0
+    turn = (report.get("turns") or [{}])[-1]
+    parts = [f"{report.get('visual_tokens', 0)} visual tokens",
+             f"KV peak {_mib(peak)} · final {_mib(final)} vs full {_mib(full)}"]
+    if full and peak:
+        ratio = full / peak
+        parts.append(f"{ratio:.1f}× less at peak" if ratio >= 1.05 else "no saving (the full cache)")
+    ttft = turn.get("ttft_seconds")
+    parts.append(f"TTFT {ttft:.2f} s" if ttft is not None else "TTFT n/a")
+    return " · ".join(parts)
 
 
 def summary_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
@@ -487,7 +689,7 @@ def summary_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
         ("final KV (after last turn)", vs_full(report.get("final_kv_bytes"))),
         ("full KV (uncompressed, same tokens)", _mib(full)),
         ("TTFT (last turn)", f"{turn.get('ttft_seconds', 0):.2f} s"),
-        ("decode speed", f"{turn.get('decode_tokens_per_second', 0):.1f} tokens/s"),
+        ("decode speed", decode_speed(turn)),
         ("peak process RSS", _mib(report.get("peak_rss_bytes"))),
     ]
     if report.get("cuda_peak_bytes"):
@@ -547,12 +749,21 @@ def compare_memory_figure(results: dict[str, dict[str, Any] | str]) -> go.Figure
     """KV MiB against tokens read, one curve per method (methods block their input differently,
     so tokens read is the common x axis)."""
     fig = go.Figure()
-    for name, rep in results.items():
-        if isinstance(rep, str) or not rep.get("blocks"):
-            continue
+    palette = ("#000000", "#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9")
+    dashes = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+    symbols = ("circle", "square", "diamond", "triangle-up", "x", "star", "cross")
+    drawn = [(name, rep) for name, rep in results.items() if not isinstance(rep, str) and rep.get("blocks")]
+    for k, (name, rep) in enumerate(drawn):
         blocks = rep["blocks"]
+        # earlier traces are drawn wider and under later ones: where two methods coincide (post-snapkv
+        # equals full until its last block) both stay visible, and each differs in colour, dash and marker
+        width = 2 + 2.5 * (len(drawn) - 1 - k) / max(len(drawn) - 1, 1)
         fig.add_trace(go.Scatter(x=list(np.cumsum([b["tokens_in"] for b in blocks])),
-                                 y=[b["kv_bytes"] / MIB for b in blocks], mode="lines+markers", name=name))
-    fig.update_layout(xaxis_title="tokens read", yaxis_title="KV MiB after block", height=320,
+                                 y=[b["kv_bytes"] / MIB for b in blocks], mode="lines+markers", name=name,
+                                 line={"color": palette[k % len(palette)], "dash": dashes[k % len(dashes)],
+                                       "width": width},
+                                 marker={"symbol": symbols[k % len(symbols)], "size": 5 + 4 * width / 4.5}))
+    fig.update_layout(xaxis={"title": "tokens read", "tickformat": "d", "rangemode": "tozero"},
+                      yaxis={"title": "KV MiB after block", "rangemode": "tozero"}, height=320,
                       margin={"l": 50, "r": 10, "t": 20, "b": 40}, legend={"orientation": "h", "y": -0.25})
     return fig

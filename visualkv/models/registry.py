@@ -137,4 +137,4 @@ def _dtype(dtype: str, device: str) -> torch.dtype:
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
-    return text[0][:200] if text else type(exc).__name__
+    return text[0][:200].rstrip(".") if text else type(exc).__name__  # callers append "; …"
