@@ -20,6 +20,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
 
 __all__ = [
+    "QWEN3_VL_CHAT_TEMPLATE",
     "QWEN_CHAT_TEMPLATE",
     "QWEN_SPECIAL_TOKENS",
     "SMOLVLM_ADDED_SPECIAL_TOKENS",
@@ -69,6 +70,22 @@ QWEN_CHAT_TEMPLATE = (
     "<|vision_start|><|video_pad|><|vision_end|>"
     "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
     "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# Chat template of Qwen/Qwen3-VL-*-Instruct (chat_template.json of the released checkpoints), reduced to
+# what VisualKV sends (text, image and video content; no tools): unlike Qwen2.5-VL there is no default
+# system message.
+QWEN3_VL_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n"
+    "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
