@@ -40,8 +40,7 @@ test_kept_entries_keep_original_positions = shared.test_kept_entries_keep_origin
 def _session(adapter, method="full", **kwargs) -> ChatSession:
     max_new = kwargs.pop("max_new_tokens", 6)
     options = kwargs.pop("method_options", {})
-    return ChatSession(adapter, SessionConfig(method=method, max_new_tokens=max_new, method_options=options,
-                                              **kwargs))
+    return ChatSession(adapter, SessionConfig(method=method, max_new_tokens=max_new, method_options=options, **kwargs))
 
 
 _REFERENCE: dict = {}
@@ -58,6 +57,7 @@ def _reference(alias: str, media) -> tuple[torch.Tensor, list[int]]:
 
 
 # -- invariant 1: exactness against transformers, blocks forced ------------------------------
+
 
 @pytest.mark.parametrize("method", shared.ALL)
 def test_qwen3_video_blocks_are_exact(method, small_video):
@@ -120,6 +120,7 @@ def test_layer_features_skip_tokens_merged_away():
 
 # -- every method runs; Sali-Cache skips frames before the vision tower ------------------------
 
+
 @pytest.mark.parametrize("alias", NEW_FAMILIES)
 def test_every_method_runs_on_image_and_video(alias, small_image, small_video):
     adapter = get_adapter(alias)
@@ -144,8 +145,9 @@ def test_salicache_skipped_frames_never_reach_the_vision_tower(alias):
     frames = [frame.copy() for _ in range(8)]
     from visualkv.media import Media
 
-    clip = Media(kind="video", frames=frames, times=[float(i) for i in range(8)], source_fps=1.0, duration=8.0,
-                 path=None)
+    clip = Media(
+        kind="video", frames=frames, times=[float(i) for i in range(8)], source_fps=1.0, duration=8.0, path=None
+    )
     adapter = get_adapter(alias)
     s = _session(adapter, "salicache", max_new_tokens=1)
     s.ask(PROMPT, clip)
@@ -157,6 +159,7 @@ def test_salicache_skipped_frames_never_reach_the_vision_tower(alias):
 
 
 # -- adapters agree with the processors --------------------------------------------------------
+
 
 def test_qwen3_lazy_tokens_and_pixels_equal_the_processor(small_video):
     adapter = get_adapter("tiny-qwen3-vl")
@@ -174,9 +177,14 @@ def test_qwen3_lazy_tokens_and_pixels_equal_the_processor(small_video):
         assert torch.allclose(strip, enc["pixel_values"][r0 * per_row : r1 * per_row], atol=1e-6)
     # video: timestamps between frames, and per-block pixels resized to the whole clip's size
     prepared = adapter.prepare(small_video, "What happens?")
-    enc = proc(text=[adapter.chat_text(small_video, "What happens?")],
-               videos=[torch.from_numpy(np.stack(small_video.frames))], video_metadata=[video_metadata(small_video)],
-               do_sample_frames=False, cap_pixels_per_frame=False, return_tensors="pt")
+    enc = proc(
+        text=[adapter.chat_text(small_video, "What happens?")],
+        videos=[torch.from_numpy(np.stack(small_video.frames))],
+        video_metadata=[video_metadata(small_video)],
+        do_sample_frames=False,
+        cap_pixels_per_frame=False,
+        return_tensors="pt",
+    )
     assert torch.equal(prepared.input_ids, enc["input_ids"][0])
     assert "<0.5 seconds>" in adapter.tokenizer.decode(prepared.input_ids)
     assert torch.equal(prepared.vision_inputs["video_grid_thw"], enc["video_grid_thw"])
@@ -186,8 +194,9 @@ def test_qwen3_lazy_tokens_and_pixels_equal_the_processor(small_video):
         pixels = adapter._pixels_frames(prepared.vision_inputs, t0, t1)
         assert torch.allclose(pixels, enc["pixel_values_videos"][t0 * per_patch : t1 * per_patch], atol=1e-6)
     # M-RoPE positions equal transformers' own
-    positions, _ = adapter.model.model.get_rope_index(enc["input_ids"], mm_token_type_ids=enc["mm_token_type_ids"],
-                                                      video_grid_thw=enc["video_grid_thw"])
+    positions, _ = adapter.model.model.get_rope_index(
+        enc["input_ids"], mm_token_type_ids=enc["mm_token_type_ids"], video_grid_thw=enc["video_grid_thw"]
+    )
     assert torch.equal(prepared.position_ids, positions[:, 0])
 
 
@@ -211,6 +220,7 @@ def test_qwen3_4k_layout():
 
 
 # -- the tiny aliases load like released checkpoints --------------------------------------------
+
 
 def test_qwen3_chat_template_matches_released_format():
     adapter = get_adapter("tiny-qwen3-vl")

@@ -62,14 +62,23 @@ class Qwen3VLAdapter(Qwen25VLAdapter):
         h, w = media.frames[0].shape[:2]
         size = vp.size if isinstance(vp.size, SizeDict) else SizeDict(**dict(vp.size))
         factor = vp.patch_size * vp.merge_size
-        rh, rw = smart_resize(num_frames=len(media.frames), height=h, width=w, temporal_factor=vp.temporal_patch_size,
-                              factor=factor, min_pixels=size.shortest_edge, max_pixels=size.longest_edge)
+        rh, rw = smart_resize(
+            num_frames=len(media.frames),
+            height=h,
+            width=w,
+            temporal_factor=vp.temporal_patch_size,
+            factor=factor,
+            min_pixels=size.shortest_edge,
+            max_pixels=size.longest_edge,
+        )
         t = -(-len(media.frames) // vp.temporal_patch_size)
         grid = torch.tensor([[t, rh // vp.patch_size, rw // vp.patch_size]])
         expansion = self.processor.replace_video_token(
-            {"video_grid_thw": grid, "video_metadata": [video_metadata(media)]}, 0)
-        ids = self.tokenizer(text.replace(self.processor.video_token, expansion, 1), add_special_tokens=False,
-                             return_tensors="pt")["input_ids"]
+            {"video_grid_thw": grid, "video_metadata": [video_metadata(media)]}, 0
+        )
+        ids = self.tokenizer(
+            text.replace(self.processor.video_token, expansion, 1), add_special_tokens=False, return_tensors="pt"
+        )["input_ids"]
         return {"input_ids": ids, "video": media, "video_grid_thw": grid}
 
     def _pixels_frames(self, vision: dict, t0: int, t1: int, with_grid: bool = False):
@@ -82,11 +91,22 @@ class Qwen3VLAdapter(Qwen25VLAdapter):
         rh, rw = gh * vp.patch_size, gw * vp.patch_size  # the whole clip's resized size
         # the base video processor's resize: the one Qwen3VLVideoProcessor.resize calls with its own size
         resized = super(type(vp), vp).resize(frames, size=SizeDict(height=rh, width=rw), resample=vp.resample)
-        sub = Media(kind="video", frames=list(resized[0].permute(0, 2, 3, 1).numpy()),
-                    times=media.times[t0 * tp : t1 * tp], source_fps=media.source_fps, duration=media.duration,
-                    path=None)
-        out = vp(videos=[resized[0]], video_metadata=[video_metadata(sub)], do_sample_frames=False, do_resize=False,
-                 cap_pixels_per_frame=False, return_tensors="pt")
+        sub = Media(
+            kind="video",
+            frames=list(resized[0].permute(0, 2, 3, 1).numpy()),
+            times=media.times[t0 * tp : t1 * tp],
+            source_fps=media.source_fps,
+            duration=media.duration,
+            path=None,
+        )
+        out = vp(
+            videos=[resized[0]],
+            video_metadata=[video_metadata(sub)],
+            do_sample_frames=False,
+            do_resize=False,
+            cap_pixels_per_frame=False,
+            return_tensors="pt",
+        )
         return out if with_grid else out["pixel_values_videos"]
 
     # -- vision -------------------------------------------------------------------
@@ -117,11 +137,18 @@ class Qwen3VLAdapter(Qwen25VLAdapter):
             # place in the whole image (patches are in merge-block order, so a strip is a contiguous slice).
             visual = self.visual
             idx, weights = get_vision_interpolation_indices_and_weights(
-                whole, num_grid_per_side=visual.num_grid_per_side, mode=visual.interpolation_mode,
-                align_corners=visual.interpolation_align_corners, spatial_merge_size=self.merge)
+                whole,
+                num_grid_per_side=visual.num_grid_per_side,
+                mode=visual.interpolation_mode,
+                align_corners=visual.interpolation_align_corners,
+                spatial_merge_size=self.merge,
+            )
             start = row_offset * int(whole[0, 2]) * self.merge
             rows = slice(start, start + pixels.shape[0])
-            kwargs = {"position_ids": get_vision_position_ids(whole, self.merge)[rows],
-                      "interp_indices": idx[rows], "interp_weights": weights[rows]}
+            kwargs = {
+                "position_ids": get_vision_position_ids(whole, self.merge)[rows],
+                "interp_indices": idx[rows],
+                "interp_weights": weights[rows],
+            }
         out = self.visual(pixels.to(self.visual.dtype), grid_thw=grid, **kwargs)
         return torch.cat([out.pooler_output, *out.deepstack_features], dim=-1).to(self.dtype)
