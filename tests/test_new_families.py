@@ -1,4 +1,4 @@
-"""The newer model families (Qwen3-VL, ...): adapters against transformers, and DESIGN.md's invariants.
+"""The newer model families (Qwen3-VL, LLaVA-OneVision): adapters against transformers, and DESIGN.md's invariants.
 
 The shared invariant checks of tests/test_invariants.py are re-collected here with this module's
 `adapter` fixture (the new families only), so the matrix there stays as fast as it was; the exactness
@@ -19,7 +19,7 @@ from visualkv.models.base import LayerFeatures, video_metadata
 from visualkv.session import ChatSession, SessionConfig
 from visualkv.synthetic import image_media
 
-NEW_FAMILIES = ["tiny-qwen3-vl"]
+NEW_FAMILIES = ["tiny-qwen3-vl", "tiny-llava-onevision"]
 PROMPT = shared.PROMPT
 ATOL = 1e-4
 
@@ -116,6 +116,66 @@ def test_layer_features_skip_tokens_merged_away():
     assert out[0, :, 0].tolist() == [0.0, 1.0, 3.0, 0.0]
     assert feats.add_after_layer(1, hidden, torch.tensor([5, 10, 12, 20])) is hidden  # no layer-1 features
     assert hidden.abs().sum() == 0  # out of place
+
+
+@pytest.mark.parametrize("method", shared.ALL)
+def test_llava_onevision_blocks_are_exact(method, small_image, small_video):
+    """Base tile, packed-map rows (newline with its row), video frames: block by block, exact."""
+    adapter = get_adapter("tiny-llava-onevision")
+    for media in (small_image, small_video):
+        ref_logits, ref_tokens = _reference("tiny-llava-onevision", media)
+        s = _session(adapter, method, budget=100_000, prefill="blockwise", block_size=300)
+        record = s.ask(PROMPT, media)
+        assert len(s.blocks) > 4
+        assert torch.allclose(s.prefill_result.logits, ref_logits, atol=ATOL, rtol=ATOL)
+        assert record.token_ids == ref_tokens
+
+
+def test_llava_onevision_downsampled_map_streams_exactly():
+    """12 tiles' worth of features: the anyres_max_9 bilinear downsampling, applied per block of rows."""
+    adapter = get_adapter("tiny-llava-onevision")
+    media = image_media(1536, 1152, seed=4)
+    s = _session(adapter, "full", budget=100_000, prefill="blockwise", block_size=784, max_new_tokens=2)
+    s.ask(PROMPT, media)
+    geometry = s.prepared.vision_inputs["geometry"]
+    assert geometry.downsampled and (geometry.tile_rows, geometry.tile_cols) == (3, 4)
+    logits, _ = shared._hf_reference(adapter, media, new_tokens=1)
+    assert torch.allclose(s.prefill_result.logits, logits, atol=ATOL, rtol=ATOL)
+
+
+def test_llava_onevision_layout_marks_newlines(small_image, small_video):
+    adapter = get_adapter("tiny-llava-onevision")
+    layout = adapter.prepare(small_image, PROMPT).layout
+    g = adapter.prepare(small_image, PROMPT).vision_inputs["geometry"]
+    assert [f.kind for f in layout.frames] == ["global", "image"]
+    assert layout.units[0].kind == "tile" and layout.units[0].n_tokens == 27 * 27
+    rows = layout.units[1:]
+    assert len(rows) == g.rows and all(u.n_tokens == g.cols + 1 for u in rows)
+    newline = layout.extra["newline"]
+    assert int(newline.sum()) == g.rows
+    ids = adapter.prepare(small_image, PROMPT).input_ids
+    assert (ids[layout.seq_index] == adapter.model.config.image_token_id).all()
+    # every map token's box lies inside the image; the base tile covers it whole
+    assert layout.box[:, 2].max() == small_image.size[0] and layout.box[:, 3].max() == small_image.size[1]
+    video = adapter.prepare(small_video, PROMPT)
+    vl = video.layout
+    assert len(vl.units) == len(small_video.frames) and int(vl.extra["newline"].sum()) == 1
+    assert vl.units[-1].n_tokens == 14 * 14 + 1 and all(u.n_tokens == 14 * 14 for u in vl.units[:-1])
+    enc = adapter.processor(
+        text=[adapter.chat_text(small_video, PROMPT)],
+        videos=[torch.from_numpy(np.stack(small_video.frames))],
+        return_tensors="pt",
+    )
+    assert torch.equal(video.input_ids, enc["input_ids"][0])
+
+
+def test_llava_onevision_4k_layout():
+    adapter = get_adapter("tiny-llava-onevision")
+    prepared = adapter.prepare(image_media(3840, 2160), "Where is the star?")
+    g = prepared.vision_inputs["geometry"]
+    # best grid 1536 x 2304 px = 4 x 6 tiles; 92 x 162 unpadded features, downsampled to 60 x 107
+    assert (g.tile_rows, g.tile_cols, g.crop_h, g.crop_w, g.rows, g.cols) == (4, 6, 92, 162, 60, 107)
+    assert prepared.layout.n_visual == 729 + 60 * 108 == 7209
 
 
 # -- every method runs; Sali-Cache skips frames before the vision tower ------------------------
@@ -245,3 +305,21 @@ def test_saved_tiny_folder_loads_like_a_real_checkpoint(alias, tmp_path, small_i
     a.ask(PROMPT, small_image)
     b.ask(PROMPT, small_image)
     assert torch.allclose(a.prefill_result.logits, b.prefill_result.logits, atol=1e-5)
+
+
+def test_released_configs_have_the_released_shapes():
+    """The shape-alias configs build (on the meta device: no memory) to the released parameter counts."""
+    from transformers import AutoModelForImageTextToText
+
+    from visualkv.models.released import RELEASED_CONFIGS, released_config
+
+    expected = {
+        "shape-qwen3-vl-8b": (8.6e9, 8.9e9),  # Qwen3-VL-8B: 8.77 B parameters
+        "shape-llava-onevision-7b": (7.9e9, 8.1e9),
+    }  # llava-onevision-qwen2-7b: 8.03 B
+    assert set(expected) == set(RELEASED_CONFIGS)
+    for alias, (low, high) in expected.items():
+        with torch.device("meta"):
+            model = AutoModelForImageTextToText.from_config(released_config(alias))
+        n = sum(p.numel() for p in model.parameters())
+        assert low < n < high, (alias, n)

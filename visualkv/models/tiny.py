@@ -27,6 +27,11 @@ from dataclasses import dataclass
 
 import torch
 from transformers import (
+    LlavaOnevisionConfig,
+    LlavaOnevisionForConditionalGeneration,
+    LlavaOnevisionImageProcessor,
+    LlavaOnevisionProcessor,
+    LlavaOnevisionVideoProcessor,
     PreTrainedModel,
     ProcessorMixin,
     Qwen2_5_VLConfig,
@@ -53,6 +58,7 @@ from transformers.image_utils import (
 )
 
 from visualkv.models.tokenizer_build import (
+    LLAVA_ONEVISION_CHAT_TEMPLATE,
     QWEN3_VL_CHAT_TEMPLATE,
     QWEN_CHAT_TEMPLATE,
     SMOLVLM_CHAT_TEMPLATE,
@@ -61,6 +67,7 @@ from visualkv.models.tokenizer_build import (
 )
 
 __all__ = [
+    "LLAVA_ONEVISION_PROCESSOR_SETTINGS",
     "QWEN3_VL_PROCESSOR_SETTINGS",
     "QWEN_PROCESSOR_SETTINGS",
     "SMOLVLM_PROCESSOR_SETTINGS",
@@ -171,6 +178,20 @@ TINY_SPECS: dict[str, TinySpec] = {
         description="Qwen3-VL, LLM 64x2L (4q/2kv heads, head_dim 16, interleaved M-RoPE), "
         "vision 32x2L 16px patches, DeepStack from both vision blocks into LLM layers 0-1",
     ),
+    "tiny-llava-onevision": TinySpec(
+        family="llava_onevision",
+        text_hidden_size=64,
+        text_num_layers=2,
+        text_num_heads=4,
+        text_num_kv_heads=2,
+        text_intermediate_size=128,
+        vision_hidden_size=32,
+        vision_num_layers=2,
+        vision_num_heads=2,
+        vision_intermediate_size=64,
+        description="LLaVA-OneVision, Qwen2 LLM 64x2L (4q/2kv heads, head_dim 16), SigLIP 32x2L 384px/14 "
+        "(729 tokens per tile), anyres_max_9",
+    ),
     "bench-qwen2.5-vl": TinySpec(
         family="qwen2_5_vl",
         text_hidden_size=512,
@@ -227,6 +248,21 @@ QWEN3_VL_PROCESSOR_SETTINGS: dict[str, object] = {
     "image_std": IMAGENET_STANDARD_STD,
     "resample": PILImageResampling.BICUBIC,
     "video_fps": 2,
+}
+
+# Processor settings of llava-hf/llava-onevision-qwen2-7b-ov-hf (preprocessor_config.json,
+# processor_config.json): 384-px SigLIP tiles, the anyres grid pinpoints (384..2304 px per side; the
+# image processor's default list is the released one), 729 tokens per tile ("full" strategy keeps every
+# patch), anyres_max_9 (features beyond ~9 tiles are downsampled). CLIP mean/std.
+LLAVA_ONEVISION_PROCESSOR_SETTINGS: dict[str, object] = {
+    "tile_size": 384,
+    "num_image_tokens": 729,
+    "vision_feature_select_strategy": "full",
+    "vision_aspect_ratio": "anyres_max_9",
+    "patch_size": 14,
+    "image_mean": OPENAI_CLIP_MEAN,
+    "image_std": OPENAI_CLIP_STD,
+    "resample": PILImageResampling.BICUBIC,
 }
 
 # Processor settings of HuggingFaceTB/SmolVLM2-500M-Video-Instruct.
@@ -297,6 +333,22 @@ def build_tiny_processor(alias: str) -> ProcessorMixin:
             tokenizer=tokenizer,
             video_processor=Qwen3VLVideoProcessor(size=dict(s["video_size"]), fps=s["video_fps"], **common),
             chat_template=QWEN3_VL_CHAT_TEMPLATE,
+        )
+    if spec.family == "llava_onevision":
+        s = LLAVA_ONEVISION_PROCESSOR_SETTINGS
+        tile = {"height": s["tile_size"], "width": s["tile_size"]}
+        common = {"size": tile, "image_mean": s["image_mean"], "image_std": s["image_std"], "resample": s["resample"]}
+        tokenizer = build_qwen_tokenizer(spec.bpe_vocab_size)
+        tokenizer.add_tokens(["<image>", "<video>"], special_tokens=True)
+        tokenizer.chat_template = LLAVA_ONEVISION_CHAT_TEMPLATE
+        return LlavaOnevisionProcessor(
+            image_processor=LlavaOnevisionImageProcessor(do_pad=True, **common),
+            tokenizer=tokenizer,
+            video_processor=LlavaOnevisionVideoProcessor(**common),
+            num_image_tokens=s["num_image_tokens"],
+            vision_feature_select_strategy=s["vision_feature_select_strategy"],
+            vision_aspect_ratio=s["vision_aspect_ratio"],
+            chat_template=LLAVA_ONEVISION_CHAT_TEMPLATE,
         )
     if spec.family == "smolvlm":
         s = SMOLVLM_PROCESSOR_SETTINGS
@@ -439,6 +491,48 @@ def qwen3_vl_config(spec: TinySpec, processor: ProcessorMixin, attn_implementati
     )
 
 
+def llava_onevision_config(
+    spec: TinySpec, processor: ProcessorMixin, attn_implementation: str = "sdpa"
+) -> LlavaOnevisionConfig:
+    """LLaVA-OneVision config for `spec` (Qwen2 LLM, SigLIP tower); token ids from the processor."""
+    tok = processor.tokenizer
+    ids = tok.convert_tokens_to_ids
+    s = LLAVA_ONEVISION_PROCESSOR_SETTINGS
+    return LlavaOnevisionConfig(
+        text_config={
+            **_text_common(spec, tok),
+            "model_type": "qwen2",
+            "max_position_embeddings": 32768,
+            "rms_norm_eps": 1e-6,
+            "rope_parameters": {"rope_type": "default", "rope_theta": spec.rope_theta},
+            "bos_token_id": ids("<|endoftext|>"),
+            "eos_token_id": ids("<|im_end|>"),
+            "pad_token_id": ids("<|endoftext|>"),
+            "tie_word_embeddings": False,
+        },
+        vision_config={
+            "model_type": "siglip_vision_model",
+            "hidden_size": spec.vision_hidden_size,
+            "intermediate_size": spec.vision_intermediate_size,
+            "num_hidden_layers": spec.vision_num_layers,
+            "num_attention_heads": spec.vision_num_heads,
+            "image_size": s["tile_size"],
+            "patch_size": s["patch_size"],
+            "vision_use_head": False,
+            "hidden_act": "gelu_pytorch_tanh",
+            "layer_norm_eps": 1e-6,
+        },
+        image_token_index=ids("<image>"),
+        video_token_index=ids("<video>"),
+        vision_feature_select_strategy=s["vision_feature_select_strategy"],
+        vision_feature_layer=-1,
+        vision_aspect_ratio=s["vision_aspect_ratio"],
+        image_grid_pinpoints=[list(p) for p in processor.image_processor.image_grid_pinpoints],
+        tie_word_embeddings=False,
+        attn_implementation=attn_implementation,
+    )
+
+
 def build_tiny_config(
     alias: str,
     processor: ProcessorMixin | None = None,
@@ -451,6 +545,8 @@ def build_tiny_config(
         return qwen_config(spec, processor, attn_implementation)
     if spec.family == "qwen3_vl":
         return qwen3_vl_config(spec, processor, attn_implementation)
+    if spec.family == "llava_onevision":
+        return llava_onevision_config(spec, processor, attn_implementation)
     tok = processor.tokenizer
     s = SMOLVLM_PROCESSOR_SETTINGS
     return SmolVLMConfig(
@@ -518,7 +614,7 @@ def build_tiny(
     model.config.dtype = dtype  # as a loaded checkpoint reports it
     tok = processor.tokenizer
     gen = model.generation_config
-    if spec.family in ("qwen2_5_vl", "qwen3_vl"):
+    if spec.family in ("qwen2_5_vl", "qwen3_vl", "llava_onevision"):
         gen.bos_token_id = tok.convert_tokens_to_ids("<|endoftext|>")
         gen.eos_token_id = [
             tok.convert_tokens_to_ids("<|im_end|>"),
@@ -536,6 +632,7 @@ def build_tiny(
 _MODEL_CLASSES: dict[str, type[PreTrainedModel]] = {
     "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration,
     "qwen3_vl": Qwen3VLForConditionalGeneration,
+    "llava_onevision": LlavaOnevisionForConditionalGeneration,
     "smolvlm": SmolVLMForConditionalGeneration,
 }
 

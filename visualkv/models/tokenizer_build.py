@@ -20,6 +20,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
 
 __all__ = [
+    "LLAVA_ONEVISION_CHAT_TEMPLATE",
     "QWEN3_VL_CHAT_TEMPLATE",
     "QWEN_CHAT_TEMPLATE",
     "QWEN_SPECIAL_TOKENS",
@@ -87,6 +88,18 @@ QWEN3_VL_CHAT_TEMPLATE = (
     "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# Chat template of llava-hf/llava-onevision-qwen2-*-ov-hf (chat_template.json): images, then videos,
+# then each text on its own line, after "<|im_start|>ROLE "; no newline after <|im_end|>.
+LLAVA_ONEVISION_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + ' ' }}"
+    "{% if message['content'] is string %}{{ '\n' + message['content'] }}{% else %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>' }}{% endfor %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'video') %}{{ '<video>' }}{% endfor %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{{ '\n' + content['text'] }}"
+    "{% endfor %}{% endif %}{{ '<|im_end|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
 # SmolLM2 keeps its control tokens at the very start of the vocabulary (ids 0, 1, 2).
