@@ -1,4 +1,4 @@
-"""The newer model families (Qwen3-VL, LLaVA-OneVision): adapters against transformers, and DESIGN.md's invariants.
+"""The newer model families (Qwen3-VL, LLaVA-OneVision, InternVL3.5): adapters against transformers, and DESIGN.md's invariants.
 
 The shared invariant checks of tests/test_invariants.py are re-collected here with this module's
 `adapter` fixture (the new families only), so the matrix there stays as fast as it was; the exactness
@@ -19,7 +19,7 @@ from visualkv.models.base import LayerFeatures, video_metadata
 from visualkv.session import ChatSession, SessionConfig
 from visualkv.synthetic import image_media
 
-NEW_FAMILIES = ["tiny-qwen3-vl", "tiny-llava-onevision"]
+NEW_FAMILIES = ["tiny-qwen3-vl", "tiny-llava-onevision", "tiny-internvl3.5"]
 PROMPT = shared.PROMPT
 ATOL = 1e-4
 
@@ -27,6 +27,15 @@ ATOL = 1e-4
 @pytest.fixture(params=NEW_FAMILIES)
 def adapter(request):
     return get_adapter(request.param)
+
+
+@pytest.fixture
+def small_image(request):
+    """conftest's 448 x 336 image, except for InternVL: 4:3 there means 12 tiles + a thumbnail (3,328
+    tokens); 896 x 448 is two tiles + the thumbnail, the same code paths in a quarter of the time."""
+    callspec = getattr(request.node, "callspec", None)
+    alias = callspec.params.get("adapter", callspec.params.get("alias")) if callspec else None
+    return image_media(896, 448, seed=1) if alias == "tiny-internvl3.5" else image_media(448, 336, seed=1)
 
 
 # The shared invariants (2 bound, 3 protected, 4 positions, 6 telemetry), on the new families.
@@ -173,9 +182,35 @@ def test_llava_onevision_4k_layout():
     adapter = get_adapter("tiny-llava-onevision")
     prepared = adapter.prepare(image_media(3840, 2160), "Where is the star?")
     g = prepared.vision_inputs["geometry"]
-    # best grid 1536 x 2304 px = 4 x 6 tiles; 92 x 162 unpadded features, downsampled to 60 x 107
-    assert (g.tile_rows, g.tile_cols, g.crop_h, g.crop_w, g.rows, g.cols) == (4, 6, 92, 162, 60, 107)
-    assert prepared.layout.n_visual == 729 + 60 * 108 == 7209
+    # best grid 1536 x 2304 px = 4 x 6 tiles; 92 x 162 unpadded features, downsampled to 61 x 107
+    assert (g.tile_rows, g.tile_cols, g.crop_h, g.crop_w, g.rows, g.cols) == (4, 6, 92, 162, 61, 107)
+    assert prepared.layout.n_visual == 729 + 61 * 108 == 7317
+
+
+@pytest.mark.parametrize("method", shared.ALL)
+def test_internvl_tile_blocks_are_exact(method, small_video):
+    """One 448-px tile (256 tokens) or frame per block: exact, thumbnail included."""
+    adapter = get_adapter("tiny-internvl3.5")
+    for media in (image_media(896, 448, seed=1), small_video):
+        ref_logits, ref_tokens = _reference("tiny-internvl3.5", media)
+        s = _session(adapter, method, budget=100_000, prefill="blockwise", block_size=256)
+        record = s.ask(PROMPT, media)
+        assert len(s.blocks) == 2 + len(s.prepared.layout.units)
+        assert torch.allclose(s.prefill_result.logits, ref_logits, atol=ATOL, rtol=ATOL)
+        assert record.token_ids == ref_tokens
+
+
+def test_internvl_tiles_thumbnail_and_4k():
+    adapter = get_adapter("tiny-internvl3.5")
+    layout = adapter.prepare(image_media(896, 448), PROMPT).layout
+    assert [f.kind for f in layout.frames] == ["tile", "tile", "global"]
+    assert [f.box for f in layout.frames] == [(0, 0, 448, 448), (448, 0, 896, 448), (0, 0, 896, 448)]
+    assert all(u.n_tokens == 256 for u in layout.units)
+    # 3840 x 2160: the 4 x 2 grid (aspect 2, the closest within 12 tiles) + thumbnail = 9 tiles
+    big = adapter.prepare(image_media(3840, 2160), PROMPT).layout
+    assert [f.kind for f in big.frames].count("tile") == 8 and big.n_visual == 9 * 256 == 2304
+    tiles = [f for f in big.frames if f.kind == "tile"]
+    assert sum((f.box[2] - f.box[0]) * (f.box[3] - f.box[1]) for f in tiles) == 3840 * 2160
 
 
 # -- every method runs; Sali-Cache skips frames before the vision tower ------------------------
@@ -315,8 +350,9 @@ def test_released_configs_have_the_released_shapes():
 
     expected = {
         "shape-qwen3-vl-8b": (8.6e9, 8.9e9),  # Qwen3-VL-8B: 8.77 B parameters
-        "shape-llava-onevision-7b": (7.9e9, 8.1e9),
-    }  # llava-onevision-qwen2-7b: 8.03 B
+        "shape-llava-onevision-7b": (7.9e9, 8.1e9),  # llava-onevision-qwen2-7b: 8.03 B
+        "shape-internvl3.5-8b": (8.3e9, 8.7e9),  # InternVL3.5-8B: about 8.5 B
+    }
     assert set(expected) == set(RELEASED_CONFIGS)
     for alias, (low, high) in expected.items():
         with torch.device("meta"):

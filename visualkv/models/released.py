@@ -9,7 +9,7 @@ Values are copied from the checkpoints' config.json as quoted by public sources 
 
 from __future__ import annotations
 
-from transformers import LlavaOnevisionConfig, PretrainedConfig, Qwen3VLConfig
+from transformers import InternVLConfig, LlavaOnevisionConfig, PretrainedConfig, Qwen3VLConfig
 
 
 def qwen3_vl_8b_instruct_config(attn_implementation: str = "sdpa") -> Qwen3VLConfig:
@@ -94,9 +94,51 @@ def llava_onevision_qwen2_7b_ov_config(attn_implementation: str = "sdpa") -> Lla
     )
 
 
+def internvl3_5_8b_config(attn_implementation: str = "sdpa") -> InternVLConfig:
+    """OpenGVLab/InternVL3_5-8B-HF: InternViT-300M-448px (24 x 1024, 16 heads, MLP 4096, 448 px / 14, pixel
+    shuffle 0.5: 256 tokens per tile) and the Qwen3-8B LLM (36 x 4096, 32 query / 8 KV heads of 128, MLP
+    12288, vocabulary 151936).
+
+    Source: the InternVL3.5-8B model card (vision part InternViT-300M-448px-V2.5, language part Qwen3-8B)
+    and those two models' published configs; transformers' `InternVLVisionConfig` defaults are
+    InternViT-300M's. Not checked against the -HF config.json itself (not reachable offline); the image
+    token id is the family default (a shape model measures memory and speed, never answers).
+    """
+    return InternVLConfig(
+        text_config={
+            "model_type": "qwen3",
+            "vocab_size": 151936,
+            "hidden_size": 4096,
+            "intermediate_size": 12288,
+            "num_hidden_layers": 36,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "hidden_act": "silu",
+            "max_position_embeddings": 40960,
+            "rms_norm_eps": 1e-6,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+            "tie_word_embeddings": False,
+        },
+        vision_config={
+            "hidden_size": 1024,
+            "num_hidden_layers": 24,
+            "num_attention_heads": 16,
+            "intermediate_size": 4096,
+            "image_size": [448, 448],
+            "patch_size": [14, 14],
+        },
+        downsample_ratio=0.5,
+        image_seq_length=256,
+        tie_word_embeddings=False,
+        attn_implementation=attn_implementation,
+    )
+
+
 #: shape alias -> (released Hub id, config builder, tiny alias whose processor has the release's settings)
 RELEASED_CONFIGS: dict[str, tuple[str, object, str]] = {
     "shape-qwen3-vl-8b": ("Qwen/Qwen3-VL-8B-Instruct", qwen3_vl_8b_instruct_config, "tiny-qwen3-vl"),
+    "shape-internvl3.5-8b": ("OpenGVLab/InternVL3_5-8B-HF", internvl3_5_8b_config, "tiny-internvl3.5"),
     "shape-llava-onevision-7b": (
         "llava-hf/llava-onevision-qwen2-7b-ov-hf",
         llava_onevision_qwen2_7b_ov_config,

@@ -27,6 +27,11 @@ from dataclasses import dataclass
 
 import torch
 from transformers import (
+    GotOcr2ImageProcessor,
+    InternVLConfig,
+    InternVLForConditionalGeneration,
+    InternVLProcessor,
+    InternVLVideoProcessor,
     LlavaOnevisionConfig,
     LlavaOnevisionForConditionalGeneration,
     LlavaOnevisionImageProcessor,
@@ -50,6 +55,8 @@ from transformers import (
     SmolVLMVideoProcessor,
 )
 from transformers.image_utils import (
+    IMAGENET_DEFAULT_MEAN,
+    IMAGENET_DEFAULT_STD,
     IMAGENET_STANDARD_MEAN,
     IMAGENET_STANDARD_STD,
     OPENAI_CLIP_MEAN,
@@ -58,6 +65,7 @@ from transformers.image_utils import (
 )
 
 from visualkv.models.tokenizer_build import (
+    INTERNVL_CHAT_TEMPLATE,
     LLAVA_ONEVISION_CHAT_TEMPLATE,
     QWEN3_VL_CHAT_TEMPLATE,
     QWEN_CHAT_TEMPLATE,
@@ -67,6 +75,7 @@ from visualkv.models.tokenizer_build import (
 )
 
 __all__ = [
+    "INTERNVL_PROCESSOR_SETTINGS",
     "LLAVA_ONEVISION_PROCESSOR_SETTINGS",
     "QWEN3_VL_PROCESSOR_SETTINGS",
     "QWEN_PROCESSOR_SETTINGS",
@@ -192,6 +201,20 @@ TINY_SPECS: dict[str, TinySpec] = {
         description="LLaVA-OneVision, Qwen2 LLM 64x2L (4q/2kv heads, head_dim 16), SigLIP 32x2L 384px/14 "
         "(729 tokens per tile), anyres_max_9",
     ),
+    "tiny-internvl3.5": TinySpec(
+        family="internvl",
+        text_hidden_size=64,
+        text_num_layers=2,
+        text_num_heads=4,
+        text_num_kv_heads=2,
+        text_intermediate_size=128,
+        vision_hidden_size=32,
+        vision_num_layers=2,
+        vision_num_heads=2,
+        vision_intermediate_size=64,
+        description="InternVL3.5, Qwen3 LLM 64x2L (4q/2kv heads, head_dim 16), InternViT 32x2L 448px/14, "
+        "pixel shuffle 0.5 (256 tokens per tile)",
+    ),
     "bench-qwen2.5-vl": TinySpec(
         family="qwen2_5_vl",
         text_hidden_size=512,
@@ -265,6 +288,21 @@ LLAVA_ONEVISION_PROCESSOR_SETTINGS: dict[str, object] = {
     "resample": PILImageResampling.BICUBIC,
 }
 
+# Processor settings of OpenGVLab/InternVL3_5-*-HF (GotOcr2 image processor with crop_to_patches, InternVL
+# video processor): 448-px tiles, 1..12 tiles chosen by aspect ratio plus a thumbnail, 256 tokens per tile
+# (32 x 32 patches, pixel shuffle 0.5), ImageNet mean/std.
+INTERNVL_PROCESSOR_SETTINGS: dict[str, object] = {
+    "tile_size": 448,
+    "min_patches": 1,
+    "max_patches": 12,
+    "image_seq_length": 256,
+    "patch_size": 14,
+    "downsample_ratio": 0.5,
+    "image_mean": IMAGENET_DEFAULT_MEAN,
+    "image_std": IMAGENET_DEFAULT_STD,
+    "resample": PILImageResampling.BICUBIC,
+}
+
 # Processor settings of HuggingFaceTB/SmolVLM2-500M-Video-Instruct.
 SMOLVLM_PROCESSOR_SETTINGS: dict[str, object] = {
     "image_size": {"longest_edge": 4 * 512},  # resize target before tiling
@@ -333,6 +371,26 @@ def build_tiny_processor(alias: str) -> ProcessorMixin:
             tokenizer=tokenizer,
             video_processor=Qwen3VLVideoProcessor(size=dict(s["video_size"]), fps=s["video_fps"], **common),
             chat_template=QWEN3_VL_CHAT_TEMPLATE,
+        )
+    if spec.family == "internvl":
+        s = INTERNVL_PROCESSOR_SETTINGS
+        common = {"size": {"height": s["tile_size"], "width": s["tile_size"]}, "image_mean": s["image_mean"],
+                  "image_std": s["image_std"], "resample": s["resample"]}
+        tokenizer = build_qwen_tokenizer(spec.bpe_vocab_size)
+        names = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
+                 "video_token": "<video>"}
+        tokenizer.add_tokens(list(names.values()), special_tokens=True)
+        # the released tokenizer_config names these in a dict of extra special tokens; this is how
+        # transformers registers such names (tokenizer.start_image_token, .start_image_token_id, ...)
+        tokenizer._set_model_specific_special_tokens(names)
+        tokenizer.chat_template = INTERNVL_CHAT_TEMPLATE
+        return InternVLProcessor(
+            image_processor=GotOcr2ImageProcessor(crop_to_patches=True, min_patches=s["min_patches"],
+                                                  max_patches=s["max_patches"], **common),
+            tokenizer=tokenizer,
+            video_processor=InternVLVideoProcessor(**common),
+            image_seq_length=s["image_seq_length"],
+            chat_template=INTERNVL_CHAT_TEMPLATE,
         )
     if spec.family == "llava_onevision":
         s = LLAVA_ONEVISION_PROCESSOR_SETTINGS
@@ -533,6 +591,45 @@ def llava_onevision_config(
     )
 
 
+def internvl_config(spec: TinySpec, processor: ProcessorMixin, attn_implementation: str = "sdpa") -> InternVLConfig:
+    """InternVL3.5 config for `spec` (Qwen3 LLM, InternViT tower, pixel shuffle); token ids from the processor."""
+    tok = processor.tokenizer
+    ids = tok.convert_tokens_to_ids
+    s = INTERNVL_PROCESSOR_SETTINGS
+    return InternVLConfig(
+        text_config={
+            **_text_common(spec, tok),
+            "model_type": "qwen3",
+            "head_dim": spec.head_dim,
+            "max_position_embeddings": 40960,
+            "rms_norm_eps": 1e-6,
+            "rope_parameters": {"rope_type": "default", "rope_theta": spec.rope_theta},
+            "bos_token_id": ids("<|endoftext|>"),
+            "eos_token_id": ids("<|im_end|>"),
+            "pad_token_id": ids("<|endoftext|>"),
+            "tie_word_embeddings": False,
+        },
+        vision_config={
+            "hidden_size": spec.vision_hidden_size,
+            "intermediate_size": spec.vision_intermediate_size,
+            "num_hidden_layers": spec.vision_num_layers,
+            "num_attention_heads": spec.vision_num_heads,
+            "image_size": [s["tile_size"], s["tile_size"]],
+            "patch_size": [s["patch_size"], s["patch_size"]],
+            "hidden_act": "gelu",
+            "norm_type": "layer_norm",
+            "use_mean_pooling": True,
+        },
+        image_token_id=processor.image_token_id,
+        image_seq_length=s["image_seq_length"],
+        downsample_ratio=s["downsample_ratio"],
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="default",
+        tie_word_embeddings=False,
+        attn_implementation=attn_implementation,
+    )
+
+
 def build_tiny_config(
     alias: str,
     processor: ProcessorMixin | None = None,
@@ -547,6 +644,8 @@ def build_tiny_config(
         return qwen3_vl_config(spec, processor, attn_implementation)
     if spec.family == "llava_onevision":
         return llava_onevision_config(spec, processor, attn_implementation)
+    if spec.family == "internvl":
+        return internvl_config(spec, processor, attn_implementation)
     tok = processor.tokenizer
     s = SMOLVLM_PROCESSOR_SETTINGS
     return SmolVLMConfig(
@@ -614,7 +713,7 @@ def build_tiny(
     model.config.dtype = dtype  # as a loaded checkpoint reports it
     tok = processor.tokenizer
     gen = model.generation_config
-    if spec.family in ("qwen2_5_vl", "qwen3_vl", "llava_onevision"):
+    if spec.family in ("qwen2_5_vl", "qwen3_vl", "llava_onevision", "internvl"):
         gen.bos_token_id = tok.convert_tokens_to_ids("<|endoftext|>")
         gen.eos_token_id = [
             tok.convert_tokens_to_ids("<|im_end|>"),
@@ -633,6 +732,7 @@ _MODEL_CLASSES: dict[str, type[PreTrainedModel]] = {
     "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration,
     "qwen3_vl": Qwen3VLForConditionalGeneration,
     "llava_onevision": LlavaOnevisionForConditionalGeneration,
+    "internvl": InternVLForConditionalGeneration,
     "smolvlm": SmolVLMForConditionalGeneration,
 }
 

@@ -20,6 +20,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
 
 __all__ = [
+    "INTERNVL_CHAT_TEMPLATE",
     "LLAVA_ONEVISION_CHAT_TEMPLATE",
     "QWEN3_VL_CHAT_TEMPLATE",
     "QWEN_CHAT_TEMPLATE",
@@ -99,6 +100,19 @@ LLAVA_ONEVISION_CHAT_TEMPLATE = (
     "{% for content in message['content'] | selectattr('type', 'equalto', 'video') %}{{ '<video>' }}{% endfor %}"
     "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{{ '\n' + content['text'] }}"
     "{% endfor %}{% endif %}{{ '<|im_end|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+# Chat template of OpenGVLab/InternVL3_5-*-HF, reduced to what VisualKV sends: Qwen-style turns, an
+# image as "<IMG_CONTEXT>\n" and a video as "<video>\n" before the text (the processor expands both).
+INTERNVL_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}{{ '<IMG_CONTEXT>\n' }}"
+    "{% elif content['type'] == 'video' %}{{ '<video>\n' }}"
+    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
