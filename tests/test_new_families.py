@@ -317,13 +317,21 @@ def test_qwen3_4k_layout():
 # -- the tiny aliases load like released checkpoints --------------------------------------------
 
 
-def test_qwen3_chat_template_matches_released_format():
+def test_chat_templates_match_released_format():
     adapter = get_adapter("tiny-qwen3-vl")
     assert adapter.chat_text(image_media(64, 64), "Describe this image.") == (
         "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Describe this image.<|im_end|>\n"
         "<|im_start|>assistant\n"
     )
     assert adapter.processor.tokenizer.chat_template == adapter.processor.chat_template
+    llava = get_adapter("tiny-llava-onevision")
+    assert llava.chat_text(image_media(64, 64), "Describe this image.") == (
+        "<|im_start|>user <image>\nDescribe this image.<|im_end|><|im_start|>assistant\n"
+    )
+    internvl = get_adapter("tiny-internvl3.5")
+    assert internvl.chat_text(image_media(64, 64), "Describe this image.") == (
+        "<|im_start|>user\n<IMG_CONTEXT>\nDescribe this image.<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 @pytest.mark.parametrize("alias", NEW_FAMILIES)
