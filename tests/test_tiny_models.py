@@ -83,16 +83,20 @@ def _video_inputs(processor, video: np.ndarray, fps: float = 2.0):
 
 
 def test_specs_are_consistent() -> None:
-    assert set(TINY_SPECS) == {"tiny-qwen2.5-vl", "tiny-smolvlm2", "bench-qwen2.5-vl", "bench-smolvlm2"}
+    assert set(TINY_SPECS) == {"tiny-qwen2.5-vl", "tiny-smolvlm2", "bench-qwen2.5-vl", "bench-smolvlm2",
+                               "tiny-qwen3-vl", "tiny-llava-onevision", "tiny-internvl3.5"}
     for alias, spec in TINY_SPECS.items():
         assert isinstance(spec, TinySpec)
-        assert spec.family in ("qwen2_5_vl", "smolvlm"), alias
+        assert spec.family in ("qwen2_5_vl", "smolvlm", "qwen3_vl", "llava_onevision", "internvl"), alias
         assert spec.text_num_heads % spec.text_num_kv_heads == 0
         assert spec.text_num_kv_heads < spec.text_num_heads, "GQA expected"
         if spec.family == "qwen2_5_vl":
             assert 2 * sum(spec.mrope_section) == spec.head_dim
             assert spec.fullatt_block_indexes, "keep at least one full-attention vision block"
             assert max(spec.fullatt_block_indexes) < spec.vision_num_layers
+        if spec.family == "qwen3_vl":
+            assert 2 * sum(spec.mrope_section) == spec.head_dim
+            assert spec.deepstack_visual_indexes and max(spec.deepstack_visual_indexes) < spec.vision_num_layers
     with pytest.raises(KeyError):
         build_tiny("no-such-model")
 

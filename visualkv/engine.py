@@ -27,7 +27,7 @@ from visualkv.cache import TIER_FULL, CompressibleCache, split_tiers
 from visualkv.errors import PrefillStopped
 from visualkv.layout import Block, plan_blocks
 from visualkv.methods.base import LayerState, Method, PrefillContext
-from visualkv.models.base import ModelAdapter, PreparedInput
+from visualkv.models.base import LayerFeatures, ModelAdapter, PreparedInput
 from visualkv.telemetry import BlockEvent, cuda_allocated, rss_bytes
 
 BlockCallback = Callable[[BlockEvent], None]
@@ -136,12 +136,15 @@ class Engine:
         method: Method | None = None,
         ctx: PrefillContext | None = None,
         tiers: torch.Tensor | None = None,
+        layer_features: LayerFeatures | None = None,
     ) -> torch.Tensor:
         """hidden (1, q, d) through every decoder layer; returns the last hidden states.
 
         token_index / tiers are host tensors. Everything the layers need from them (device copies, the
         tier split, the visual count, masks) is prepared on the host once per block (`BlockPlan`), so
         the layer loop itself never reads the device (no host synchronisation).
+        layer_features: the block's DeepStack-style additions, added after their layers (before the
+        method sees the layer's output, as they are part of the model's own layer output).
         """
         adapter = self.adapter
         cos, sin = adapter.rotary(hidden, positions)
@@ -162,6 +165,8 @@ class Engine:
                 hidden, attention_mask=mask, position_embeddings=(cos, sin), past_key_values=cache, use_cache=True
             )
             cache.note_working(attention_working_bytes(adapter, q, n_past + q, mask is None, hidden.dtype))
+            if layer_features is not None:
+                out = layer_features.add_after_layer(layer_idx, out, token_index)
             if method is not None:
                 state = LayerState(layer_idx, hidden, out, positions, token_index, cos, sin, tiers)
                 new = method.after_layer(ctx, state)
@@ -180,9 +185,10 @@ class Engine:
 
     # -- prefill --------------------------------------------------------------------
     def block_embeddings(
-        self, prepared: PreparedInput, block: Block, encoded: list[int] | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(1, q, d) embeddings of the block's kept tokens and their local indices (q,).
+        self, prepared: PreparedInput, block: Block, encoded: list[int] | None = None, seq_offset: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor, LayerFeatures | None]:
+        """(1, q, d) embeddings of the block's kept tokens, their local indices (q,) and the kept visual
+        tokens' per-layer features (DeepStack; None for families without), indexed by `seq_offset + local`.
 
         Units none of whose tokens are kept (skipped frames) never reach the
         vision tower; `encoded` collects the frame/tile index of each unit sent.
@@ -193,16 +199,20 @@ class Engine:
         ids = prepared.input_ids[local]
         hidden = self.adapter.embed(ids)
         units = [u for u in block.units if bool(prepared.keep[u.seq_start : u.seq_end].any())]
+        layer_features = None
         if units:
             if encoded is not None:
                 encoded.extend(u.frame for u in units)
-            visual = self.adapter.encode_units(prepared, units)  # (n_unit_tokens, d), all tokens of those units
+            # (n_unit_tokens, d), all tokens of those units, and any per-layer features of the same tokens
+            visual, per_layer = self.adapter.encode_units_with_layer_features(prepared, units)
             unit_idx = torch.cat([torch.arange(u.seq_start, u.seq_end) for u in units])
             kept = prepared.keep[unit_idx]
             visual, unit_idx = visual[kept.to(visual.device)], unit_idx[kept]
             where = torch.searchsorted(local, unit_idx)
             hidden[0, where.to(hidden.device)] = visual.to(hidden.device, hidden.dtype)
-        return hidden, local
+            if per_layer:
+                layer_features = LayerFeatures(unit_idx + seq_offset, [f[kept.to(f.device)] for f in per_layer])
+        return hidden, local, layer_features
 
     @torch.no_grad()
     def prefill(
@@ -241,12 +251,12 @@ class Engine:
                 raise PrefillStopped()
             t0 = time.perf_counter()
             ctx.block = block
-            hidden, local = self.block_embeddings(prepared, block, ctx.encoded_frames)
+            hidden, local, layer_features = self.block_embeddings(prepared, block, ctx.encoded_frames, seq_offset)
             if local.numel() == 0:
                 continue
             tiers = ctx.tiers[local] if ctx.tiers is not None else None
             hidden = self.run_layers(
-                hidden, prepared.position_ids[:, local], local + seq_offset, cache, method, ctx, tiers
+                hidden, prepared.position_ids[:, local], local + seq_offset, cache, method, ctx, tiers, layer_features
             )
             last_hidden = hidden
             per_layer = cache.entries_per_layer()

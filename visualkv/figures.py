@@ -396,6 +396,29 @@ def table_speed_issue11(results: Path) -> str:
     return "\n".join(lines + ["", source_line(*sources)])
 
 
+FAMILY_ALIASES = ("tiny-qwen3-vl", "tiny-llava-onevision", "tiny-internvl3.5")
+
+
+def table_families_4k(results: Path) -> str:
+    """Peak and final KV at 4K per newer family (tiny aliases), full against block-wise."""
+    body, sources = [], []
+    for alias in FAMILY_ALIASES:
+        name = f"memory_image_{alias}.json"
+        if not (results / name).exists():
+            continue
+        d = load(name, results)
+        sources.append((name, d))
+        at = {r["method"]: r for r in d["rows"] if r["size"] == max(x["size"] for x in d["rows"])}
+        full, bw = at["full"], at["blockwise-snapkv"]
+        post = at.get("post-snapkv")
+        peaks = " / ".join(_mib(r["peak_kv_bytes"]) for r in (full, post, bw) if r is not None)
+        body.append([alias, f"{full['visual_tokens']:,}", peaks,
+                     _x(full["peak_kv_bytes"] / bw["peak_kv_bytes"]), _x(full["final_kv_bytes"] / bw["final_kv_bytes"])])
+    lines = _table(["tiny alias", "visual tokens", "peak KV full / post-snapkv / block-wise", "full / block-wise, peak",
+                    "full / block-wise, final"], body)
+    return "\n".join(lines + ["", source_line(*sources)])
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "memory-image": table_memory_image,
     "latency-image": table_latency_image,
@@ -411,6 +434,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "needle-by-kind": table_needle_by_kind,
     "needle-before-after": table_needle_before_after,
     "speed-issue11": table_speed_issue11,
+    "families-4k": table_families_4k,
 }
 
 

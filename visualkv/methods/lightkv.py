@@ -70,6 +70,10 @@ class PaperSchedule:
 PAPER_SCHEDULES: dict[str, PaperSchedule] = {
     "qwen2_5_vl": PaperSchedule(28, (12, 17, 22), (6, 4, 2), (0.5, 0.5, 0.5)),
     "smolvlm": PaperSchedule(32, (12, 18, 24), (4, 2, 1), (0.5, 0.5, 0.5)),
+    # not in the paper: Qwen3-VL's rectangular row-major grids take Qwen2.5-VL's schedule
+    "qwen3_vl": PaperSchedule(28, (12, 17, 22), (6, 4, 2), (0.5, 0.5, 0.5)),
+    # the paper's LLaVA schedule, on LLaVA-OneVision's base tile, packed map and video frames
+    "llava_onevision": PaperSchedule(32, (12, 18, 24), (4, 2, 1), (0.5, 0.5, 0.5)),
 }
 
 

@@ -169,6 +169,13 @@ class ModelAdapter:
         """Visual embeddings (n, hidden) for consecutive units, in sequence order."""
         raise NotImplementedError
 
+    def encode_units_with_layer_features(
+        self, prepared: PreparedInput, units: list[VisualUnit]
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Embeddings (n, hidden) plus, per early decoder layer k, features (n, hidden) that the model
+        adds to these tokens' hidden states after layer k (Qwen3-VL's DeepStack); none for most families."""
+        return self.encode_units(prepared, units), []
+
     def reset_stream(self) -> None:
         """Forget any vision strip buffered between blocks."""
 
@@ -196,6 +203,35 @@ class ModelAdapter:
             "dtype": str(self.dtype).replace("torch.", ""),
             "attn_implementation": self.attn_implementation,
         }
+
+
+@dataclass
+class LayerFeatures:
+    """Additive per-layer features for some tokens of a block (DeepStack-style vision injection).
+
+    token_index: (n,) sequence indices (the engine's `token_index` numbering) of the tokens they belong to.
+    features: one (n, hidden) tensor per decoder layer k = 0, 1, ...: added to those tokens' hidden
+      states right after layer k, as the family's own forward does.
+    """
+
+    token_index: torch.Tensor
+    features: list[torch.Tensor]
+
+    def add_after_layer(self, layer_idx: int, hidden: torch.Tensor, token_index: torch.Tensor) -> torch.Tensor:
+        """hidden (1, q, d) of tokens `token_index` (q,), sorted) with layer `layer_idx`'s features added.
+
+        Tokens no longer in the block (merged away by a method in an earlier layer) get nothing; their
+        features are masked, not filtered, so no host synchronisation happens.
+        """
+        if layer_idx >= len(self.features):
+            return hidden
+        device = hidden.device
+        present_index = token_index.to(device)
+        mine = self.token_index.to(device)
+        where = torch.searchsorted(present_index, mine).clamp_(max=present_index.numel() - 1)
+        present = present_index[where] == mine
+        add = self.features[layer_idx].to(device, hidden.dtype) * present[:, None].to(hidden.dtype)
+        return hidden.index_add(1, where, add[None])  # out of place, like transformers' own injection
 
 
 def video_metadata(media: Media) -> VideoMetadata:

@@ -14,12 +14,18 @@ import torch
 
 from visualkv.errors import ModelLoadError
 from visualkv.models.base import ModelAdapter
+from visualkv.models.internvl import InternVLAdapter
+from visualkv.models.llava_onevision import LlavaOnevisionAdapter
 from visualkv.models.qwen2_5_vl import Qwen25VLAdapter
+from visualkv.models.qwen3_vl import Qwen3VLAdapter
 from visualkv.models.smolvlm import SmolVLMAdapter
 
 FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "qwen2_5_vl": Qwen25VLAdapter,
     "qwen2_vl": Qwen25VLAdapter,
+    "qwen3_vl": Qwen3VLAdapter,
+    "llava_onevision": LlavaOnevisionAdapter,
+    "internvl": InternVLAdapter,
     "smolvlm": SmolVLMAdapter,
     "idefics3": SmolVLMAdapter,
 }
@@ -38,6 +44,9 @@ OFFLINE_MODELS = (
     ModelChoice(DEMO_MODEL, True, "trained offline on synthetic needle scenes (bundled in assets/)"),
     ModelChoice(FALLBACK_MODEL, True, "random weights, Qwen2.5-VL architecture (tests)"),
     ModelChoice("tiny-smolvlm2", True, "random weights, SmolVLM2 architecture (tests)"),
+    ModelChoice("tiny-qwen3-vl", True, "random weights, Qwen3-VL architecture with DeepStack (tests)"),
+    ModelChoice("tiny-llava-onevision", True, "random weights, LLaVA-OneVision architecture (tests)"),
+    ModelChoice("tiny-internvl3.5", True, "random weights, InternVL3.5 architecture (tests)"),
     ModelChoice("bench-qwen2.5-vl", True, "random weights, larger LLM for benchmarks"),
     ModelChoice("bench-smolvlm2", True, "random weights, larger LLM for benchmarks"),
 )
@@ -49,6 +58,9 @@ BUNDLED_MODELS = {
 HUB_MODELS = (
     ModelChoice("Qwen/Qwen2.5-VL-3B-Instruct", False, "needs the Hub or a local copy"),
     ModelChoice("Qwen/Qwen2.5-VL-7B-Instruct", False, "needs the Hub or a local copy"),
+    ModelChoice("Qwen/Qwen3-VL-8B-Instruct", False, "needs the Hub or a local copy"),
+    ModelChoice("OpenGVLab/InternVL3_5-8B-HF", False, "needs the Hub or a local copy"),
+    ModelChoice("llava-hf/llava-onevision-qwen2-7b-ov-hf", False, "needs the Hub or a local copy"),
     ModelChoice("HuggingFaceTB/SmolVLM2-500M-Video-Instruct", False, "needs the Hub or a local copy"),
     ModelChoice("HuggingFaceTB/SmolVLM2-2.2B-Instruct", False, "needs the Hub or a local copy"),
 )

@@ -27,6 +27,16 @@ from dataclasses import dataclass
 
 import torch
 from transformers import (
+    GotOcr2ImageProcessor,
+    InternVLConfig,
+    InternVLForConditionalGeneration,
+    InternVLProcessor,
+    InternVLVideoProcessor,
+    LlavaOnevisionConfig,
+    LlavaOnevisionForConditionalGeneration,
+    LlavaOnevisionImageProcessor,
+    LlavaOnevisionProcessor,
+    LlavaOnevisionVideoProcessor,
     PreTrainedModel,
     ProcessorMixin,
     Qwen2_5_VLConfig,
@@ -34,6 +44,10 @@ from transformers import (
     Qwen2_5_VLProcessor,
     Qwen2VLImageProcessor,
     Qwen2VLVideoProcessor,
+    Qwen3VLConfig,
+    Qwen3VLForConditionalGeneration,
+    Qwen3VLProcessor,
+    Qwen3VLVideoProcessor,
     SmolVLMConfig,
     SmolVLMForConditionalGeneration,
     SmolVLMImageProcessor,
@@ -41,6 +55,8 @@ from transformers import (
     SmolVLMVideoProcessor,
 )
 from transformers.image_utils import (
+    IMAGENET_DEFAULT_MEAN,
+    IMAGENET_DEFAULT_STD,
     IMAGENET_STANDARD_MEAN,
     IMAGENET_STANDARD_STD,
     OPENAI_CLIP_MEAN,
@@ -49,6 +65,9 @@ from transformers.image_utils import (
 )
 
 from visualkv.models.tokenizer_build import (
+    INTERNVL_CHAT_TEMPLATE,
+    LLAVA_ONEVISION_CHAT_TEMPLATE,
+    QWEN3_VL_CHAT_TEMPLATE,
     QWEN_CHAT_TEMPLATE,
     SMOLVLM_CHAT_TEMPLATE,
     build_qwen_tokenizer,
@@ -56,6 +75,9 @@ from visualkv.models.tokenizer_build import (
 )
 
 __all__ = [
+    "INTERNVL_PROCESSOR_SETTINGS",
+    "LLAVA_ONEVISION_PROCESSOR_SETTINGS",
+    "QWEN3_VL_PROCESSOR_SETTINGS",
     "QWEN_PROCESSOR_SETTINGS",
     "SMOLVLM_PROCESSOR_SETTINGS",
     "TINY_SPECS",
@@ -73,7 +95,7 @@ class TinySpec:
     """Sizes of one tiny model alias.
 
     Attributes:
-        family: ``"qwen2_5_vl"`` or ``"smolvlm"``.
+        family: ``"qwen2_5_vl"``, ``"qwen3_vl"`` or ``"smolvlm"``.
         text_hidden_size: LLM hidden size.
         text_num_layers: Number of LLM decoder layers.
         text_num_heads: Number of query heads.
@@ -88,6 +110,9 @@ class TinySpec:
         bpe_vocab_size: Size of the trained BPE vocabulary (special tokens come on top);
             the model's ``vocab_size`` equals ``len(tokenizer)``.
         rope_theta: LLM RoPE base.
+        deepstack_visual_indexes: Qwen3-VL only: vision blocks whose features are added to the
+            visual tokens' hidden states after the first LLM layers (one LLM layer per entry).
+        num_position_embeddings: Qwen3-VL only: size of the learned (square) vision position table.
         description: One-line human description.
     """
 
@@ -105,6 +130,8 @@ class TinySpec:
     fullatt_block_indexes: tuple[int, ...] = ()
     bpe_vocab_size: int = 1024
     rope_theta: float = 1000000.0
+    deepstack_visual_indexes: tuple[int, ...] = ()
+    num_position_embeddings: int = 0
     description: str = ""
 
     @property
@@ -141,6 +168,52 @@ TINY_SPECS: dict[str, TinySpec] = {
         vision_num_heads=2,
         vision_intermediate_size=64,
         description="SmolVLM2, Llama LLM 64x2L (4q/2kv heads, head_dim 16), SigLIP 32x2L 512px/16",
+    ),
+    "tiny-qwen3-vl": TinySpec(
+        family="qwen3_vl",
+        text_hidden_size=64,
+        text_num_layers=2,
+        text_num_heads=4,
+        text_num_kv_heads=2,
+        text_intermediate_size=128,
+        vision_hidden_size=32,
+        vision_num_layers=2,
+        vision_num_heads=2,
+        vision_intermediate_size=64,
+        mrope_section=(4, 2, 2),
+        deepstack_visual_indexes=(0, 1),
+        num_position_embeddings=256,
+        rope_theta=5000000.0,
+        description="Qwen3-VL, LLM 64x2L (4q/2kv heads, head_dim 16, interleaved M-RoPE), "
+        "vision 32x2L 16px patches, DeepStack from both vision blocks into LLM layers 0-1",
+    ),
+    "tiny-llava-onevision": TinySpec(
+        family="llava_onevision",
+        text_hidden_size=64,
+        text_num_layers=2,
+        text_num_heads=4,
+        text_num_kv_heads=2,
+        text_intermediate_size=128,
+        vision_hidden_size=32,
+        vision_num_layers=2,
+        vision_num_heads=2,
+        vision_intermediate_size=64,
+        description="LLaVA-OneVision, Qwen2 LLM 64x2L (4q/2kv heads, head_dim 16), SigLIP 32x2L 384px/14 "
+        "(729 tokens per tile), anyres_max_9",
+    ),
+    "tiny-internvl3.5": TinySpec(
+        family="internvl",
+        text_hidden_size=64,
+        text_num_layers=2,
+        text_num_heads=4,
+        text_num_kv_heads=2,
+        text_intermediate_size=128,
+        vision_hidden_size=32,
+        vision_num_layers=2,
+        vision_num_heads=2,
+        vision_intermediate_size=64,
+        description="InternVL3.5, Qwen3 LLM 64x2L (4q/2kv heads, head_dim 16), InternViT 32x2L 448px/14, "
+        "pixel shuffle 0.5 (256 tokens per tile)",
     ),
     "bench-qwen2.5-vl": TinySpec(
         family="qwen2_5_vl",
@@ -182,6 +255,51 @@ QWEN_PROCESSOR_SETTINGS: dict[str, object] = {
     "merge_size": 2,
     "image_mean": OPENAI_CLIP_MEAN,
     "image_std": OPENAI_CLIP_STD,
+    "resample": PILImageResampling.BICUBIC,
+}
+
+# Processor settings of Qwen/Qwen3-VL-*-Instruct: preprocessor_config.json (image, Qwen2VLImageProcessorFast)
+# and video_preprocessor_config.json (Qwen3VLVideoProcessor); pixel limits are totals (image: 256^2..4096^2
+# px; video: all frames together). Both normalise with mean = std = 0.5.
+QWEN3_VL_PROCESSOR_SETTINGS: dict[str, object] = {
+    "image_size": {"shortest_edge": 65536, "longest_edge": 16777216},
+    "video_size": {"shortest_edge": 4096, "longest_edge": 25165824},
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": IMAGENET_STANDARD_MEAN,  # (0.5, 0.5, 0.5)
+    "image_std": IMAGENET_STANDARD_STD,
+    "resample": PILImageResampling.BICUBIC,
+    "video_fps": 2,
+}
+
+# Processor settings of llava-hf/llava-onevision-qwen2-7b-ov-hf (preprocessor_config.json,
+# processor_config.json): 384-px SigLIP tiles, the anyres grid pinpoints (384..2304 px per side; the
+# image processor's default list is the released one), 729 tokens per tile ("full" strategy keeps every
+# patch), anyres_max_9 (features beyond ~9 tiles are downsampled). CLIP mean/std.
+LLAVA_ONEVISION_PROCESSOR_SETTINGS: dict[str, object] = {
+    "tile_size": 384,
+    "num_image_tokens": 729,
+    "vision_feature_select_strategy": "full",
+    "vision_aspect_ratio": "anyres_max_9",
+    "patch_size": 14,
+    "image_mean": OPENAI_CLIP_MEAN,
+    "image_std": OPENAI_CLIP_STD,
+    "resample": PILImageResampling.BICUBIC,
+}
+
+# Processor settings of OpenGVLab/InternVL3_5-*-HF (GotOcr2 image processor with crop_to_patches, InternVL
+# video processor): 448-px tiles, 1..12 tiles chosen by aspect ratio plus a thumbnail, 256 tokens per tile
+# (32 x 32 patches, pixel shuffle 0.5), ImageNet mean/std.
+INTERNVL_PROCESSOR_SETTINGS: dict[str, object] = {
+    "tile_size": 448,
+    "min_patches": 1,
+    "max_patches": 12,
+    "image_seq_length": 256,
+    "patch_size": 14,
+    "downsample_ratio": 0.5,
+    "image_mean": IMAGENET_DEFAULT_MEAN,
+    "image_std": IMAGENET_DEFAULT_STD,
     "resample": PILImageResampling.BICUBIC,
 }
 
@@ -241,6 +359,54 @@ def build_tiny_processor(alias: str) -> ProcessorMixin:
             tokenizer=tokenizer,
             video_processor=video_processor,
             chat_template=QWEN_CHAT_TEMPLATE,
+        )
+    if spec.family == "qwen3_vl":
+        s = QWEN3_VL_PROCESSOR_SETTINGS
+        common = {k: s[k] for k in ("patch_size", "temporal_patch_size", "merge_size", "image_mean", "image_std",
+                                    "resample")}
+        tokenizer = build_qwen_tokenizer(spec.bpe_vocab_size)
+        tokenizer.chat_template = QWEN3_VL_CHAT_TEMPLATE
+        return Qwen3VLProcessor(
+            image_processor=Qwen2VLImageProcessor(size=dict(s["image_size"]), **common),
+            tokenizer=tokenizer,
+            video_processor=Qwen3VLVideoProcessor(size=dict(s["video_size"]), fps=s["video_fps"], **common),
+            chat_template=QWEN3_VL_CHAT_TEMPLATE,
+        )
+    if spec.family == "internvl":
+        s = INTERNVL_PROCESSOR_SETTINGS
+        common = {"size": {"height": s["tile_size"], "width": s["tile_size"]}, "image_mean": s["image_mean"],
+                  "image_std": s["image_std"], "resample": s["resample"]}
+        tokenizer = build_qwen_tokenizer(spec.bpe_vocab_size)
+        names = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
+                 "video_token": "<video>"}
+        tokenizer.add_tokens(list(names.values()), special_tokens=True)
+        # the released tokenizer_config names these in a dict of extra special tokens; this is how
+        # transformers registers such names (tokenizer.start_image_token, .start_image_token_id, ...)
+        tokenizer._set_model_specific_special_tokens(names)
+        tokenizer.chat_template = INTERNVL_CHAT_TEMPLATE
+        return InternVLProcessor(
+            image_processor=GotOcr2ImageProcessor(crop_to_patches=True, min_patches=s["min_patches"],
+                                                  max_patches=s["max_patches"], **common),
+            tokenizer=tokenizer,
+            video_processor=InternVLVideoProcessor(**common),
+            image_seq_length=s["image_seq_length"],
+            chat_template=INTERNVL_CHAT_TEMPLATE,
+        )
+    if spec.family == "llava_onevision":
+        s = LLAVA_ONEVISION_PROCESSOR_SETTINGS
+        tile = {"height": s["tile_size"], "width": s["tile_size"]}
+        common = {"size": tile, "image_mean": s["image_mean"], "image_std": s["image_std"], "resample": s["resample"]}
+        tokenizer = build_qwen_tokenizer(spec.bpe_vocab_size)
+        tokenizer.add_tokens(["<image>", "<video>"], special_tokens=True)
+        tokenizer.chat_template = LLAVA_ONEVISION_CHAT_TEMPLATE
+        return LlavaOnevisionProcessor(
+            image_processor=LlavaOnevisionImageProcessor(do_pad=True, **common),
+            tokenizer=tokenizer,
+            video_processor=LlavaOnevisionVideoProcessor(**common),
+            num_image_tokens=s["num_image_tokens"],
+            vision_feature_select_strategy=s["vision_feature_select_strategy"],
+            vision_aspect_ratio=s["vision_aspect_ratio"],
+            chat_template=LLAVA_ONEVISION_CHAT_TEMPLATE,
         )
     if spec.family == "smolvlm":
         s = SMOLVLM_PROCESSOR_SETTINGS
@@ -336,6 +502,134 @@ def qwen_config(spec: TinySpec, processor: ProcessorMixin, attn_implementation: 
     )
 
 
+def qwen3_vl_config(spec: TinySpec, processor: ProcessorMixin, attn_implementation: str = "sdpa") -> Qwen3VLConfig:
+    """Qwen3-VL config for `spec`; token ids from the processor. Interleaved M-RoPE, DeepStack."""
+    tok = processor.tokenizer
+    if sum(spec.mrope_section) * 2 != spec.head_dim:
+        raise ValueError(f"mrope_section {spec.mrope_section} must sum to head_dim/2 = {spec.head_dim // 2}")
+    ids = tok.convert_tokens_to_ids
+    s = QWEN3_VL_PROCESSOR_SETTINGS
+    return Qwen3VLConfig(
+        text_config={
+            **_text_common(spec, tok),
+            "head_dim": spec.head_dim,
+            "max_position_embeddings": 262144,
+            "rms_norm_eps": 1e-6,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": spec.rope_theta,
+                "mrope_section": list(spec.mrope_section),
+                "mrope_interleaved": True,
+            },
+            "bos_token_id": ids("<|endoftext|>"),
+            "eos_token_id": ids("<|im_end|>"),
+            "pad_token_id": ids("<|endoftext|>"),
+        },
+        vision_config={
+            "depth": spec.vision_num_layers,
+            "hidden_size": spec.vision_hidden_size,
+            "intermediate_size": spec.vision_intermediate_size,
+            "num_heads": spec.vision_num_heads,
+            "hidden_act": "gelu_pytorch_tanh",
+            "in_channels": 3,
+            "patch_size": s["patch_size"],
+            "spatial_merge_size": s["merge_size"],
+            "temporal_patch_size": s["temporal_patch_size"],
+            "out_hidden_size": spec.text_hidden_size,
+            "num_position_embeddings": spec.num_position_embeddings,
+            "deepstack_visual_indexes": list(spec.deepstack_visual_indexes),
+            "initializer_range": 0.02,
+        },
+        image_token_id=ids("<|image_pad|>"),
+        video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"),
+        vision_end_token_id=ids("<|vision_end|>"),
+        tie_word_embeddings=False,
+        attn_implementation=attn_implementation,
+    )
+
+
+def llava_onevision_config(
+    spec: TinySpec, processor: ProcessorMixin, attn_implementation: str = "sdpa"
+) -> LlavaOnevisionConfig:
+    """LLaVA-OneVision config for `spec` (Qwen2 LLM, SigLIP tower); token ids from the processor."""
+    tok = processor.tokenizer
+    ids = tok.convert_tokens_to_ids
+    s = LLAVA_ONEVISION_PROCESSOR_SETTINGS
+    return LlavaOnevisionConfig(
+        text_config={
+            **_text_common(spec, tok),
+            "model_type": "qwen2",
+            "max_position_embeddings": 32768,
+            "rms_norm_eps": 1e-6,
+            "rope_parameters": {"rope_type": "default", "rope_theta": spec.rope_theta},
+            "bos_token_id": ids("<|endoftext|>"),
+            "eos_token_id": ids("<|im_end|>"),
+            "pad_token_id": ids("<|endoftext|>"),
+            "tie_word_embeddings": False,
+        },
+        vision_config={
+            "model_type": "siglip_vision_model",
+            "hidden_size": spec.vision_hidden_size,
+            "intermediate_size": spec.vision_intermediate_size,
+            "num_hidden_layers": spec.vision_num_layers,
+            "num_attention_heads": spec.vision_num_heads,
+            "image_size": s["tile_size"],
+            "patch_size": s["patch_size"],
+            "vision_use_head": False,
+            "hidden_act": "gelu_pytorch_tanh",
+            "layer_norm_eps": 1e-6,
+        },
+        image_token_index=ids("<image>"),
+        video_token_index=ids("<video>"),
+        vision_feature_select_strategy=s["vision_feature_select_strategy"],
+        vision_feature_layer=-1,
+        vision_aspect_ratio=s["vision_aspect_ratio"],
+        image_grid_pinpoints=[list(p) for p in processor.image_processor.image_grid_pinpoints],
+        tie_word_embeddings=False,
+        attn_implementation=attn_implementation,
+    )
+
+
+def internvl_config(spec: TinySpec, processor: ProcessorMixin, attn_implementation: str = "sdpa") -> InternVLConfig:
+    """InternVL3.5 config for `spec` (Qwen3 LLM, InternViT tower, pixel shuffle); token ids from the processor."""
+    tok = processor.tokenizer
+    ids = tok.convert_tokens_to_ids
+    s = INTERNVL_PROCESSOR_SETTINGS
+    return InternVLConfig(
+        text_config={
+            **_text_common(spec, tok),
+            "model_type": "qwen3",
+            "head_dim": spec.head_dim,
+            "max_position_embeddings": 40960,
+            "rms_norm_eps": 1e-6,
+            "rope_parameters": {"rope_type": "default", "rope_theta": spec.rope_theta},
+            "bos_token_id": ids("<|endoftext|>"),
+            "eos_token_id": ids("<|im_end|>"),
+            "pad_token_id": ids("<|endoftext|>"),
+            "tie_word_embeddings": False,
+        },
+        vision_config={
+            "hidden_size": spec.vision_hidden_size,
+            "intermediate_size": spec.vision_intermediate_size,
+            "num_hidden_layers": spec.vision_num_layers,
+            "num_attention_heads": spec.vision_num_heads,
+            "image_size": [s["tile_size"], s["tile_size"]],
+            "patch_size": [s["patch_size"], s["patch_size"]],
+            "hidden_act": "gelu",
+            "norm_type": "layer_norm",
+            "use_mean_pooling": True,
+        },
+        image_token_id=processor.image_token_id,
+        image_seq_length=s["image_seq_length"],
+        downsample_ratio=s["downsample_ratio"],
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="default",
+        tie_word_embeddings=False,
+        attn_implementation=attn_implementation,
+    )
+
+
 def build_tiny_config(
     alias: str,
     processor: ProcessorMixin | None = None,
@@ -346,6 +640,12 @@ def build_tiny_config(
     processor = processor if processor is not None else build_tiny_processor(alias)
     if spec.family == "qwen2_5_vl":
         return qwen_config(spec, processor, attn_implementation)
+    if spec.family == "qwen3_vl":
+        return qwen3_vl_config(spec, processor, attn_implementation)
+    if spec.family == "llava_onevision":
+        return llava_onevision_config(spec, processor, attn_implementation)
+    if spec.family == "internvl":
+        return internvl_config(spec, processor, attn_implementation)
     tok = processor.tokenizer
     s = SMOLVLM_PROCESSOR_SETTINGS
     return SmolVLMConfig(
@@ -405,7 +705,7 @@ def build_tiny(
     spec = _spec(alias)
     processor = build_tiny_processor(alias)
     config = build_tiny_config(alias, processor, attn_implementation=attn_implementation)
-    model_cls = Qwen2_5_VLForConditionalGeneration if spec.family == "qwen2_5_vl" else SmolVLMForConditionalGeneration
+    model_cls = _MODEL_CLASSES[spec.family]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = model_cls(config)
@@ -413,7 +713,7 @@ def build_tiny(
     model.config.dtype = dtype  # as a loaded checkpoint reports it
     tok = processor.tokenizer
     gen = model.generation_config
-    if spec.family == "qwen2_5_vl":
+    if spec.family in ("qwen2_5_vl", "qwen3_vl", "llava_onevision", "internvl"):
         gen.bos_token_id = tok.convert_tokens_to_ids("<|endoftext|>")
         gen.eos_token_id = [
             tok.convert_tokens_to_ids("<|im_end|>"),
@@ -426,6 +726,15 @@ def build_tiny(
         gen.pad_token_id = tok.pad_token_id
     gen.do_sample = False
     return model, processor
+
+
+_MODEL_CLASSES: dict[str, type[PreTrainedModel]] = {
+    "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration,
+    "qwen3_vl": Qwen3VLForConditionalGeneration,
+    "llava_onevision": LlavaOnevisionForConditionalGeneration,
+    "internvl": InternVLForConditionalGeneration,
+    "smolvlm": SmolVLMForConditionalGeneration,
+}
 
 
 def save_tiny(

@@ -1,0 +1,302 @@
+"""LLaVA-OneVision adapter (`LlavaOnevisionForConditionalGeneration`, the llava-hf checkpoints).
+
+Image layout, as the model packs it: first the base image (the whole image squashed to one 384-px
+SigLIP tile: 27 x 27 = 729 tokens), then the anyres feature map: the image is resized and padded to
+the best grid of 384-px tiles (up to 6 x 6), each tile encoded independently (27 x 27 features), the
+tiles' maps joined into one (rows x 27) x (cols x 27) map, the padding cropped away ("unpadded"),
+downsampled bilinearly when it holds more than ~9 tiles' worth of features ("anyres_max_9"), and
+written row by row, each row followed by one newline token. The map's rows run across every tile of
+a tile row, so a tile is not contiguous in the sequence: the units are the base image (one unit)
+and the rows of the packed map (newline included: the newline belongs to its row).
+
+Streaming is exact. The vision tower runs per 384-px tile; a block of map rows encodes only the tile
+rows its rows come from (a buffer keeps the last tile row for the next block), and the bilinear
+downsampling is applied as the interpolation kernel's own weights (taken from `F.interpolate` on an
+identity matrix), restricted to the block's rows, so a block needs only the source rows it reads.
+
+Video: every frame is one 384-px tile, pooled 2x2 (27 -> 14 per side: 196 tokens), frames written
+back to back with a single newline after the last frame (it belongs to the last frame's unit). The
+unit is one frame; frames are preprocessed only when their block runs.
+
+Positions are 1-D (0..L-1), the LLM is Qwen2.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from transformers.image_processing_utils import select_best_resolution
+
+from visualkv.layout import FrameInfo, VisualLayout, VisualUnit, grid_boxes
+from visualkv.media import Media
+from visualkv.models.base import ModelAdapter, PreparedInput, text_positions
+
+
+@dataclass(frozen=True)
+class AnyresGeometry:
+    """Where the packed anyres feature map of one image comes from (all in feature cells).
+
+    tile: features per tile side (27); tile_rows/tile_cols: the 384-px tile grid; crop_top/crop_left,
+    crop_h/crop_w: the unpadded region of the joined (tile_rows*tile) x (tile_cols*tile) map;
+    rows/cols: the packed map after the anyres_max downsampling (== crop size when none).
+    """
+
+    tile: int
+    tile_rows: int
+    tile_cols: int
+    crop_top: int
+    crop_left: int
+    crop_h: int
+    crop_w: int
+    rows: int
+    cols: int
+
+    @property
+    def downsampled(self) -> bool:
+        return (self.rows, self.cols) != (self.crop_h, self.crop_w)
+
+
+def anyres_geometry(
+    height: int, width: int, pinpoints: list, tile_px: int, tile: int, max_tiles: int
+) -> AnyresGeometry:
+    """The packed map of an image of `height` x `width` px, mirroring the model's `pack_image_features`."""
+    best_h, best_w = select_best_resolution((height, width), pinpoints)
+    tile_rows, tile_cols = best_h // tile_px, best_w // tile_px
+    full_h, full_w = tile_rows * tile, tile_cols * tile
+    top = left = 0
+    crop_h, crop_w = full_h, full_w
+    if width / height > full_w / full_h:  # unpad_image: padding above and below
+        new_h = int(round(height * (full_w / width), 7))
+        top = (full_h - new_h) // 2
+        crop_h = full_h - 2 * top
+    else:  # padding left and right
+        new_w = int(round(width * (full_h / height), 7))
+        left = (full_w - new_w) // 2
+        crop_w = full_w - 2 * left
+    ratio = math.sqrt(crop_h * crop_w / (max_tiles * tile**2))
+    rows, cols = (int(crop_h // ratio), int(crop_w // ratio)) if ratio > 1.1 else (crop_h, crop_w)
+    return AnyresGeometry(tile, tile_rows, tile_cols, top, left, crop_h, crop_w, rows, cols)
+
+
+def _interp_weights(n_out: int, n_in: int, like: torch.Tensor) -> torch.Tensor:
+    """(n_out, n_in) weights of 1-D bilinear resampling, exactly as F.interpolate computes them."""
+    eye = torch.eye(n_in, dtype=like.dtype, device=like.device)[None, None]  # (1, 1, n_in, n_in)
+    # resample the rows only (columns keep their size, so they map onto themselves with weight 1)
+    return F.interpolate(eye, size=(n_out, n_in), mode="bilinear")[0, 0]
+
+
+class LlavaOnevisionAdapter(ModelAdapter):
+    family = "llava_onevision"
+    default_block_size = 729  # one 384-px tile's worth of tokens: the base image is a block of its own
+    position_axes = 1
+
+    def __init__(self, model, processor, name: str) -> None:
+        super().__init__(model, processor, name)
+        vcfg = model.config.vision_config
+        self.tile = vcfg.image_size // vcfg.patch_size  # 27 features per tile side
+        self.max_tiles = int(model.config.vision_aspect_ratio.replace("anyres_max_", ""))
+        self._tile_rows: dict[int, torch.Tensor] = {}  # tile row -> (tile, tile_cols*tile, d) features
+
+    @property
+    def language_model(self) -> torch.nn.Module:
+        return self.model.model.language_model
+
+    def rotary(self, hidden, positions):
+        return self.language_model.rotary_emb(hidden, positions[:1].to(hidden.device))
+
+    # -- tokenization -------------------------------------------------------------
+    def prepare(self, media: Media | None, prompt: str) -> PreparedInput:
+        text = self.chat_text(media, prompt)
+        vision: dict[str, Any] = {}
+        if media is None:
+            ids = self.tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
+        elif media.kind == "image":
+            enc = self.processor(text=[text], images=[Image.fromarray(media.frames[0])], return_tensors="pt")
+            ids = enc["input_ids"][0]
+            height, width = media.frames[0].shape[:2]
+            ip = self.processor.image_processor
+            tile_px = self.model.config.vision_config.image_size  # 384: the processor's tile size
+            geometry = anyres_geometry(
+                height, width, [list(p) for p in ip.image_grid_pinpoints], tile_px, self.tile, self.max_tiles
+            )
+            vision = {"pixel_values": enc["pixel_values"][0], "geometry": geometry}
+        else:
+            # the video expansion depends on the frame count only: no pixel is processed here
+            placeholder = {"pixel_values_videos": [[None] * len(media.frames)]}
+            text = text.replace(self.processor.video_token, self.processor.replace_video_token(placeholder, 0), 1)
+            ids = self.tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
+            vision = {"video": media}
+        cfg = self.model.config
+        visual_mask = (ids == cfg.image_token_id) | (ids == cfg.video_token_id)
+        layout = self._layout(media, visual_mask, vision) if media is not None else VisualLayout.empty()
+        visual_idx = visual_mask.nonzero().flatten()
+        suffix = int(visual_idx[-1]) + 1 if visual_idx.numel() else ids.shape[0]
+        self.reset_stream()
+        return PreparedInput(
+            input_ids=ids,
+            position_ids=text_positions(0, ids.shape[0], 1),
+            next_position=int(ids.shape[0]),
+            visual_mask=visual_mask,
+            layout=layout,
+            suffix_start=suffix,
+            vision_inputs=vision,
+            media=media,
+        )
+
+    def followup_ids(self, prompt: str) -> torch.Tensor:
+        text = f"<|im_end|><|im_start|>user \n{prompt}<|im_end|><|im_start|>assistant\n"
+        return torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+
+    def _layout(self, media: Media, visual_mask: torch.Tensor, vision: dict) -> VisualLayout:
+        seq_index = visual_mask.nonzero().flatten().numpy()
+        width, height = media.size
+        whole = (0, 0, width, height)
+        frames: list[FrameInfo] = []
+        units: list[VisualUnit] = []
+        frame, row, col, box, newline = [], [], [], [], []
+
+        def grid(f: int, rows: int, cols: int, start: int, kind: str, with_newline: bool, time: float = 0.0):
+            """One grid of tokens (row-major) at sequence position `start`; returns tokens written."""
+            boxes = grid_boxes(rows, cols, whole)
+            per_row = cols + int(with_newline)
+            for r in range(rows):
+                s = int(seq_index[start + r * per_row])
+                if kind == "rows":
+                    units.append(VisualUnit("rows", f, s, s + per_row, row=r))
+                cells = list(range(cols)) + ([cols - 1] if with_newline else [])  # newline: at its row's end
+                frame.extend([f] * per_row)
+                row.extend([r] * per_row)
+                col.extend(cells)
+                box.append(boxes[r * cols + np.array(cells)])
+                newline.extend([False] * cols + [True] * int(with_newline))
+            return rows * per_row
+
+        if media.kind == "image":
+            g: AnyresGeometry = vision["geometry"]
+            frames.append(FrameInfo("global", (self.tile, self.tile), 0.0, (0,), whole))
+            units.append(VisualUnit("tile", 0, int(seq_index[0]), int(seq_index[0]) + self.tile**2))
+            n = grid(0, self.tile, self.tile, 0, "tile", False)
+            frames.append(FrameInfo("image", (g.rows, g.cols), 0.0, (0,), whole))
+            n += grid(1, g.rows, g.cols, n, "rows", True)
+        else:
+            side = math.ceil(self.tile / 2)  # 2x2 bilinear pooling: 27 -> 14
+            n = 0
+            for f in range(len(media.frames)):
+                frames.append(FrameInfo("frame", (side, side), media.times[f], (f,), whole))
+                s = int(seq_index[n])
+                n += grid(f, side, side, n, "frame", False)
+                units.append(VisualUnit("frame", f, s, s + side * side))
+            # the single newline after the last frame belongs to the last frame's unit
+            frame.append(len(media.frames) - 1)
+            row.append(side - 1)
+            col.append(side - 1)
+            box.append(box[-1][-1:])
+            newline.append(True)
+            units[-1].seq_end += 1
+            n += 1
+        if n != len(seq_index):
+            raise ValueError(f"layout expects {n} visual tokens, the processor wrote {len(seq_index)}")
+        return VisualLayout(
+            seq_index,
+            np.array(frame),
+            np.array(row),
+            np.array(col),
+            np.concatenate(box),
+            frames,
+            units,
+            (width, height),
+            media.kind,
+            extra={"newline": np.array(newline)},
+        )
+
+    # -- vision -------------------------------------------------------------------
+    def reset_stream(self) -> None:
+        self._tile_rows = {}
+
+    @torch.no_grad()
+    def encode_units(self, prepared: PreparedInput, units: list[VisualUnit]) -> torch.Tensor:
+        if not units:
+            return torch.zeros((0, self.text_config.hidden_size), dtype=self.dtype, device=self.device)
+        vision = prepared.vision_inputs
+        if "video" in vision:
+            return self._encode_frames(vision["video"], [u.frame for u in units])
+        parts, rows = [], []
+        for unit in units:
+            if unit.kind == "tile":  # the base image
+                parts.append(self._tiles(vision["pixel_values"][:1])[0].flatten(0, 1))
+            else:
+                rows.append(unit.row)
+        # consecutive runs of map rows (rows whose every token was pruned are absent)
+        start = 0
+        for i in range(1, len(rows) + 1):
+            if i == len(rows) or rows[i] != rows[i - 1] + 1:
+                parts.append(self._encode_rows(vision, rows[start], rows[i - 1] + 1))
+                start = i
+        return torch.cat(parts).to(self.dtype)
+
+    def _tiles(self, pixels: torch.Tensor) -> torch.Tensor:
+        """(k, tile, tile, d) features of k 384-px tiles, through the model's own image path.
+
+        Passing the tiles as the images of a multi-image sample (`batch_num_images` > 1, which is what
+        turns the anyres split off, even for one tile) makes `get_image_features` skip the anyres
+        packing: each tile comes back as its tile x tile features plus a newline, dropped here.
+        """
+        k = pixels.shape[0]
+        out = self.model.model.get_image_features(
+            pixel_values=pixels.to(self.device, self.model.dtype),
+            image_sizes=torch.tensor([[pixels.shape[-2], pixels.shape[-1]]] * k),
+            batch_num_images=torch.tensor([max(k, 2)]),
+        )
+        return torch.stack([f[:-1] for f in out.pooler_output]).view(k, self.tile, self.tile, -1)
+
+    def _tile_row(self, vision: dict, tile_row: int) -> torch.Tensor:
+        """(tile, tile_cols*tile, d) joined features of one row of tiles (buffered)."""
+        if tile_row not in self._tile_rows:
+            g: AnyresGeometry = vision["geometry"]
+            first = 1 + tile_row * g.tile_cols  # pixel tile 0 is the base image
+            feats = self._tiles(vision["pixel_values"][first : first + g.tile_cols])  # (cols, t, t, d)
+            self._tile_rows[tile_row] = feats.permute(1, 0, 2, 3).reshape(self.tile, g.tile_cols * self.tile, -1)
+        return self._tile_rows[tile_row]
+
+    def _crop_rows(self, vision: dict, s0: int, s1: int) -> torch.Tensor:
+        """(s1 - s0, crop_w, d) rows [s0, s1) of the unpadded map; frees tile rows above s0."""
+        g: AnyresGeometry = vision["geometry"]
+        first, last = (g.crop_top + s0) // self.tile, (g.crop_top + s1 - 1) // self.tile
+        for old in [r for r in self._tile_rows if r < first]:
+            del self._tile_rows[old]  # blocks move down the image: earlier tile rows are done
+        joined = torch.cat([self._tile_row(vision, r) for r in range(first, last + 1)])
+        top = g.crop_top + s0 - first * self.tile
+        return joined[top : top + s1 - s0, g.crop_left : g.crop_left + g.crop_w]
+
+    def _encode_rows(self, vision: dict, r0: int, r1: int) -> torch.Tensor:
+        """((r1 - r0) * (cols + 1), d): packed map rows [r0, r1), each followed by the newline token."""
+        g: AnyresGeometry = vision["geometry"]
+        if g.downsampled:
+            probe = self.model.model.image_newline
+            w_rows = _interp_weights(g.rows, g.crop_h, probe)[r0:r1]  # (r, crop_h)
+            used = w_rows.abs().sum(0).nonzero().flatten()  # host sync (vision side, once per block): which tile rows
+            s0, s1 = int(used[0]), int(used[-1]) + 1
+            source = self._crop_rows(vision, s0, s1)  # (s1 - s0, crop_w, d)
+            w_cols = _interp_weights(g.cols, g.crop_w, probe)  # (cols, crop_w)
+            feats = torch.einsum("rs,scd,wc->rwd", w_rows[:, s0:s1].to(source.dtype), source, w_cols.to(source.dtype))
+        else:
+            feats = self._crop_rows(vision, r0, r1)
+        newline = self.model.model.image_newline.to(feats.device, feats.dtype)
+        feats = torch.cat([feats, newline.expand(feats.shape[0], 1, -1)], dim=1)
+        return feats.flatten(0, 1)
+
+    def _encode_frames(self, media: Media, frames: list[int]) -> torch.Tensor:
+        """(196 per frame (+1 newline if the last frame is asked), d), frames processed here."""
+        chosen = np.stack([media.frames[i] for i in frames])
+        pixels = self.processor.video_processor(videos=[chosen], return_tensors="pt")["pixel_values_videos"]
+        out = self.model.model.get_video_features(pixel_values_videos=pixels.to(self.device, self.model.dtype))
+        feats = out.pooler_output[0]  # (k * 196 + 1, d): the model appends one newline
+        if frames[-1] != len(media.frames) - 1:
+            feats = feats[:-1]
+        return feats.to(self.dtype)

@@ -1,0 +1,154 @@
+"""Qwen3-VL adapter (`Qwen3VLForConditionalGeneration`).
+
+What differs from Qwen2.5-VL (whose adapter this extends):
+
+- 16-px patches, 2x2 merge (32 px per visual token), mean = std = 0.5; interleaved M-RoPE (the text
+  rotary module interleaves t/h/w frequencies; position ids are still 3-D).
+- Video: every temporal patch (2 frames) is its own run of tokens, preceded by a text timestamp
+  ("<1.0 seconds>") and wrapped in vision start/end tokens, exactly as the processor writes it. Its
+  unit is one temporal patch; the timestamp text travels with the frame that follows it. The video
+  processor sizes all frames from the whole clip's pixel total, so a block's frames are resized to
+  that size (not re-derived from the block's own frame count).
+- DeepStack: the vision tower also returns the merged features of a few of its blocks; transformers
+  adds feature k to the visual tokens' hidden states after LLM layer k. `encode_units_with_layer_features`
+  returns them per block; the engine adds them after the matching layers to that block's tokens only.
+- Vision attention is global in every vision block (no windows), and the learned position table is
+  resampled to the whole image's grid. A block holding a whole image is encoded in one call (exact). An
+  image split into strips of token rows gets each strip's true rotary ids and resampled position
+  embeddings (both precomputed over the whole grid), so the only inexact step is that attention sees the
+  strip instead of the image: measured in the tests and the README. Video is exact block by block
+  (attention never crosses a temporal patch).
+
+Internally the vision output is packed as [embedding | deepstack_1 | ... | deepstack_k] along the
+feature axis, so the row slicing and strip logic inherited from the Qwen2.5-VL adapter carry every
+feature of a token together.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from transformers.image_utils import SizeDict
+from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize
+from transformers.vision_utils import get_vision_interpolation_indices_and_weights, get_vision_position_ids
+
+from visualkv.layout import VisualUnit
+from visualkv.media import Media
+from visualkv.models.base import PreparedInput, video_metadata
+from visualkv.models.qwen2_5_vl import Qwen25VLAdapter
+
+
+class Qwen3VLAdapter(Qwen25VLAdapter):
+    family = "qwen3_vl"
+    # Units are token rows (images) or temporal patches (video) of varying size; Qwen2.5-VL's best
+    # block size from the block-wise paper is kept (no Qwen3-VL figure there).
+    default_block_size = 784
+
+    def __init__(self, model, processor, name: str) -> None:
+        super().__init__(model, processor, name)
+        self.window_rows = 1  # no windowed vision attention: a strip is exactly the rows a block asks for
+        self._image_grid: torch.Tensor | None = None  # the whole image's grid while encoding its rows
+
+    # -- tokenization -------------------------------------------------------------
+    def _prepare_video_lazily(self, text: str, media: Media) -> dict[str, Any]:
+        """Tokens (timestamps between frames) and grid of a video, without processing pixels.
+
+        The size every frame is resized to depends on the whole clip (the processor's `smart_resize`
+        over all frames, per-frame cap off), so it is computed here once; the grid carries it to the blocks.
+        """
+        vp = self.processor.video_processor
+        h, w = media.frames[0].shape[:2]
+        size = vp.size if isinstance(vp.size, SizeDict) else SizeDict(**dict(vp.size))
+        factor = vp.patch_size * vp.merge_size
+        rh, rw = smart_resize(
+            num_frames=len(media.frames),
+            height=h,
+            width=w,
+            temporal_factor=vp.temporal_patch_size,
+            factor=factor,
+            min_pixels=size.shortest_edge,
+            max_pixels=size.longest_edge,
+        )
+        t = -(-len(media.frames) // vp.temporal_patch_size)
+        grid = torch.tensor([[t, rh // vp.patch_size, rw // vp.patch_size]])
+        expansion = self.processor.replace_video_token(
+            {"video_grid_thw": grid, "video_metadata": [video_metadata(media)]}, 0
+        )
+        ids = self.tokenizer(
+            text.replace(self.processor.video_token, expansion, 1), add_special_tokens=False, return_tensors="pt"
+        )["input_ids"]
+        return {"input_ids": ids, "video": media, "video_grid_thw": grid}
+
+    def _pixels_frames(self, vision: dict, t0: int, t1: int, with_grid: bool = False):
+        """Pixel patches of temporal patches [t0, t1): resized to the whole clip's size, then the processor."""
+        media: Media = vision["video"]
+        vp = self.processor.video_processor
+        tp = vp.temporal_patch_size
+        frames = torch.from_numpy(np.stack(media.frames[t0 * tp : t1 * tp])).permute(0, 3, 1, 2)[None]
+        _, gh, gw = (int(x) for x in vision["video_grid_thw"][0])
+        rh, rw = gh * vp.patch_size, gw * vp.patch_size  # the whole clip's resized size
+        # the base video processor's resize: the one Qwen3VLVideoProcessor.resize calls with its own size
+        resized = super(type(vp), vp).resize(frames, size=SizeDict(height=rh, width=rw), resample=vp.resample)
+        sub = Media(
+            kind="video",
+            frames=list(resized[0].permute(0, 2, 3, 1).numpy()),
+            times=media.times[t0 * tp : t1 * tp],
+            source_fps=media.source_fps,
+            duration=media.duration,
+            path=None,
+        )
+        out = vp(
+            videos=[resized[0]],
+            video_metadata=[video_metadata(sub)],
+            do_sample_frames=False,
+            do_resize=False,
+            cap_pixels_per_frame=False,
+            return_tensors="pt",
+        )
+        return out if with_grid else out["pixel_values_videos"]
+
+    # -- vision -------------------------------------------------------------------
+    def encode_units_with_layer_features(
+        self, prepared: PreparedInput, units: list[VisualUnit]
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Embeddings (n, d) and one DeepStack feature (n, d) per early LLM layer."""
+        packed = super().encode_units(prepared, units)
+        parts = packed.split(self.text_config.hidden_size, dim=-1)
+        return parts[0], list(parts[1:])
+
+    def encode_units(self, prepared: PreparedInput, units: list[VisualUnit]) -> torch.Tensor:
+        return self.encode_units_with_layer_features(prepared, units)[0]
+
+    def _encode_rows(self, r0: int, r1: int, vision: dict) -> torch.Tensor:
+        self._image_grid = vision["image_grid_thw"]
+        try:
+            return super()._encode_rows(r0, r1, vision)
+        finally:
+            self._image_grid = None
+
+    def _run_visual(self, pixels: torch.Tensor, grid: torch.Tensor, row_offset: int = 0) -> torch.Tensor:
+        """Packed [embedding | deepstack...] (n, d * (1 + k)) of the patches in `pixels`."""
+        kwargs: dict[str, Any] = {}
+        whole = self._image_grid
+        if whole is not None and not torch.equal(grid, whole):
+            # A strip of token rows: rotary ids and resampled learned position embeddings of its true
+            # place in the whole image (patches are in merge-block order, so a strip is a contiguous slice).
+            visual = self.visual
+            idx, weights = get_vision_interpolation_indices_and_weights(
+                whole,
+                num_grid_per_side=visual.num_grid_per_side,
+                mode=visual.interpolation_mode,
+                align_corners=visual.interpolation_align_corners,
+                spatial_merge_size=self.merge,
+            )
+            start = row_offset * int(whole[0, 2]) * self.merge
+            rows = slice(start, start + pixels.shape[0])
+            kwargs = {
+                "position_ids": get_vision_position_ids(whole, self.merge)[rows],
+                "interp_indices": idx[rows],
+                "interp_weights": weights[rows],
+            }
+        out = self.visual(pixels.to(self.visual.dtype), grid_thw=grid, **kwargs)
+        return torch.cat([out.pooler_output, *out.deepstack_features], dim=-1).to(self.dtype)
