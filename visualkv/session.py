@@ -198,7 +198,7 @@ class ChatSession:
     # -- decoding -----------------------------------------------------------------
     def _decode(self, logits: torch.Tensor, record: TurnRecord, t0: float, stop) -> Iterator[str]:
         eos = self.adapter.eos_token_ids
-        generator = torch.Generator().manual_seed(self.config.seed + len(self.turns))
+        generator = torch.Generator(device=logits.device).manual_seed(self.config.seed + len(self.turns))
         shown = ""
         t_first = None
         record.stopped = "max_new_tokens"
@@ -234,6 +234,12 @@ class ChatSession:
         record.kv_bytes_after = self.cache.kv_bytes()
 
     def _sample(self, logits: torch.Tensor, generator: torch.Generator) -> int:
+        """Greedy or top-p sampling of one token; `generator` lives on the logits' device.
+
+        Sampling stays on the device (only the chosen id crosses to the host), so the same seed gives the same
+        tokens run to run on one device; CPU and CUDA generators differ, so a seed does not give the same
+        tokens across devices.
+        """
         if self.config.temperature <= 0:
             return int(logits.argmax())
         probs = torch.softmax(logits.float() / self.config.temperature, dim=-1)
