@@ -29,7 +29,7 @@ from visualkv.errors import ConfigError
 from visualkv.media import Media
 from visualkv.methods import METHODS, make_method
 from visualkv.models.base import ModelAdapter, PreparedInput
-from visualkv.telemetry import BlockEvent, TurnRecord, cuda_peak, peak_rss_bytes
+from visualkv.telemetry import BlockEvent, TurnRecord, cuda_peak, peak_rss_bytes, reset_cuda_peak
 
 
 @dataclass
@@ -130,6 +130,7 @@ class ChatSession:
         if media is not None and self.turns:
             raise ConfigError("this chat already has media; start a new chat to use another file")
         record = TurnRecord(prompt=prompt)
+        reset_cuda_peak()  # cuda_peak_bytes is per turn: the same meaning in the CLI, the app and the benches
         t0 = time.perf_counter()
         if not self.turns:
             logits = self._first_turn(prompt, media, on_block)
@@ -138,6 +139,7 @@ class ChatSession:
         record.prefill_seconds = time.perf_counter() - t0
         self.turns.append(record)
         yield from self._decode(logits, record, t0, stop)
+        record.cuda_peak_bytes = cuda_peak()
 
     # -- turns --------------------------------------------------------------------
     def _first_turn(self, prompt: str, media: Media | None, on_block) -> torch.Tensor:
@@ -301,7 +303,9 @@ class ChatSession:
             "index_bytes": self.cache.index_bytes() if self.cache else 0,
             "full_kv_bytes": self.full_kv_bytes(),
             "peak_rss_bytes": peak_rss_bytes(),
-            "cuda_peak_bytes": cuda_peak(),
+            # the last turn's CUDA peak (reset when each turn starts), not the process's
+            "cuda_peak_bytes": next((t.cuda_peak_bytes for t in self.turns[-1:] if t.cuda_peak_bytes is not None),
+                                    cuda_peak()),
             "blocks": [b.to_dict() for b in self.blocks],
             "turns": [t.to_dict() for t in self.turns],
             "retained": self.retained().round(4).tolist(),
