@@ -9,7 +9,10 @@ cache plus an explicit mask, blocks of 64 tokens, vs one whole-sequence forward 
 the two round differently at every layer. Exactness on CUDA in bf16 therefore means: last-token logits within
 3 % of the reference's largest |logit| (max abs difference), the same top-1 token, and the same greedy tokens
 for as long as the reference's own top-1 / top-2 margin stays above that tolerance (past a near-tie, either
-token is a correct rounding). The float32 CPU tests (tests/test_invariants.py) keep the tight 1e-4.
+token is a correct rounding). The same checks run in float32 on the GPU (TF32 off) with an absolute 1e-3
+(float32 rounds at 6e-8 relative; kernels on the GPU still reduce in another order than on the CPU, where
+tests/test_invariants.py keeps 1e-4). On the tiny test models logits are small and close together, so in
+bf16 the token check often covers few tokens; float32 is where greedy tokens must match in full.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ pytestmark = [
 ]
 
 PROMPT = "What is in the picture?"
-LOGIT_TOLERANCE = 0.03  # of the reference's largest |logit|; see the module docstring
+LOGIT_TOLERANCE = 0.03  # bf16: of the reference's largest |logit|; see the module docstring
+FLOAT32_TOLERANCE = 1e-3  # float32: absolute
 #: settings under which every method keeps everything (budget >= input, P = 0, all FP16 and tau_t = 0)
 NO_OP = {
     "full": {},
@@ -84,6 +88,19 @@ def _hf_reference(adapter, media, new_tokens=6):
     return logits, tokens, [s[0].float() for s in out.scores]
 
 
+@pytest.fixture
+def no_tf32():
+    """float32 means float32: no TF32 matmuls or convolutions (cuDNN allows TF32 by default)."""
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def _tolerance(dtype: str, ref_logits: torch.Tensor) -> float:
+    return FLOAT32_TOLERANCE if dtype == "float32" else LOGIT_TOLERANCE * float(ref_logits.abs().max())
+
+
 def _trusted_prefix(tokens, scores, tolerance) -> list[int]:
     """Reference tokens up to the first step whose top-1 / top-2 margin is within the tolerance."""
     out = []
@@ -129,21 +146,23 @@ def test_sampling_is_seeded_on_cuda(small_image):
 
 
 # -- exactness against transformers on the same device and dtype ------------------------------------------------------
-def test_full_bulk_matches_transformers_on_cuda(small_image, small_video):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_full_bulk_matches_transformers_on_cuda(dtype, small_image, small_video, no_tf32):
     for alias in FAMILIES:
-        adapter = cuda_adapter(alias)
+        adapter = cuda_adapter(alias, dtype)
         for media in (small_image, small_video):
             ref_logits, ref_tokens, scores = _hf_reference(adapter, media)
             s = _session(adapter, "full")
             record = s.ask(PROMPT, media)
-            tol = LOGIT_TOLERANCE * float(ref_logits.abs().max())
+            tol = _tolerance(dtype, ref_logits)
             assert float((s.prefill_result.logits - ref_logits).abs().max()) <= tol
             trusted = _trusted_prefix(ref_tokens, scores, tol)
             assert record.token_ids[: len(trusted)] == [t for t in trusted if t not in adapter.eos_token_ids]
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("method", list(METHODS))
-def test_forced_blocks_without_eviction_match_transformers_on_cuda(method, small_image, small_video):
+def test_forced_blocks_without_eviction_match_transformers_on_cuda(method, dtype, small_image, small_video, no_tf32):
     """Budget >= input, blocks forced: SmolVLM images and videos, Qwen videos (Qwen image strips are inexact)."""
     cases = [
         (a, m)
@@ -152,12 +171,12 @@ def test_forced_blocks_without_eviction_match_transformers_on_cuda(method, small
         if not (a.startswith("tiny-qwen") and m.kind == "image")
     ]
     for alias, media in cases:
-        adapter = cuda_adapter(alias)
+        adapter = cuda_adapter(alias, dtype)
         ref_logits, ref_tokens, scores = _hf_reference(adapter, media)
         s = _session(adapter, method, prefill="blockwise", block_size=64, **NO_OP[method])
         record = s.ask(PROMPT, media)
         assert len(s.blocks) > 3  # really block by block
-        tol = LOGIT_TOLERANCE * float(ref_logits.abs().max())
+        tol = _tolerance(dtype, ref_logits)
         assert float((s.prefill_result.logits - ref_logits).abs().max()) <= tol, (alias, media.kind)
         trusted = [t for t in _trusted_prefix(ref_tokens, scores, tol) if t not in adapter.eos_token_ids]
         assert record.token_ids[: len(trusted)] == trusted
