@@ -47,8 +47,10 @@ BENCH_KINDS = {
     "needle": "answer accuracy of every method on held-out synthetic scenes (the bundled demo model)",
     "one": "one prefill, reported as JSON (what memory runs in each fresh process)",
     "report": "regenerate the tables in README.md and docs/ from docs/results/*.json (--check: only compare)",
+    "gpu": "every method vs transformers' generate on a 4K image and a long video: CUDA peak, TTFT, decode tok/s",
 }
-DEFAULT_MODELS = {"needle": DEMO_MODEL}  # random weights cannot answer; the others measure memory/time
+# random weights cannot answer (needle); gpu measures a real-size shape model (visualkv/models/shapes.py)
+DEFAULT_MODELS = {"needle": DEMO_MODEL, "gpu": "shape-qwen2.5-vl-7b"}
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
@@ -79,7 +81,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    help="(memory/latency/fidelity/one) a synthetic 640x360 video instead of an image")
     p.add_argument("--repeats", type=positive_int, default=1,
                    help="(latency/salicache) runs per configuration; the minimum time is kept")
-    p.add_argument("--device", choices=DEVICES, default="cpu", help="where the model runs")
+    p.add_argument("--device", choices=DEVICES, default=None, help="where the model runs (default: auto for gpu, "
+                                                                 "cpu otherwise)")
     p.add_argument("--check", action="store_true",
                    help="(report) only compare the tables with the JSON; exit 1 when any is out of date")
     p.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: bfloat16 on CUDA, float32 on CPU")
@@ -87,7 +90,15 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", dest="json_out", default=None,
                    help="(one/needle) also write the result to this file")
     p.add_argument("--media", default="assets/example_video.mp4", help="(salicache) video or image file")
-    p.add_argument("--fps", type=positive_float, default=1.0, help="(salicache) video frames sampled per second")
+    p.add_argument("--fps", type=positive_float, default=1.0,
+                   help="(salicache/gpu) video frames sampled per second")
+    # gpu: every method vs transformers' generate (visualkv/bench_gpu.py)
+    p.add_argument("--image-size", type=scene_size, default=(3840, 2160), help="(gpu) WxH of the image input")
+    p.add_argument("--video-seconds", type=positive_int, default=512, help="(gpu) length of the video input")
+    p.add_argument("--video-size", type=scene_size, default=(640, 360), help="(gpu) WxH of the video frames")
+    p.add_argument("--new-tokens", type=positive_int, default=64, help="(gpu) tokens decoded per case (EOS ignored)")
+    p.add_argument("--inputs", type=comma_list(_gpu_input), default=["image", "video"],
+                   help="(gpu) which inputs: image, video or both")
     p.add_argument("--max-frames", type=positive_int, default=64, help="(salicache) video frames sampled at most")
     p.add_argument("--max-new-tokens", type=positive_int, default=16,
                    help="(salicache) greedy tokens compared with full")
@@ -109,6 +120,12 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    help=f"(needle) budgets for sizes above 2 megapixels (default: {_csv(DEFAULT_LARGE_FRACTIONS)})")
 
 
+def _gpu_input(text: str) -> str:
+    if text not in ("image", "video"):
+        raise argparse.ArgumentTypeError(f"an input is image or video, got {text!r}")
+    return text
+
+
 def _csv(values) -> str:
     return ",".join(f"{v:g}" for v in values)
 
@@ -118,6 +135,12 @@ def run_bench(args: argparse.Namespace) -> int:
     args.provenance = provenance.start(getattr(args, "command_argv", None))
     if args.model is None:
         args.model = DEFAULT_MODELS.get(args.kind, FALLBACK_MODEL)
+    if args.device is None:
+        args.device = "auto" if args.kind == "gpu" else "cpu"
+    if args.methods is None and args.kind == "gpu":
+        from visualkv.methods import METHODS
+
+        args.methods = list(METHODS)
     if args.methods is None and args.kind != "needle":  # needle's default: every registered method
         args.methods = DEFAULT_METHODS.split(",")
     if args.kind == "one":
@@ -140,6 +163,10 @@ def run_bench(args: argparse.Namespace) -> int:
         return bench_fidelity(args)
     if args.kind == "memory":
         return bench_memory(args)
+    if args.kind == "gpu":
+        from visualkv.bench_gpu import bench_gpu
+
+        return bench_gpu(args)
     return bench_latency(args)
 
 

@@ -30,7 +30,7 @@ from visualkv.errors import ConfigError
 from visualkv.media import Media
 from visualkv.methods import METHODS, make_method
 from visualkv.models.base import ModelAdapter, PreparedInput
-from visualkv.telemetry import BlockEvent, TurnRecord, cuda_peak, peak_rss_bytes
+from visualkv.telemetry import BlockEvent, TurnRecord, cuda_peak, peak_rss_bytes, reset_cuda_peak
 
 
 @dataclass
@@ -133,6 +133,7 @@ class ChatSession:
         if media is not None and self.turns:
             raise ConfigError("this chat already has media; start a new chat to use another file")
         record = TurnRecord(prompt=prompt)
+        reset_cuda_peak()  # cuda_peak_bytes is per turn: the same meaning in the CLI, the app and the benches
         t0 = time.perf_counter()
         should_stop = stop.is_set if stop is not None else None
         blocks_before = list(self.blocks)
@@ -147,6 +148,7 @@ class ChatSession:
         record.prefill_seconds = time.perf_counter() - t0
         self.turns.append(record)
         yield from self._decode(logits, record, t0, stop)
+        record.cuda_peak_bytes = cuda_peak()
 
     # -- turns --------------------------------------------------------------------
     def _first_turn(self, prompt: str, media: Media | None, on_block, should_stop=None) -> torch.Tensor:
@@ -212,7 +214,7 @@ class ChatSession:
     # -- decoding -----------------------------------------------------------------
     def _decode(self, logits: torch.Tensor, record: TurnRecord, t0: float, stop) -> Iterator[str]:
         eos = self.adapter.eos_token_ids
-        generator = torch.Generator().manual_seed(self.config.seed + len(self.turns))
+        generator = torch.Generator(device=logits.device).manual_seed(self.config.seed + len(self.turns))
         detok = IncrementalDetokenizer(self.adapter.tokenizer)
         t_first = None
         record.stopped = "max_new_tokens"
@@ -248,6 +250,12 @@ class ChatSession:
         record.kv_bytes_after = self.cache.kv_bytes()
 
     def _sample(self, logits: torch.Tensor, generator: torch.Generator) -> int:
+        """Greedy or top-p sampling of one token; `generator` lives on the logits' device.
+
+        Sampling stays on the device (only the chosen id crosses to the host), so the same seed gives the same
+        tokens run to run on one device; CPU and CUDA generators differ, so a seed does not give the same
+        tokens across devices.
+        """
         if self.config.temperature <= 0:
             return int(logits.argmax())
         probs = torch.softmax(logits.float() / self.config.temperature, dim=-1)
@@ -313,7 +321,9 @@ class ChatSession:
             "peak_device_kv_bytes": self.cache.peak_device_bytes if self.cache else 0,
             "full_kv_bytes": self.full_kv_bytes(),
             "peak_rss_bytes": peak_rss_bytes(),
-            "cuda_peak_bytes": cuda_peak(),
+            # the last turn's CUDA peak (reset when each turn starts), not the process's
+            "cuda_peak_bytes": next((t.cuda_peak_bytes for t in self.turns[-1:] if t.cuda_peak_bytes is not None),
+                                    cuda_peak()),
             "blocks": [b.to_dict() for b in self.blocks],
             "turns": [t.to_dict() for t in self.turns],
             "retained": self.retained().round(4).tolist(),

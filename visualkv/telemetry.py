@@ -32,7 +32,17 @@ def cuda_allocated() -> int | None:
 
 
 def cuda_peak() -> int | None:
-    return int(torch.cuda.max_memory_allocated()) if torch.cuda.is_available() else None
+    """Peak CUDA bytes allocated since the last `reset_cuda_peak` (summed over visible GPUs)."""
+    if not torch.cuda.is_available():
+        return None
+    return sum(int(torch.cuda.max_memory_allocated(d)) for d in range(torch.cuda.device_count()))
+
+
+def reset_cuda_peak() -> None:
+    """Start a new CUDA peak (each turn's report then means "this turn's peak", as in the app's Compare)."""
+    if torch.cuda.is_available():
+        for d in range(torch.cuda.device_count()):
+            torch.cuda.reset_peak_memory_stats(d)
 
 
 @dataclass
@@ -66,6 +76,7 @@ class TurnRecord:
     decode_tokens_per_second: float = 0.0
     kv_bytes_after: int = 0
     stopped: str = ""  # "eos", "max_new_tokens" or "stopped"
+    cuda_peak_bytes: int | None = None  # CUDA peak of this turn (reset when the turn starts); None without CUDA
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

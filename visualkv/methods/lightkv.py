@@ -429,10 +429,11 @@ class LightKV(Method):
         hidden_vis = state.hidden[0, vis_pos]
         res = window_merge(hidden_vis, weight, group, ratio)
         keep_block = torch.ones(q_len, dtype=torch.bool, device=device)
-        keep_block[vis_pos[~res.keep]] = False
+        vis_pos_dev = vis_pos.to(device)  # vis_pos follows token_index (host); the merge result lives on `device`
+        keep_block[vis_pos_dev[~res.keep]] = False
         hidden = state.hidden[:, keep_block]  # a copy; kept rows that absorbed others get their average
         new_place = torch.cumsum(keep_block, 0) - 1  # index of each kept token in the reduced block
-        hidden[0, new_place[vis_pos[res.touched]]] = res.x[res.touched]
+        hidden[0, new_place[vis_pos_dev[res.touched]]] = res.x[res.touched]
         keep_cpu = keep_block.cpu()
         new_state = LayerState(
             layer_idx=state.layer_idx,

@@ -228,13 +228,16 @@ class Qwen25VLAdapter(ModelAdapter):
         return torch.cat(parts)
 
     def _run_visual(self, pixels: torch.Tensor, grid: torch.Tensor, row_offset: int = 0) -> torch.Tensor:
+        """Vision tower on pixel patches of one grid; the processor's host tensors move to the tower's device."""
+        device = self.visual.patch_embed.proj.weight.device  # the tower's own device (may differ under device_map)
+        grid = grid.to(device)
         kwargs: dict[str, Any] = {}
         if row_offset:
             pos = get_vision_position_ids(grid, self.merge)
             pos[:, 0] += row_offset * self.merge  # the strip's true patch rows in the image
-            kwargs["position_ids"] = pos
-        out = self.visual(pixels.to(self.visual.dtype), grid_thw=grid, **kwargs)
-        return out.pooler_output.to(self.dtype)
+            kwargs["position_ids"] = pos.to(device)
+        out = self.visual(pixels.to(device, self.visual.dtype), grid_thw=grid, **kwargs)
+        return out.pooler_output.to(self.device, self.dtype)
 
     def _encode_frames(self, frames: list[int], vision: dict) -> torch.Tensor:
         _t, gh, gw = (int(x) for x in vision["video_grid_thw"][0])

@@ -49,6 +49,10 @@ OFFLINE_MODELS = (
     ModelChoice("tiny-internvl3.5", True, "random weights, InternVL3.5 architecture (tests)"),
     ModelChoice("bench-qwen2.5-vl", True, "random weights, larger LLM for benchmarks"),
     ModelChoice("bench-smolvlm2", True, "random weights, larger LLM for benchmarks"),
+    # released configurations, random weights, built on the target device (visualkv/models/shapes.py)
+    ModelChoice("shape-qwen2.5-vl-3b", True, "Qwen2.5-VL-3B shape; memory and speed only: random weights, answers are noise"),
+    ModelChoice("shape-qwen2.5-vl-7b", True, "Qwen2.5-VL-7B shape; memory and speed only: random weights, answers are noise"),
+    ModelChoice("shape-smolvlm2-2.2b", True, "SmolVLM2-2.2B shape; memory and speed only: random weights, answers are noise"),
 )
 # Bundled checkpoints: alias -> folder (loaded with AutoModelForImageTextToText / AutoProcessor).
 BUNDLED_MODELS = {
@@ -73,9 +77,10 @@ def default_offline_model_name() -> str:
 
 
 def offline_aliases() -> list[str]:
+    from visualkv.models.shapes import SHAPE_SPECS
     from visualkv.models.tiny import TINY_SPECS
 
-    return list(TINY_SPECS)
+    return list(TINY_SPECS) + list(SHAPE_SPECS)
 
 
 def load_model(
@@ -88,13 +93,21 @@ def load_model(
     Raises ModelLoadError with one line on any failure.
     """
     torch_dtype = _dtype(dtype, device)
+    if name.startswith("shape-"):  # released configuration, random weights, built where it runs
+        from visualkv.models.shapes import build_shape
+
+        target = "cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device
+        shape_dtype = torch.bfloat16 if dtype == "auto" else torch_dtype  # the released dtype, also on CPU
+        return _adapter(*build_shape(name, target, shape_dtype, seed=seed), name)
     if name in BUNDLED_MODELS:  # a checkpoint shipped in the repo: load it like any local folder
         return _adapter(*_load_pretrained(BUNDLED_MODELS[name], device, torch_dtype, attn_implementation), name)
     if name in offline_aliases():
         from visualkv.models.tiny import build_tiny
 
         model, processor = build_tiny(name, seed=seed, dtype=torch_dtype)
-        if device not in ("cpu", "auto"):
+        if device == "auto" and torch.cuda.is_available():
+            model = model.to("cuda")  # one small model: "auto" means the GPU when there is one
+        elif device not in ("cpu", "auto"):
             model = model.to(device)
         return _adapter(model, processor, name)
     return _adapter(*_load_pretrained(name, device, torch_dtype, attn_implementation), name)

@@ -139,10 +139,13 @@ class SmolVLMAdapter(ModelAdapter):
             pv = prepared.vision_inputs["pixel_values"][:, idx]
             pam = prepared.vision_inputs.get("pixel_attention_mask")
             pam = pam[:, idx] if pam is not None else None
-        out = self.model.model.get_image_features(pv.to(self.device), pam.to(self.device) if pam is not None else None)
+        # pixels go to the vision tower's own device (it may differ from the LLM's under device_map="auto")
+        vision_device = self.model.model.vision_model.embeddings.patch_embedding.weight.device
+        out = self.model.model.get_image_features(pv.to(vision_device),
+                                                  pam.to(vision_device) if pam is not None else None)
         feats = out.pooler_output
         feats = torch.cat(list(feats)) if isinstance(feats, (list, tuple)) else feats.reshape(-1, feats.shape[-1])
-        return feats.to(self.dtype)
+        return feats.to(self.device, self.dtype)
 
 
 def _runs(seq_index: np.ndarray) -> list[np.ndarray]:

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The GPU checks of issue 10, prepared for a session that has a GPU: the CUDA tests and `bench gpu`.
+#
+#   OUT=/tmp/out scripts/gpu_check.sh            # both steps (about 10 minutes on one H200, estimated)
+#   OUT=/tmp/out scripts/gpu_check.sh tests      # only `pytest -m cuda`
+#   OUT=/tmp/out scripts/gpu_check.sh bench      # only `bench gpu` (7B shape, 4K image + 512-frame video)
+#   GPU_CHECK_SMALL=1 OUT=/tmp/out scripts/gpu_check.sh   # dry run anywhere (CPU too): tiny model, small inputs
+#
+# Writes under $OUT: env.txt (versions, GPU), pytest_cuda.log (+ junit XML), bench_gpu.log, gpu_<model>.json
+# and .md (the README table). With transformers installed elsewhere (e.g. a carried wheel unpacked into
+# /tmp/site), run with PYTHONPATH=/tmp/site. Each step has its own time limit (STEP_TIMEOUT, seconds), so
+# one slow step cannot eat the other's log. Exit status: 0 when every step passed.
+set -u
+OUT=${OUT:-gpu_check_out}
+mkdir -p "$OUT"
+PY=${PYTHON:-python}
+STEPS=${1:-all}
+STEP_TIMEOUT=${STEP_TIMEOUT:-540}
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+cd "$(dirname "$0")/.."
+
+{
+  date -u
+  "$PY" - <<'EOF'
+import importlib
+for name in ("torch", "transformers", "tokenizers", "numpy", "PIL", "psutil", "cv2", "pytest", "plotly"):
+    try:
+        mod = importlib.import_module(name)
+        print(f"{name:13s} {getattr(mod, '__version__', '?')}")
+    except Exception as exc:  # noqa: BLE001
+        print(f"{name:13s} MISSING ({type(exc).__name__}: {exc})")
+import torch
+print("cuda available:", torch.cuda.is_available())
+if torch.cuda.is_available():
+    print("device:", torch.cuda.get_device_name(0), f"{torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB")
+EOF
+} >"$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+status=0
+if [ "$STEPS" = all ] || [ "$STEPS" = tests ]; then
+  if [ -n "${GPU_CHECK_SMALL:-}" ]; then
+    tests=(tests/test_cuda.py tests/test_device.py -k "test_fake_cuda_catches or test_sampling_is_seeded or runs_on_cuda and full")
+  else
+    tests=(-m cuda tests/test_cuda.py)
+  fi
+  echo "== pytest ${tests[*]}"
+  timeout "$STEP_TIMEOUT" "$PY" -m pytest -q -rs "${tests[@]}" --junitxml="$OUT/pytest_cuda.xml" \
+    >"$OUT/pytest_cuda.log" 2>&1
+  rc=$?
+  tail -n 25 "$OUT/pytest_cuda.log"
+  echo "pytest exit $rc"
+  [ $rc -eq 0 ] || status=1
+fi
+
+if [ "$STEPS" = all ] || [ "$STEPS" = bench ]; then
+  if [ -n "${GPU_CHECK_SMALL:-}" ]; then
+    bench=(--model tiny-qwen2.5-vl --image-size 448x252 --video-seconds 6 --video-size 320x240 --new-tokens 4
+           --budget 64 --methods full,blockwise-keydiff)
+  else
+    bench=(--model shape-qwen2.5-vl-7b --image-size 3840x2160 --video-seconds 512 --video-size 640x360
+           --new-tokens 64 --budget 1024)
+  fi
+  echo "== bench gpu ${bench[*]}"
+  timeout "$STEP_TIMEOUT" "$PY" -m visualkv bench gpu "${bench[@]}" --out "$OUT" >"$OUT/bench_gpu.log" 2>&1
+  rc=$?
+  tail -n 30 "$OUT/bench_gpu.log"
+  echo "bench exit $rc"
+  [ $rc -eq 0 ] || status=1
+  rm -f "$OUT"/*.html  # plotly is absent on the GPU box anyway; keep $OUT to the files that come back
+fi
+exit $status

@@ -1,0 +1,97 @@
+"""`bench gpu` end to end on CPU with a tiny model and small inputs: the JSON's relations hold."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from visualkv.bench_gpu import REFERENCE, GpuBenchConfig, run_gpu_bench, save
+
+METHODS = ("full", "blockwise-keydiff", "lightkv")
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    cfg = GpuBenchConfig(
+        model="tiny-qwen2.5-vl",
+        device="cpu",
+        methods=METHODS,
+        budget=48,
+        block_size=32,
+        image_size=(448, 252),
+        video_seconds=6,
+        video_size=(320, 240),
+        new_tokens=5,
+        out=str(tmp_path_factory.mktemp("bench_gpu")),
+    )
+    res = run_gpu_bench(cfg, log=lambda line: None)
+    res["paths"] = save(res, cfg.out)
+    return res
+
+
+def test_every_case_ran_and_decoded_every_token(result):
+    cases = result["cases"]
+    assert [(c["input"], c["method"]) for c in cases] == [
+        (kind, m) for kind in ("image", "video") for m in (REFERENCE, *METHODS)
+    ]
+    assert all("error" not in c for c in cases), [c.get("error") for c in cases]
+    assert all(c["new_tokens"] == 5 for c in cases)  # EOS ignored: every case decodes as many tokens
+    assert all(c["ttft_seconds"] > 0 and c["decode_tokens_per_second"] > 0 for c in cases)
+
+
+def test_full_cache_equals_generates_cache(result):
+    """Same input, same tokens in the cache: our full cache holds exactly the bytes of transformers'."""
+    for kind in ("image", "video"):
+        rows = {c["method"]: c for c in result["cases"] if c["input"] == kind}
+        assert rows["full"]["prompt_tokens"] == rows[REFERENCE]["prompt_tokens"]
+        assert rows["full"]["cache_peak_bytes"] == rows[REFERENCE]["cache_peak_bytes"] > 0
+        assert rows["full"]["vs_generate"]["cache_peak_bytes"] == 1.0
+
+
+def test_blockwise_cache_peak_is_bounded_and_below_generate(result):
+    info = result["model_info"]
+    entry = info["layers"] * 2 * info["kv_heads"] * info["head_dim"] * 4  # float32 on CPU
+    for kind in ("image", "video"):
+        rows = {c["method"]: c for c in result["cases"] if c["input"] == kind}
+        bw, ref = rows["blockwise-keydiff"], rows[REFERENCE]
+        protected = bw["prompt_tokens"] - bw["visual_tokens"] + 5
+        # a block is whole units: a temporal patch (3 in a 6-frame video) or a token row (448 px / 28 = 16)
+        largest_unit = bw["visual_tokens"] // 3 if kind == "video" else 16
+        assert bw["cache_peak_bytes"] <= (48 + max(32, largest_unit) + protected) * entry
+        assert bw["vs_generate"]["cache_peak_bytes"] < 1.0
+        assert bw["cache_final_bytes"] < ref["cache_final_bytes"]
+
+
+def test_json_and_table_are_written_without_cuda_fields(result):
+    with open(result["paths"][0]) as fh:
+        saved = json.load(fh)
+    assert saved["machine"].startswith("CPU only") and saved["config"]["new_tokens"] == 5
+    assert all(c["peak_over_weights_bytes"] is None for c in saved["cases"])  # no CUDA here: null, not 0
+    assert saved["weights_bytes"] > 0
+    assert any(p.endswith(".md") for p in result["paths"])
+
+
+def test_gpu_code_paths_import_without_plotly_gradio_decord_kaleido(tmp_path):
+    """The GPU machine has none of them: bench gpu must import and save JSON without them."""
+    script = f"""
+import sys
+for name in ("plotly", "gradio", "decord", "kaleido"):
+    sys.modules[name] = None  # any import of them now raises ImportError
+import visualkv.__main__, visualkv.bench, visualkv.session
+from visualkv.bench_gpu import save
+paths = save({{"config": {{"model": "m"}}, "machine": "x", "cases": []}}, {str(tmp_path)!r})
+assert [p.rsplit(".", 1)[1] for p in paths] == ["json", "md"], paths
+print("ok")
+"""
+    proc = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-2000:]
+
+
+def test_cli_refuses_a_bad_input_kind(capsys):
+    from tests.test_cli import _assert_one_line_error, _run
+
+    code, _, err = _run(capsys, "bench", "gpu", "--inputs", "image,audio")
+    _assert_one_line_error(code, err, "audio")

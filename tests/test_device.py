@@ -1,0 +1,85 @@
+"""Device placement on a CPU-only machine: every method x family x media kind runs "on CUDA".
+
+The model is moved to a pretend CUDA device (`tests/fake_cuda.py`: CPU numbers, CUDA device rules), so a
+tensor a step creates on the host without saying so, or forgets to move, fails here as it would on a GPU.
+The same runs on a real GPU are in tests/test_cuda.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import FAMILIES
+from tests.fake_cuda import CUDA, FakeCudaTensor, fake_cuda, to_fake_cuda
+from visualkv.methods import METHODS
+from visualkv.models.registry import load_model
+from visualkv.session import ChatSession, SessionConfig
+
+_MODELS: dict = {}
+
+
+def _fake_cuda_adapter(alias: str):
+    """A fresh adapter (the shared test adapters stay on CPU) moved to the pretend GPU once."""
+    if alias not in _MODELS:
+        adapter = load_model(alias)
+        with fake_cuda():
+            to_fake_cuda(adapter.model)
+        _MODELS[alias] = adapter
+    return _MODELS[alias]
+
+
+def _config(method: str, temperature: float, **extra) -> SessionConfig:
+    budget = 48 if METHODS[method].needs_budget else None
+    return SessionConfig(method=method, budget=budget, max_new_tokens=3, temperature=temperature, seed=3, **extra)
+
+
+def _assert_cache_on_cuda(session: ChatSession) -> None:
+    for layer in session.cache.layers:
+        if layer.is_initialized:
+            assert isinstance(layer.keys, FakeCudaTensor) and isinstance(layer.values, FakeCudaTensor)
+            for seg in layer.quant.values():
+                assert isinstance(seg.keys.data, FakeCudaTensor)
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("alias", FAMILIES)
+def test_every_method_runs_on_cuda(alias, method, small_image, small_video):
+    adapter = _fake_cuda_adapter(alias)
+    with fake_cuda():
+        assert adapter.device == CUDA
+        # greedy on the image, sampled on the video (the sampler's generator must be on the logits' device)
+        for media, temperature in ((small_image, 0.0), (small_video, 0.8)):
+            s = ChatSession(adapter, _config(method, temperature))
+            s.ask("What is in it?", media)
+            s.ask("And what else?")  # a follow-up turn on the same cache
+            _assert_cache_on_cuda(s)
+            report = s.report()
+            assert len(report["turns"]) == 2 and all(t["token_ids"] for t in report["turns"])
+
+
+@pytest.mark.parametrize("method", [name for name, cls in METHODS.items() if cls.query_aware])
+def test_followup_reprefill_runs_on_cuda(method, small_image):
+    adapter = _fake_cuda_adapter(FAMILIES[0])
+    with fake_cuda():
+        s = ChatSession(adapter, _config(method, 0.0, followup="reprefill"))
+        s.ask("What is in it?", small_image)
+        s.ask("Where is the red part?")
+        _assert_cache_on_cuda(s)
+
+
+def test_fake_cuda_catches_a_host_tensor_mixed_in():
+    """The harness itself: a CPU tensor meeting a CUDA one fails, CPU indices into CUDA are allowed."""
+    with fake_cuda():
+        x = torch.ones(4, device="cuda")
+        assert x.device == CUDA and isinstance(x * 2, FakeCudaTensor)
+        assert x[torch.tensor([0, 2])].device == CUDA  # CPU index into a CUDA tensor: allowed by PyTorch
+        assert (x + torch.tensor(1.0)).device == CUDA  # 0-dim CPU tensors mix freely
+        assert x.cpu().device.type == "cpu"
+        with pytest.raises(RuntimeError, match="same device"):
+            x + torch.ones(4)
+        with pytest.raises(RuntimeError, match="same device"):
+            torch.arange(4)[x > 0]  # a CUDA mask indexing a CPU tensor
+        with pytest.raises(RuntimeError, match="same device"):
+            torch.multinomial(x / 4, 1, generator=torch.Generator())  # CPU generator, CUDA probabilities
+        torch.multinomial(x / 4, 1, generator=torch.Generator(device="cuda"))
