@@ -9,13 +9,17 @@ the turn's peak from the model's dimensions and the planned blocks, weights asid
   evicted entries of layers < l, its previous entries + block i at layer l, and its previous
   entries at layers > l; any other method keeps everything it read (salicache and lightkv
   store less than that, so for them this is an upper bound).
-- **LLM activations** of the largest block: hidden states, q/k/v, the MLP's gate/up/act for
-  every token of the block, plus the attention mask; SDPA's fused kernels (CPU and CUDA) never
-  hold the (queries × keys) score matrix, so none is counted.
-- **Vision tower** on its largest unit (a tile, a row strip, a frame): its patch inputs and one
-  layer's activations over that unit's patches.
+- **LLM activations** of each block, one decoder layer at a time: the residual stream plus the larger
+  of the attention phase (q, k, v, their rotated and GQA-repeated copies, the output) and the MLP
+  phase (gate activation, up, product), per token of the block, plus the attention mask; SDPA's fused
+  kernels (CPU and CUDA) never hold the (queries × keys) score matrix, so none is counted.
+- **Vision tower** on each block's units (a tile, a row strip, a frame; the whole media in one bulk
+  block): its patch inputs and one layer's activations over their patches.
 - **Decoded media**: the frames as held in memory (already resident when the check runs, so they
   are reported but not asked of the free memory).
+
+The peak is the largest, over the blocks, of what coexists: the cache before the block plus the vision
+tower on it, or the cache during the block plus its LLM layer (plus the block's embeddings either way).
 
 `check` compares the part still to be allocated with the free memory of the device the cache lives
 on (CUDA: `torch.cuda.mem_get_info` plus what PyTorch's allocator holds unused; CPU: psutil's
@@ -47,22 +51,28 @@ class MemoryGuardError(VisualKVError):
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Bytes a turn needs above the weights, by part (see the module doc)."""
+    """Bytes a turn needs above the weights (see the module doc).
+
+    kv_bytes: the cache's high-water mark. activation_bytes / vision_bytes: the largest transient of the
+    LLM layers / the vision tower over one block. peak_bytes: the largest sum of what coexists, over the
+    blocks: the cache before the block + the vision tower on it, or the cache during it + its LLM layer.
+    """
 
     kv_bytes: int
     activation_bytes: int
     vision_bytes: int
     media_bytes: int
-    peak_entries: int  # KV entries per KV head, summed over layers, at the peak
+    peak_bytes: int
+    peak_entries: int  # KV entries per KV head, summed over layers, at the cache's peak
 
     @property
     def to_allocate(self) -> int:
         """What the prefill still has to allocate (the decoded media are already held)."""
-        return self.kv_bytes + self.activation_bytes + self.vision_bytes
+        return self.peak_bytes
 
     @property
     def total_bytes(self) -> int:
-        return self.to_allocate + self.media_bytes
+        return self.peak_bytes + self.media_bytes
 
 
 def format_bytes(n: float) -> str:
@@ -87,13 +97,8 @@ def estimate_prefill(
     budget: int | None,
     block_size: int | None,
     prefill_mode: str | None,
-    seq_offset_entries: int = 0,
 ) -> MemoryEstimate:
-    """The estimate for prefilling `prepared` with `method_cls` (a class of visualkv.methods.METHODS).
-
-    seq_offset_entries: entries already in the cache per layer and KV head (a re-prefill replays none;
-    kept for callers that extend a cache).
-    """
+    """The estimate for prefilling `prepared` with `method_cls` (a class of visualkv.methods.METHODS)."""
     itemsize = torch.empty((), dtype=adapter.dtype).element_size()
     layers, kv_heads, head_dim = adapter.num_layers, adapter.num_kv_heads, adapter.head_dim
     entry_bytes = 2 * kv_heads * head_dim * itemsize  # K and V of one token at one layer
@@ -102,62 +107,97 @@ def estimate_prefill(
     visual = prepared.visual_mask & prepared.keep
     blocks = plan_blocks(prepared.seq_len, prepared.layout.units, mode, block_size, budget)
 
-    # KV: walk the blocks (entries per layer and KV head)
-    held = seq_offset_entries  # entries of one layer before the block
-    vis_held = 0
-    peak = 0
-    largest_q = 0
+    text = adapter.text_config
+    hidden = _cfg(text, "hidden_size")
+    heads = _cfg(text, "num_attention_heads")
+    inter = _cfg(text, "intermediate_size", default=4 * hidden)
+    # one decoder layer's transients per token: the residual stream (in, out) plus the larger of its two
+    # phases, which never coexist: attention (normed input; q, k, v; rotated q, k; k, v repeated to every
+    # query head; attention output; o_proj) or the MLP (normed input; gate activation, up, their product)
+    attention = 2 * hidden + (heads + 2 * kv_heads) * head_dim + (heads + kv_heads) * head_dim + 3 * heads * head_dim
+    mlp = hidden + 3 * inter
+    per_token = (2 * hidden + max(attention, mlp)) * itemsize
+    vision = _VisionDims.of(adapter)
+
+    held = vis_held = 0  # entries of one layer (per KV head) before the block, and how many are visual
+    kv_peak = act_peak = vision_peak = peak = 0
     for block in blocks:
         q = int(prepared.keep[block.start : block.end].sum())
         q_vis = int(visual[block.start : block.end].sum())
-        largest_q = max(largest_q, q)
         if method_cls.evicts_per_block and budget is not None and block.units:
             vis_after = min(vis_held + q_vis, budget)
         else:
             vis_after = vis_held + q_vis
         after = held + (q - q_vis) + (vis_after - vis_held)
-        # block at the last layer: the other layers already evicted (or held) `after`
-        peak = max(peak, (layers - 1) * after + held + q, layers * held + q)
+        # the block at the last layer: every other layer already evicted to `after` (or holds `held`)
+        entries = max((layers - 1) * after + held + q, layers * held + q)
+        embeddings = 2 * q * hidden * itemsize  # the block's embeddings and the vision output folded in
+        vision_b = vision.bytes(_vision_call_tokens(block.units, getattr(adapter, "window_rows", None)), itemsize)
+        # bool mask over cache + block; none for a first block (SDPA's causal flag), as the engine does
+        mask = q * (held + q) if held else 0
+        act_b = q * per_token + mask
+        kv_peak = max(kv_peak, entries)
+        act_peak, vision_peak = max(act_peak, act_b), max(vision_peak, vision_b)
+        peak = max(
+            peak, layers * held * entry_bytes + vision_b + embeddings, entries * entry_bytes + act_b + embeddings
+        )
         held, vis_held = after, vis_after
-    kv_bytes = peak * entry_bytes
-
-    # LLM activations of the largest block (one layer's transients; SDPA holds no score matrix)
-    text = adapter.text_config
-    hidden = _cfg(text, "hidden_size")
-    heads = _cfg(text, "num_attention_heads")
-    inter = _cfg(text, "intermediate_size", default=4 * hidden)
-    per_token = 4 * hidden + (heads + 2 * kv_heads) * head_dim + 3 * inter + 2 * head_dim  # + cos/sin
-    mask = largest_q * (peak // max(layers, 1) + largest_q)  # bool mask over cache + block
-    activation_bytes = largest_q * per_token * itemsize + mask
-
-    vision_bytes = _vision_bytes(adapter, prepared, itemsize)
     media = prepared.media
     media_bytes = sum(int(f.nbytes) for f in media.frames) if media is not None else 0
-    return MemoryEstimate(kv_bytes, activation_bytes, vision_bytes, media_bytes, peak)
+    return MemoryEstimate(kv_peak * entry_bytes, act_peak, vision_peak, media_bytes, peak, kv_peak)
 
 
-def _vision_bytes(adapter, prepared, itemsize: int) -> int:
-    """Patch inputs + one vision layer's activations over the largest unit's patches."""
-    units = prepared.layout.units
+def _vision_call_tokens(units, window_rows: int | None) -> int:
+    """Visual tokens the vision tower runs on for a block's units. Row units of an encoder with windowed
+    attention (Qwen2.5-VL) are encoded in strips of whole windows (`window_rows` token rows)."""
     if not units:
         return 0
-    config = adapter.model.config
-    vision = _cfg(config, "vision_config")
-    if vision is None:
-        return 0
-    largest = max(u.seq_end - u.seq_start for u in units)
-    merge = _cfg(vision, "spatial_merge_size")
-    patches_per_token = merge**2 if merge else _cfg(config, "scale_factor", default=1) ** 2
-    temporal = _cfg(vision, "temporal_patch_size", default=1)
-    patch = _cfg(vision, "patch_size", default=14)
-    channels = _cfg(vision, "in_channels", "num_channels", default=3)
-    v_hidden = _cfg(vision, "hidden_size", "embed_dim")
-    v_inter = _cfg(vision, "intermediate_size", default=4 * v_hidden)
-    patches = largest * patches_per_token
-    pixel_values = patches * channels * temporal * patch * patch
-    per_patch = 6 * v_hidden + 3 * v_inter  # residual, norm, q/k/v, attention out; gate/up/act
-    out = largest * _cfg(adapter.text_config, "hidden_size")
-    return (pixel_values + patches * per_patch + out) * itemsize
+    if window_rows and all(u.kind == "rows" for u in units):
+        first, last = min(u.row for u in units), max(u.row for u in units) + 1
+        rows = -(-last // window_rows) * window_rows - first // window_rows * window_rows
+        return rows * max(u.seq_end - u.seq_start for u in units)
+    return sum(u.seq_end - u.seq_start for u in units)
+
+
+@dataclass(frozen=True)
+class _VisionDims:
+    """What the vision tower's memory depends on, read from the model's config."""
+
+    patches_per_token: int
+    patch_values: int  # input values per patch: channels x temporal x patch x patch
+    hidden: int
+    inter: int
+    out_hidden: int
+
+    @classmethod
+    def of(cls, adapter) -> _VisionDims:
+        config = adapter.model.config
+        vision = _cfg(config, "vision_config")
+        if vision is None:
+            return cls(0, 0, 0, 0, 0)
+        merge = _cfg(vision, "spatial_merge_size")  # Qwen: 2x2 patches per token; SmolVLM: pixel shuffle
+        per_token = merge**2 if merge else _cfg(config, "scale_factor", default=1) ** 2
+        patch = _cfg(vision, "patch_size", default=14)
+        values = (
+            _cfg(vision, "in_channels", "num_channels", default=3)
+            * _cfg(vision, "temporal_patch_size", default=1)
+            * patch
+            * patch
+        )
+        v_hidden = _cfg(vision, "hidden_size", "embed_dim")
+        return cls(
+            per_token,
+            values,
+            v_hidden,
+            _cfg(vision, "intermediate_size", default=4 * v_hidden),
+            _cfg(adapter.text_config, "hidden_size"),
+        )
+
+    def bytes(self, tokens: int, itemsize: int) -> int:
+        """Patch inputs + one vision layer's activations over `tokens` visual tokens' patches + the output."""
+        patches = tokens * self.patches_per_token
+        per_patch = self.patch_values + 6 * self.hidden + 3 * self.inter
+        return (patches * per_patch + tokens * self.out_hidden) * itemsize
 
 
 def free_memory_bytes(device) -> int:
