@@ -4,12 +4,18 @@ What is compared (on CPU, tiny models): the guard's KV part against `Compressibl
 the high-water mark of the K/V bytes really held (within 25 %, in fact exact, for the methods whose
 peak the estimate models: full, the block-wise methods and post-snapkv; salicache and lightkv store
 less than they read, and for them the estimate is an upper bound). The whole estimate against a
-process's measured RSS growth on the bench model is `scripts/guard_check.py` (README).
+process's measured RSS growth over the prefill: `scripts/guard_check.py` (the slow test below on the tiny
+model at 4K; README quotes the bench model).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -150,3 +156,30 @@ def test_turn_within_its_time_limit_is_untouched(small_image):
     stop = threading.Event()
     events = list(stream_turn(session, QUESTION, small_image, stop, time_limit=600))
     assert events[-1][0] == "done" and events[-1][1].stopped != "stopped" and not stop.is_set()
+
+
+@pytest.mark.slow
+def test_whole_estimate_against_measured_rss(tmp_path):
+    """scripts/guard_check.py on a 4K image (tiny model; the bench model's figures are in README): the whole
+    estimate within 25 % of the process's measured RSS growth over the prefill, the KV part exact."""
+    repo = Path(__file__).resolve().parent.parent
+    out = tmp_path / "guard.json"
+    subprocess.run(
+        [
+            sys.executable,
+            "scripts/guard_check.py",
+            "--model",
+            "tiny-qwen2.5-vl",
+            "--methods",
+            "full,blockwise-keydiff",
+            "--json",
+            str(out),
+        ],
+        cwd=repo,
+        check=True,
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+    )
+    for row in json.loads(out.read_text())["results"]:
+        assert abs(row["kv_ratio"] - 1) < 0.01, row
+        assert 0.75 <= row["whole_ratio"] <= 1.25, row
