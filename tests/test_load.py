@@ -5,7 +5,9 @@ browser-like session, start together; each sends one of the app's eight examples
 and settings, then a follow-up. All must get answers and reports, none may see another's media, history or
 report, and once every client has closed, the server's RSS must be back within 10 % of what it was before
 (closed sessions release their chat at once). Wall time and the server's peak RSS are written to
-docs/results/load_8_sessions.json (quoted in README's "Sessions, limits, safety").
+docs/results/load_8_sessions.json (quoted in README's "Sessions, limits, safety"). The same app also shows
+that a full queue tells visitors to try again, and that, being public, it refuses paths and unlisted ids in
+one line that names none of them.
 """
 
 from __future__ import annotations
@@ -265,3 +267,17 @@ def test_a_full_queue_says_busy(app):
     busy = [o for o in outcomes if "Queue is full" in o]
     assert busy, outcomes  # the queue is bounded: some visitors were told to try again
     assert "ok" in outcomes and all(o == "ok" or "Queue is full" in o for o in outcomes), outcomes
+
+
+@pytest.mark.parametrize("typed", ["/etc", "../assets", "someone/unlisted-model"])
+def test_shared_instance_refuses_unlisted_models_in_one_line(app, typed):
+    from gradio_client import Client
+
+    url, _ = app
+    client = Client(url, verbose=False)
+    try:
+        out = client.predict(choice="visualkv-demo", typed=typed, api_name="/load_model")
+    finally:
+        client.close()
+    shown = json.dumps(out)
+    assert "only loads its listed models" in shown and typed not in shown, shown
