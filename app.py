@@ -1,7 +1,7 @@
 """VisualKV app entry point (also the Hugging Face Space entry): `python app.py`.
 
 Flags: --model (offline alias, Hub id or local path; default: $VISUALKV_MODEL, else an offline model), --host, --port,
---share, --device. With no network the app starts on an offline model and says so on the page;
+--share, --device, --public, --allow-model, --max-queue, --turn-time-limit. With no network the app starts on an offline model and says so on the page;
 if --model cannot be loaded, it starts on the offline model and shows why.
 """
 
@@ -19,16 +19,32 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=None, help="port (default 7860, or GRADIO_SERVER_PORT)")
     parser.add_argument("--share", action="store_true", help="create a public Gradio link")
     parser.add_argument("--device", default=None, help="cpu, cuda or auto (default: cuda when available)")
+    parser.add_argument("--public", action="store_true",
+                        help="shared mode without --share (implied by --share and on a Hugging Face Space): only "
+                             "listed models load")
+    parser.add_argument("--allow-model", action="append", default=[], metavar="ID",
+                        help="shared mode: also allow this model id (repeatable; or $VISUALKV_ALLOWED_MODELS=a,b)")
+    parser.add_argument("--max-queue", type=int, default=16,
+                        help="requests waiting at most; the next visitor is told the app is busy (default 16)")
+    parser.add_argument("--turn-time-limit", type=float, default=300.0, metavar="SECONDS",
+                        help="a chat turn running longer is stopped like Stop (default 300; 0 = no limit)")
     args = parser.parse_args()
+    if args.max_queue < 1 or args.turn_time_limit < 0:
+        parser.error("--max-queue must be >= 1 and --turn-time-limit >= 0")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
     from ui.app import build_app, launch
+    from ui.sharing import ServeOptions
+    from visualkv.access import is_public
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    demo = build_app(default_model=args.model, device=device)
-    print(f"VisualKV: model {demo.vkv_model} on {device}", flush=True)
+    serve = ServeOptions(public=is_public(share=args.share, public=args.public), allow_models=tuple(args.allow_model),
+                         max_queue=args.max_queue, turn_time_limit=args.turn_time_limit or None)
+    demo = build_app(default_model=args.model, device=device, serve=serve)
+    mode = "shared mode: only listed models load" if serve.public else "local mode"
+    print(f"VisualKV: model {demo.vkv_model} on {device} ({mode})", flush=True)
     launch(demo, host=args.host, port=args.port, share=args.share)
 
 

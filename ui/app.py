@@ -6,6 +6,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from visualkv.access import ModelPolicy, scrub_paths
 from visualkv.demo_examples import DemoExample, load_demo_examples, question_forms
 from visualkv.methods import METHODS
 from visualkv.models.registry import HUB_MODELS, OFFLINE_MODELS, offline_aliases
@@ -13,6 +14,7 @@ from visualkv.streaming import method_settings
 
 from . import text
 from .handlers import Handlers
+from .sharing import ServeOptions, release_on_close, release_state
 from .state import ModelCache, default_offline_model, is_offline_model
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -62,23 +64,31 @@ def start_model(cache: ModelCache, requested: str | None) -> tuple[str, str | No
     return default_offline_model(cache), None
 
 
-def build_app(default_model: str | None = None, device: str = "cpu") -> gr.Blocks:
+def build_app(default_model: str | None = None, device: str = "cpu", serve: ServeOptions | None = None) -> gr.Blocks:
     """The whole app. Loads the start model now (an offline one when none is given or it fails).
 
     Layout (one screen at 1440x900): settings on the left; the chat with its progress and one-line
     summary in the middle; the results on the right (kept tokens before/after first, then the other
     views in tabs, the memory chart under them). Examples sit under the chat input.
+    serve: shared-mode policy, queue size and turn time limit (default: local use, no model restriction).
     """
-    cache = ModelCache(device=device)
+    serve = serve or ServeOptions()
+    # the operator's own start model is allowed even when it is a local folder
+    policy = ModelPolicy.create(serve.public, extra=[*serve.allow_models, *([default_model] if default_model else [])])
+    cache = ModelCache(device=device, policy=policy)
     model_name, start_error = start_model(cache, default_model)
+    if start_error and serve.public:
+        start_error = scrub_paths(start_error)
     h = Handlers(cache, model_name)
+    h.turn_time_limit = serve.turn_time_limit
     method_names = list(METHODS)
     demo_examples = load_demo_examples()
     default_method = DEFAULT_METHOD if DEFAULT_METHOD in METHODS else method_names[0]
 
     # delete_cache: uploads and served copies older than 6 h are removed every hour
     with gr.Blocks(title="VisualKV", analytics_enabled=False, delete_cache=(3600, 6 * 3600)) as demo:
-        state = gr.State(None, time_to_live=4 * 3600)
+        state = gr.State(None, time_to_live=4 * 3600, delete_callback=release_state)
+        release_on_close(demo, state)  # a closed tab's cache is freed at once
         gr.Markdown(text.INTRO)
         model_note = gr.Markdown(text.offline_note(model_name, is_offline_model(model_name), start_error),
                                  elem_id="vkv-model-note", elem_classes="vkv-small")
@@ -235,6 +245,7 @@ def build_app(default_model: str | None = None, device: str = "cpu") -> gr.Block
         cmp_btn.click(h.compare, [state, cmp_methods, cmp_question, cmp_file, *settings, *method_components],
                       [cmp_table, cmp_plot, cmp_status], show_progress_on=[cmp_table], **compute)
     demo.vkv_model = model_name  # for app.py's start message
+    demo.vkv_serve = serve  # for launch's queue size
     return demo
 
 
@@ -261,8 +272,10 @@ def _setting_component(s):
 
 
 def launch(demo: gr.Blocks, host: str | None = None, port: int | None = None, share: bool = False) -> None:
-    """Queue (one model computation at a time) and serve."""
-    demo.queue(default_concurrency_limit=1, max_size=32).launch(
+    """Queue (one model computation at a time, at most `max_queue` waiting: Gradio then tells the next
+    visitor "This application is currently busy. Please try again.") and serve."""
+    serve = getattr(demo, "vkv_serve", None) or ServeOptions()
+    demo.queue(default_concurrency_limit=1, max_size=serve.max_queue).launch(
         server_name=host, server_port=port, share=share, max_file_size=MAX_UPLOAD, css=CSS, ssr_mode=False,
         allowed_paths=[str(ASSETS)], show_error=True,
     )

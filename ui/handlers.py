@@ -90,6 +90,7 @@ class Handlers:
     """Callbacks bound to the shared model cache; per-user data arrives as the `state` argument."""
 
     compare_headers = viz.COMPARE_HEADERS
+    turn_time_limit: float | None = None  # seconds; a longer turn is stopped like Stop (set by build_app)
 
     def __init__(self, cache: ModelCache, default_model: str) -> None:
         self.cache = cache
@@ -250,7 +251,7 @@ class Handlers:
         answer = ""
         epoch = st.epoch
         t_prefill = time.monotonic()
-        for kind, payload in stream_turn(session, prompt, media, st.stop):
+        for kind, payload in stream_turn(session, prompt, media, st.stop, time_limit=self.turn_time_limit):
             if st.epoch != epoch:  # New chat or another model was chosen meanwhile: drop this turn quietly
                 return
             if kind == "block":

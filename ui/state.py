@@ -10,11 +10,15 @@ theirs, so an adapter evicted from the cache lives as long as a chat uses it.
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from visualkv.access import ModelPolicy, scrub_paths
+from visualkv.errors import ModelLoadError
 from visualkv.models.registry import (
     DEMO_MODEL,
     FALLBACK_MODEL,
@@ -33,21 +37,31 @@ def is_offline_model(name: str) -> bool:
 
 
 class ModelCache:
-    """Loaded adapters shared by all sessions, at most `capacity` of them (least recently used goes)."""
+    """Loaded adapters shared by all sessions, at most `capacity` of them (least recently used goes).
 
-    def __init__(self, device: str = "cpu", capacity: int = 2) -> None:
+    Every load goes through `policy` (a shared instance loads only its allowed models).
+    """
+
+    def __init__(self, device: str = "cpu", capacity: int = 2, policy: ModelPolicy | None = None) -> None:
         self.device = device
         self.capacity = capacity
+        self.policy = policy or ModelPolicy()
         self._adapters: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
 
     def get(self, name: str):
         """The adapter for `name`, loading it if needed (raises ModelLoadError with one line)."""
+        self.policy.check(name)
         with self._lock:
             if name in self._adapters:
                 self._adapters.move_to_end(name)
                 return self._adapters[name]
-        adapter = load_model(name, device=self.device)
+        try:
+            adapter = load_model(name, device=self.device)
+        except ModelLoadError as exc:
+            if not self.policy.public:
+                raise
+            raise ModelLoadError(scrub_paths(str(exc))) from None  # a public page shows no server path
         with self._lock:
             self._adapters[name] = adapter
             self._adapters.move_to_end(name)
@@ -87,6 +101,12 @@ class UserState:
     stop: threading.Event = field(default_factory=threading.Event)
     settings_used: dict[str, Any] = field(default_factory=dict)  # settings the current chat was started with
     epoch: int = 0  # bumped by new_chat: a turn of an older chat still finishing must not write here
+
+    def release(self) -> None:
+        """The browser session closed: stop its turn, drop its cache, media and report (and its file)."""
+        if self.report_path and Path(self.report_path).name == "visualkv_report.json":
+            shutil.rmtree(Path(self.report_path).parent, ignore_errors=True)
+        self.new_chat()
 
     def new_chat(self) -> None:
         self.stop.set()  # a turn still running ends at its next token

@@ -104,6 +104,7 @@ def _method_options(args: argparse.Namespace) -> dict:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from visualkv.media import FrameSampling, load_media
+    from visualkv.memory_guard import out_of_memory_caught
     from visualkv.models.registry import load_model
     from visualkv.session import ChatSession, SessionConfig
     from visualkv.telemetry import write_json
@@ -133,8 +134,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     for i, prompt in enumerate(args.prompt):
         if not args.quiet:
             print(f"[turn {i + 1}] {prompt}", file=sys.stderr)
-        for _ in session.stream(prompt, media if i == 0 else None, on_block=on_block):
-            pass  # streamed pieces; the CLI prints whole answers
+        with out_of_memory_caught(session):  # an OOM is one line (exit 2), not a traceback
+            for _ in session.stream(prompt, media if i == 0 else None, on_block=on_block):
+                pass  # streamed pieces; the CLI prints whole answers
         print(session.turns[-1].answer)
     report = session.report()
     if not args.quiet:

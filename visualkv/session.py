@@ -14,6 +14,7 @@ second prefill; the conversation so far is replayed as text).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,6 +29,7 @@ from visualkv.detokenize import IncrementalDetokenizer
 from visualkv.engine import Engine, PrefillResult
 from visualkv.errors import ConfigError
 from visualkv.media import Media
+from visualkv.memory_guard import MemoryGuard
 from visualkv.methods import METHODS, make_method
 from visualkv.models.base import ModelAdapter, PreparedInput
 from visualkv.telemetry import BlockEvent, TurnRecord, cuda_peak, peak_rss_bytes, reset_cuda_peak
@@ -86,10 +88,13 @@ class SessionConfig:
 class ChatSession:
     """One conversation: its cache, its history and its telemetry."""
 
-    def __init__(self, adapter: ModelAdapter, config: SessionConfig | None = None) -> None:
+    def __init__(
+        self, adapter: ModelAdapter, config: SessionConfig | None = None, guard: MemoryGuard | None = None
+    ) -> None:
         self.adapter = adapter
         self.config = config or SessionConfig()
         self.config.validate()
+        self.guard = guard or MemoryGuard()  # refuses a prefill that would not fit in memory
         self.engine = Engine(adapter)
         self.reset()
 
@@ -105,6 +110,7 @@ class ChatSession:
         self._seq_len = 0  # tokens of the conversation so far (global index of the next token)
         self._history_ids: list[torch.Tensor] = []  # text fed after the media prefill, in order
         self._pending: int | None = None  # last sampled token, not yet run through the model
+        self._rebuild_cache = False  # the cache was freed after an out-of-memory: rebuild it on the next turn
         self.method = make_method(self.config.method, **self.config.method_options)
 
     # -- public API ---------------------------------------------------------------
@@ -153,6 +159,7 @@ class ChatSession:
     # -- turns --------------------------------------------------------------------
     def _first_turn(self, prompt: str, media: Media | None, on_block, should_stop=None) -> torch.Tensor:
         prepared = self.adapter.prepare(media, prompt)
+        self.guard.check(self.adapter, prepared, self.config)
         cache = CompressibleCache(self.adapter.num_layers, headroom=self.config.max_new_tokens + 1)
         try:
             result = self.engine.prefill(
@@ -174,7 +181,8 @@ class ChatSession:
         ids = self.adapter.followup_ids(prompt)
         if self._pending is not None:
             ids = torch.cat([torch.tensor([self._pending]), ids])
-        if self.config.followup == "reprefill" and self.method.query_aware and self.prepared is not None:
+        reprefill = self.config.followup == "reprefill" and self.method.query_aware
+        if (reprefill or self._rebuild_cache) and self.prepared is not None:
             return self._reprefill(prompt, ids, on_block, should_stop)
         logits = self.engine.extend(ids, self._next_position, self._seq_len, self.cache)
         self._advance(ids)
@@ -182,6 +190,7 @@ class ChatSession:
 
     def _reprefill(self, prompt: str, ids: torch.Tensor, on_block, should_stop=None) -> torch.Tensor:
         """Rebuild the media cache with `prompt` as the proxy question, replay the history."""
+        self.guard.check(self.adapter, self.prepared, self.config)
         cache = CompressibleCache(self.adapter.num_layers, headroom=self.config.max_new_tokens + 1)
         method = self._fresh_method()  # swapped in only when the whole rebuild succeeded
         method.proxy_ids = torch.tensor(self.adapter.tokenizer(prompt, add_special_tokens=False)["input_ids"])
@@ -194,6 +203,7 @@ class ChatSession:
         history = torch.cat(self._history_ids + [ids]) if self._history_ids else ids
         logits = self.engine.extend(history, self.prepared.next_position, self.prepared.seq_len, cache)
         self.cache, self.prefill_result, self.method = cache, result, method
+        self._rebuild_cache = False
         self._advance(ids)
         return logits
 
@@ -210,6 +220,28 @@ class ChatSession:
                 on_block(event)
 
         return callback
+
+    # -- out-of-memory recovery (visualkv.memory_guard.out_of_memory_caught) -----------------------
+    def snapshot(self) -> dict[str, Any]:
+        """What a turn may change, taken before it starts."""
+        return {"turns": len(self.turns), "blocks": list(self.blocks), "history": len(self._history_ids),
+                "seq_len": self._seq_len, "next_position": self._next_position, "pending": self._pending,
+                "cache": self.cache, "media": self.media, "prepared": self.prepared,
+                "prefill_result": self.prefill_result}
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Undo a failed turn. A cache the turn may have extended is freed; the next turn rebuilds it from
+        the media and the conversation so far (a first turn simply leaves the session empty)."""
+        del self.turns[snapshot["turns"]:]
+        del self._history_ids[snapshot["history"]:]
+        self.blocks = snapshot["blocks"]
+        self._seq_len, self._next_position = snapshot["seq_len"], snapshot["next_position"]
+        self._pending = snapshot["pending"]
+        self.media, self.prepared, self.prefill_result = snapshot["media"], snapshot["prepared"], None
+        self.cache = None
+        self._rebuild_cache = snapshot["cache"] is not None
+        if self._rebuild_cache:
+            self.prefill_result = snapshot["prefill_result"]
 
     # -- decoding -----------------------------------------------------------------
     def _decode(self, logits: torch.Tensor, record: TurnRecord, t0: float, stop) -> Iterator[str]:
@@ -352,5 +384,7 @@ def _media_summary(media: Media | None) -> dict[str, Any] | None:
     if media is None:
         return None
     width, height = media.size
-    return {"kind": media.kind, "path": media.path, "width": width, "height": height,
+    # the file name only: a path would tell a shared instance's users about the server's folders
+    name = os.path.basename(media.path) if media.path else None
+    return {"kind": media.kind, "name": name, "width": width, "height": height,
             "frames": len(media.frames), "duration": media.duration}

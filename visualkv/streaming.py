@@ -47,6 +47,7 @@ import numpy as np
 
 from visualkv.errors import ConfigError, PrefillStopped, VisualKVError
 from visualkv.media import Media
+from visualkv.memory_guard import out_of_memory_caught
 from visualkv.methods import METHODS
 from visualkv.session import ChatSession, SessionConfig
 
@@ -80,19 +81,31 @@ def stream_turn(
     prompt: str,
     media: Media | None = None,
     stop: threading.Event | None = None,
+    time_limit: float | None = None,
 ) -> Iterator[Event]:
     """Run one turn of `session` in a worker thread; yield its events in order (see module doc).
 
     Closing the generator early sets `stop` (if given), so the worker ends at the next token.
+    time_limit: seconds after which `stop` is set, as if the user pressed Stop (the turn ends where a
+    stop is honoured). An out-of-memory during the turn is one "error" line; the session is rolled back
+    and its cache freed (`visualkv.memory_guard.out_of_memory_caught`).
     """
     events: queue.Queue[Event] = queue.Queue()
     lock = _session_lock(session)
+    if time_limit is not None and stop is None:
+        stop = threading.Event()
+    timer = threading.Timer(time_limit, stop.set) if time_limit is not None else None
 
     def work() -> None:
         with lock:
             try:
-                for piece in session.stream(prompt, media, on_block=lambda ev: events.put(("block", ev)), stop=stop):
-                    events.put(("text", piece))
+                if timer is not None:
+                    timer.daemon = True
+                    timer.start()
+                with out_of_memory_caught(session):
+                    for piece in session.stream(prompt, media, on_block=lambda ev: events.put(("block", ev)),
+                                                stop=stop):
+                        events.put(("text", piece))
                 events.put(("done", session.turns[-1]))
             except PrefillStopped as exc:
                 events.put(("stopped", str(exc)))
@@ -100,6 +113,9 @@ def stream_turn(
                 if not isinstance(exc, VisualKVError):
                     log.exception("turn failed")
                 events.put(("error", failure_message(exc)))
+            finally:
+                if timer is not None:
+                    timer.cancel()
 
     worker = threading.Thread(target=work, name="visualkv-turn", daemon=True)
     worker.start()

@@ -85,6 +85,9 @@ class Method:
     default_prefill: ClassVar[str] = "bulk"
     #: does the method need a budget (M)?
     needs_budget: ClassVar[bool] = False
+    #: does the prefill evict each layer to the budget right after every block (so the cache's peak is
+    #: about budget + one block, not the whole input)? Read by visualkv.memory_guard's estimate.
+    evicts_per_block: ClassVar[bool] = False
     #: does the kept set depend on the question (so a follow-up may miss things)?
     query_aware: ClassVar[bool] = False
     #: run the question as a block of its own after the media, so it reads the media from the cache as

@@ -41,6 +41,7 @@ class BlockwiseKeyDiff(Method):
     description = "Block-wise prefill; keep the most distinctive keys (query-agnostic, good for follow-ups)."
     default_prefill = "hybrid"
     needs_budget = True
+    evicts_per_block = True
 
     def scores(self, ctx: PrefillContext, state: LayerState) -> torch.Tensor:
         return keydiff_scores(ctx.cache.layers[state.layer_idx].keys)

@@ -1,0 +1,151 @@
+"""The memory guard's estimate against measured memory, one method per process (CPU).
+
+    python scripts/guard_check.py --model bench-qwen2.5-vl --media assets/example_4k.png \\
+        --methods full,blockwise-keydiff --json docs/results/memory_guard_cpu.json
+
+For each method, in a fresh process: load the model and the media, run one warm-up turn on a small image
+(one-time allocations: thread pools, kernel caches), then measure one turn on the media from the moment
+its input is prepared (where the guard runs; the prepared input is part of the baseline) to its end:
+
+- KV: the estimate's KV part against the cache's `peak_kv_bytes` (bytes of K/V tensors really held).
+- whole: the estimate's peak against the growth of the process's RSS over the turn, sampled every
+  millisecond, with glibc's mmap threshold pinned at 64 KiB (`MALLOC_MMAP_THRESHOLD_`), so every tensor
+  larger than that is mapped on allocation and unmapped on free, and RSS follows the bytes alive instead
+  of the allocator's retained heap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import threading
+import time
+
+QUESTION = "Where is the small red star?"
+
+
+def measure(model: str, media_path: str, method: str, budget: int) -> dict:
+    import psutil
+    import torch
+
+    from visualkv.media import load_media
+    from visualkv.memory_guard import MemoryGuard, estimate_prefill
+    from visualkv.methods import METHODS
+    from visualkv.models.registry import load_model
+    from visualkv.session import ChatSession, SessionConfig
+    from visualkv.synthetic import image_media
+
+    adapter = load_model(model)
+    media = load_media(media_path)
+    cfg = SessionConfig(method=method, budget=budget if METHODS[method].needs_budget else None, max_new_tokens=1)
+    unguarded = MemoryGuard(enabled=False)
+    ChatSession(adapter, cfg, guard=unguarded).ask(QUESTION, image_media(448, 336, seed=1))  # warm-up
+    est = estimate_prefill(adapter, adapter.prepare(media, QUESTION), METHODS[method], cfg.budget, None, None)
+    session = ChatSession(adapter, cfg, guard=unguarded)
+    proc = psutil.Process()
+    base = [proc.memory_info().rss]
+    peak = [base[0]]
+    done = threading.Event()
+    prepare = adapter.prepare
+
+    def prepared_then_baseline(*args, **kwargs):
+        # the guard runs once the input is prepared: measure from there, the prepared input included in the base
+        out = prepare(*args, **kwargs)
+        base[0] = peak[0] = proc.memory_info().rss
+        return out
+
+    adapter.prepare = prepared_then_baseline
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], proc.memory_info().rss)
+            time.sleep(0.001)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    t0 = time.perf_counter()
+    session.ask(QUESTION, media)
+    seconds = time.perf_counter() - t0
+    done.set()
+    sampler.join()
+    growth = peak[0] - base[0]
+    return {
+        "method": method,
+        "budget": cfg.budget,
+        "visual_tokens": session.report()["visual_tokens"],
+        "estimate": {
+            "kv_bytes": est.kv_bytes,
+            "activation_bytes": est.activation_bytes,
+            "vision_bytes": est.vision_bytes,
+            "peak_bytes": est.peak_bytes,
+            "media_bytes": est.media_bytes,
+        },
+        "measured": {"peak_kv_bytes": session.cache.peak_kv_bytes, "rss_growth_bytes": growth},
+        "kv_ratio": est.kv_bytes / session.cache.peak_kv_bytes,
+        "whole_ratio": est.peak_bytes / growth,
+        "turn_seconds": round(seconds, 2),
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="bench-qwen2.5-vl")
+    parser.add_argument("--media", default="assets/example_4k.png")
+    parser.add_argument("--methods", default="full,blockwise-keydiff,blockwise-snapkv,post-snapkv")
+    parser.add_argument("--budget", type=int, default=1024)
+    parser.add_argument("--json", dest="json_out", default="docs/results/memory_guard_cpu.json")
+    parser.add_argument("--machine", default="", help="words for the record, e.g. '2 CPU cores, loaded'")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure this method here
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(measure(args.model, args.media, args.one, args.budget)))
+        return 0
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    rows = []
+    for method in args.methods.split(","):
+        out = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--model",
+                args.model,
+                "--media",
+                args.media,
+                "--budget",
+                str(args.budget),
+                "--one",
+                method,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        row = json.loads(out.stdout.strip().splitlines()[-1])
+        rows.append(row)
+        print(
+            f"{method:18s} KV est/measured {row['kv_ratio']:.3f}   whole est/measured {row['whole_ratio']:.3f} "
+            f"({row['estimate']['peak_bytes'] / 2**20:.1f} / {row['measured']['rss_growth_bytes'] / 2**20:.1f} MiB)",
+            flush=True,
+        )
+    record = {
+        "command": "python " + " ".join(sys.argv),
+        "machine": args.machine or f"{os.cpu_count()} CPU cores",
+        "platform": platform.platform(),
+        "model": args.model,
+        "media": os.path.basename(args.media),
+        "results": rows,
+    }
+    os.makedirs(os.path.dirname(args.json_out) or ".", exist_ok=True)
+    with open(args.json_out, "w") as f:
+        json.dump(record, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

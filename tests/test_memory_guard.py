@@ -1,0 +1,185 @@
+"""The memory guard: the estimate against the cache's measured peak, refusals, and out-of-memory recovery.
+
+What is compared (on CPU, tiny models): the guard's KV part against `CompressibleCache.peak_kv_bytes`,
+the high-water mark of the K/V bytes really held (within 25 %, in fact exact, for the methods whose
+peak the estimate models: full, the block-wise methods and post-snapkv; salicache and lightkv store
+less than they read, and for them the estimate is an upper bound). The whole estimate against a
+process's measured RSS growth over the prefill: `scripts/guard_check.py` (the slow test below on the tiny
+model at 4K; README quotes the bench model).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import get_adapter
+from visualkv.errors import VisualKVError
+from visualkv.memory_guard import MemoryGuard, MemoryGuardError, estimate_prefill, out_of_memory_caught
+from visualkv.methods import METHODS
+from visualkv.session import ChatSession, SessionConfig
+from visualkv.streaming import stream_turn
+from visualkv.synthetic import image_media, video_media
+
+QUESTION = "What is in the picture?"
+MODELED = ["full", "blockwise-keydiff", "blockwise-snapkv", "post-snapkv"]
+
+
+def _config(method: str, budget: int = 96, **kw) -> SessionConfig:
+    return SessionConfig(method=method, budget=budget if METHODS[method].needs_budget else None, max_new_tokens=2, **kw)
+
+
+def _measured_and_estimated(alias: str, media, method: str, **kw) -> tuple[int, int]:
+    adapter = get_adapter(alias)
+    cfg = _config(method, **kw)
+    estimate = estimate_prefill(
+        adapter, adapter.prepare(media, QUESTION), METHODS[method], cfg.budget, cfg.block_size, cfg.prefill
+    )
+    session = ChatSession(adapter, cfg)
+    session.ask(QUESTION, media)
+    return session.cache.peak_kv_bytes, estimate.kv_bytes
+
+
+@pytest.mark.parametrize("alias", ["tiny-qwen2.5-vl", "tiny-smolvlm2"])
+@pytest.mark.parametrize("method", MODELED)
+def test_kv_estimate_matches_measured_peak(alias, method):
+    measured, estimated = _measured_and_estimated(alias, image_media(896, 504, seed=3), method)
+    assert measured > 0
+    assert abs(estimated - measured) <= 0.25 * measured, (estimated, measured)
+
+
+@pytest.mark.parametrize("prefill", ["blockwise", "bulk"])
+def test_kv_estimate_follows_the_prefill_mode(prefill):
+    measured, estimated = _measured_and_estimated(
+        "tiny-qwen2.5-vl", video_media(8, 224, 168, seed=2), "blockwise-keydiff", budget=40, prefill=prefill
+    )
+    assert abs(estimated - measured) <= 0.25 * measured, (estimated, measured)
+
+
+@pytest.mark.parametrize("method", ["salicache", "lightkv"])
+def test_kv_estimate_bounds_methods_that_store_less(method):
+    measured, estimated = _measured_and_estimated("tiny-qwen2.5-vl", video_media(8, 224, 168, seed=2), method)
+    assert estimated >= measured > 0
+
+
+def test_guard_refuses_with_one_line_and_a_method_that_fits(small_image):
+    adapter = get_adapter("tiny-qwen2.5-vl")
+    prepared = adapter.prepare(small_image, QUESTION)
+    full = estimate_prefill(adapter, prepared, METHODS["full"], None, None, None)
+    small = estimate_prefill(adapter, prepared, METHODS["blockwise-keydiff"], 16, None, None)
+    assert small.to_allocate < full.to_allocate
+    free = (small.to_allocate + full.to_allocate) // 2  # the block-wise method fits, full does not
+    session = ChatSession(adapter, _config("full"), guard=MemoryGuard(free_bytes=lambda: free, headroom=1.0))
+    with pytest.raises(MemoryGuardError) as err:
+        session.ask(QUESTION, small_image)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("full needs ~") and "free: try blockwise-" in message, message
+    assert session.turns == [] and session.cache is None  # nothing changed
+
+
+def test_guard_lets_a_fitting_turn_run(small_image):
+    session = ChatSession(get_adapter("tiny-qwen2.5-vl"), _config("full"), guard=MemoryGuard(free_bytes=lambda: 2**40))
+    assert session.ask(QUESTION, small_image).token_ids
+
+
+def test_cli_refusal_exits_2_with_one_line(monkeypatch, capsys, tmp_path):
+    from PIL import Image
+
+    from visualkv.__main__ import main
+    from visualkv.synthetic import synthetic_image
+
+    path = tmp_path / "scene.png"
+    Image.fromarray(synthetic_image(448, 336, 1)).save(path)
+    monkeypatch.setattr("visualkv.memory_guard.free_memory_bytes", lambda device: 1000)
+    code = main(["run", "--model", "tiny-qwen2.5-vl", "--media", str(path), "--prompt", "hi", "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert err.startswith("error: full needs ~") and "1.0 kB free" in err and len(err.splitlines()) == 1, err
+
+
+def _oom(*args, **kwargs):
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+
+def test_oom_in_a_first_turn_is_one_line_and_leaves_the_session_empty(small_image, monkeypatch):
+    session = ChatSession(get_adapter("tiny-qwen2.5-vl"), _config("full"))
+    monkeypatch.setattr(session.engine, "prefill", _oom)
+    events = list(stream_turn(session, QUESTION, small_image))
+    assert events[-1][0] == "error" and events[-1][1].startswith("out of memory during this turn"), events[-1]
+    assert session.turns == [] and session.cache is None and session.media is None
+
+
+def test_oom_in_a_followup_frees_the_cache_and_the_chat_goes_on(small_image, monkeypatch):
+    session = ChatSession(get_adapter("tiny-qwen2.5-vl"), _config("blockwise-keydiff"))
+    first = session.ask(QUESTION, small_image)
+    real_extend = session.engine.extend
+    monkeypatch.setattr(session.engine, "extend", _oom)
+    with pytest.raises(MemoryGuardError), out_of_memory_caught(session):
+        session.ask("And the colours?")
+    assert session.cache is None  # freed
+    assert [t.prompt for t in session.turns] == [QUESTION] and session.turns[0] is first
+    monkeypatch.setattr(session.engine, "extend", real_extend)
+    again = session.ask("And the colours?")  # rebuilt from the media and the conversation so far
+    assert again.token_ids and session.cache is not None and len(session.turns) == 2
+
+
+def test_other_errors_pass_through_untouched(small_image):
+    session = ChatSession(get_adapter("tiny-qwen2.5-vl"), _config("full"))
+    with pytest.raises(VisualKVError, match="question is empty"), out_of_memory_caught(session):
+        session.ask("  ", small_image)
+
+
+def test_turn_time_limit_stops_the_turn(small_image):
+    session = ChatSession(get_adapter("tiny-qwen2.5-vl"), SessionConfig(method="full", max_new_tokens=400))
+    stop = threading.Event()
+    events = list(stream_turn(session, QUESTION, small_image, stop, time_limit=0.01))
+    assert stop.is_set()
+    kind, payload = events[-1]
+    # today the turn stops at its next decoded token; once the prefill honours `stop` between blocks it may
+    # end there instead: either way it ends early, as Stop would
+    if kind == "done":
+        assert payload.stopped == "stopped" and len(payload.token_ids) < 400
+    else:
+        assert "stop" in str(payload).lower()
+
+
+def test_turn_within_its_time_limit_is_untouched(small_image):
+    session = ChatSession(get_adapter("tiny-qwen2.5-vl"), SessionConfig(method="full", max_new_tokens=3))
+    stop = threading.Event()
+    events = list(stream_turn(session, QUESTION, small_image, stop, time_limit=600))
+    assert events[-1][0] == "done" and events[-1][1].stopped != "stopped" and not stop.is_set()
+
+
+@pytest.mark.slow
+def test_whole_estimate_against_measured_rss(tmp_path):
+    """scripts/guard_check.py on a 4K image (tiny model; the bench model's figures are in README): the whole
+    estimate within 25 % of the process's measured RSS growth over the prefill, the KV part exact."""
+    repo = Path(__file__).resolve().parent.parent
+    out = tmp_path / "guard.json"
+    subprocess.run(
+        [
+            sys.executable,
+            "scripts/guard_check.py",
+            "--model",
+            "tiny-qwen2.5-vl",
+            "--methods",
+            "full,blockwise-keydiff",
+            "--json",
+            str(out),
+        ],
+        cwd=repo,
+        check=True,
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+    )
+    for row in json.loads(out.read_text())["results"]:
+        assert abs(row["kv_ratio"] - 1) < 0.01, row
+        assert 0.75 <= row["whole_ratio"] <= 1.25, row

@@ -1,0 +1,133 @@
+"""Shared mode: which models a public instance loads, what its messages and reports reveal, session cleanup."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from PIL import Image
+
+from tests.conftest import get_adapter
+from visualkv.access import ModelPolicy, is_public, scrub_paths
+from visualkv.errors import ModelLoadError
+from visualkv.media import load_media
+from visualkv.models.registry import HUB_MODELS
+from visualkv.session import ChatSession, SessionConfig
+from visualkv.synthetic import synthetic_image
+
+
+@pytest.mark.parametrize(
+    ("share", "public", "env", "expected"),
+    [
+        (False, False, {}, False),
+        (True, False, {}, True),
+        (False, True, {}, True),
+        (False, False, {"SPACE_ID": "someone/visualkv"}, True),
+        (False, False, {"VISUALKV_PUBLIC": "1"}, True),
+        (False, False, {"VISUALKV_PUBLIC": "0"}, False),
+    ],
+)
+def test_public_when_shared_flagged_or_on_a_space(share, public, env, expected):
+    assert is_public(share=share, public=public, environ=env) is expected
+
+
+def test_local_mode_loads_anything():
+    policy = ModelPolicy.create(public=False, environ={})
+    for name in ("/etc", "../secret", "someone/any-model", "tiny-qwen2.5-vl"):
+        policy.check(name)
+
+
+def test_public_mode_allows_aliases_suggested_and_added_ids():
+    policy = ModelPolicy.create(public=True, extra=["me/extra-vl"], environ={"VISUALKV_ALLOWED_MODELS": "a/b, c/d"})
+    for name in ("visualkv-demo", "tiny-qwen2.5-vl", "bench-smolvlm2", *(c.name for c in HUB_MODELS)):
+        policy.check(name)
+    for name in ("me/extra-vl", "a/b", "c/d"):
+        policy.check(name)
+
+
+def test_public_mode_leaves_shape_models_to_the_operator():
+    """A shape model builds billions of random weights on the server: listed only with --allow-model."""
+    with pytest.raises(ModelLoadError):
+        ModelPolicy.create(public=True, environ={}).check("shape-qwen2.5-vl-7b")
+    ModelPolicy.create(public=True, extra=["shape-qwen2.5-vl-7b"], environ={}).check("shape-qwen2.5-vl-7b")
+
+
+@pytest.mark.parametrize("name", ["someone/huge-model", "/etc", "/no/such/folder", "../assets", "~/.cache", "assets"])
+def test_public_mode_refuses_other_ids_and_paths_with_the_same_line(name):
+    policy = ModelPolicy.create(public=True, environ={})
+    with pytest.raises(ModelLoadError) as err:
+        policy.check(name)
+    message = str(err.value)
+    # the same line whether the path exists or not: nothing about the server's files leaks
+    assert (
+        message == "this shared instance only loads its listed models (pick one from the model list); "
+        "run VisualKV locally to load any Hub id or folder"
+    )
+
+
+def test_model_cache_enforces_the_policy_before_loading(monkeypatch):
+    from ui.state import ModelCache
+
+    def must_not_load(*args, **kwargs):
+        raise AssertionError("a refused model must not reach load_model")
+
+    monkeypatch.setattr("ui.state.load_model", must_not_load)
+    cache = ModelCache(policy=ModelPolicy.create(public=True, environ={}))
+    with pytest.raises(ModelLoadError, match="only loads its listed models"):
+        cache.get("/etc")
+
+
+def test_public_load_errors_show_no_server_path(monkeypatch):
+    from ui.state import ModelCache
+
+    def failing(name, device="cpu"):
+        raise ModelLoadError(f"cannot load model {name!r}: no file /root/.cache/huggingface/hub/models--x/config.json")
+
+    monkeypatch.setattr("ui.state.load_model", failing)
+    allowed = HUB_MODELS[0].name
+    with pytest.raises(ModelLoadError) as err:
+        ModelCache(policy=ModelPolicy.create(public=True, environ={})).get(allowed)
+    assert "/root" not in str(err.value) and allowed in str(err.value) and "config.json" in str(err.value)
+    with pytest.raises(ModelLoadError, match="/root/.cache"):  # locally the full message helps its owner
+        ModelCache(policy=ModelPolicy(public=False)).get(allowed)
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        ("model path '/srv/models/x' does not exist", "model path 'x' does not exist"),
+        (
+            "cannot load 'Qwen/Qwen2.5-VL-3B-Instruct': see /tmp/a/b.log",
+            "cannot load 'Qwen/Qwen2.5-VL-3B-Instruct': see b.log",
+        ),
+        (r"C:\Users\me\clip.mp4 is broken", "clip.mp4 is broken"),
+        ("ratio 1/2 (~/x/y)", "ratio 1/2 (y)"),
+    ],
+)
+def test_scrub_paths(message, expected):
+    assert scrub_paths(message) == expected
+
+
+def test_report_names_the_file_but_carries_no_path(tmp_path):
+    path = tmp_path / "secret-folder" / "scene.png"
+    path.parent.mkdir()
+    Image.fromarray(synthetic_image(448, 336, 1)).save(path)
+    session = ChatSession(get_adapter("tiny-qwen2.5-vl"), SessionConfig(method="full", max_new_tokens=2))
+    session.ask("What is there?", load_media(str(path)))
+    report = session.report()
+    assert report["media"]["name"] == "scene.png"
+    text = json.dumps(report)
+    assert str(tmp_path) not in text and "secret-folder" not in text and os.sep + "scene.png" not in text
+
+
+def test_release_frees_a_closed_session():
+    from ui.sharing import release_state
+    from ui.state import UserState
+
+    st = UserState(model_name="tiny-qwen2.5-vl")
+    st.session, st.history, st.media_path = object(), [{"role": "user", "content": "hi"}], "x.png"
+    old_stop = st.stop
+    release_state(st)
+    assert st.session is None and st.history == [] and st.media_path is None and old_stop.is_set()
+    release_state(None)  # a session that never chatted has no state

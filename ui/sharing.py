@@ -1,0 +1,69 @@
+"""Serving limits of a (possibly public) instance: who may load what, queue size, turn time, cleanup.
+
+The policy itself lives in the library (`visualkv.access`, no gradio there); this module holds the
+app's serving options and the two Gradio hooks that free a closed session's memory at once:
+`demo.unload` (the tab's heartbeat stopped) and the `gr.State` delete callback (Gradio drops the
+state an hour after the tab closed, or `time_to_live` after its last change).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+from dataclasses import dataclass, field
+
+import gradio as gr
+
+from visualkv.memory_guard import release_memory
+
+log = logging.getLogger(__name__)
+
+BUSY_MESSAGE = "The server is busy (its queue is full): try again in a minute."
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """public: only allowed models load (`--share`, `--public` or a Space).
+    allow_models: ids added to the allow-list (`--allow-model`).
+    max_queue: events waiting at most; the next visitor is told the server is busy.
+    turn_time_limit: seconds a chat turn may run before it is stopped like Stop (None: no limit).
+    """
+
+    public: bool = False
+    allow_models: tuple[str, ...] = field(default_factory=tuple)
+    max_queue: int = 16
+    turn_time_limit: float | None = 300.0
+
+
+def _trim_heap() -> None:
+    """Return freed heap pages to the OS (glibc keeps them otherwise), so RSS reflects what is held."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
+
+
+def release_state(state) -> None:
+    """Free one session's chat (cache, media, report); safe on None and on any other value."""
+    release = getattr(state, "release", None)
+    if release is not None:
+        release()
+        release_memory()
+        _trim_heap()
+
+
+def release_on_close(demo: gr.Blocks, state: gr.State) -> None:
+    """When a tab closes, free its session's state now instead of an hour later."""
+
+    def on_unload(request: gr.Request) -> None:
+        holder = getattr(demo, "state_holder", None)
+        session_hash = getattr(request, "session_hash", None)
+        if holder is None or session_hash is None or session_hash not in holder:
+            return
+        value = holder.session_data[session_hash].state_data.get(state._id)
+        release_state(value)
+        log.info("session %s closed: its chat was released", session_hash[:8])
+
+    demo.unload(on_unload)

@@ -1,0 +1,290 @@
+"""Estimate a turn's peak memory before its prefill, refuse what cannot fit, survive an OOM.
+
+A shared instance must not be killed mid-turn by one user's `full` prefill of a long video
+(that would take every user's chat with it). Before a prefill, `MemoryGuard.check` estimates
+the turn's peak from the model's dimensions and the planned blocks, weights aside:
+
+- **KV**: the cache's high-water mark, walked over the blocks the engine will run. A method
+  that evicts per block (`Method.evicts_per_block`) holds, while block i passes layer l, the
+  evicted entries of layers < l, its previous entries + block i at layer l, and its previous
+  entries at layers > l; any other method keeps everything it read (salicache and lightkv
+  store less than that, so for them this is an upper bound).
+- **LLM activations** of each block, one decoder layer at a time: the residual stream plus the larger
+  of the attention phase (q, k, v, their rotated and GQA-repeated copies, the output) and the MLP
+  phase (gate activation, up, product), per token of the block, plus the attention mask; SDPA's fused
+  kernels (CPU and CUDA) never hold the (queries × keys) score matrix, so none is counted.
+- **Vision tower** on each block's units (a tile, a row strip, a frame; the whole media in one bulk
+  block): its patch inputs and one layer's activations over their patches.
+- **Decoded media**: the frames as held in memory (already resident when the check runs, so they
+  are reported but not asked of the free memory).
+
+The peak is the largest, over the blocks, of what coexists: the cache before the block plus the vision
+tower on it, or the cache during the block plus its LLM layer (plus the block's embeddings either way).
+
+`check` compares the part still to be allocated with the free memory of the device the cache lives
+on (CUDA: `torch.cuda.mem_get_info` plus what PyTorch's allocator holds unused; CPU: psutil's
+available memory) and raises `MemoryGuardError` with one line naming the estimate, the free memory
+and a method that would fit. The free-memory figure is injectable (`free_bytes=`) for tests.
+
+`out_of_memory_caught(session)` wraps a turn: a CUDA or host OOM that happens anyway becomes one
+line, the turn's cache is freed, and the session is rolled back to before the turn.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import psutil
+import torch
+
+from visualkv.errors import VisualKVError
+from visualkv.layout import plan_blocks
+from visualkv.methods import METHODS
+
+
+class MemoryGuardError(VisualKVError):
+    """A turn would not fit in memory (or ran out of it); the chat and the model are kept."""
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes a turn needs above the weights (see the module doc).
+
+    kv_bytes: the cache's high-water mark. activation_bytes / vision_bytes: the largest transient of the
+    LLM layers / the vision tower over one block. peak_bytes: the largest sum of what coexists, over the
+    blocks: the cache before the block + the vision tower on it, or the cache during it + its LLM layer.
+    """
+
+    kv_bytes: int
+    activation_bytes: int
+    vision_bytes: int
+    media_bytes: int
+    peak_bytes: int
+    peak_entries: int  # KV entries per KV head, summed over layers, at the cache's peak
+
+    @property
+    def to_allocate(self) -> int:
+        """What the prefill still has to allocate (the decoded media are already held)."""
+        return self.peak_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return self.peak_bytes + self.media_bytes
+
+
+def format_bytes(n: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def _cfg(obj, *names, default=None):
+    for name in names:
+        value = getattr(obj, name, None)
+        if value is not None:
+            return value
+    return default
+
+
+def estimate_prefill(
+    adapter,
+    prepared,
+    method_cls,
+    budget: int | None,
+    block_size: int | None,
+    prefill_mode: str | None,
+) -> MemoryEstimate:
+    """The estimate for prefilling `prepared` with `method_cls` (a class of visualkv.methods.METHODS)."""
+    itemsize = torch.empty((), dtype=adapter.dtype).element_size()
+    layers, kv_heads, head_dim = adapter.num_layers, adapter.num_kv_heads, adapter.head_dim
+    entry_bytes = 2 * kv_heads * head_dim * itemsize  # K and V of one token at one layer
+    block_size = block_size or adapter.default_block_size
+    mode = prefill_mode or method_cls.default_prefill
+    visual = prepared.visual_mask & prepared.keep
+    blocks = plan_blocks(prepared.seq_len, prepared.layout.units, mode, block_size, budget)
+
+    text = adapter.text_config
+    hidden = _cfg(text, "hidden_size")
+    heads = _cfg(text, "num_attention_heads")
+    inter = _cfg(text, "intermediate_size", default=4 * hidden)
+    # one decoder layer's transients per token: the residual stream (in, out) plus the larger of its two
+    # phases, which never coexist: attention (normed input; q, k, v; rotated q, k; k, v repeated to every
+    # query head; attention output; o_proj) or the MLP (normed input; gate activation, up, their product)
+    attention = 2 * hidden + (heads + 2 * kv_heads) * head_dim + (heads + kv_heads) * head_dim + 3 * heads * head_dim
+    mlp = hidden + 3 * inter
+    per_token = (2 * hidden + max(attention, mlp)) * itemsize
+    vision = _VisionDims.of(adapter)
+
+    held = vis_held = 0  # entries of one layer (per KV head) before the block, and how many are visual
+    kv_peak = act_peak = vision_peak = peak = 0
+    for block in blocks:
+        q = int(prepared.keep[block.start : block.end].sum())
+        q_vis = int(visual[block.start : block.end].sum())
+        if method_cls.evicts_per_block and budget is not None and block.units:
+            vis_after = min(vis_held + q_vis, budget)
+        else:
+            vis_after = vis_held + q_vis
+        after = held + (q - q_vis) + (vis_after - vis_held)
+        # the block at the last layer: every other layer already evicted to `after` (or holds `held`)
+        entries = max((layers - 1) * after + held + q, layers * held + q)
+        embeddings = 2 * q * hidden * itemsize  # the block's embeddings and the vision output folded in
+        vision_b = vision.bytes(_vision_call_tokens(block.units, getattr(adapter, "window_rows", None)), itemsize)
+        # bool mask over cache + block; none for a first block (SDPA's causal flag), as the engine does
+        mask = q * (held + q) if held else 0
+        act_b = q * per_token + mask
+        kv_peak = max(kv_peak, entries)
+        act_peak, vision_peak = max(act_peak, act_b), max(vision_peak, vision_b)
+        peak = max(
+            peak, layers * held * entry_bytes + vision_b + embeddings, entries * entry_bytes + act_b + embeddings
+        )
+        held, vis_held = after, vis_after
+    media = prepared.media
+    media_bytes = sum(int(f.nbytes) for f in media.frames) if media is not None else 0
+    return MemoryEstimate(kv_peak * entry_bytes, act_peak, vision_peak, media_bytes, peak, kv_peak)
+
+
+def _vision_call_tokens(units, window_rows: int | None) -> int:
+    """Visual tokens the vision tower runs on for a block's units. Row units of an encoder with windowed
+    attention (Qwen2.5-VL) are encoded in strips of whole windows (`window_rows` token rows)."""
+    if not units:
+        return 0
+    if window_rows and all(u.kind == "rows" for u in units):
+        first, last = min(u.row for u in units), max(u.row for u in units) + 1
+        rows = -(-last // window_rows) * window_rows - first // window_rows * window_rows
+        return rows * max(u.seq_end - u.seq_start for u in units)
+    return sum(u.seq_end - u.seq_start for u in units)
+
+
+@dataclass(frozen=True)
+class _VisionDims:
+    """What the vision tower's memory depends on, read from the model's config."""
+
+    patches_per_token: int
+    patch_values: int  # input values per patch: channels x temporal x patch x patch
+    hidden: int
+    inter: int
+    out_hidden: int
+
+    @classmethod
+    def of(cls, adapter) -> _VisionDims:
+        config = adapter.model.config
+        vision = _cfg(config, "vision_config")
+        if vision is None:
+            return cls(0, 0, 0, 0, 0)
+        merge = _cfg(vision, "spatial_merge_size")  # Qwen: 2x2 patches per token; SmolVLM: pixel shuffle
+        per_token = merge**2 if merge else _cfg(config, "scale_factor", default=1) ** 2
+        patch = _cfg(vision, "patch_size", default=14)
+        values = (
+            _cfg(vision, "in_channels", "num_channels", default=3)
+            * _cfg(vision, "temporal_patch_size", default=1)
+            * patch
+            * patch
+        )
+        v_hidden = _cfg(vision, "hidden_size", "embed_dim")
+        return cls(
+            per_token,
+            values,
+            v_hidden,
+            _cfg(vision, "intermediate_size", default=4 * v_hidden),
+            _cfg(adapter.text_config, "hidden_size"),
+        )
+
+    def bytes(self, tokens: int, itemsize: int) -> int:
+        """Patch inputs + one vision layer's activations over `tokens` visual tokens' patches + the output."""
+        patches = tokens * self.patches_per_token
+        per_patch = self.patch_values + 6 * self.hidden + 3 * self.inter
+        return (patches * per_patch + tokens * self.out_hidden) * itemsize
+
+
+def free_memory_bytes(device) -> int:
+    """Free memory where the cache will live: CUDA free + allocator-cached, or host available."""
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        free, _total = torch.cuda.mem_get_info(device)
+        reusable = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int(free + reusable)
+    return int(psutil.virtual_memory().available)
+
+
+class MemoryGuard:
+    """Refuses a prefill whose estimate exceeds `headroom` × the free memory.
+
+    free_bytes: a callable giving the free memory (default: measured on the adapter's device);
+    tests inject a figure. enabled=False turns the check off (the OOM catch stays).
+    """
+
+    def __init__(self, free_bytes: Callable[[], int] | None = None, headroom: float = 0.9, enabled: bool = True):
+        self.free_bytes = free_bytes
+        self.headroom = headroom
+        self.enabled = enabled
+
+    def _free(self, adapter) -> int:
+        return int(self.free_bytes()) if self.free_bytes is not None else free_memory_bytes(adapter.device)
+
+    def check(self, adapter, prepared, config) -> MemoryEstimate:
+        """Raise MemoryGuardError (one line) when the prefill of `prepared` under `config` would not fit."""
+        method_cls = METHODS[config.method]
+        est = estimate_prefill(adapter, prepared, method_cls, config.budget, config.block_size, config.prefill)
+        if not self.enabled:
+            return est
+        free = self._free(adapter)
+        if est.to_allocate <= self.headroom * free:
+            return est
+        hint = self._suggest(adapter, prepared, config, free)
+        raise MemoryGuardError(
+            f"{config.method} needs ~{format_bytes(est.to_allocate)}, {format_bytes(free)} free: {hint}"
+        )
+
+    def _suggest(self, adapter, prepared, config, free: int) -> str:
+        """A method (with the budget it would use) whose estimate fits, else what to reduce."""
+        budget = config.budget or max(1, min(1024, prepared.layout.n_visual // 10))
+        for name, cls in METHODS.items():
+            if name == config.method or not cls.evicts_per_block:
+                continue
+            for b in (budget, max(1, budget // 4)):
+                est = estimate_prefill(adapter, prepared, cls, b, config.block_size, None)
+                if est.to_allocate <= self.headroom * free:
+                    return f"try {name} with budget {b}"
+        return "try fewer video frames, a smaller image, or a smaller model"
+
+
+# -- out-of-memory during a turn ------------------------------------------------------------------
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """A CUDA OOM (torch.OutOfMemoryError) or a host allocation failure (MemoryError, or a RuntimeError
+    from PyTorch's CPU allocator)."""
+    if isinstance(exc, (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))):
+        return True
+    return isinstance(exc, RuntimeError) and "DefaultCPUAllocator: can't allocate memory" in str(exc)
+
+
+def release_memory() -> None:
+    """Give freed tensors back: collect cycles and empty CUDA's allocator cache."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+@contextlib.contextmanager
+def out_of_memory_caught(session) -> Iterator[None]:
+    """Run a turn of `session`; on an OOM roll it back (cache of the turn freed) and raise one line."""
+    snapshot = session.snapshot()
+    failed = False
+    try:
+        yield
+    except BaseException as exc:
+        if not is_out_of_memory(exc):
+            raise
+        failed = True  # handled below, outside this block, so the traceback's tensors can be freed
+    if failed:
+        session.restore(snapshot)
+        release_memory()
+        raise MemoryGuardError(
+            "out of memory during this turn: its cache was freed and the chat kept; try a smaller budget, "
+            "blockwise-keydiff, or fewer video frames"
+        )
