@@ -377,8 +377,9 @@ def table_needle_before_after(results: Path) -> str:
 
 def table_speed_issue11(results: Path) -> str:
     """Prefill and decode CPU time before / after the device-built cache (scripts/bench_issue11.py)."""
-    pairs = [("0.5 MP", "speed_issue11_before.json", "speed_issue11_after.json"),
-             ("3 MP", "speed_issue11_3mp_before.json", "speed_issue11_3mp_after.json")]
+    pairs = [("3 MP, quiet", "speed_issue11_3mp_before.json", "speed_issue11_3mp_after.json"),
+             ("3 MP, loaded", "speed_issue11_3mp_loaded_before.json", "speed_issue11_3mp_loaded_after.json"),
+             ("0.5 MP, loaded", "speed_issue11_before.json", "speed_issue11_after.json")]
     body, sources = [], []
     for label, before_name, after_name in pairs:
         before, after = load(before_name, results), load(after_name, results)
