@@ -420,6 +420,32 @@ def table_families_4k(results: Path) -> str:
     return "\n".join(lines + ["", source_line(*sources)])
 
 
+def table_memory_guard(results: Path) -> str:
+    """The memory guard's estimate against measured memory (scripts/guard_check.py)."""
+    name = "memory_guard_cpu.json"
+    d = load(name, results)
+    body = []
+    for r in d["results"]:
+        e, m = r["estimate"], r["measured"]
+        body.append([f"`{r['method']}`", f"{e['kv_bytes'] / MIB:.1f} / {e['peak_bytes'] / MIB:.1f} MiB",
+                     f"{m['peak_kv_bytes'] / MIB:.1f} / {m['rss_growth_bytes'] / MIB:.1f} MiB", f"{r['whole_ratio']:.2f}"])
+    lines = _table(["method", "estimate, KV / whole", "measured, `peak_kv_bytes` / RSS growth",
+                    "whole: estimate / measured"], body)
+    return "\n".join(lines + ["", source_line((name, d))])
+
+
+def table_load(results: Path) -> str:
+    """Eight sessions at once through the app's API (tests/test_load.py, recorded with VISUALKV_RECORD=1)."""
+    name = "load_8_sessions.json"
+    d = load(name, results)
+    body = [[f"{d['sessions']} × {d['turns_per_session']}", f"{d['wall_seconds']:.1f} s",
+             f"{d['server_rss_before_bytes'] / MIB:,.0f} MiB", f"{d['server_rss_peak_bytes'] / MIB:,.0f} MiB",
+             f"{d['server_rss_after_close_bytes'] / MIB:,.0f} MiB", f"{d['after_over_before']:.3f}×"]]
+    lines = _table(["sessions × turns", "wall", "server RSS before", "peak", "after every session closed",
+                    "after / before"], body)
+    return "\n".join(lines + ["", source_line((name, d))])
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "memory-image": table_memory_image,
     "latency-image": table_latency_image,
@@ -436,6 +462,8 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "needle-before-after": table_needle_before_after,
     "speed-issue11": table_speed_issue11,
     "families-4k": table_families_4k,
+    "memory-guard": table_memory_guard,
+    "load": table_load,
 }
 
 
