@@ -40,7 +40,8 @@ def small_image(request):
 
 # The shared invariants (2 bound, 3 protected, 4 positions, 6 telemetry), on the new families.
 test_full_bulk_matches_transformers = shared.test_full_bulk_matches_transformers
-test_entries_never_exceed_budget_plus_block = shared.test_entries_never_exceed_budget_plus_block
+test_visual_entries_never_exceed_budget_plus_block_or_unit = shared.test_visual_entries_never_exceed_budget_plus_block_or_unit
+test_telemetry_agrees_with_an_independent_count = shared.test_telemetry_agrees_with_an_independent_count
 test_full_report_matches_full_kv_bytes = shared.test_full_report_matches_full_kv_bytes
 test_protected_tokens_survive = shared.test_protected_tokens_survive
 test_kept_entries_keep_original_positions = shared.test_kept_entries_keep_original_positions

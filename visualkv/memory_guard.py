@@ -83,8 +83,11 @@ def format_bytes(n: float) -> str:
 
 
 def _cfg(obj, *names, default=None):
+    """The first of `names` the config has; a per-axis pair (InternVL's patch_size [14, 14]) gives its first."""
     for name in names:
         value = getattr(obj, name, None)
+        if isinstance(value, list | tuple) and value:
+            value = value[0]
         if value is not None:
             return value
     return default
