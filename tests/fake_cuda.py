@@ -79,6 +79,8 @@ class _Mode(TorchFunctionMode):
             return isinstance(args[0], FakeCudaTensor)
         if name in _TO_NAMES and args and isinstance(args[0], torch.Tensor):
             return self._move(func, name, args, kwargs)
+        if name == "pin_memory" and args and isinstance(args[0], torch.Tensor):
+            return args[0]  # page-locked host memory needs a driver; the tensor stays a host tensor either way
         to_cuda = _is_cuda(kwargs.get("device"))
         if "device" in kwargs and to_cuda:
             kwargs["device"] = "cpu"

@@ -121,7 +121,7 @@ def _turn(client, text: str, files: list, method: str, settings: dict):
 
     message = {"text": text, "files": [handle_file(f) for f in files]}
     out = client.predict(message=message, method=method, max_new=8, api_name="/chat", **settings)
-    history, _input, error, _progress, _plot, download = out
+    history, _input, error, _progress, _plot, download = out[:6]  # then the summary and follow-up note
     assert not error or error.get("value", "") in ("", None), f"{method}: {error}"
     return history, _report(download)
 

@@ -203,12 +203,19 @@ class _VisionDims:
         return (patches * per_patch + tokens * self.out_hidden) * itemsize
 
 
-def free_memory_bytes(device) -> int:
-    """Free memory where the cache will live: CUDA free + allocator-cached, or host available."""
+def free_memory_bytes(device) -> int | None:
+    """Free memory where the cache will live: CUDA free + allocator-cached, or host available.
+
+    None when the device cannot say (a CUDA runtime without a usable driver): the guard then does not
+    refuse, and a real out-of-memory is still caught by the turn.
+    """
     device = torch.device(device)
     if device.type == "cuda" and torch.cuda.is_available():
-        free, _total = torch.cuda.mem_get_info(device)
-        reusable = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        try:
+            free, _total = torch.cuda.mem_get_info(device)
+            reusable = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        except RuntimeError:
+            return None
         return int(free + reusable)
     return int(psutil.virtual_memory().available)
 
@@ -225,7 +232,7 @@ class MemoryGuard:
         self.headroom = headroom
         self.enabled = enabled
 
-    def _free(self, adapter) -> int:
+    def _free(self, adapter) -> int | None:
         return int(self.free_bytes()) if self.free_bytes is not None else free_memory_bytes(adapter.device)
 
     def check(self, adapter, prepared, config) -> MemoryEstimate:
@@ -235,7 +242,7 @@ class MemoryGuard:
         if not self.enabled:
             return est
         free = self._free(adapter)
-        if est.to_allocate <= self.headroom * free:
+        if free is None or est.to_allocate <= self.headroom * free:
             return est
         hint = self._suggest(adapter, prepared, config, free)
         raise MemoryGuardError(
