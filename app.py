@@ -13,21 +13,40 @@ import os
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="VisualKV: chat with 4K images and long videos, see the KV cache")
-    parser.add_argument("--model", default=os.environ.get("VISUALKV_MODEL") or None,
-                        help="model to load at start (default: $VISUALKV_MODEL, else an offline model)")
+    parser.add_argument(
+        "--model",
+        default=os.environ.get("VISUALKV_MODEL") or None,
+        help="model to load at start (default: $VISUALKV_MODEL, else an offline model)",
+    )
     parser.add_argument("--host", default=None, help="address to listen on (default 127.0.0.1, or GRADIO_SERVER_NAME)")
     parser.add_argument("--port", type=int, default=None, help="port (default 7860, or GRADIO_SERVER_PORT)")
     parser.add_argument("--share", action="store_true", help="create a public Gradio link")
     parser.add_argument("--device", default=None, help="cpu, cuda or auto (default: cuda when available)")
-    parser.add_argument("--public", action="store_true",
-                        help="shared mode without --share (implied by --share and on a Hugging Face Space): only "
-                             "listed models load")
-    parser.add_argument("--allow-model", action="append", default=[], metavar="ID",
-                        help="shared mode: also allow this model id (repeatable; or $VISUALKV_ALLOWED_MODELS=a,b)")
-    parser.add_argument("--max-queue", type=int, default=16,
-                        help="requests waiting at most; the next visitor is told the app is busy (default 16)")
-    parser.add_argument("--turn-time-limit", type=float, default=300.0, metavar="SECONDS",
-                        help="a chat turn running longer is stopped like Stop (default 300; 0 = no limit)")
+    parser.add_argument(
+        "--public",
+        action="store_true",
+        help="shared mode without --share (implied by --share and on a Hugging Face Space): only listed models load",
+    )
+    parser.add_argument(
+        "--allow-model",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="shared mode: also allow this model id (repeatable; or $VISUALKV_ALLOWED_MODELS=a,b)",
+    )
+    parser.add_argument(
+        "--max-queue",
+        type=int,
+        default=16,
+        help="requests waiting at most; the next visitor is told the app is busy (default 16)",
+    )
+    parser.add_argument(
+        "--turn-time-limit",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="a chat turn running longer is stopped like Stop (default 300; 0 = no limit)",
+    )
     args = parser.parse_args()
     if args.max_queue < 1 or args.turn_time_limit < 0:
         parser.error("--max-queue must be >= 1 and --turn-time-limit >= 0")
@@ -40,8 +59,12 @@ def main() -> None:
     from visualkv.access import is_public
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    serve = ServeOptions(public=is_public(share=args.share, public=args.public), allow_models=tuple(args.allow_model),
-                         max_queue=args.max_queue, turn_time_limit=args.turn_time_limit or None)
+    serve = ServeOptions(
+        public=is_public(share=args.share, public=args.public),
+        allow_models=tuple(args.allow_model),
+        max_queue=args.max_queue,
+        turn_time_limit=args.turn_time_limit or None,
+    )
     demo = build_app(default_model=args.model, device=device, serve=serve)
     mode = "shared mode: only listed models load" if serve.public else "local mode"
     print(f"VisualKV: model {demo.vkv_model} on {device} ({mode})", flush=True)

@@ -30,9 +30,9 @@ def main() -> None:
     args = p.parse_args()
 
     import visualkv
+    from visualkv.bench.synthetic import image_media, megapixel_size
     from visualkv.models.registry import load_model
     from visualkv.session import ChatSession, SessionConfig
-    from visualkv.synthetic import image_media, megapixel_size
 
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)

@@ -32,12 +32,12 @@ def measure(model: str, media_path: str, method: str, budget: int) -> dict:
     import psutil
     import torch
 
+    from visualkv.bench.synthetic import image_media
     from visualkv.media import load_media
     from visualkv.memory_guard import MemoryGuard, estimate_prefill
     from visualkv.methods import METHODS
     from visualkv.models.registry import load_model
     from visualkv.session import ChatSession, SessionConfig
-    from visualkv.synthetic import image_media
 
     adapter = load_model(model)
     media = load_media(media_path)

@@ -43,9 +43,7 @@ BLACK = (0, 0, 0)
 # Still image
 
 
-def _smooth_noise(
-    rng: np.random.Generator, width: int, height: int, cell: int
-) -> np.ndarray:
+def _smooth_noise(rng: np.random.Generator, width: int, height: int, cell: int) -> np.ndarray:
     """Low-frequency noise in [0, 1]: random values on a coarse grid, bicubically upsampled."""
     coarse = rng.random((height // cell + 3, width // cell + 3)).astype(np.float32)
     big = cv2.resize(
@@ -66,9 +64,7 @@ def _background(rng: np.random.Generator, width: int, height: int) -> np.ndarray
     image = start + ramp[..., None] * (end - start)
     cell = max(8, min(width, height) // 6)
     image += (_smooth_noise(rng, width, height, cell)[..., None] - 0.5) * 50
-    image += (
-        _smooth_noise(rng, width, height, max(4, cell // 4))[..., None] - 0.5
-    ) * 16
+    image += (_smooth_noise(rng, width, height, max(4, cell // 4))[..., None] - 0.5) * 16
     return image
 
 
@@ -81,11 +77,7 @@ def _muted_colour(rng: np.random.Generator) -> tuple[int, int, int]:
 def _star(cx: float, cy: float, radius: float) -> np.ndarray:
     angles = -math.pi / 2 + np.arange(10) * math.pi / 5
     radii = np.where(np.arange(10) % 2 == 0, radius, radius * 0.42)
-    return (
-        np.stack([cx + radii * np.cos(angles), cy + radii * np.sin(angles)], axis=1)
-        .round()
-        .astype(np.int32)
-    )
+    return np.stack([cx + radii * np.cos(angles), cy + radii * np.sin(angles)], axis=1).round().astype(np.int32)
 
 
 def still_needles(width: int, height: int) -> list[dict]:
@@ -120,17 +112,12 @@ def still_needles(width: int, height: int) -> list[dict]:
 
 def _overlaps(box: list[int], boxes: list[list[int]], margin: int) -> bool:
     return any(
-        box[0] < b[2] + margin
-        and b[0] < box[2] + margin
-        and box[1] < b[3] + margin
-        and b[1] < box[3] + margin
+        box[0] < b[2] + margin and b[0] < box[2] + margin and box[1] < b[3] + margin and b[1] < box[3] + margin
         for b in boxes
     )
 
 
-def _draw_distractors(
-    canvas: np.ndarray, rng: np.random.Generator, count: int, keep_out: list[list[int]]
-) -> None:
+def _draw_distractors(canvas: np.ndarray, rng: np.random.Generator, count: int, keep_out: list[list[int]]) -> None:
     height, width = canvas.shape[:2]
     scale = width / STILL_SIZE[0]
     drawn = 0
@@ -187,9 +174,7 @@ def _draw_needles(canvas: np.ndarray, needles: list[dict]) -> None:
             _put_text_in_box(canvas, "VKV-42", (x0, y0, x1, y1))
 
 
-def _put_text_in_box(
-    canvas: np.ndarray, text: str, box: tuple[int, int, int, int]
-) -> None:
+def _put_text_in_box(canvas: np.ndarray, text: str, box: tuple[int, int, int, int]) -> None:
     """Black text centred in the box, as large as fits with a margin."""
     x0, y0, x1, y1 = box
     font, thickness = cv2.FONT_HERSHEY_SIMPLEX, max(1, (y1 - y0) // 14)
@@ -209,9 +194,7 @@ def make_still(
 ) -> np.ndarray:
     """Textured background, ``shapes`` muted distractors and (optionally) the needles; RGB uint8."""
     rng = np.random.default_rng(seed)
-    canvas = np.ascontiguousarray(
-        np.clip(_background(rng, width, height), 0, 255).astype(np.uint8)
-    )
+    canvas = np.ascontiguousarray(np.clip(_background(rng, width, height), 0, 255).astype(np.uint8))
     placed = still_needles(width, height) if needles else []
     _draw_distractors(canvas, rng, shapes, [n["box"] for n in placed])
     _draw_needles(canvas, placed)
@@ -278,10 +261,7 @@ def make_video_frames(
     timeline: VideoTimeline = VideoTimeline(),
 ) -> list[np.ndarray]:
     """All frames as a list (mind the memory for the full-size video: use iter_video_frames)."""
-    return [
-        np.ascontiguousarray(f)
-        for f in iter_video_frames(width, height, fps, seed, timeline)
-    ]
+    return [np.ascontiguousarray(f) for f in iter_video_frames(width, height, fps, seed, timeline)]
 
 
 def video_description(
@@ -370,19 +350,13 @@ def write_still(out: Path) -> dict:
     return info
 
 
-def write_video(
-    out: Path, width: int = 640, height: int = 360, fps: float = 4.0
-) -> dict:
+def write_video(out: Path, width: int = 640, height: int = 360, fps: float = 4.0) -> dict:
     """Write example_video.mp4 (mp4v) and example_video.json; check decord reads it back."""
     path = out / "example_video.mp4"
     tmp = out / "example_video.tmp.mp4"  # the extension tells FFmpeg the container
-    writer = cv2.VideoWriter(
-        str(tmp), cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height)
-    )
+    writer = cv2.VideoWriter(str(tmp), cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height))
     if not writer.isOpened():
-        raise SystemExit(
-            "OpenCV cannot write mp4v video here (FFmpeg missing from the cv2 build?)"
-        )
+        raise SystemExit("OpenCV cannot write mp4v video here (FFmpeg missing from the cv2 build?)")
     try:
         for frame in iter_video_frames(width, height, fps):
             writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
@@ -411,9 +385,7 @@ def _decord_frame_count(path: Path) -> int | None:
     count = len(decord.VideoReader(str(path)))
     expected = video_description()["frame_count"]
     if count != expected:
-        raise SystemExit(
-            f"decord reads {count} frames from {path}, expected {expected}"
-        )
+        raise SystemExit(f"decord reads {count} frames from {path}, expected {expected}")
     return count
 
 
@@ -433,9 +405,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in (still["file"], "example_4k.json", video["file"], "example_video.json"):
         size = (args.out / name).stat().st_size
         print(f"{args.out / name}: {size / 1024**2:.2f} MiB")
-    # the bundled demo model's example scenes and their suggested questions (visualkv/scenes.py)
+    # the bundled demo model's example scenes and their suggested questions (visualkv/bench/scenes.py)
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from visualkv.scenes import write_examples
+    from visualkv.bench.scenes import write_examples
 
     demo = write_examples(str(args.out / "visualkv-demo"))
     print(f"{args.out / 'visualkv-demo'}: {len(demo['examples'])} demo examples")

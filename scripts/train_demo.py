@@ -4,7 +4,7 @@
 
 A Qwen2.5-VL (``Qwen2_5_VLForConditionalGeneration``, so every VisualKV method applies
 unchanged) with a small vision tower (windowed attention only, so block-wise encoding is
-exact) and a small LLM, trained from scratch on :mod:`visualkv.scenes` images (224-672 px wide)
+exact) and a small LLM, trained from scratch on :mod:`visualkv.bench.scenes` images (224-672 px wide)
 and a few short videos, with a curriculum: images grow from 224 px to 672 px over the
 first 40 % of the steps and distractors from none to full density over the first half.
 Inputs go through the real chat template and the processor's own image / video pipeline,
@@ -30,7 +30,7 @@ chance on every image question):
   (``--aux-weight``, needle cells weighted by ``--quadrant-needle-weight`` for the quadrant),
   through linear heads that are not part of the saved model (nor is the quadrant probe). The quadrant is readable
   from a token's surroundings because the scenes' background stripes change orientation per
-  quadrant (:func:`visualkv.scenes._quadrant_stripes`).
+  quadrant (:func:`visualkv.bench.scenes._quadrant_stripes`).
 
 Training uses eager attention (to read attention weights); the checkpoint loads with SDPA.
 
@@ -55,9 +55,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-from visualkv.models.base import video_metadata
-from visualkv.models.tiny import TinySpec, build_tiny_processor, qwen_config
-from visualkv.scenes import (
+from visualkv.bench.scenes import (
     COLORS,
     QUADRANTS,
     SHAPE_CLASSES,
@@ -69,6 +67,8 @@ from visualkv.scenes import (
     video_media,
     video_third,
 )
+from visualkv.models.base import video_metadata
+from visualkv.models.tiny import TinySpec, build_tiny_processor, qwen_config
 
 # Model sizes of visualkv-demo.
 DEMO_SIZES = {
@@ -176,19 +176,28 @@ def make_sample(index: int, processor, progress: float = 1.0, opts: SampleOption
     kind = "image" if media is None else "video"
     prompt = processor.apply_chat_template(
         [{"role": "user", "content": [{"type": kind}, {"type": "text", "text": qs[0].question}]}],
-        add_generation_prompt=True, tokenize=False,
+        add_generation_prompt=True,
+        tokenize=False,
     )
     if kind == "image":
         enc = processor(text=[prompt], images=[frame], return_tensors="pt")
     else:
-        enc = processor(text=[prompt], videos=[np.stack(media.frames)], video_metadata=[video_metadata(media)],
-                        do_sample_frames=False, return_tensors="pt")
+        enc = processor(
+            text=[prompt],
+            videos=[np.stack(media.frames)],
+            video_metadata=[video_metadata(media)],
+            do_sample_frames=False,
+            return_tensors="pt",
+        )
     aux = None
     if kind == "image":  # auxiliary per-visual-token targets (shape / needle colour of each 28 px cell)
         _, gh, gw = (int(x) for x in enc["image_grid_thw"][0])
         shape, color = cell_labels(scene, gh // 2, gw // 2)
-        aux = (torch.from_numpy(shape).flatten(), torch.from_numpy(color).flatten(),
-               cell_quadrants(gh // 2, gw // 2).flatten())
+        aux = (
+            torch.from_numpy(shape).flatten(),
+            torch.from_numpy(color).flatten(),
+            cell_quadrants(gh // 2, gw // 2).flatten(),
+        )
     pieces = [enc["input_ids"][0]]
     labels = [torch.full_like(pieces[0], -100)]
     answer_starts, answer_lengths = [], []
@@ -250,7 +259,9 @@ def make_sample(index: int, processor, progress: float = 1.0, opts: SampleOption
     if video is not None and opts.video_time_cue:
         t, gh, gw = (int(x) for x in enc["video_grid_thw"][0])
         rows, cols = gh // 2, gw // 2
-        video_aux = torch.tensor([video_third(2 * p, video.num_frames) for p in range(t)]).repeat_interleave(rows * cols)
+        video_aux = torch.tensor([video_third(2 * p, video.num_frames) for p in range(t)]).repeat_interleave(
+            rows * cols
+        )
         x0, y0, x1, y1 = video.needle.box
         sx, sy = cols / video.width, rows / video.height  # pixels -> cells
         r = torch.arange(max(0, int(y0 * sy)), min(rows, int((y1 - 1) * sy) + 1))
@@ -265,16 +276,24 @@ def make_sample(index: int, processor, progress: float = 1.0, opts: SampleOption
             for qpos in range(start - 1, start + length - 1 if attn_all_positions else start):
                 attn_targets.append((qpos, keys, sink, -1))
             if q.kind == "when":
-                when_targets += [(qpos, ("start", "middle", "end").index(q.answer))
-                                 for qpos in range(start - 1, start + length - 1)]
+                when_targets += [
+                    (qpos, ("start", "middle", "end").index(q.answer)) for qpos in range(start - 1, start + length - 1)
+                ]
     inputs = {k: v for k, v in enc.items() if k not in ("input_ids", "attention_mask")}
     n_extra = input_ids.shape[1] - enc["input_ids"].shape[1]
     if "mm_token_type_ids" in inputs:
         inputs["mm_token_type_ids"] = torch.cat(
-            [inputs["mm_token_type_ids"], torch.zeros(1, n_extra, dtype=inputs["mm_token_type_ids"].dtype)], 1)
+            [inputs["mm_token_type_ids"], torch.zeros(1, n_extra, dtype=inputs["mm_token_type_ids"].dtype)], 1
+        )
     inputs.update(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), labels=label_ids)
-    targets = {"aux": aux, "video_aux": video_aux, "attn": attn_targets, "quadrant": quadrant_targets,
-               "count": count_targets, "when": when_targets}
+    targets = {
+        "aux": aux,
+        "video_aux": video_aux,
+        "attn": attn_targets,
+        "quadrant": quadrant_targets,
+        "count": count_targets,
+        "when": when_targets,
+    }
     return inputs, [q.kind for q in qs], targets
 
 
@@ -307,40 +326,85 @@ def main(argv=None) -> int:
     ap.add_argument("--aux-weight", type=float, default=1.0, help="weight of the per-visual-token auxiliary loss")
     ap.add_argument("--attn-weight", type=float, default=1.0, help="weight of the attention supervision loss")
     ap.add_argument("--llm-aux", type=int, default=1, help="1: colour-word targets at needle tokens")
-    ap.add_argument("--attn-all-positions", type=int, default=1,
-                    help="1: attention supervision at every position that predicts an answer token, 0: the first only")
-    ap.add_argument("--quadrant-needle-weight", type=float, default=3.0,
-                    help="weight of needle cells in the per-token quadrant loss (their own pixels hide the cue)")
-    ap.add_argument("--answer-aux", type=float, default=1.0,
-                    help="weight of the quadrant and video-'when' probes on the attention output at those answers (0: off)")
-    ap.add_argument("--count-aux", type=float, default=1.0,
-                    help="weight of the count probe on the attention output at count answers (0: off)")
-    ap.add_argument("--multi-prob", type=float, default=MULTI_PROB,
-                    help="chance that a training scene has one needle shape 2-3 times")
-    ap.add_argument("--count-multi-weight", type=float, default=COUNT_MULTI_WEIGHT,
-                    help="how much more often a count question with answer 2-3 is asked (1: uniform)")
+    ap.add_argument(
+        "--attn-all-positions",
+        type=int,
+        default=1,
+        help="1: attention supervision at every position that predicts an answer token, 0: the first only",
+    )
+    ap.add_argument(
+        "--quadrant-needle-weight",
+        type=float,
+        default=3.0,
+        help="weight of needle cells in the per-token quadrant loss (their own pixels hide the cue)",
+    )
+    ap.add_argument(
+        "--answer-aux",
+        type=float,
+        default=1.0,
+        help="weight of the quadrant and video-'when' probes on the attention output at those answers (0: off)",
+    )
+    ap.add_argument(
+        "--count-aux",
+        type=float,
+        default=1.0,
+        help="weight of the count probe on the attention output at count answers (0: off)",
+    )
+    ap.add_argument(
+        "--multi-prob",
+        type=float,
+        default=MULTI_PROB,
+        help="chance that a training scene has one needle shape 2-3 times",
+    )
+    ap.add_argument(
+        "--count-multi-weight",
+        type=float,
+        default=COUNT_MULTI_WEIGHT,
+        help="how much more often a count question with answer 2-3 is asked (1: uniform)",
+    )
     ap.add_argument("--video-fraction", type=float, default=VIDEO_FRACTION, help="share of video samples")
-    ap.add_argument("--video-time-cue", type=int, default=1,
-                    help="1: training videos mark each third with the stripes' period (0: the videos of phases 1-4)")
-    ap.add_argument("--stop-at", type=int, default=None,
-                    help="stop (and save) after this many steps, keeping the learning-rate schedule of --steps")
-    ap.add_argument("--count-heads", type=int, default=1,
-                    help="1: head 2 at a count answer splits its attention 1 : n between the sink and the needles")
+    ap.add_argument(
+        "--video-time-cue",
+        type=int,
+        default=1,
+        help="1: training videos mark each third with the stripes' period (0: the videos of phases 1-4)",
+    )
+    ap.add_argument(
+        "--stop-at",
+        type=int,
+        default=None,
+        help="stop (and save) after this many steps, keeping the learning-rate schedule of --steps",
+    )
+    ap.add_argument(
+        "--count-heads",
+        type=int,
+        default=1,
+        help="1: head 2 at a count answer splits its attention 1 : n between the sink and the needles",
+    )
     ap.add_argument("--init", default=None, help="continue from this checkpoint folder instead of random weights")
-    ap.add_argument("--curriculum-start", type=float, default=0.0,
-                    help="curriculum progress at step 0 (1.0 = full-size, full-density scenes from the start)")
+    ap.add_argument(
+        "--curriculum-start",
+        type=float,
+        default=0.0,
+        help="curriculum progress at step 0 (1.0 = full-size, full-density scenes from the start)",
+    )
     ap.add_argument("--sample-offset", type=int, default=0, help="index of the first training sample")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     sample_opts = SampleOptions(
-        llm_aux=bool(args.llm_aux), attn_all_positions=bool(args.attn_all_positions), multi_prob=args.multi_prob,
-        count_multi_weight=args.count_multi_weight, video_fraction=args.video_fraction,
-        video_time_cue=bool(args.video_time_cue))
+        llm_aux=bool(args.llm_aux),
+        attn_all_positions=bool(args.attn_all_positions),
+        multi_prob=args.multi_prob,
+        count_multi_weight=args.count_multi_weight,
+        video_fraction=args.video_fraction,
+        video_time_cue=bool(args.video_time_cue),
+    )
     torch.manual_seed(args.seed)
     processor = build_tiny_processor("tiny-qwen2.5-vl")
     if args.init:
-        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(args.init, dtype=torch.float32,
-                                                                   attn_implementation="eager")
+        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
+            args.init, dtype=torch.float32, attn_implementation="eager"
+        )
     else:
         model = Qwen2_5_VLForConditionalGeneration(demo_config(processor, attn_implementation="eager"))
     tok = processor.tokenizer
@@ -353,8 +417,11 @@ def main(argv=None) -> int:
     print(f"params {n_params / 1e6:.2f} M", flush=True)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.98))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr,
+        betas=(0.9, 0.98),
+    )
 
     def lr_at(step: int) -> float:
         if step < args.warmup:
@@ -387,12 +454,17 @@ def main(argv=None) -> int:
     quadrant_probe = torch.nn.ModuleList(torch.nn.Linear(hidden, len(QUADRANTS)) for _ in llm_layers[1:])
     count_probe = torch.nn.ModuleList(torch.nn.Linear(hidden, 4) for _ in llm_layers[1:])  # the same for counts 0-3
     when_probe = torch.nn.ModuleList(torch.nn.Linear(hidden, 3) for _ in llm_layers[1:])  # and video thirds
-    opt.add_param_group({"params": [*quadrant_probe.parameters(), *count_probe.parameters(), *when_probe.parameters()],
-                         "weight_decay": 0.0})
+    opt.add_param_group(
+        {
+            "params": [*quadrant_probe.parameters(), *count_probe.parameters(), *when_probe.parameters()],
+            "weight_decay": 0.0,
+        }
+    )
 
     def grab_attn(index):
         def hook(_module, _inputs, output):
             captured[f"attn{index}"] = output[0]
+
         return hook
 
     for i, layer in enumerate(llm_layers[1:]):
@@ -431,33 +503,47 @@ def main(argv=None) -> int:
                         terms.append(-torch.log(mass + 1e-6))
                         if n >= 0 and args.count_heads:  # head 2: sink share 1 / (1 + n)
                             p_sink = att[0, 2, qpos, sink]
-                            terms.append(-(torch.log(p_sink + 1e-6) + (
-                                n * torch.log(att[0, 2, qpos, keys].sum() + 1e-6) if n else 0.0)) / (1 + n))
+                            terms.append(
+                                -(
+                                    torch.log(p_sink + 1e-6)
+                                    + (n * torch.log(att[0, 2, qpos, keys].sum() + 1e-6) if n else 0.0)
+                                )
+                                / (1 + n)
+                            )
                 attn_loss = torch.stack(terms).mean()
                 loss = loss + args.attn_weight * attn_loss
                 run_att += float(attn_loss.detach())
                 run_att_n += 1
             if aux is not None and args.aux_weight > 0:
                 merged = captured["merged"]
-                aux_loss = torch.nn.functional.cross_entropy(aux_shape(merged), aux[0], weight=w_shape) + \
-                    torch.nn.functional.cross_entropy(aux_color(merged), aux[1], weight=w_color) + \
-                    (torch.nn.functional.cross_entropy(aux_quadrant(merged), aux[2], reduction="none") *
-                     (1 + (args.quadrant_needle_weight - 1) * (aux[0] >= 3))).mean()
+                aux_loss = (
+                    torch.nn.functional.cross_entropy(aux_shape(merged), aux[0], weight=w_shape)
+                    + torch.nn.functional.cross_entropy(aux_color(merged), aux[1], weight=w_color)
+                    + (
+                        torch.nn.functional.cross_entropy(aux_quadrant(merged), aux[2], reduction="none")
+                        * (1 + (args.quadrant_needle_weight - 1) * (aux[0] >= 3))
+                    ).mean()
+                )
                 loss = loss + args.aux_weight * aux_loss
                 run_aux += float(aux_loss.detach())
                 run_aux_n += 1
             if targets["video_aux"] is not None and args.aux_weight > 0:
                 loss = loss + args.aux_weight * torch.nn.functional.cross_entropy(
-                    aux_time(captured["merged"]), targets["video_aux"])
+                    aux_time(captured["merged"]), targets["video_aux"]
+                )
             probe_terms = []
-            for probe_targets, heads, weight in ((targets["quadrant"], quadrant_probe, args.answer_aux),
-                                                 (targets["count"], count_probe, args.count_aux),
-                                                 (targets["when"], when_probe, args.answer_aux)):
+            for probe_targets, heads, weight in (
+                (targets["quadrant"], quadrant_probe, args.answer_aux),
+                (targets["count"], count_probe, args.count_aux),
+                (targets["when"], when_probe, args.answer_aux),
+            ):
                 if probe_targets and weight > 0:
                     pos = torch.tensor([p for p, _ in probe_targets])
                     target = torch.tensor([t for _, t in probe_targets])
-                    probe_terms += [weight * torch.nn.functional.cross_entropy(head(captured[f"attn{i}"][0, pos]), target)
-                                    for i, head in enumerate(heads)]
+                    probe_terms += [
+                        weight * torch.nn.functional.cross_entropy(head(captured[f"attn{i}"][0, pos]), target)
+                        for i, head in enumerate(heads)
+                    ]
             if probe_terms:
                 answer_loss = torch.stack(probe_terms).mean()
                 loss = loss + answer_loss
@@ -470,8 +556,9 @@ def main(argv=None) -> int:
                 labels = inputs["labels"][0, 1:]
                 pred = out.logits[0, :-1].argmax(-1)
                 # answer tokens only: skip the auxiliary colour-word labels at visual tokens
-                first_text = int(inputs["mm_token_type_ids"][0].nonzero().max()) + 1 if "mm_token_type_ids" in inputs \
-                    else 0
+                first_text = (
+                    int(inputs["mm_token_type_ids"][0].nonzero().max()) + 1 if "mm_token_type_ids" in inputs else 0
+                )
                 sup = [i for i in (labels != -100).nonzero().flatten().tolist() if i >= first_text]
                 groups, cur = [], [sup[0]]
                 for i in sup[1:]:
@@ -489,11 +576,17 @@ def main(argv=None) -> int:
         last = step == args.steps - 1 or step + 1 == args.stop_at
         if (step + 1) % args.log_every == 0 or last:
             acc = {k: round(sum(v) / len(v), 3) for k, v in sorted(hits.items())}
-            rec = {"step": step + 1, "samples": sample, "loss": round(run_loss / run_n, 4),
-                   "aux_loss": round(run_aux / max(run_aux_n, 1), 4),
-                   "attn_loss": round(run_att / max(run_att_n, 1), 4),
-                   "answer_aux_loss": round(run_ans / max(run_ans_n, 1), 4), "lr": lr_at(step),
-                   "seconds": round(time.time() - t0, 1), "tf_acc": acc}
+            rec = {
+                "step": step + 1,
+                "samples": sample,
+                "loss": round(run_loss / run_n, 4),
+                "aux_loss": round(run_aux / max(run_aux_n, 1), 4),
+                "attn_loss": round(run_att / max(run_att_n, 1), 4),
+                "answer_aux_loss": round(run_ans / max(run_ans_n, 1), 4),
+                "lr": lr_at(step),
+                "seconds": round(time.time() - t0, 1),
+                "tf_acc": acc,
+            }
             history.append(rec)
             print(json.dumps(rec), flush=True)
             run_loss, run_n, hits = 0.0, 0, {}
@@ -502,9 +595,20 @@ def main(argv=None) -> int:
             run_ans, run_ans_n = 0.0, 0
         if (step + 1) % args.save_every == 0 or last:
             model.eval()
-            save(model, processor, args.out, {"args": vars(args), "sizes": DEMO_SIZES, "history": history,
-                                              "params": n_params, "samples": sample,
-                                              "seconds": round(time.time() - t0, 1), "done": last})
+            save(
+                model,
+                processor,
+                args.out,
+                {
+                    "args": vars(args),
+                    "sizes": DEMO_SIZES,
+                    "history": history,
+                    "params": n_params,
+                    "samples": sample,
+                    "seconds": round(time.time() - t0, 1),
+                    "done": last,
+                },
+            )
             model.train()
     print(f"done in {time.time() - t0:.0f}s", flush=True)
     return 0

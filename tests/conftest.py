@@ -10,7 +10,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
 
-from visualkv.synthetic import image_media, video_media
+from visualkv.bench.synthetic import image_media, video_media
 
 _ADAPTERS: dict = {}
 

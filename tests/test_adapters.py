@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 
 from tests.conftest import get_adapter
-from visualkv.synthetic import image_media
+from visualkv.bench.synthetic import image_media
 
 
 def test_qwen_lazy_pixels_equal_the_processor():
@@ -16,7 +16,9 @@ def test_qwen_lazy_pixels_equal_the_processor():
     prepared = adapter.prepare(media, "Describe it.")
     text = adapter.processor.apply_chat_template(
         [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe it."}]}],
-        add_generation_prompt=True, tokenize=False)
+        add_generation_prompt=True,
+        tokenize=False,
+    )
     enc = adapter.processor(text=[text], images=[Image.fromarray(media.frames[0])], return_tensors="pt")
     assert torch.equal(prepared.input_ids, enc["input_ids"][0])
     assert torch.equal(prepared.vision_inputs["image_grid_thw"], enc["image_grid_thw"])
@@ -88,15 +90,20 @@ def test_local_checkpoint_folder_loads_like_a_real_model(tmp_path, small_image):
 
 
 def test_qwen_lazy_video_pixels_equal_the_processor():
+    from visualkv.bench.synthetic import video_media
     from visualkv.models.base import video_metadata
-    from visualkv.synthetic import video_media
 
     adapter = get_adapter("tiny-qwen2.5-vl")
     media = video_media(7, 320, 180, fps=2.0, seed=4)  # odd count: the last patch is padded
     prepared = adapter.prepare(media, "What happens?")
     text = adapter.chat_text(media, "What happens?")
-    enc = adapter.processor(text=[text], videos=[np.stack(media.frames)], video_metadata=[video_metadata(media)],
-                            do_sample_frames=False, return_tensors="pt")
+    enc = adapter.processor(
+        text=[text],
+        videos=[np.stack(media.frames)],
+        video_metadata=[video_metadata(media)],
+        do_sample_frames=False,
+        return_tensors="pt",
+    )
     assert torch.equal(prepared.input_ids, enc["input_ids"][0])
     assert torch.equal(prepared.vision_inputs["video_grid_thw"], enc["video_grid_thw"])
     t, gh, gw = (int(x) for x in enc["video_grid_thw"][0])
@@ -107,14 +114,19 @@ def test_qwen_lazy_video_pixels_equal_the_processor():
 
 
 def test_smolvlm_lazy_video_equals_the_processor():
+    from visualkv.bench.synthetic import video_media
     from visualkv.models.base import video_metadata
-    from visualkv.synthetic import video_media
 
     adapter = get_adapter("tiny-smolvlm2")
     media = video_media(5, 320, 180, fps=1.0, seed=5)
     prepared = adapter.prepare(media, "What happens?")
-    enc = adapter.processor(text=[adapter.chat_text(media, "What happens?")], videos=[np.stack(media.frames)],
-                            video_metadata=[video_metadata(media)], do_sample_frames=False, return_tensors="pt")
+    enc = adapter.processor(
+        text=[adapter.chat_text(media, "What happens?")],
+        videos=[np.stack(media.frames)],
+        video_metadata=[video_metadata(media)],
+        do_sample_frames=False,
+        return_tensors="pt",
+    )
     assert torch.equal(prepared.input_ids, enc["input_ids"][0])
     pixels, mask = adapter._frame_pixels(media, [1, 3])
     assert torch.allclose(pixels, enc["pixel_values"][:, [1, 3]], atol=1e-6)
@@ -134,15 +146,29 @@ def test_qwen2_vl_goes_through_the_same_adapter(small_image, small_video):
     c, p = base.model.config, base.processor
     cfg = Qwen2VLConfig(
         text_config=c.text_config.to_dict(),
-        vision_config={"depth": 2, "embed_dim": 32, "hidden_size": c.text_config.hidden_size, "num_heads": 2,
-                       "mlp_ratio": 2, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2},
-        image_token_id=c.image_token_id, video_token_id=c.video_token_id,
-        vision_start_token_id=c.vision_start_token_id, vision_end_token_id=c.vision_end_token_id,
+        vision_config={
+            "depth": 2,
+            "embed_dim": 32,
+            "hidden_size": c.text_config.hidden_size,
+            "num_heads": 2,
+            "mlp_ratio": 2,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+        },
+        image_token_id=c.image_token_id,
+        video_token_id=c.video_token_id,
+        vision_start_token_id=c.vision_start_token_id,
+        vision_end_token_id=c.vision_end_token_id,
     )
     torch.manual_seed(0)
     model = Qwen2VLForConditionalGeneration(cfg).eval()
-    proc = Qwen2VLProcessor(image_processor=p.image_processor, tokenizer=p.tokenizer,
-                            video_processor=p.video_processor, chat_template=p.chat_template)
+    proc = Qwen2VLProcessor(
+        image_processor=p.image_processor,
+        tokenizer=p.tokenizer,
+        video_processor=p.video_processor,
+        chat_template=p.chat_template,
+    )
     adapter = _adapter(model, proc, "tiny-qwen2-vl")
     assert adapter.family == "qwen2_5_vl" and adapter.describe()["model_type"] == "qwen2_vl"
     for media in (small_image, small_video):
@@ -152,12 +178,18 @@ def test_qwen2_vl_goes_through_the_same_adapter(small_image, small_video):
         if media.kind == "image":
             enc = proc(text=[text], images=[Image.fromarray(media.frames[0])], return_tensors="pt")
         else:
-            enc = proc(text=[text], videos=[np.stack(media.frames)], video_metadata=[video_metadata(media)],
-                       do_sample_frames=False, return_tensors="pt")
+            enc = proc(
+                text=[text],
+                videos=[np.stack(media.frames)],
+                video_metadata=[video_metadata(media)],
+                do_sample_frames=False,
+                return_tensors="pt",
+            )
         with torch.no_grad():
             reference = model(**enc).logits[0, -1]
         assert torch.allclose(session.prefill_result.logits, reference, atol=1e-4)
-        compressed = ChatSession(adapter, SessionConfig(method="blockwise-snapkv", budget=32, block_size=48,
-                                                        max_new_tokens=2))
+        compressed = ChatSession(
+            adapter, SessionConfig(method="blockwise-snapkv", budget=32, block_size=48, max_new_tokens=2)
+        )
         compressed.ask("What?", media)
         assert compressed.report()["final_kv_bytes"] < compressed.report()["full_kv_bytes"]

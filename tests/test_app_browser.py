@@ -27,16 +27,24 @@ pytestmark = pytest.mark.browser
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "artifacts"
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 MODEL = "tiny-qwen2.5-vl"
 TURN_TIMEOUT_MS = 120_000
 VIEWPORT = {"width": 1440, "height": 900}
 APP_LOG: list[Path] = []  # the server log of this module's app, for "no traceback" checks
 
 if not Path(CHROMIUM).exists():
-    pytest.skip(f"{CHROMIUM} is missing (install Debian's chromium package to run the browser test)",
-                allow_module_level=True)
+    pytest.skip(
+        f"{CHROMIUM} is missing (install Debian's chromium package to run the browser test)", allow_module_level=True
+    )
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (pip) is needed for the browser test")
 
@@ -54,12 +62,24 @@ def _free_port() -> int:
 def app_url(tmp_path_factory):
     port = _free_port()
     tmp = tmp_path_factory.mktemp("app")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False",
-           "GRADIO_TEMP_DIR": str(tmp / "gradio"), "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "GRADIO_ANALYTICS_ENABLED": "False",
+        "GRADIO_TEMP_DIR": str(tmp / "gradio"),
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONUNBUFFERED": "1",
+    }
     log = (tmp / "app.log").open("w")
     APP_LOG[:] = [tmp / "app.log"]
-    proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--model", MODEL], cwd=REPO, env=env,
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "app.py", "--port", str(port), "--model", MODEL],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.time() + 180
     while time.time() < deadline:
         if proc.poll() is not None:
@@ -121,7 +141,8 @@ def set_number(pg, elem: str, value) -> None:
 def dropdown_options(pg, elem: str) -> list[str]:
     pg.click(f"{elem} input")
     options = pg.locator('[data-testid="dropdown-option"]').evaluate_all(
-        "els => els.map(e => e.getAttribute('aria-label'))")
+        "els => els.map(e => e.getAttribute('aria-label'))"
+    )
     pg.keyboard.press("Escape")
     return options
 
@@ -166,13 +187,16 @@ def send(pg, question: str, path=None, expect_error: bool = False) -> None:
     pg.fill("#vkv-input textarea", question)
     pg.click("#vkv-send")
     if expect_error:
-        pg.wait_for_function(f"(stale) => {{ const t = {ERROR_JS}; return t && t !== stale; }}", arg=stale,
-                             timeout=TURN_TIMEOUT_MS)
+        pg.wait_for_function(
+            f"(stale) => {{ const t = {ERROR_JS}; return t && t !== stale; }}", arg=stale, timeout=TURN_TIMEOUT_MS
+        )
         return
     pg.wait_for_function(
         "(n) => document.querySelectorAll('#vkv-chat [data-testid=\"bot\"]').length === n + 1 && "
-        "document.querySelector('#vkv-progress').innerText.startsWith('done')", arg=n_before,
-        timeout=TURN_TIMEOUT_MS)
+        "document.querySelector('#vkv-progress').innerText.startsWith('done')",
+        arg=n_before,
+        timeout=TURN_TIMEOUT_MS,
+    )
     assert not error_text(pg), error_text(pg)
 
 
@@ -209,7 +233,9 @@ def plot_traces(pg, elem: str) -> dict[str, int]:
     """{trace name: number of points} of the Plotly chart inside `elem`, read from the DOM."""
     data = pg.evaluate(
         "(e) => Array.from(document.querySelectorAll(e + ' .js-plotly-plot'))"
-        ".map(p => (p.data || []).map(t => [t.name, (t.x || []).length]))", elem)
+        ".map(p => (p.data || []).map(t => [t.name, (t.x || []).length]))",
+        elem,
+    )
     assert data, f"no Plotly chart in {elem}"
     return dict(data[-1])
 
@@ -224,15 +250,23 @@ def numbers_panel(pg, must_contain: str) -> str:
     open_tab(pg, "Numbers")
     pg.wait_for_function(
         "(t) => { const e = document.querySelector('#vkv-numbers'); return e && e.innerText.includes(t); }",
-        arg=must_contain, timeout=60_000)
+        arg=must_contain,
+        timeout=60_000,
+    )
     return pg.inner_text("#vkv-numbers")
 
 
 def in_viewport(pg, elem: str) -> bool:
     """Whether the element's bounding box lies wholly inside the window (as scrolled now)."""
     box = pg.locator(elem).first.bounding_box()
-    return box is not None and box["height"] > 0 and box["y"] >= 0 and box["x"] >= 0 and \
-        box["y"] + box["height"] <= VIEWPORT["height"] and box["x"] + box["width"] <= VIEWPORT["width"]
+    return (
+        box is not None
+        and box["height"] > 0
+        and box["y"] >= 0
+        and box["x"] >= 0
+        and box["y"] + box["height"] <= VIEWPORT["height"]
+        and box["x"] + box["width"] <= VIEWPORT["width"]
+    )
 
 
 def server_log() -> str:
@@ -264,8 +298,9 @@ def png_header_only(path: Path, width: int, height: int) -> Path:
         return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
 
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64))
-                     + chunk(b"IEND", b""))
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+    )
     return path
 
 
@@ -276,7 +311,7 @@ def test_offline_start_is_said_on_the_page(page):
     note = page.inner_text("#vkv-model-note")
     assert "offline" in note and MODEL in note
     # the demo scenes lead the examples, and the panel says what the demo model can answer
-    from visualkv.demo_examples import load_demo_examples
+    from visualkv.bench.demo_examples import load_demo_examples
 
     first = load_demo_examples()[0].featured()[0].question
     assert page.locator(f"button:has-text('{first}')").count() >= 1
@@ -335,20 +370,23 @@ def test_before_after_slider_with_opacity_and_layers(page):
     page.locator("#vkv-opacity input[type=number]").first.fill("0.2")
     page.locator("#vkv-opacity input[type=number]").first.press("Enter")
     page.locator("#vkv-opacity input[type=range]").first.dispatch_event("pointerup")
-    page.wait_for_function("(a) => Array.from(document.querySelectorAll('#vkv-heatmap img'))[1].src !== a",
-                           arg=after, timeout=60_000)
+    page.wait_for_function(
+        "(a) => Array.from(document.querySelectorAll('#vkv-heatmap img'))[1].src !== a", arg=after, timeout=60_000
+    )
     faint = slider_sources(page)
     assert faint[0] == before  # opacity changes the keep map side only
     choose(page, "#vkv-layer", "layer 0")
-    page.wait_for_function("(a) => Array.from(document.querySelectorAll('#vkv-heatmap img'))[1].src !== a",
-                           arg=faint[1], timeout=60_000)
+    page.wait_for_function(
+        "(a) => Array.from(document.querySelectorAll('#vkv-heatmap img'))[1].src !== a", arg=faint[1], timeout=60_000
+    )
     choose(page, "#vkv-layer", "average")
     # an opacity typed outside 0..1 is clamped, not refused with an error badge
     shown = slider_sources(page)[1]
     page.locator("#vkv-opacity input[type=number]").first.fill("5")
     page.locator("#vkv-opacity input[type=number]").first.press("Tab")
-    page.wait_for_function("(a) => Array.from(document.querySelectorAll('#vkv-heatmap img'))[1].src !== a",
-                           arg=shown, timeout=60_000)
+    page.wait_for_function(
+        "(a) => Array.from(document.querySelectorAll('#vkv-heatmap img'))[1].src !== a", arg=shown, timeout=60_000
+    )
     assert page.locator(".toast-body").count() == 0
 
 
@@ -359,8 +397,10 @@ def test_followup_note_follows_the_method_the_chat_runs(page):
     assert "This chat runs blockwise-snapkv" in note and "first" in note, note  # SnapKV's caveat, not full's
     assert page.locator("#vkv-budget input[type=number]").first.is_disabled()
     # a budget the method ignores looks switched off: not the background of an editable field
-    colours = page.evaluate("() => ['#vkv-budget', '#vkv-block-size'].map(e => getComputedStyle("
-                            "document.querySelector(e + ' input[type=number]')).backgroundImage)")
+    colours = page.evaluate(
+        "() => ['#vkv-budget', '#vkv-block-size'].map(e => getComputedStyle("
+        "document.querySelector(e + ' input[type=number]')).backgroundImage)"
+    )
     assert colours[0] != colours[1], colours
     choose(page, "#vkv-method", "blockwise-snapkv")
     page.wait_for_function("() => !document.querySelector('#vkv-followup').innerText.includes('This chat runs')")
@@ -374,12 +414,16 @@ def test_followup_turn_and_report_download(page):
         page.click("#vkv-download")
     report = json.loads(Path(dl.value.path()).read_text())
     assert report["method"] == "blockwise-snapkv" and report["budget"] == 256
-    assert [t["prompt"] for t in report["turns"]] == ["Where is the small red star?",
-                                                      "And what does the yellow label say?"]
+    assert [t["prompt"] for t in report["turns"]] == [
+        "Where is the small red star?",
+        "And what does the yellow label say?",
+    ]
     assert report["media"]["width"] == 3840
     assert report["media"]["name"] == "example_4k.png" and "path" not in report["media"]  # no server folder
-    headers = page.evaluate("() => { const e = document.querySelector('#vkv-numbers'); return e ? "
-                            "Array.from(e.querySelectorAll('th')).map(t => t.innerText.trim()) : []; }")
+    headers = page.evaluate(
+        "() => { const e = document.querySelector('#vkv-numbers'); return e ? "
+        "Array.from(e.querySelectorAll('th')).map(t => t.innerText.trim()) : []; }"
+    )
     assert headers and all(headers), headers  # the Numbers table has a real header row
     shot(page, "02_followup")
 
@@ -392,8 +436,12 @@ def test_bad_inputs_show_errors_and_keep_chat_and_model(page, tmp_path):
     pdf = tmp_path / "paper.pdf"
     pdf.write_bytes(b"%PDF-1.4\n1 0 obj << /Type /Catalog >> endobj\ntrailer << /Root 1 0 R >>\n%%EOF\n")
     huge = png_header_only(tmp_path / "huge.png", 20000, 20000)
-    cases = [("empty message", "", None), ("corrupt file", "what is this?", corrupt),
-             ("PDF", "summarise this", pdf), ("oversized image", "what is this?", huge)]
+    cases = [
+        ("empty message", "", None),
+        ("corrupt file", "what is this?", corrupt),
+        ("PDF", "summarise this", pdf),
+        ("oversized image", "what is this?", huge),
+    ]
     for label, question, path in cases:
         send(page, question, path, expect_error=True)
         message = error_text(page)
@@ -415,10 +463,16 @@ def test_bad_inputs_show_errors_and_keep_chat_and_model(page, tmp_path):
     assert len(bot_messages(page)) == len(history) + 1
 
 
-BAD_VALUES = [("#vkv-budget", "0", "budget"), ("#vkv-budget", "-5", "budget"), ("#vkv-budget", "", "budget"),
-              ("#vkv-block-size", "-3", "block size"), ("#vkv-block-size", "", "block size"),
-              ("#vkv-max-new", "0", "max new tokens"), ("#vkv-max-new", "", "max new tokens"),
-              ("#vkv-temperature", "-1", "temperature")]
+BAD_VALUES = [
+    ("#vkv-budget", "0", "budget"),
+    ("#vkv-budget", "-5", "budget"),
+    ("#vkv-budget", "", "budget"),
+    ("#vkv-block-size", "-3", "block size"),
+    ("#vkv-block-size", "", "block size"),
+    ("#vkv-max-new", "0", "max new tokens"),
+    ("#vkv-max-new", "", "max new tokens"),
+    ("#vkv-temperature", "-1", "temperature"),
+]
 
 
 def test_every_bad_control_value_is_one_line_and_loses_nothing(page):
@@ -436,7 +490,7 @@ def test_every_bad_control_value_is_one_line_and_loses_nothing(page):
         assert page.inner_text("#vkv-model-note") == model_note
         set_number(page, elem, good)
         page.fill("#vkv-input textarea", "")
-    assert "Traceback" not in server_log()[len(log_before):]
+    assert "Traceback" not in server_log()[len(log_before) :]
     shot(page, "03_bad_values")
 
 
@@ -447,8 +501,7 @@ def test_new_chat_clears_a_rejected_attachment(page, tmp_path):
     assert page.locator("#vkv-input .thumbnail-item").count() == 1  # kept while the chat goes on
     page.click("#vkv-new")
     page.wait_for_function("() => document.querySelectorAll('#vkv-chat [data-testid=\"bot\"]').length === 0")
-    page.wait_for_function("() => document.querySelectorAll('#vkv-input .thumbnail-item').length === 0",
-                           timeout=10_000)
+    page.wait_for_function("() => document.querySelectorAll('#vkv-input .thumbnail-item').length === 0", timeout=10_000)
 
 
 def test_stop_during_prefill_stops_it_and_keeps_the_chat(page, tmp_path):
@@ -457,8 +510,10 @@ def test_stop_during_prefill_stops_it_and_keeps_the_chat(page, tmp_path):
     page.fill("#vkv-input textarea", "Where is the small red star?")
     watch(page)
     page.click("#vkv-send")
-    page.wait_for_function("() => /prefill block [2-9]\\//.test(document.querySelector('#vkv-progress').innerText)",
-                           timeout=TURN_TIMEOUT_MS)
+    page.wait_for_function(
+        "() => /prefill block [2-9]\\//.test(document.querySelector('#vkv-progress').innerText)",
+        timeout=TURN_TIMEOUT_MS,
+    )
     page.click("#vkv-stop")
     t_stop = time.monotonic()
     # every progress text the observer saw: a block update already on its way may replace "stopping…" at
@@ -520,8 +575,10 @@ def test_compare_tab(page, tmp_path):
     assert checked >= 3
     page.locator("#vkv-cmp-q textarea, #vkv-cmp-q input").first.fill("Which colour dominates?")
     page.click("#vkv-cmp-run")
-    page.wait_for_function("() => (document.querySelector('#vkv-cmp-status') || {innerText: ''})"
-                           ".innerText.includes('done:')", timeout=TURN_TIMEOUT_MS)
+    page.wait_for_function(
+        "() => (document.querySelector('#vkv-cmp-status') || {innerText: ''}).innerText.includes('done:')",
+        timeout=TURN_TIMEOUT_MS,
+    )
     table = page.locator("#vkv-cmp-table").inner_text()
     assert "full" in table and "100%" in table, table  # full agrees with itself
     traces = plot_traces(page, "#vkv-cmp-plot")
@@ -544,12 +601,15 @@ def test_load_model_clears_every_result_view(page, tmp_path):
     open_tab(page, "Kept tokens")
     page.locator("#vkv-heatmap img").first.wait_for(timeout=60_000)
     page.click("#vkv-load")  # the same model again: a new chat, and nothing of the old one on show
-    page.wait_for_function("() => document.querySelector('#vkv-progress').innerText.startsWith('Loaded')",
-                           timeout=TURN_TIMEOUT_MS)
+    page.wait_for_function(
+        "() => document.querySelector('#vkv-progress').innerText.startsWith('Loaded')", timeout=TURN_TIMEOUT_MS
+    )
     page.wait_for_function("() => document.querySelectorAll('#vkv-heatmap img').length === 0", timeout=10_000)
     assert bot_messages(page) == [] and page.inner_text("#vkv-summary").strip() == ""
-    assert not page.evaluate("() => { const p = document.querySelector('#vkv-memory .js-plotly-plot');"
-                             " return !!(p && p.data && p.data.length); }")
+    assert not page.evaluate(
+        "() => { const p = document.querySelector('#vkv-memory .js-plotly-plot');"
+        " return !!(p && p.data && p.data.length); }"
+    )
     assert "No turn yet" in numbers_panel(page, "No turn yet")
     shot(page, "07_loaded")
 
@@ -571,8 +631,9 @@ def test_two_users_at_once_keep_separate_chats(browser, app_url, tmp_path):
     a.click("#vkv-send")
     b.click("#vkv-send")  # both turns are queued at once; the server runs them one after the other
     for pg in pages:
-        pg.wait_for_function("() => document.querySelector('#vkv-progress').innerText.startsWith('done')",
-                             timeout=TURN_TIMEOUT_MS)
+        pg.wait_for_function(
+            "() => document.querySelector('#vkv-progress').innerText.startsWith('done')", timeout=TURN_TIMEOUT_MS
+        )
         numbers_panel(pg, "visual tokens")
     # B was told where it waits (no ticking counter that could run past an estimate)
     waiting = [p for p in watched(b)["progress"] if p.startswith("waiting")]

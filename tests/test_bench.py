@@ -49,16 +49,33 @@ def test_needle_defaults_keep_4k_to_one_budget():
 def test_needle_bench_writes_the_results_contract(tmp_path, capsys):
     """The issue's contract: a `results` list of {method, budget_fraction, setting, size, accuracy}."""
     out = tmp_path / "needle.json"
-    code, stdout, err = _run(capsys, "bench", "needle", "--needle-sizes", "256x256", "--scenes", "2", "--videos", "1",
-                             "--methods", "full,blockwise-keydiff", "--fractions", "0.25", "--json", str(out),
-                             "--out", str(tmp_path))
+    code, stdout, err = _run(
+        capsys,
+        "bench",
+        "needle",
+        "--needle-sizes",
+        "256x256",
+        "--scenes",
+        "2",
+        "--videos",
+        "1",
+        "--methods",
+        "full,blockwise-keydiff",
+        "--fractions",
+        "0.25",
+        "--json",
+        str(out),
+        "--out",
+        str(tmp_path),
+    )
     assert code == 0, err
     data = json.loads(out.read_text())
     _assert_provenance(data, "bench needle --needle-sizes 256x256")
     assert data["model"] == "visualkv-demo"  # the default for needle: random weights cannot answer
     rows = data["results"]
     assert {(r["method"], r["setting"]) for r in rows if r["size"] == "256x256"} == {
-        (m, s) for m in ("full", "blockwise-keydiff") for s in ("single", "followup")}
+        (m, s) for m in ("full", "blockwise-keydiff") for s in ("single", "followup")
+    }
     for r in rows:
         assert set(r) >= {"method", "budget_fraction", "setting", "size", "accuracy"}
         assert 0 <= r["accuracy"] <= 1
@@ -80,8 +97,21 @@ def _assert_provenance(data: dict, command_part: str) -> None:
 
 def test_memory_bench_full_against_blockwise(tmp_path, capsys):
     """Each (method, size) in a fresh process; block-wise holds less KV than full on the same input."""
-    code, _, err = _run(capsys, "bench", "memory", "--sizes", "0.4", "--methods", "full,blockwise-snapkv",
-                        "--budget", "64", "--block-size", "64", "--out", str(tmp_path))
+    code, _, err = _run(
+        capsys,
+        "bench",
+        "memory",
+        "--sizes",
+        "0.4",
+        "--methods",
+        "full,blockwise-snapkv",
+        "--budget",
+        "64",
+        "--block-size",
+        "64",
+        "--out",
+        str(tmp_path),
+    )
     assert code == 0, err
     data = json.loads((tmp_path / "memory_image_tiny-qwen2.5-vl.json").read_text())
     _assert_provenance(data, "bench memory --sizes 0.4")
@@ -94,8 +124,19 @@ def test_memory_bench_full_against_blockwise(tmp_path, capsys):
 
 
 def test_latency_bench_reports_every_configuration(tmp_path, capsys):
-    code, _, err = _run(capsys, "bench", "latency", "--size", "0.3", "--budget", "64",
-                        "--methods", "blockwise-snapkv,lightkv", "--out", str(tmp_path))
+    code, _, err = _run(
+        capsys,
+        "bench",
+        "latency",
+        "--size",
+        "0.3",
+        "--budget",
+        "64",
+        "--methods",
+        "blockwise-snapkv,lightkv",
+        "--out",
+        str(tmp_path),
+    )
     assert code == 0, err
     data = json.loads((tmp_path / "latency_image_tiny-qwen2.5-vl.json").read_text())
     _assert_provenance(data, "bench latency --size 0.3")
@@ -106,8 +147,9 @@ def test_latency_bench_reports_every_configuration(tmp_path, capsys):
 
 
 def test_fidelity_bench_with_nothing_evicted(tmp_path, capsys):
-    code, _, err = _run(capsys, "bench", "fidelity", "--size", "0.1", "--methods", "blockwise-snapkv",
-                        "--out", str(tmp_path))
+    code, _, err = _run(
+        capsys, "bench", "fidelity", "--size", "0.1", "--methods", "blockwise-snapkv", "--out", str(tmp_path)
+    )
     assert code == 0, err
     (row,) = json.loads((tmp_path / "fidelity_image_tiny-qwen2.5-vl.json").read_text())["rows"]
     assert row["method"] == "blockwise-snapkv" and row["blocks"] > 1
@@ -115,8 +157,19 @@ def test_fidelity_bench_with_nothing_evicted(tmp_path, capsys):
 
 
 def test_salicache_bench_on_the_example_video(tmp_path, capsys):
-    code, _, err = _run(capsys, "bench", "salicache", "--media", str(REPO / "assets" / "example_video.mp4"),
-                        "--max-frames", "8", "--max-new-tokens", "2", "--out", str(tmp_path))
+    code, _, err = _run(
+        capsys,
+        "bench",
+        "salicache",
+        "--media",
+        str(REPO / "assets" / "example_video.mp4"),
+        "--max-frames",
+        "8",
+        "--max-new-tokens",
+        "2",
+        "--out",
+        str(tmp_path),
+    )
     assert code == 0, err
     data = json.loads((tmp_path / "salicache_tiny-qwen2.5-vl.json").read_text())
     tiers = data["tier_fractions"]

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from visualkv.bench_gpu import REFERENCE, GpuBenchConfig, run_gpu_bench, save
+from visualkv.bench.gpu import REFERENCE, GpuBenchConfig, run_gpu_bench, save
 
 METHODS = ("full", "blockwise-keydiff", "lightkv")
 
@@ -81,7 +81,7 @@ import sys
 for name in ("plotly", "gradio", "decord", "kaleido"):
     sys.modules[name] = None  # any import of them now raises ImportError
 import visualkv.__main__, visualkv.bench, visualkv.session
-from visualkv.bench_gpu import save
+from visualkv.bench.gpu import save
 paths = save({{"config": {{"model": "m"}}, "machine": "x", "cases": []}}, {str(tmp_path)!r})
 assert [p.rsplit(".", 1)[1] for p in paths] == ["json", "md"], paths
 print("ok")

@@ -17,7 +17,7 @@ from visualkv.__main__ import main
 @pytest.fixture(scope="module")
 def image_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("cli") / "img.png"
-    from visualkv.synthetic import synthetic_image
+    from visualkv.bench.synthetic import synthetic_image
 
     Image.fromarray(synthetic_image(448, 336)).save(path)
     return path
@@ -76,14 +76,40 @@ def test_bad_options_exit_2_with_one_line(image_file, capsys, args, words):
 def test_run_two_turns_writes_report(image_file, tmp_path, capsys):
     out = tmp_path / "report.json"
     code, stdout, err = _run(
-        capsys, "run", "--media", str(image_file), "--prompt", "What is this?", "--prompt", "And then?",
-        "--method", "blockwise-snapkv", "--budget", "32", "--block-size", "64", "--max-new-tokens", "4",
-        "--json", str(out),
+        capsys,
+        "run",
+        "--media",
+        str(image_file),
+        "--prompt",
+        "What is this?",
+        "--prompt",
+        "And then?",
+        "--method",
+        "blockwise-snapkv",
+        "--budget",
+        "32",
+        "--block-size",
+        "64",
+        "--max-new-tokens",
+        "4",
+        "--json",
+        str(out),
     )
     assert code == 0, err
     report = json.loads(out.read_text())
-    for key in ("model", "method", "budget", "visual_tokens", "peak_kv_bytes", "full_kv_bytes", "final_kv_bytes",
-                "peak_rss_bytes", "blocks", "turns", "retained"):
+    for key in (
+        "model",
+        "method",
+        "budget",
+        "visual_tokens",
+        "peak_kv_bytes",
+        "full_kv_bytes",
+        "final_kv_bytes",
+        "peak_rss_bytes",
+        "blocks",
+        "turns",
+        "retained",
+    ):
         assert key in report
     assert report["method"] == "blockwise-snapkv" and report["budget"] == 32
     assert len(report["turns"]) == 2 and all("ttft_seconds" in t and "token_ids" in t for t in report["turns"])
@@ -100,8 +126,23 @@ def test_video_report_has_frames(tmp_path, capsys):
 
     path = write_video(tmp_path / "clip.avi", noise_frames(6), fourcc="MJPG")
     out = tmp_path / "r.json"
-    code, _, err = _run(capsys, "run", "--media", str(path), "--prompt", "What happens?", "--fps", "4",
-                        "--max-new-tokens", "2", "--quiet", "--json", str(out), "--model", "tiny-smolvlm2")
+    code, _, err = _run(
+        capsys,
+        "run",
+        "--media",
+        str(path),
+        "--prompt",
+        "What happens?",
+        "--fps",
+        "4",
+        "--max-new-tokens",
+        "2",
+        "--quiet",
+        "--json",
+        str(out),
+        "--model",
+        "tiny-smolvlm2",
+    )
     assert code == 0, err
     report = json.loads(out.read_text())
     assert report["frames"] and {"index", "time", "skipped"} <= set(report["frames"][0])
@@ -111,8 +152,13 @@ def test_subprocess_entry_point_no_traceback(tmp_path):
     """The real `python -m visualkv` process: exit code 2, one line, for a zero-byte file."""
     empty = tmp_path / "zero.jpg"
     empty.touch()
-    proc = subprocess.run([sys.executable, "-m", "visualkv", "run", "--media", str(empty), "--prompt", "x"],
-                          capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "visualkv", "run", "--media", str(empty), "--prompt", "x"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "empty" in proc.stderr
@@ -125,12 +171,21 @@ def test_models_lists_aliases(capsys):
 
 def test_run_defaults_to_the_demo_model(tmp_path, capsys):
     """No --model: the bundled demo model, which answers its own example scene."""
-    from visualkv.demo_examples import load_demo_examples
+    from visualkv.bench.demo_examples import load_demo_examples
 
     example = next(e for e in load_demo_examples() if e.kind == "image")
     question = example.featured()[0]
-    code, out, err = _run(capsys, "run", "--media", example.path, "--prompt", question.question, "--quiet",
-                          "--json", str(tmp_path / "r.json"))
+    code, out, err = _run(
+        capsys,
+        "run",
+        "--media",
+        example.path,
+        "--prompt",
+        question.question,
+        "--quiet",
+        "--json",
+        str(tmp_path / "r.json"),
+    )
     assert code == 0, err
     assert json.loads((tmp_path / "r.json").read_text())["model"] == "visualkv-demo"
     assert out.strip() == question.answer

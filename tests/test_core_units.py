@@ -87,8 +87,15 @@ def test_cache_tiers_are_packed_and_counted_exactly():
     keys, _values = cache.update(k, k.clone(), 0)
     assert keys.shape == (1, 2, 6, d)  # the block attends to all its own entries
     layer = cache.layers[0]
-    expected = 2 * h * (2 * d * 4 + 2 * packed_bytes_per_token(d, QuantSpec(8), torch.float32)
-                        + 2 * packed_bytes_per_token(d, QuantSpec(4), torch.float32))
+    expected = (
+        2
+        * h
+        * (
+            2 * d * 4
+            + 2 * packed_bytes_per_token(d, QuantSpec(8), torch.float32)
+            + 2 * packed_bytes_per_token(d, QuantSpec(4), torch.float32)
+        )
+    )
     assert layer.kv_bytes() == expected
     assert layer.tier_counts() == {TIER_FULL: 4, TIER_INT8: 4, TIER_INT4: 4}  # summed over 2 heads
     # next block: old quantized entries are dequantized just in time, then dropped
@@ -144,11 +151,11 @@ def test_grid_pooling_is_avg_pool_when_nothing_is_evicted_and_skips_gaps_after()
 def test_snapkv_proxy_window_is_the_question_only():
     """Block-wise SnapKV's proxy queries cover the question + assistant prompt, as post-prefill's window."""
     from tests.conftest import get_adapter
+    from visualkv.bench.synthetic import image_media
     from visualkv.cache import CompressibleCache
     from visualkv.engine import Engine
     from visualkv.methods.base import PrefillContext
     from visualkv.methods.blockwise import proxy_queries
-    from visualkv.synthetic import image_media
 
     adapter = get_adapter("tiny-qwen2.5-vl")
     prepared = adapter.prepare(image_media(224, 168, seed=3), "Where is the red star?")

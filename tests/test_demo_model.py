@@ -7,8 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from visualkv.needle import aggregate, make_cases, method_points
-from visualkv.scenes import (
+from visualkv.bench.needle import aggregate, make_cases, method_points
+from visualkv.bench.scenes import (
     COLORS,
     NEEDLE_SHAPES,
     TRAIN_SEED_OFFSET,
@@ -76,10 +76,24 @@ def test_answer_matching_and_needle_cases():
     assert len(cases) == 3 and all(c.scene.seed < TRAIN_SEED_OFFSET for c in cases)
     assert all(c.first.target != c.second.target for c in cases)
     points = method_points(["full", "blockwise-snapkv", "lightkv"], [0.05, 0.1])
-    assert [(m, f) for m, f, _ in points] == [("full", 1.0), ("blockwise-snapkv", 0.05),
-                                               ("blockwise-snapkv", 0.1), ("lightkv", None)]
-    per_case = [{"video": False, "method": "full", "budget_fraction": 1.0, "size": "448x252",
-                 "correct": [True, ok], "kinds": ["color", "quadrant"], "kept_fraction": 1.0} for ok in (True, False)]
+    assert [(m, f) for m, f, _ in points] == [
+        ("full", 1.0),
+        ("blockwise-snapkv", 0.05),
+        ("blockwise-snapkv", 0.1),
+        ("lightkv", None),
+    ]
+    per_case = [
+        {
+            "video": False,
+            "method": "full",
+            "budget_fraction": 1.0,
+            "size": "448x252",
+            "correct": [True, ok],
+            "kinds": ["color", "quadrant"],
+            "kept_fraction": 1.0,
+        }
+        for ok in (True, False)
+    ]
     rows = {r["setting"]: r for r in aggregate(per_case)}
     assert rows["single"]["accuracy"] == 1.0 and rows["followup"]["accuracy"] == 0.5
     assert set(rows["single"]) >= {"method", "budget_fraction", "setting", "size", "accuracy"}
@@ -139,14 +153,20 @@ def test_background_stripes_mark_the_quadrant():
     dy, dx = np.gradient(gray)
     h, w = gray.shape
     energy = {}
-    for name, (ys, xs) in {"top left": (slice(0, h // 2), slice(0, w // 2)),
-                           "top right": (slice(0, h // 2), slice(w // 2, w)),
-                           "bottom left": (slice(h // 2, h), slice(0, w // 2)),
-                           "bottom right": (slice(h // 2, h), slice(w // 2, w))}.items():
+    for name, (ys, xs) in {
+        "top left": (slice(0, h // 2), slice(0, w // 2)),
+        "top right": (slice(0, h // 2), slice(w // 2, w)),
+        "bottom left": (slice(h // 2, h), slice(0, w // 2)),
+        "bottom right": (slice(h // 2, h), slice(w // 2, w)),
+    }.items():
         gx, gy = dx[ys, xs], dy[ys, xs]
         # mean squared derivative along x, y and the two diagonals
-        energy[name] = {"x": np.mean(gx**2), "y": np.mean(gy**2),
-                        "/": np.mean((gx + gy) ** 2) / 2, "\\": np.mean((gx - gy) ** 2) / 2}
+        energy[name] = {
+            "x": np.mean(gx**2),
+            "y": np.mean(gy**2),
+            "/": np.mean((gx + gy) ** 2) / 2,
+            "\\": np.mean((gx - gy) ** 2) / 2,
+        }
     assert max(energy["top left"], key=energy["top left"].get) == "y"  # horizontal stripes vary along y
     assert max(energy["top right"], key=energy["top right"].get) == "x"
     assert max(energy["bottom left"], key=energy["bottom left"].get) == "/"
@@ -158,7 +178,7 @@ def test_background_stripes_mark_the_quadrant():
 
 def test_video_time_cue_changes_the_stripe_period_per_third():
     """Videos made with time_cue: the stripes' period says which third of the video a frame is in."""
-    from visualkv.scenes import TIME_CUE_PERIODS, make_video_scene, video_third
+    from visualkv.bench.scenes import TIME_CUE_PERIODS, make_video_scene, video_third
 
     video = make_video_scene(4, (224, 224), time_cue=True)
     for shot in video.shots:
@@ -185,9 +205,9 @@ def test_app_examples_are_the_demo_scenes_and_it_answers_them(demo):
     demo model answers every featured question right (what a new user clicks first)."""
     from ui.app import DEFAULT_METHOD, chat_examples
     from ui.text import demo_questions_md
-    from visualkv.demo_examples import load_demo_examples, question_forms
+    from visualkv.bench.demo_examples import load_demo_examples, question_forms
+    from visualkv.bench.scenes import answer_matches
     from visualkv.media import load_media
-    from visualkv.scenes import answer_matches
     from visualkv.session import ChatSession, SessionConfig
 
     examples = load_demo_examples()

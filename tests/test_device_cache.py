@@ -7,10 +7,10 @@ import torch
 
 from tests.conftest import get_adapter
 from visualkv import cache as cache_module
+from visualkv.bench.synthetic import video_media
 from visualkv.cache import TIER_FULL, TIER_INT8, CompressibleCache, split_tiers
 from visualkv.detokenize import IncrementalDetokenizer
 from visualkv.session import ChatSession, SessionConfig
-from visualkv.synthetic import video_media
 
 
 def _kv(q: int, seed: int, heads: int = 2, dim: int = 8) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import shutil
 
-from visualkv import figures
-from visualkv.provenance import finish, machine_label, start
+from visualkv.bench import figures
+from visualkv.bench.provenance import finish, machine_label, start
 
 
 def test_readme_and_docs_tables_match_the_committed_json():
@@ -17,7 +17,8 @@ def test_readme_and_docs_tables_match_the_committed_json():
 def test_readme_has_every_results_table():
     text = (figures.ROOT / "README.md").read_text()
     assert {"memory-image", "latency-image", "fidelity", "memory-video", "salicache", "lightkv", "needle"} <= set(
-        figures.blocks_in(text))
+        figures.blocks_in(text)
+    )
 
 
 def test_a_changed_json_value_makes_the_check_fail(tmp_path):
@@ -35,7 +36,9 @@ def test_a_hand_edited_table_makes_the_check_fail(tmp_path):
     root = tmp_path / "repo"
     (root / "docs").mkdir(parents=True)
     text = (figures.ROOT / "README.md").read_text()
-    edited = text.replace("| **full / block-wise, final KV at 4K** | 9.99×", "| **full / block-wise, final KV at 4K** | 12×")
+    edited = text.replace(
+        "| **full / block-wise, final KV at 4K** | 9.99×", "| **full / block-wise, final KV at 4K** | 12×"
+    )
     assert edited != text
     (root / "README.md").write_text(edited)
     assert figures.check_documents(root=root) == ["README.md: memory-image"]

@@ -24,7 +24,8 @@ def _hf_reference(adapter, media, prompt=PROMPT, new_tokens=6):
     proc = adapter.processor
     text = proc.apply_chat_template(
         [{"role": "user", "content": [{"type": media.kind}, {"type": "text", "text": prompt}]}],
-        add_generation_prompt=True, tokenize=False,
+        add_generation_prompt=True,
+        tokenize=False,
     )
     if media.kind == "image":
         pil = Image.fromarray(media.frames[0])
@@ -33,17 +34,26 @@ def _hf_reference(adapter, media, prompt=PROMPT, new_tokens=6):
     else:
         from visualkv.models.base import video_metadata
 
-        enc = proc(text=[text], videos=[torch.from_numpy(np.stack(media.frames))],
-                   video_metadata=[video_metadata(media)], do_sample_frames=False, return_tensors="pt")
+        enc = proc(
+            text=[text],
+            videos=[torch.from_numpy(np.stack(media.frames))],
+            video_metadata=[video_metadata(media)],
+            do_sample_frames=False,
+            return_tensors="pt",
+        )
     with torch.no_grad():
         logits = adapter.model(**enc).logits[0, -1].float()
         gen = adapter.model.generate(**enc, max_new_tokens=new_tokens, do_sample=False)
-    return logits, gen[0, enc["input_ids"].shape[1]:].tolist()
+    return logits, gen[0, enc["input_ids"].shape[1] :].tolist()
 
 
 def _session(adapter, method, budget=None, prefill=None, block_size=None, max_new_tokens=6):
-    return ChatSession(adapter, SessionConfig(method=method, budget=budget, prefill=prefill,
-                                              block_size=block_size, max_new_tokens=max_new_tokens))
+    return ChatSession(
+        adapter,
+        SessionConfig(
+            method=method, budget=budget, prefill=prefill, block_size=block_size, max_new_tokens=max_new_tokens
+        ),
+    )
 
 
 def _strip_eos(adapter, tokens):
@@ -57,6 +67,7 @@ def _strip_eos(adapter, tokens):
 
 
 # -- invariant 1: exactness with nothing to evict --------------------------------------------
+
 
 def test_full_bulk_matches_transformers(adapter, small_image, small_video):
     for media in (small_image, small_video):
@@ -126,7 +137,7 @@ def test_qwen_image_strips_are_exact_in_the_windowed_layers(small_image, monkeyp
     whole = adapter.encode_units(prepared, prepared.layout.units)
     strips = []
     for r in range(0, rows, 3):  # blocks of 3 token rows: windows are 2 rows (112 px), so blocks cut them
-        strips.append(adapter.encode_units(prepared, prepared.layout.units[r:r + 3]))
+        strips.append(adapter.encode_units(prepared, prepared.layout.units[r : r + 3]))
     adapter.reset_stream()
     assert len(strips) > 2 and torch.equal(torch.cat(strips), whole)
 
@@ -190,8 +201,13 @@ class _Watch:
             out = original_update(cache, key_states, value_states, layer_idx, *args, **kwargs)
             visual, total = watch.seen.setdefault(id(cache), ([], []))
             layer = cache.layers[layer_idx]
-            visual.append(sum(int(torch.isin(idx.long().cpu(), watch.visual_seq).sum(-1).max())
-                              for idx in _layer_entries(layer).values() if idx.numel()))
+            visual.append(
+                sum(
+                    int(torch.isin(idx.long().cpu(), watch.visual_seq).sum(-1).max())
+                    for idx in _layer_entries(layer).values()
+                    if idx.numel()
+                )
+            )
             total.append(sum(_layer_bytes_by_formula(x, watch.adapter) for x in cache.layers))
             return out
 
@@ -209,8 +225,9 @@ class _Watch:
 
 @pytest.mark.parametrize("block", [70, 16])
 @pytest.mark.parametrize("method", EVICTING[:2])
-def test_visual_entries_never_exceed_budget_plus_block_or_unit(adapter, small_image, small_video, method, block,
-                                                               monkeypatch):
+def test_visual_entries_never_exceed_budget_plus_block_or_unit(
+    adapter, small_image, small_video, method, block, monkeypatch
+):
     """Invariant 2 on visual entries alone: <= M + max(b, largest visual unit) per head after every append.
 
     A unit (a Qwen temporal patch, a SmolVLM tile) is never split, so with b smaller than a unit the
@@ -252,8 +269,11 @@ def test_telemetry_agrees_with_an_independent_count(adapter, small_image, small_
         assert report["blocks"][-1]["kv_tokens_per_layer"] == entries
         assert report["blocks"][-1]["kv_bytes"] == report["final_kv_bytes"]
         visual = _visual_seq(s)
-        held = sum(int(torch.isin(idx.long().cpu(), visual).sum()) for layer in layers
-                   for idx in _layer_entries(layer).values())
+        held = sum(
+            int(torch.isin(idx.long().cpu(), visual).sum())
+            for layer in layers
+            for idx in _layer_entries(layer).values()
+        )
         slots = len(layers) * adapter.num_kv_heads
         assert len(report["retained"]) == report["visual_tokens"] == visual.numel()
         assert sum(report["retained"]) * slots == pytest.approx(held, abs=1e-3 * held + 0.5)
@@ -274,6 +294,7 @@ def test_full_report_matches_full_kv_bytes(adapter, small_image):
 
 # -- invariant 3: protected tokens are never evicted ------------------------------------------
 
+
 @pytest.mark.parametrize("method", EVICTING)
 def test_protected_tokens_survive(adapter, small_image, small_video, method):
     for media in (small_image, small_video):
@@ -288,6 +309,7 @@ def test_protected_tokens_survive(adapter, small_image, small_video, method):
 
 
 # -- invariant 4: original positions ------------------------------------------------------------
+
 
 @pytest.mark.parametrize("media_kind", ["image", "video"])
 @pytest.mark.parametrize("method", EVICTING)

@@ -21,7 +21,9 @@ def _imports(path: Path) -> set[str]:
 
 def test_methods_never_import_the_engine():
     for path in (LIBRARY / "methods").glob("*.py"):
-        assert not any(name == "visualkv.engine" or name.startswith("visualkv.engine.") for name in _imports(path)), path
+        assert not any(name == "visualkv.engine" or name.startswith("visualkv.engine.") for name in _imports(path)), (
+            path
+        )
 
 
 def test_the_library_never_imports_gradio():

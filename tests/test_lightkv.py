@@ -9,12 +9,12 @@ import torch
 
 from tests.conftest import get_adapter
 from visualkv.__main__ import main
+from visualkv.bench.synthetic import image_media, video_media
 from visualkv.errors import ConfigError
 from visualkv.methods.lightkv import LightKV, LightKVConfig, scale_layers, window_merge
 from visualkv.models import tiny
 from visualkv.models.registry import load_model
 from visualkv.session import ChatSession, SessionConfig
-from visualkv.synthetic import image_media, video_media
 
 DEEP = {"qwen": ("tiny-qwen2.5-vl", "test4-qwen2.5-vl"), "smol": ("tiny-smolvlm2", "test4-smolvlm2")}
 
@@ -56,8 +56,9 @@ def _visual_ids(session: ChatSession, layer: int) -> torch.Tensor:
     return vid[vid >= 0]
 
 
-def _expected_survivors(session: ChatSession, vids: torch.Tensor, windows: int, ratio: float,
-                        block_of_vid: torch.Tensor | None = None) -> int:
+def _expected_survivors(
+    session: ChatSession, vids: torch.Tensor, windows: int, ratio: float, block_of_vid: torch.Tensor | None = None
+) -> int:
     """Σ over windows (W per side of each tile/frame grid, by original row/col) of n - min(⌊P n⌋, ⌊n/2⌋)."""
     layout = session.prepared.layout
     total = 0
@@ -86,9 +87,16 @@ def test_default_schedule_scales_with_depth():
     assert LightKVConfig(layers="1,2", ratios="0.3").resolve("smolvlm", 4) == [(1, 4, 0.3), (2, 2, 0.3)]
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"layers": "3,2"}, {"layers": "x"}, {"windows": "0"}, {"ratios": "1.5"}, {"ratios": "-0.1"},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"layers": "3,2"},
+        {"layers": "x"},
+        {"windows": "0"},
+        {"ratios": "1.5"},
+        {"ratios": "-0.1"},
+    ],
+)
 def test_bad_config_is_refused(kwargs):
     with pytest.raises(ConfigError):
         LightKVConfig(**kwargs)
@@ -107,15 +115,17 @@ def test_bad_config_for_the_model_is_refused(capsys):
 # -- the merge itself ---------------------------------------------------------------------------------------------------
 def test_window_merge_equals_weighted_average_by_hand():
     # Window 0 = tokens 0, 2, 3, 5 (A = 0, 3; B = 2, 5); window 1 = tokens 1, 4, 6 (A = 1, 6; B = 4).
-    x = torch.tensor([
-        [1.0, 0.0, 0.0],  # 0: A of window 0, closest B: 2
-        [0.6, 0.8, 0.0],  # 1: A of window 1, cos to 4 = 0.64
-        [1.0, 0.1, 0.0],  # 2: B of window 0
-        [0.9, 0.0, 0.2],  # 3: A of window 0, closest B: 2
-        [0.0, 0.8, 0.6],  # 4: B of window 1
-        [0.0, 0.0, 1.0],  # 5: B of window 0
-        [0.0, 0.1, 1.0],  # 6: A of window 1, cos to 4 ≈ 0.68 (> 0.64): merges
-    ])
+    x = torch.tensor(
+        [
+            [1.0, 0.0, 0.0],  # 0: A of window 0, closest B: 2
+            [0.6, 0.8, 0.0],  # 1: A of window 1, cos to 4 = 0.64
+            [1.0, 0.1, 0.0],  # 2: B of window 0
+            [0.9, 0.0, 0.2],  # 3: A of window 0, closest B: 2
+            [0.0, 0.8, 0.6],  # 4: B of window 1
+            [0.0, 0.0, 1.0],  # 5: B of window 0
+            [0.0, 0.1, 1.0],  # 6: A of window 1, cos to 4 ≈ 0.68 (> 0.64): merges
+        ]
+    )
     group = torch.tensor([7, 3, 7, 7, 3, 7, 3])
     w = torch.tensor([0.5, 2.0, 1.5, 0.25, 3.0, 1.0, 0.75])
     res = window_merge(x, w, group, ratio=0.5)  # window 0: r = min(2, 2) = 2; window 1: r = min(1, 1) = 1
@@ -311,13 +321,21 @@ def test_blockwise_prefill_merges_per_block(models, image):
     adapter = models["qwen4"]
     full = ChatSession(adapter, SessionConfig(method="full", prefill="blockwise", block_size=64, max_new_tokens=1))
     full.ask("What is shown here?", image)
-    same = ChatSession(adapter, SessionConfig(method="lightkv", prefill="blockwise", block_size=64,
-                                              max_new_tokens=1, method_options={"ratios": 0}))
+    same = ChatSession(
+        adapter,
+        SessionConfig(
+            method="lightkv", prefill="blockwise", block_size=64, max_new_tokens=1, method_options={"ratios": 0}
+        ),
+    )
     same.ask("What is shown here?", image)
     torch.testing.assert_close(same.prefill_result.logits, full.prefill_result.logits)
 
-    session = ChatSession(adapter, SessionConfig(method="lightkv", prefill="blockwise", block_size=64,
-                                                 max_new_tokens=1, method_options={"layers": (0,)}))
+    session = ChatSession(
+        adapter,
+        SessionConfig(
+            method="lightkv", prefill="blockwise", block_size=64, max_new_tokens=1, method_options={"layers": (0,)}
+        ),
+    )
     session.ask("What is shown here?", image)
     report = session.report()
     assert report["lightkv"]["xi_source"] == "proxy" and len(report["blocks"]) > 3

@@ -32,34 +32,24 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _load_examples_module():
-    spec = importlib.util.spec_from_file_location(
-        "make_examples", REPO / "scripts" / "make_examples.py"
-    )
+    spec = importlib.util.spec_from_file_location("make_examples", REPO / "scripts" / "make_examples.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules["make_examples"] = (
-        module  # dataclasses look their module up while building
-    )
+    sys.modules["make_examples"] = module  # dataclasses look their module up while building
     spec.loader.exec_module(module)
     return module
 
 
 examples = _load_examples_module()
-SHORT = examples.VideoTimeline(
-    pan_start=2.0, cut=4.0, event_start=5.0, event_seconds=1.0, end=8.0
-)
+SHORT = examples.VideoTimeline(pan_start=2.0, cut=4.0, event_start=5.0, event_seconds=1.0, end=8.0)
 
 
 # --------------------------------------------------------------------------------------------
 # Helpers
 
 
-def write_video(
-    path: Path, frames: list[np.ndarray], fps: float = 4.0, fourcc: str = "mp4v"
-) -> Path:
+def write_video(path: Path, frames: list[np.ndarray], fps: float = 4.0, fourcc: str = "mp4v") -> Path:
     height, width = frames[0].shape[:2]
-    writer = cv2.VideoWriter(
-        str(path), cv2.VideoWriter_fourcc(*fourcc), fps, (width, height)
-    )
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*fourcc), fps, (width, height))
     assert writer.isOpened(), f"OpenCV cannot write {fourcc} to {path.suffix}"
     for frame in frames:
         writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
@@ -67,13 +57,9 @@ def write_video(
     return path
 
 
-def noise_frames(
-    count: int, width: int = 64, height: int = 48, seed: int = 0
-) -> list[np.ndarray]:
+def noise_frames(count: int, width: int = 64, height: int = 48, seed: int = 0) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
-    return [
-        rng.integers(0, 256, (height, width, 3), dtype=np.uint8) for _ in range(count)
-    ]
+    return [rng.integers(0, 256, (height, width, 3), dtype=np.uint8) for _ in range(count)]
 
 
 def corrupt_mjpeg(path: Path, frames: list[int] | None) -> Path:
@@ -91,21 +77,11 @@ def png_header_only(path: Path, width: int, height: int) -> Path:
     """A PNG whose header claims width x height, with almost no pixel data (cheap image bomb)."""
 
     def chunk(kind: bytes, payload: bytes) -> bytes:
-        return (
-            struct.pack(">I", len(payload))
-            + kind
-            + payload
-            + struct.pack(">I", zlib.crc32(kind + payload))
-        )
+        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
 
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     idat = zlib.compress(b"\x00" * 64)
-    path.write_bytes(
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", ihdr)
-        + chunk(b"IDAT", idat)
-        + chunk(b"IEND", b"")
-    )
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b""))
     return path
 
 
@@ -137,16 +113,12 @@ def short_video(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
         (".gif", {}, 12),  # 256-colour palette
     ],
 )
-def test_image_round_trip(
-    tmp_path: Path, still: np.ndarray, suffix: str, options: dict, tolerance: float
-) -> None:
+def test_image_round_trip(tmp_path: Path, still: np.ndarray, suffix: str, options: dict, tolerance: float) -> None:
     path = tmp_path / f"still{suffix}"
     Image.fromarray(still).save(path, **options)
     loaded = load_media(path)
     assert loaded.kind == "image" and media_kind(path) == "image"
-    assert (
-        loaded.times == [0.0] and loaded.source_fps is None and loaded.duration is None
-    )
+    assert loaded.times == [0.0] and loaded.source_fps is None and loaded.duration is None
     assert loaded.size == (96, 64)
     (frame,) = loaded.frames
     assert frame.shape == (64, 96, 3) and frame.dtype == np.uint8
@@ -179,12 +151,8 @@ def test_exif_orientation_is_applied(tmp_path: Path) -> None:
 def test_grayscale_16bit_and_gif_first_frame(tmp_path: Path) -> None:
     Image.fromarray(np.full((40, 40), 65535, np.uint16)).save(tmp_path / "g16.png")
     assert load_image(tmp_path / "g16.png").frames[0].min() == 255
-    first, second = (
-        Image.new("RGB", (40, 40), colour) for colour in ((0, 0, 255), (0, 255, 0))
-    )
-    first.save(
-        tmp_path / "anim.gif", save_all=True, append_images=[second], duration=100
-    )
+    first, second = (Image.new("RGB", (40, 40), colour) for colour in ((0, 0, 255), (0, 255, 0)))
+    first.save(tmp_path / "anim.gif", save_all=True, append_images=[second], duration=100)
     assert load_image(tmp_path / "anim.gif").frames[0][0, 0].tolist() == [0, 0, 255]
 
 
@@ -209,9 +177,7 @@ def test_image_bomb_refused_from_header_without_pillow_warning(tmp_path: Path) -
         warnings.simplefilter("error")  # a DecompressionBombWarning would fail the test
         for side in (9000, 20000):  # 81 MP: Pillow warns; 400 MP: Pillow raises
             path = png_header_only(tmp_path / f"bomb{side}.png", side, side)
-            with pytest.raises(
-                MediaError, match=rf"{side}x{side} is [\d.]+ MP; the limit is 64.0 MP"
-            ):
+            with pytest.raises(MediaError, match=rf"{side}x{side} is [\d.]+ MP; the limit is 64.0 MP"):
                 load_media(path)
     assert Image.MAX_IMAGE_PIXELS == before
 
@@ -233,14 +199,10 @@ def _make_bad_input(kind: str, tmp: Path) -> Path:
         (tmp / "notes.mp4").write_text("just some notes, not a video\n" * 20)
         return tmp / "notes.mp4"
     if kind == "html":
-        (tmp / "page.jpg").write_text(
-            "<!DOCTYPE html><html><body>404 Not Found</body></html>\n"
-        )
+        (tmp / "page.jpg").write_text("<!DOCTYPE html><html><body>404 Not Found</body></html>\n")
         return tmp / "page.jpg"
     if kind == "pdf":
-        (tmp / "paper.png").write_bytes(
-            b"%PDF-1.7\n%\xe2\xe3\xcf\xd3\n1 0 obj\n<< /Type /Catalog >>\nendobj\n"
-        )
+        (tmp / "paper.png").write_bytes(b"%PDF-1.7\n%\xe2\xe3\xcf\xd3\n1 0 obj\n<< /Type /Catalog >>\nendobj\n")
         return tmp / "paper.png"
     rng = np.random.default_rng(0)
     noise = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)
@@ -291,14 +253,10 @@ def test_bad_input_raises_one_line_media_error(tmp_path: Path, kind: str) -> Non
     assert isinstance(caught.value, VisualKVError)
 
 
-def test_kind_is_sniffed_from_content_not_extension(
-    tmp_path: Path, still: np.ndarray
-) -> None:
+def test_kind_is_sniffed_from_content_not_extension(tmp_path: Path, still: np.ndarray) -> None:
     Image.fromarray(still).save(tmp_path / "really_png.mp4", format="PNG")
     assert media_kind(tmp_path / "really_png.mp4") == "image"
-    video = write_video(tmp_path / "really_mp4.mp4", noise_frames(4)).rename(
-        tmp_path / "really_mp4.png"
-    )
+    video = write_video(tmp_path / "really_mp4.mp4", noise_frames(4)).rename(tmp_path / "really_mp4.png")
     assert media_kind(video) == "video"
     assert load_media(video).kind == "video"
     with pytest.raises(MediaError, match="is a video, not an image"):
@@ -309,9 +267,7 @@ def test_kind_is_sniffed_from_content_not_extension(
 
 def test_file_size_limit(tmp_path: Path, still: np.ndarray) -> None:
     Image.fromarray(still).save(tmp_path / "s.png")
-    with pytest.raises(
-        MediaError, match=r"'.*s.png' is [\d.]+ KiB; the limit is 100 bytes"
-    ):
+    with pytest.raises(MediaError, match=r"'.*s.png' is [\d.]+ KiB; the limit is 100 bytes"):
         load_media(tmp_path / "s.png", limits=MediaLimits(max_file_bytes=100))
 
 
@@ -339,16 +295,12 @@ def test_bad_settings_raise_media_error(short_video: tuple[Path, dict]) -> None:
     ],
 )
 def test_video_containers(tmp_path: Path, suffix: str, fourcc: str) -> None:
-    path = write_video(
-        tmp_path / f"v{suffix}", noise_frames(12), fps=4.0, fourcc=fourcc
-    )
+    path = write_video(tmp_path / f"v{suffix}", noise_frames(12), fps=4.0, fourcc=fourcc)
     assert media_kind(path) == "video"
     loaded = load_media(path)
     assert loaded.kind == "video" and loaded.backend == "decord"
     assert loaded.frame_indices == [0, 4, 8] and loaded.times == [0.0, 1.0, 2.0]
-    assert loaded.duration == pytest.approx(3.0) and loaded.source_fps == pytest.approx(
-        4.0
-    )
+    assert loaded.duration == pytest.approx(3.0) and loaded.source_fps == pytest.approx(4.0)
     assert loaded.size == (64, 48) and loaded.frames[0].dtype == np.uint8
 
 
@@ -369,9 +321,7 @@ def test_video_backends_agree(short_video: tuple[Path, dict], backend: str) -> N
     cx, cy = description["event_object"]["center"]
     for time, frame in zip(loaded.times, loaded.frames, strict=True):
         red, green, blue = frame[cy, cx].astype(int)
-        assert (red > 180 and green < 80 and blue < 80) == (
-            event["start"] <= time < event["end"]
-        )
+        assert (red > 180 and green < 80 and blue < 80) == (event["start"] <= time < event["end"])
 
 
 def test_opencv_seeks_over_long_gaps(tmp_path: Path) -> None:
@@ -422,15 +372,11 @@ def test_frame_decord_fails_on_is_taken_from_opencv(
     mixed = load_video(path)
     assert mixed.backend == "decord+opencv" and not mixed.warnings
     assert mixed.frame_indices == expected.frame_indices
-    assert (
-        np.abs(mixed.frames[1].astype(int) - expected.frames[1].astype(int)).mean() < 2
-    )
+    assert np.abs(mixed.frames[1].astype(int) - expected.frames[1].astype(int)).mean() < 2
 
 
 @pytest.mark.parametrize("backend", ["auto", "opencv"])
-def test_undecodable_frame_is_skipped_with_warning(
-    tmp_path: Path, backend: str
-) -> None:
+def test_undecodable_frame_is_skipped_with_warning(tmp_path: Path, backend: str) -> None:
     path = corrupt_mjpeg(
         write_video(tmp_path / "one_bad.avi", noise_frames(10), fourcc="MJPG"),
         frames=[5],
@@ -440,10 +386,7 @@ def test_undecodable_frame_is_skipped_with_warning(
     assert loaded.warnings == ["frame 5 (t=1.25 s) could not be decoded; skipped"]
     # MJPEG is lossy; frame 6 must still be frame 6, not 5 or 7
     reference = noise_frames(10)
-    errors = [
-        np.abs(loaded.frames[5].astype(int) - reference[k].astype(int)).mean()
-        for k in (5, 6, 7)
-    ]
+    errors = [np.abs(loaded.frames[5].astype(int) - reference[k].astype(int)).mean() for k in (5, 6, 7)]
     assert errors[1] < 0.8 * min(errors[0], errors[2])
 
 
@@ -451,19 +394,13 @@ def test_undecodable_frame_is_skipped_with_warning(
 def test_one_frame_video(tmp_path: Path, backend: str) -> None:
     path = write_video(tmp_path / "one.mp4", noise_frames(1))
     loaded = load_video(path, backend=backend)
-    assert (
-        loaded.num_frames == 1
-        and loaded.times == [0.0]
-        and loaded.duration == pytest.approx(0.25)
-    )
+    assert loaded.num_frames == 1 and loaded.times == [0.0] and loaded.duration == pytest.approx(0.25)
 
 
 def test_sampling_by_fps_and_by_max_frames(short_video: tuple[Path, dict]) -> None:
     path = short_video[0]  # 32 frames at 4 fps = 8 s
     by_fps = load_video(path, sampling=FrameSampling(fps=1.0))
-    assert by_fps.times == [
-        float(t) for t in range(8)
-    ] and by_fps.frame_indices == list(range(0, 32, 4))
+    assert by_fps.times == [float(t) for t in range(8)] and by_fps.frame_indices == list(range(0, 32, 4))
 
     capped = load_video(path, sampling=FrameSampling(fps=4.0, max_frames=5))
     assert capped.frame_indices == [
@@ -475,9 +412,7 @@ def test_sampling_by_fps_and_by_max_frames(short_video: tuple[Path, dict]) -> No
     ]  # uniform over the whole video, ends included
     assert capped.times == [i / 4.0 for i in capped.frame_indices]
 
-    hard_cap = load_video(
-        path, limits=MediaLimits(max_frames=3), sampling=FrameSampling(fps=4.0)
-    )
+    hard_cap = load_video(path, limits=MediaLimits(max_frames=3), sampling=FrameSampling(fps=4.0))
     assert hard_cap.frame_indices == [0, 16, 31]
 
 
@@ -485,9 +420,7 @@ def test_sample_frame_indices_edge_cases() -> None:
     assert sample_frame_indices(0, 4.0, FrameSampling()) == []
     assert sample_frame_indices(1, 30.0, FrameSampling()) == [0]
     # Sampling faster than the source: each source frame once.
-    assert sample_frame_indices(
-        12, 4.0, FrameSampling(fps=10.0, max_frames=100)
-    ) == list(range(12))
+    assert sample_frame_indices(12, 4.0, FrameSampling(fps=10.0, max_frames=100)) == list(range(12))
     # 29.97 fps NTSC, 1 fps: the frame on screen at each whole second.
     assert sample_frame_indices(300, 29.97, FrameSampling(fps=1.0))[:4] == [
         0,
@@ -497,24 +430,16 @@ def test_sample_frame_indices_edge_cases() -> None:
     ]
 
 
-def test_too_long_video_refused_before_decoding(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_too_long_video_refused_before_decoding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # 360 frames at 0.01 fps: the container says 10 hours.
-    path = write_video(
-        tmp_path / "ten_hours.mp4", noise_frames(360, width=32, height=32), fps=0.01
-    )
+    path = write_video(tmp_path / "ten_hours.mp4", noise_frames(360, width=32, height=32), fps=0.01)
 
     def no_decoding(*_args: object, **_kwargs: object) -> None:
-        raise AssertionError(
-            "decoded a video that should have been refused from its header"
-        )
+        raise AssertionError("decoded a video that should have been refused from its header")
 
     monkeypatch.setattr(media, "_DecordReader", no_decoding)
     monkeypatch.setattr(media, "_OpenCVReader", no_decoding)
-    with pytest.raises(
-        MediaError, match=r"video is 10.0 h long; the limit is 3.0 h — trim it"
-    ):
+    with pytest.raises(MediaError, match=r"video is 10.0 h long; the limit is 3.0 h — trim it"):
         load_media(path)
     monkeypatch.undo()
     # Without the OpenCV header probe, decord's packet index (no decoding) tells the same.
@@ -530,9 +455,7 @@ def rotate_90_in_header(path: Path) -> Path:
     data = bytearray(path.read_bytes())
     tkhd = data.find(b"tkhd")
     assert tkhd > 0 and data[tkhd + 4] == 0  # version 0 header
-    matrix_at = (
-        tkhd + 4 + 4 + 20 + 8 + 8
-    )  # version/flags, times/id/duration, reserved, layer...
+    matrix_at = tkhd + 4 + 4 + 20 + 8 + 8  # version/flags, times/id/duration, reserved, layer...
     one, w = 0x00010000, 0x40000000  # 16.16 and 2.30 fixed point
     matrix = [0, one, 0, -one & 0xFFFFFFFF, 0, 0, 0, 0, w]
     data[matrix_at : matrix_at + 36] = struct.pack(">9I", *matrix)
@@ -571,9 +494,7 @@ def test_example_still_has_needles_at_described_places() -> None:
     assert ((star[..., 0] > 200) & (star[..., 1] < 60)).sum() > 0.2 * star[..., 0].size
     x0, y0, x1, y1 = needles["label"]
     label = pixels[y0:y1, x0:x1].astype(int)
-    assert (label.min(axis=2) < 40).any() and (
-        (label[..., 0] > 230) & (label[..., 2] < 30)
-    ).mean() > 0.5
+    assert (label.min(axis=2) < 40).any() and ((label[..., 0] > 230) & (label[..., 2] < 30)).mean() > 0.5
     assert np.array_equal(pixels, examples.make_still(960, 540, seed=0))
 
 
@@ -588,7 +509,5 @@ def test_example_assets_match_their_description() -> None:
         "cut",
         "event",
     }
-    loaded = load_video(
-        REPO / "assets" / info["file"], sampling=FrameSampling(fps=1.0, max_frames=64)
-    )
+    loaded = load_video(REPO / "assets" / info["file"], sampling=FrameSampling(fps=1.0, max_frames=64))
     assert loaded.num_frames == 64 and loaded.size == (info["width"], info["height"])

@@ -21,12 +21,12 @@ import pytest
 import torch
 
 from tests.conftest import get_adapter
+from visualkv.bench.synthetic import image_media, video_media
 from visualkv.errors import VisualKVError
 from visualkv.memory_guard import MemoryGuard, MemoryGuardError, estimate_prefill, out_of_memory_caught
 from visualkv.methods import METHODS
 from visualkv.session import ChatSession, SessionConfig
 from visualkv.streaming import stream_turn
-from visualkv.synthetic import image_media, video_media
 
 QUESTION = "What is in the picture?"
 MODELED = ["full", "blockwise-keydiff", "blockwise-snapkv", "post-snapkv"]
@@ -94,7 +94,7 @@ def test_cli_refusal_exits_2_with_one_line(monkeypatch, capsys, tmp_path):
     from PIL import Image
 
     from visualkv.__main__ import main
-    from visualkv.synthetic import synthetic_image
+    from visualkv.bench.synthetic import synthetic_image
 
     path = tmp_path / "scene.png"
     Image.fromarray(synthetic_image(448, 336, 1)).save(path)

@@ -15,9 +15,9 @@ from PIL import Image
 
 from tests import test_invariants as shared
 from tests.conftest import get_adapter
+from visualkv.bench.synthetic import image_media
 from visualkv.models.base import LayerFeatures, video_metadata
 from visualkv.session import ChatSession, SessionConfig
-from visualkv.synthetic import image_media
 
 NEW_FAMILIES = ["tiny-qwen3-vl", "tiny-llava-onevision", "tiny-internvl3.5"]
 PROMPT = shared.PROMPT
@@ -40,7 +40,9 @@ def small_image(request):
 
 # The shared invariants (2 bound, 3 protected, 4 positions, 6 telemetry), on the new families.
 test_full_bulk_matches_transformers = shared.test_full_bulk_matches_transformers
-test_visual_entries_never_exceed_budget_plus_block_or_unit = shared.test_visual_entries_never_exceed_budget_plus_block_or_unit
+test_visual_entries_never_exceed_budget_plus_block_or_unit = (
+    shared.test_visual_entries_never_exceed_budget_plus_block_or_unit
+)
 test_telemetry_agrees_with_an_independent_count = shared.test_telemetry_agrees_with_an_independent_count
 test_full_report_matches_full_kv_bytes = shared.test_full_report_matches_full_kv_bytes
 test_protected_tokens_survive = shared.test_protected_tokens_survive
@@ -235,7 +237,7 @@ def test_every_method_runs_on_image_and_video(alias, small_image, small_video):
 @pytest.mark.parametrize("alias", NEW_FAMILIES)
 def test_salicache_skipped_frames_never_reach_the_vision_tower(alias):
     """A static clip: Sali-Cache skips repeated frames; only the kept units are encoded."""
-    from visualkv.synthetic import synthetic_image
+    from visualkv.bench.synthetic import synthetic_image
 
     frame = synthetic_image(224, 168, seed=5)
     frames = [frame.copy() for _ in range(8)]

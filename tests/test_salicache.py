@@ -17,12 +17,12 @@ import torch
 
 from tests.conftest import FAMILIES, get_adapter
 from visualkv.__main__ import main
+from visualkv.bench.synthetic import synthetic_image
 from visualkv.cache import TIER_FULL, TIER_INT4, TIER_INT8
 from visualkv.media import Media
 from visualkv.methods.salicache import TIER_SKIPPED
 from visualkv.quant import QuantSpec, dequantize, packed_bytes_per_token
 from visualkv.session import ChatSession, SessionConfig
-from visualkv.synthetic import synthetic_image
 
 PROMPT = "What happens?"
 W, H = 224, 168
@@ -31,10 +31,12 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "assets" / "example_video.mp4
 
 # -- helpers ----------------------------------------------------------------------------------
 
+
 def _video(frames: list[np.ndarray]) -> Media:
     n = len(frames)
-    return Media(kind="video", frames=frames, times=[float(i) for i in range(n)], source_fps=1.0,
-                 duration=float(n), path=None)
+    return Media(
+        kind="video", frames=frames, times=[float(i) for i in range(n)], source_fps=1.0, duration=float(n), path=None
+    )
 
 
 def _noisy(frame: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -58,8 +60,9 @@ def _story_clip() -> tuple[Media, dict]:
 
 
 def _session(alias: str, method: str = "salicache", max_new_tokens: int = 1, **options) -> ChatSession:
-    return ChatSession(get_adapter(alias), SessionConfig(method=method, max_new_tokens=max_new_tokens,
-                                                         method_options=options))
+    return ChatSession(
+        get_adapter(alias), SessionConfig(method=method, max_new_tokens=max_new_tokens, method_options=options)
+    )
 
 
 _FULL: dict = {}
@@ -94,6 +97,7 @@ def _entries(layer) -> list[int]:
 
 # -- storage: bytes per token per tier -----------------------------------------------------------
 
+
 @pytest.mark.parametrize("alias", FAMILIES)
 def test_bytes_per_token_of_each_tier_match_the_formula(alias, small_video):
     group = 8  # head_dim 16: two groups per token, so the scale / zero count matters
@@ -120,8 +124,12 @@ def test_bytes_per_token_of_each_tier_match_the_formula(alias, small_video):
             assert seg.keys.nbytes == seg.values.nbytes == n * heads * per_token
             assert seg.keys.data.dtype == torch.uint8 and seg.keys.data.shape[-1] == a.head_dim * bits // 8
         expected_total += layer.keys.nbytes * 2 + sum(
-            2 * int((visual_tiers == t).sum()) * heads * packed_bytes_per_token(a.head_dim, QuantSpec(b, group), a.dtype)
-            for t, b in ((TIER_INT8, 8), (TIER_INT4, 4)))
+            2
+            * int((visual_tiers == t).sum())
+            * heads
+            * packed_bytes_per_token(a.head_dim, QuantSpec(b, group), a.dtype)
+            for t, b in ((TIER_INT8, 8), (TIER_INT4, 4))
+        )
     report = s.report()
     assert report["final_kv_bytes"] == s.cache.kv_bytes() == expected_total
     assert sum(report["kv_bytes_by_tier"].values()) == expected_total
@@ -140,6 +148,7 @@ def test_bytes_per_token_of_each_tier_match_the_formula(alias, small_video):
 
 
 # -- exactness -----------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("alias", FAMILIES)
 def test_all_full_precision_and_tau_zero_reproduce_full(alias, small_image, small_video):
@@ -175,6 +184,7 @@ def test_first_answer_token_reads_the_media_as_stored(alias, small_image):
 
 # -- temporal filter: skipped before the encoder, cut and event kept -----------------------------
 
+
 @pytest.mark.parametrize("alias", FAMILIES)
 def test_static_clip_is_skipped_after_its_first_frame(alias, monkeypatch):
     rng = np.random.default_rng(1)
@@ -185,7 +195,8 @@ def test_static_clip_is_skipped_after_its_first_frame(alias, monkeypatch):
     s.ask(PROMPT, media)
     report = s.report()
     assert [f["skipped"] for f in report["frames"]] == [False] * (2 if "qwen" in alias else 1) + [True] * (
-        4 if "qwen" in alias else 5)
+        4 if "qwen" in alias else 5
+    )
     assert [f["redundant"] for f in report["frames"]] == [False] + [True] * 5
     assert report["frames"][0]["motion"] is None and all(f["motion"] < 0.1 for f in report["frames"][1:])
     assert encoded == report["vision_encoder_units"] == [0] and report["vision_encoder_frames"] == 1
@@ -204,8 +215,13 @@ def test_cut_and_event_are_kept_and_only_kept_frames_are_encoded(alias, monkeypa
     assert {4, 9, 10} <= kept_frames  # the cut, the event, the ball vanishing
     assert kept_frames == {s for u in kept_units[alias] for s in layout.frames[u].source_frames}
     # every token of a skipped unit is tier "skipped", absent from the LLM, and costs no bytes
-    skipped_tokens = int(sum(layout.frames[u].grid[0] * layout.frames[u].grid[1]
-                             for u in range(len(layout.frames)) if u not in kept_units[alias]))
+    skipped_tokens = int(
+        sum(
+            layout.frames[u].grid[0] * layout.frames[u].grid[1]
+            for u in range(len(layout.frames))
+            if u not in kept_units[alias]
+        )
+    )
     assert report["tiers"]["skipped"] == skipped_tokens == report["tier"].count(TIER_SKIPPED)
 
 
@@ -229,6 +245,7 @@ def test_example_video_at_defaults_tiny_qwen(monkeypatch):
 
 
 # -- pruned tokens never enter the LLM; positions stay original ----------------------------------
+
 
 @pytest.mark.parametrize("alias", FAMILIES)
 def test_pruned_and_skipped_tokens_are_absent_from_the_llm(alias):
@@ -276,6 +293,7 @@ def test_kept_tokens_keep_original_positions(alias):
 
 # -- options and bad input through the CLI -------------------------------------------------------
 
+
 def _write_video(path: Path, frames: list[np.ndarray], fps: float, fourcc: str) -> Path:
     h, w = frames[0].shape[:2]
     writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*fourcc), fps, (w, h))
@@ -292,8 +310,7 @@ def _noise_frames(n: int, w: int = 64, h: int = 48) -> list[np.ndarray]:
 
 
 def _run(capsys, *args: str) -> tuple[int, str]:
-    code = main(["run", "--model", "tiny-smolvlm2", "--prompt", PROMPT, "--max-new-tokens", "1", "--quiet",
-                 *args])
+    code = main(["run", "--model", "tiny-smolvlm2", "--prompt", PROMPT, "--max-new-tokens", "1", "--quiet", *args])
     err = capsys.readouterr().err
     assert "Traceback" not in err
     return code, err
@@ -302,8 +319,8 @@ def _run(capsys, *args: str) -> tuple[int, str]:
 def test_video_with_undecodable_frame_runs_and_reports_the_gap(tmp_path, capsys):
     path = _write_video(tmp_path / "bad.avi", _noise_frames(10), 4.0, "MJPG")
     data = bytearray(path.read_bytes())
-    starts = [i for i in range(len(data) - 3) if data[i: i + 3] == b"\xff\xd8\xff"]
-    data[starts[5]: starts[5] + 300] = bytes(300)  # frame 5 loses its JPEG headers
+    starts = [i for i in range(len(data) - 3) if data[i : i + 3] == b"\xff\xd8\xff"]
+    data[starts[5] : starts[5] + 300] = bytes(300)  # frame 5 loses its JPEG headers
     path.write_bytes(bytes(data))
     out = tmp_path / "r.json"
     code, _ = _run(capsys, "--media", str(path), "--method", "salicache", "--fps", "4", "--json", str(out))
@@ -352,11 +369,15 @@ def test_ten_hour_video_is_refused(tmp_path, capsys):
 @pytest.mark.parametrize("prefill", ["bulk", "blockwise"])
 def test_heavy_pruning_drops_whole_qwen_rows(prefill):
     """Rows whose every token is pruned are never sent to the LLM, in any prefill mode (regression)."""
-    from visualkv.synthetic import image_media
+    from visualkv.bench.synthetic import image_media
 
     adapter = get_adapter("tiny-qwen2.5-vl")
-    s = ChatSession(adapter, SessionConfig(method="salicache", prefill=prefill, block_size=64, max_new_tokens=2,
-                                           method_options={"tiers": "0.05,0,0"}))
+    s = ChatSession(
+        adapter,
+        SessionConfig(
+            method="salicache", prefill=prefill, block_size=64, max_new_tokens=2, method_options={"tiers": "0.05,0,0"}
+        ),
+    )
     s.ask("What is it?", image_media(672, 378, seed=3))
     report = s.report()
     kept = report["tiers"]["full"]
@@ -366,7 +387,7 @@ def test_heavy_pruning_drops_whole_qwen_rows(prefill):
 
 
 def test_qwen_rows_with_gaps_encode_like_the_whole_image():
-    from visualkv.synthetic import image_media
+    from visualkv.bench.synthetic import image_media
 
     adapter = get_adapter("tiny-qwen2.5-vl")
     prepared = adapter.prepare(image_media(672, 378, seed=3), "What?")

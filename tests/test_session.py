@@ -34,8 +34,9 @@ def test_stop_event_ends_the_turn_and_chat_goes_on(qwen, small_image):
 
 
 def _blockwise(**kw) -> SessionConfig:
-    return SessionConfig(method="blockwise-snapkv", budget=16, block_size=16, prefill="blockwise", max_new_tokens=3,
-                         **kw)
+    return SessionConfig(
+        method="blockwise-snapkv", budget=16, block_size=16, prefill="blockwise", max_new_tokens=3, **kw
+    )
 
 
 def test_stop_during_prefill_ends_it_at_a_block_boundary_and_keeps_nothing(qwen, small_image):
@@ -103,8 +104,9 @@ def test_followup_reprefill_rebuilds_the_kept_set(qwen, small_image):
     """With SnapKV, a follow-up re-prefill keeps what the *new* question attends to."""
     kept = {}
     for policy in ("reuse", "reprefill"):
-        s = ChatSession(qwen, SessionConfig(method="blockwise-snapkv", budget=24, block_size=48,
-                                            max_new_tokens=2, followup=policy))
+        s = ChatSession(
+            qwen, SessionConfig(method="blockwise-snapkv", budget=24, block_size=48, max_new_tokens=2, followup=policy)
+        )
         s.ask("What colour is the square?", small_image)
         s.ask("How many circles are at the bottom left of the picture?")
         kept[policy] = [set(layer.token_index[0, 0].tolist()) for layer in s.cache.layers]

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from tests.test_cli import _assert_one_line_error, _run
+from visualkv.bench.synthetic import image_media
 from visualkv.errors import ModelLoadError
 from visualkv.models import shapes
 from visualkv.models.registry import _adapter, load_model
 from visualkv.session import ChatSession, SessionConfig
-from visualkv.synthetic import image_media
 
 #: parameter totals shown on the Hub model pages (safetensors metadata), in billions
 PUBLISHED_PARAMS_B = {"shape-qwen2.5-vl-3b": 3.75, "shape-qwen2.5-vl-7b": 8.29, "shape-smolvlm2-2.2b": 2.25}
@@ -84,8 +84,10 @@ def test_models_lists_shapes_with_their_label(capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("VISUALKV_FULL_SHAPE_BUILD"),
-                    reason="a full 2.2B build takes ~3 min and 5 GiB on a 2-core CPU; set VISUALKV_FULL_SHAPE_BUILD=1")
+@pytest.mark.skipif(
+    not os.environ.get("VISUALKV_FULL_SHAPE_BUILD"),
+    reason="a full 2.2B build takes ~3 min and 5 GiB on a 2-core CPU; set VISUALKV_FULL_SHAPE_BUILD=1",
+)
 def test_full_smolvlm2_shape_builds_on_cpu_when_memory_allows():
     need = shapes.parameter_count("shape-smolvlm2-2.2b") * 2
     if shapes.psutil.virtual_memory().available < 3 * need:

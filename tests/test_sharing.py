@@ -10,11 +10,11 @@ from PIL import Image
 
 from tests.conftest import get_adapter
 from visualkv.access import ModelPolicy, is_public, scrub_paths
+from visualkv.bench.synthetic import synthetic_image
 from visualkv.errors import ModelLoadError
 from visualkv.media import load_media
 from visualkv.models.registry import HUB_MODELS
 from visualkv.session import ChatSession, SessionConfig
-from visualkv.synthetic import synthetic_image
 
 
 @pytest.mark.parametrize(

@@ -14,9 +14,9 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from tests.conftest import get_adapter
+from visualkv.bench.synthetic import image_media, video_media
 from visualkv.engine import Engine
 from visualkv.session import ChatSession, SessionConfig
-from visualkv.synthetic import image_media, video_media
 
 _READS_DEVICE = {
     torch.Tensor.item,

@@ -83,8 +83,15 @@ def _video_inputs(processor, video: np.ndarray, fps: float = 2.0):
 
 
 def test_specs_are_consistent() -> None:
-    assert set(TINY_SPECS) == {"tiny-qwen2.5-vl", "tiny-smolvlm2", "bench-qwen2.5-vl", "bench-smolvlm2",
-                               "tiny-qwen3-vl", "tiny-llava-onevision", "tiny-internvl3.5"}
+    assert set(TINY_SPECS) == {
+        "tiny-qwen2.5-vl",
+        "tiny-smolvlm2",
+        "bench-qwen2.5-vl",
+        "bench-smolvlm2",
+        "tiny-qwen3-vl",
+        "tiny-llava-onevision",
+        "tiny-internvl3.5",
+    }
     for alias, spec in TINY_SPECS.items():
         assert isinstance(spec, TinySpec)
         assert spec.family in ("qwen2_5_vl", "smolvlm", "qwen3_vl", "llava_onevision", "internvl"), alias

@@ -15,6 +15,7 @@ import pytest
 from PIL import Image
 
 from visualkv import viz
+from visualkv.bench.synthetic import image_media, video_media
 from visualkv.errors import ConfigError
 from visualkv.methods import METHODS
 from visualkv.models.registry import load_model
@@ -27,7 +28,6 @@ from visualkv.streaming import (
     stream_turn,
     turn_report,
 )
-from visualkv.synthetic import image_media, video_media
 from visualkv.telemetry import BlockEvent, TurnRecord
 
 PROMPT = "Where is the red square?"
@@ -45,8 +45,7 @@ def image():
 
 
 def _config(method: str, **kw) -> SessionConfig:
-    return SessionConfig(method=method, budget=BUDGET if METHODS[method].needs_budget else None,
-                         max_new_tokens=3, **kw)
+    return SessionConfig(method=method, budget=BUDGET if METHODS[method].needs_budget else None, max_new_tokens=3, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -181,8 +180,13 @@ def test_single_block_memory_figure_has_integer_ticks_and_visible_markers(snap):
 def test_heatmap_is_downscaled_and_per_layer(snap, image):
     _, report, _ = snap
     big = np.asarray(Image.fromarray(image.frames[0]).resize((1792, 1344)))  # same layout, scaled pixels
-    scaled = {**report, "layout": {**report["layout"], "frames": [
-        {**f, "box": [v * 4 for v in f["box"]]} for f in report["layout"]["frames"]]}}
+    scaled = {
+        **report,
+        "layout": {
+            **report["layout"],
+            "frames": [{**f, "box": [v * 4 for v in f["box"]]} for f in report["layout"]["frames"]],
+        },
+    }
     heat = viz.retained_heatmap(big, scaled, max_side=400)
     assert heat.size == (400, 300)
     avg = np.asarray(viz.retained_view(image.frames, image.times, report))
@@ -251,8 +255,10 @@ def test_salicache_video_views(adapter):
     assert tiers.height > strip.height  # legend underneath
     assert viz.saliency_view(video.frames, video.times, report) is not None
     n_frames = len(report["layout"]["frames"])
-    for gallery in (viz.saliency_gallery(video.frames, video.times, report),
-                    viz.tier_gallery(video.frames, video.times, report)):
+    for gallery in (
+        viz.saliency_gallery(video.frames, video.times, report),
+        viz.tier_gallery(video.frames, video.times, report),
+    ):
         assert len(gallery) == n_frames  # one readable image per frame
         assert all(img.width >= 360 and caption.startswith("frame ") for img, caption in gallery)
     per_frame = [caption for _, caption in viz.tier_gallery(video.frames, video.times, report)]
@@ -295,8 +301,11 @@ def test_compare_methods_table_and_curves(adapter, image):
     methods = ["blockwise-keydiff", "full", "no-such-method"]
     with pytest.raises(ConfigError):
         list(compare_methods(adapter, image, PROMPT, methods, _config("full")))
-    results = dict(compare_methods(adapter, image, PROMPT, ["blockwise-keydiff", "full"],
-                                   dataclasses.replace(_config("full"), budget=BUDGET)))
+    results = dict(
+        compare_methods(
+            adapter, image, PROMPT, ["blockwise-keydiff", "full"], dataclasses.replace(_config("full"), budget=BUDGET)
+        )
+    )
     assert list(results) == ["full", "blockwise-keydiff"]  # the reference runs first
     rows = viz.compare_rows(results)
     assert [r[0] for r in rows] == ["full", "blockwise-keydiff"]

@@ -7,7 +7,7 @@ from pathlib import Path
 import gradio as gr
 
 from visualkv.access import ModelPolicy, scrub_paths
-from visualkv.demo_examples import DemoExample, load_demo_examples, question_forms
+from visualkv.bench.demo_examples import DemoExample, load_demo_examples, question_forms
 from visualkv.methods import METHODS
 from visualkv.models.registry import HUB_MODELS, OFFLINE_MODELS, offline_aliases
 from visualkv.streaming import method_settings
@@ -19,8 +19,10 @@ from .state import ModelCache, default_offline_model, is_offline_model
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 # generic examples: real-looking media for memory and kept-token maps (random-weight or Hub models)
-GENERIC_EXAMPLES = [("Where is the small red star?", ASSETS / "example_4k.png"),
-                    ("What happens in this video?", ASSETS / "example_video.mp4")]
+GENERIC_EXAMPLES = [
+    ("Where is the small red star?", ASSETS / "example_4k.png"),
+    ("What happens in this video?", ASSETS / "example_video.mp4"),
+]
 MAX_UPLOAD = "200mb"  # Gradio's upload limit (MediaLimits then checks pixels, duration, frames)
 DEFAULT_METHOD = "blockwise-snapkv"
 
@@ -90,27 +92,47 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
         state = gr.State(None, time_to_live=4 * 3600, delete_callback=release_state)
         release_on_close(demo, state)  # a closed tab's cache is freed at once
         gr.Markdown(text.INTRO)
-        model_note = gr.Markdown(text.offline_note(model_name, is_offline_model(model_name), start_error),
-                                 elem_id="vkv-model-note", elem_classes="vkv-small")
+        model_note = gr.Markdown(
+            text.offline_note(model_name, is_offline_model(model_name), start_error),
+            elem_id="vkv-model-note",
+            elem_classes="vkv-small",
+        )
         with gr.Row(equal_height=False):
             # ---- settings ---------------------------------------------------------------------
             with gr.Column(scale=2, min_width=250, elem_id="vkv-settings"):
                 with gr.Accordion("Model", open=True):
-                    model_dd = gr.Dropdown(model_choices(model_name), value=model_name, label="model",
-                                           info="offline aliases first; Hub models need network", elem_id="vkv-model")
-                    model_id = gr.Textbox(label="…or a Hub id / local folder", placeholder="org/name or /path",
-                                          elem_id="vkv-model-id")
+                    model_dd = gr.Dropdown(
+                        model_choices(model_name),
+                        value=model_name,
+                        label="model",
+                        info="offline aliases first; Hub models need network",
+                        elem_id="vkv-model",
+                    )
+                    model_id = gr.Textbox(
+                        label="…or a Hub id / local folder", placeholder="org/name or /path", elem_id="vkv-model-id"
+                    )
                     load_btn = gr.Button("Load model", elem_id="vkv-load")
                 method_dd = gr.Dropdown(method_names, value=default_method, label="method", elem_id="vkv-method")
-                method_md = gr.Markdown(text.method_line(default_method), elem_id="vkv-method-help",
-                                        elem_classes="vkv-small")
+                method_md = gr.Markdown(
+                    text.method_line(default_method), elem_id="vkv-method-help", elem_classes="vkv-small"
+                )
                 # no minimum/maximum on number fields: Gradio would reject a bad value with an error badge
                 # over the outputs; the handlers check every value and say what is wrong in one line
-                budget = gr.Number(1024, precision=0, label="budget M", info=text.budget_info(default_method),
-                                   elem_id="vkv-budget", interactive=METHODS[default_method].needs_budget)
-                block_size = gr.Number(0, precision=0, label="block size",
-                                       info="visual tokens per prefill block; 0 = auto (the model's default)",
-                                       elem_id="vkv-block-size")
+                budget = gr.Number(
+                    1024,
+                    precision=0,
+                    label="budget M",
+                    info=text.budget_info(default_method),
+                    elem_id="vkv-budget",
+                    interactive=METHODS[default_method].needs_budget,
+                )
+                block_size = gr.Number(
+                    0,
+                    precision=0,
+                    label="block size",
+                    info="visual tokens per prefill block; 0 = auto (the model's default)",
+                    elem_id="vkv-block-size",
+                )
                 method_inputs, groups = [], {}
                 for name in method_names:
                     settings = method_settings(name)
@@ -122,15 +144,24 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
                             method_inputs.append((name, s.key, _setting_component(s)))
                     groups[name] = group
                 with gr.Accordion("Generation and follow-ups", open=False):
-                    max_new = gr.Number(64, precision=0, label="max new tokens", info="1 to 4096",
-                                        elem_id="vkv-max-new")
-                    temperature = gr.Number(0.0, label="temperature", info="0 = greedy; up to 5",
-                                            elem_id="vkv-temperature")
-                    followup = gr.Radio(["reuse", "reprefill"], value="reuse", label="follow-up turns",
-                                        info="reuse the compressed cache, or rebuild it per question "
-                                             "(query-aware methods only)")
-                    prefill = gr.Dropdown(["auto", "hybrid", "blockwise", "bulk"], value="auto", label="prefill",
-                                          info="auto = the method's default")
+                    max_new = gr.Number(
+                        64, precision=0, label="max new tokens", info="1 to 4096", elem_id="vkv-max-new"
+                    )
+                    temperature = gr.Number(
+                        0.0, label="temperature", info="0 = greedy; up to 5", elem_id="vkv-temperature"
+                    )
+                    followup = gr.Radio(
+                        ["reuse", "reprefill"],
+                        value="reuse",
+                        label="follow-up turns",
+                        info="reuse the compressed cache, or rebuild it per question (query-aware methods only)",
+                    )
+                    prefill = gr.Dropdown(
+                        ["auto", "hybrid", "blockwise", "bulk"],
+                        value="auto",
+                        label="prefill",
+                        info="auto = the method's default",
+                    )
                 with gr.Accordion("Video sampling", open=False):
                     fps = gr.Number(1.0, label="frames per second sampled", elem_id="vkv-fps")
                     max_frames = gr.Number(32, precision=0, label="frames sampled at most", elem_id="vkv-max-frames")
@@ -139,23 +170,32 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
                 chatbot = gr.Chatbot(label="chat", height=340, elem_id="vkv-chat", buttons=["copy"])
                 error_md = gr.Markdown("", elem_id="vkv-error")
                 chat_input = gr.MultimodalTextbox(
-                    placeholder="Attach an image or video, then ask a question about it…", sources=["upload"],
-                    file_count="single", show_label=False, elem_id="vkv-input",
+                    placeholder="Attach an image or video, then ask a question about it…",
+                    sources=["upload"],
+                    file_count="single",
+                    show_label=False,
+                    elem_id="vkv-input",
                 )
                 with gr.Row():
                     send_btn = gr.Button("Send", variant="primary", elem_id="vkv-send", size="sm", min_width=80)
                     stop_btn = gr.Button("Stop", variant="stop", elem_id="vkv-stop", size="sm", min_width=80)
                     new_btn = gr.Button("New chat", elem_id="vkv-new", size="sm", min_width=80)
-                    download_btn = gr.DownloadButton("JSON report", interactive=False, elem_id="vkv-download",
-                                                     size="sm", min_width=80)
+                    download_btn = gr.DownloadButton(
+                        "JSON report", interactive=False, elem_id="vkv-download", size="sm", min_width=80
+                    )
                 progress_html = gr.HTML("", elem_id="vkv-progress")
                 summary_md = gr.Markdown("", elem_id="vkv-summary")
-                followup_md = gr.Markdown(text.followup_note(default_method, "reuse"), elem_classes="vkv-small",
-                                          elem_id="vkv-followup")
+                followup_md = gr.Markdown(
+                    text.followup_note(default_method, "reuse"), elem_classes="vkv-small", elem_id="vkv-followup"
+                )
                 examples = chat_examples(demo_examples)
-                gr.Examples(examples=examples, inputs=[chat_input], example_labels=example_labels(examples),
-                            label="examples (the demo scenes first: visualkv-demo answers those)",
-                            examples_per_page=6)
+                gr.Examples(
+                    examples=examples,
+                    inputs=[chat_input],
+                    example_labels=example_labels(examples),
+                    label="examples (the demo scenes first: visualkv-demo answers those)",
+                    examples_per_page=6,
+                )
                 if demo_examples:
                     with gr.Accordion("What visualkv-demo can answer", open=False, elem_id="vkv-demo-help"):
                         gr.Markdown(text.demo_questions_md(question_forms(), demo_examples))
@@ -164,28 +204,55 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
                 with gr.Tabs(overflow_behavior="wrap"):  # every result tab in sight, none in a menu
                     with gr.Tab("Kept tokens"):
                         with gr.Row():
-                            layer_dd = gr.Dropdown(["average"], value="average", label="layer", elem_id="vkv-layer",
-                                                   min_width=120)
-                            opacity = gr.Slider(0, 1, value=0.6, step=0.05, label="overlay opacity",
-                                                elem_id="vkv-opacity", min_width=160)
+                            layer_dd = gr.Dropdown(
+                                ["average"], value="average", label="layer", elem_id="vkv-layer", min_width=120
+                            )
+                            opacity = gr.Slider(
+                                0,
+                                1,
+                                value=0.6,
+                                step=0.05,
+                                label="overlay opacity",
+                                elem_id="vkv-opacity",
+                                min_width=160,
+                            )
                             # a value typed outside 0..1 is clamped by the handler instead of being refused by
                             # Gradio's bounds check (an error badge over the view)
                             opacity.preprocess = _lenient_number
                         heat_note = gr.Markdown(text.EMPTY_HEAT_NOTE, elem_classes="vkv-small", elem_id="vkv-heat-note")
-                        heatmap = gr.ImageSlider(label="before / after: drag to compare", type="pil",
-                                                 interactive=False, elem_id="vkv-heatmap", max_height=420,
-                                                 buttons=["download", "fullscreen"])
+                        heatmap = gr.ImageSlider(
+                            label="before / after: drag to compare",
+                            type="pil",
+                            interactive=False,
+                            elem_id="vkv-heatmap",
+                            max_height=420,
+                            buttons=["download", "fullscreen"],
+                        )
                     with gr.Tab("Saliency"):
                         sali_note = gr.Markdown("Sali-Cache only.")
-                        saliency_img = gr.Gallery(label="saliency per frame (click to zoom)", columns=2, height=300,
-                                                  elem_id="vkv-saliency", object_fit="contain")
-                        tier_img = gr.Gallery(label="precision tiers per frame (click to zoom)", columns=2, height=300,
-                                              elem_id="vkv-tiers", object_fit="contain")
+                        saliency_img = gr.Gallery(
+                            label="saliency per frame (click to zoom)",
+                            columns=2,
+                            height=300,
+                            elem_id="vkv-saliency",
+                            object_fit="contain",
+                        )
+                        tier_img = gr.Gallery(
+                            label="precision tiers per frame (click to zoom)",
+                            columns=2,
+                            height=300,
+                            elem_id="vkv-tiers",
+                            object_fit="contain",
+                        )
                     with gr.Tab("Frames"):
                         timeline_note = gr.Markdown("Video only.")
                         timeline_plot = gr.Plot(label="frame timeline", elem_id="vkv-timeline")
-                        thumbs_img = gr.Image(label="sampled frames (blue border kept, orange-red skipped)",
-                                              type="pil", interactive=False, elem_id="vkv-thumbs")
+                        thumbs_img = gr.Image(
+                            label="sampled frames (blue border kept, orange-red skipped)",
+                            type="pil",
+                            interactive=False,
+                            elem_id="vkv-thumbs",
+                        )
                     with gr.Tab("Merges"):
                         merge_note = gr.Markdown("LightKV only.")
                         merge_img = gr.Image(label="merge map", type="pil", interactive=False, elem_id="vkv-merge")
@@ -193,20 +260,33 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
                     with gr.Tab("Numbers"):
                         numbers_md = gr.Markdown("No turn yet.", elem_id="vkv-numbers")
                     with gr.Tab("Compare"):
-                        gr.Markdown("Runs the chat's media (or a file given here) and one question through several "
-                                    "methods, each in a fresh cache, with the budget and settings on the left. "
-                                    "`full` is the reference for agreement.", elem_classes="vkv-small")
-                        cmp_methods = gr.CheckboxGroup(method_names, value=[m for m in method_names if m in (
-                            "full", "blockwise-snapkv", "post-snapkv", "salicache", "lightkv")], label="methods",
-                            elem_id="vkv-cmp-methods")
-                        cmp_file = gr.File(label="media (optional; default: the chat's)", type="filepath",
-                                           elem_id="vkv-cmp-file")
-                        cmp_question = gr.Textbox(label="question (default: the chat's first question)",
-                                                  elem_id="vkv-cmp-q")
+                        gr.Markdown(
+                            "Runs the chat's media (or a file given here) and one question through several "
+                            "methods, each in a fresh cache, with the budget and settings on the left. "
+                            "`full` is the reference for agreement.",
+                            elem_classes="vkv-small",
+                        )
+                        cmp_methods = gr.CheckboxGroup(
+                            method_names,
+                            value=[
+                                m
+                                for m in method_names
+                                if m in ("full", "blockwise-snapkv", "post-snapkv", "salicache", "lightkv")
+                            ],
+                            label="methods",
+                            elem_id="vkv-cmp-methods",
+                        )
+                        cmp_file = gr.File(
+                            label="media (optional; default: the chat's)", type="filepath", elem_id="vkv-cmp-file"
+                        )
+                        cmp_question = gr.Textbox(
+                            label="question (default: the chat's first question)", elem_id="vkv-cmp-q"
+                        )
                         cmp_btn = gr.Button("Compare", variant="primary", elem_id="vkv-cmp-run")
                         cmp_status = gr.Markdown("", elem_id="vkv-cmp-status")
-                        cmp_table = gr.Dataframe(headers=h.compare_headers, interactive=False, wrap=True,
-                                                 elem_id="vkv-cmp-table")
+                        cmp_table = gr.Dataframe(
+                            headers=h.compare_headers, interactive=False, wrap=True, elem_id="vkv-cmp-table"
+                        )
                         cmp_plot = gr.Plot(label="KV memory against tokens read", elem_id="vkv-cmp-plot")
                 memory_plot = gr.Plot(label="KV memory per prefill block", elem_id="vkv-memory")
 
@@ -214,10 +294,32 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
         settings = [method_dd, budget, block_size, max_new, temperature, followup, prefill, fps, max_frames]
         h.method_keys = [(name, key) for name, key, _ in method_inputs]
         method_components = [c for _, _, c in method_inputs]
-        chat_outputs = [chatbot, chat_input, state, error_md, progress_html, memory_plot, download_btn, summary_md,
-                        followup_md]
-        view_outputs = [layer_dd, heat_note, heatmap, sali_note, saliency_img, tier_img, timeline_note, timeline_plot,
-                        thumbs_img, merge_note, merge_img, layer_plot, numbers_md]
+        chat_outputs = [
+            chatbot,
+            chat_input,
+            state,
+            error_md,
+            progress_html,
+            memory_plot,
+            download_btn,
+            summary_md,
+            followup_md,
+        ]
+        view_outputs = [
+            layer_dd,
+            heat_note,
+            heatmap,
+            sali_note,
+            saliency_img,
+            tier_img,
+            timeline_note,
+            timeline_plot,
+            thumbs_img,
+            merge_note,
+            merge_img,
+            layer_plot,
+            numbers_md,
+        ]
         compute = {"concurrency_id": "compute", "concurrency_limit": 1}
         light = {"concurrency_limit": None, "show_progress": "hidden"}
 
@@ -225,25 +327,59 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
         for trigger in (chat_input.submit, send_btn.click):
             # at once (no queue): say where this turn waits while another session's turn runs
             trigger(h.queued, [chat_input, state], [progress_html], queue=False, show_progress="hidden")
-            turn = trigger(h.chat, [chat_input, state, *settings, *method_components], chat_outputs,
-                           show_progress="hidden", **compute)
+            turn = trigger(
+                h.chat,
+                [chat_input, state, *settings, *method_components],
+                chat_outputs,
+                show_progress="hidden",
+                **compute,
+            )
             turn_events += [turn, turn.then(h.views, [state, layer_dd, opacity], view_outputs, **light)]
         stop_btn.click(h.stop, [state], [progress_html], queue=False, show_progress="hidden")
-        new_btn.click(h.new_chat, [state, method_dd, followup],
-                      [state, chatbot, chat_input, error_md, progress_html, memory_plot, download_btn, summary_md,
-                       followup_md, *view_outputs], cancels=turn_events, show_progress="hidden",
-                      concurrency_limit=None)
-        load_btn.click(h.load_model, [model_dd, model_id, state],
-                       [state, model_note, error_md, chatbot, progress_html, memory_plot, download_btn, summary_md,
-                        *view_outputs], show_progress_on=[model_note], **compute)
+        new_btn.click(
+            h.new_chat,
+            [state, method_dd, followup],
+            [
+                state,
+                chatbot,
+                chat_input,
+                error_md,
+                progress_html,
+                memory_plot,
+                download_btn,
+                summary_md,
+                followup_md,
+                *view_outputs,
+            ],
+            cancels=turn_events,
+            show_progress="hidden",
+            concurrency_limit=None,
+        )
+        load_btn.click(
+            h.load_model,
+            [model_dd, model_id, state],
+            [state, model_note, error_md, chatbot, progress_html, memory_plot, download_btn, summary_md, *view_outputs],
+            show_progress_on=[model_note],
+            **compute,
+        )
         for control in (method_dd, followup):
-            control.change(h.method_changed, [method_dd, followup, state],
-                           [method_md, budget, followup_md, *groups.values()], queue=False, show_progress="hidden")
+            control.change(
+                h.method_changed,
+                [method_dd, followup, state],
+                [method_md, budget, followup_md, *groups.values()],
+                queue=False,
+                show_progress="hidden",
+            )
         h.group_names = list(groups)
         layer_dd.input(h.layer_changed, [state, layer_dd, opacity], [heatmap], **light)
         opacity.release(h.layer_changed, [state, layer_dd, opacity], [heatmap], **light)
-        cmp_btn.click(h.compare, [state, cmp_methods, cmp_question, cmp_file, *settings, *method_components],
-                      [cmp_table, cmp_plot, cmp_status], show_progress_on=[cmp_table], **compute)
+        cmp_btn.click(
+            h.compare,
+            [state, cmp_methods, cmp_question, cmp_file, *settings, *method_components],
+            [cmp_table, cmp_plot, cmp_status],
+            show_progress_on=[cmp_table],
+            **compute,
+        )
     demo.vkv_model = model_name  # for app.py's start message
     demo.vkv_serve = serve  # for launch's queue size
     return demo
@@ -266,8 +402,13 @@ def _setting_component(s):
         return gr.Dropdown(list(s.choices), value=s.default, label=s.label, info=info, elem_id=elem_id)
     if s.kind == "floats":
         value = ", ".join(f"{x:g}" for x in s.default) if s.default is not None else ""
-        return gr.Textbox(value=value, label=s.label, info=info, elem_id=elem_id,
-                          placeholder="comma-separated; empty = the method's default")
+        return gr.Textbox(
+            value=value,
+            label=s.label,
+            info=info,
+            elem_id=elem_id,
+            placeholder="comma-separated; empty = the method's default",
+        )
     return gr.Textbox(value=s.default, label=s.label, info=info, elem_id=elem_id)
 
 
@@ -276,6 +417,12 @@ def launch(demo: gr.Blocks, host: str | None = None, port: int | None = None, sh
     visitor "This application is currently busy. Please try again.") and serve."""
     serve = getattr(demo, "vkv_serve", None) or ServeOptions()
     demo.queue(default_concurrency_limit=1, max_size=serve.max_queue).launch(
-        server_name=host, server_port=port, share=share, max_file_size=MAX_UPLOAD, css=CSS, ssr_mode=False,
-        allowed_paths=[str(ASSETS)], show_error=True,
+        server_name=host,
+        server_port=port,
+        share=share,
+        max_file_size=MAX_UPLOAD,
+        css=CSS,
+        ssr_mode=False,
+        allowed_paths=[str(ASSETS)],
+        show_error=True,
     )

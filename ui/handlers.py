@@ -43,8 +43,10 @@ try:  # Hugging Face ZeroGPU: borrow a GPU for each model computation
 
     gpu = spaces.GPU(duration=120)
 except Exception:  # noqa: BLE001 - not on a Space (ImportError) or spaces unusable here
+
     def gpu(fn):
         return fn
+
 
 MAX_FILE_BYTES = 200 * 1024**2
 NOT_AVAILABLE = "_Not available for this method._"
@@ -75,15 +77,18 @@ def _real(value, name: str, low: float, high: float, low_open: bool = False) -> 
         raise ConfigError(f"{name} is empty: type a number")
     number = float(value)
     if number < low or number > high or (low_open and number == low):
-        raise ConfigError(f"{name} must be {'above' if low_open else 'at least'} {low:g} and at most {high:g}, "
-                          f"got {number:g}")
+        raise ConfigError(
+            f"{name} must be {'above' if low_open else 'at least'} {low:g} and at most {high:g}, got {number:g}"
+        )
     return number
 
 
 def _progress(done: int, total: int, label: str) -> str:
     total = max(total, 1)
-    return (f'<div class="vkv-progress-text">{html.escape(label)}</div>'
-            f'<progress class="vkv-bar" value="{done}" max="{total}"></progress>')
+    return (
+        f'<div class="vkv-progress-text">{html.escape(label)}</div>'
+        f'<progress class="vkv-bar" value="{done}" max="{total}"></progress>'
+    )
 
 
 class Handlers:
@@ -108,8 +113,9 @@ class Handlers:
     def _state(self, state: UserState | None) -> UserState:
         return state if state is not None else UserState(model_name=self.default_model)
 
-    def _config(self, method, budget, block_size, max_new, temperature, followup, prefill,
-                method_values) -> SessionConfig:
+    def _config(
+        self, method, budget, block_size, max_new, temperature, followup, prefill, method_values
+    ) -> SessionConfig:
         """The session config from the form, checking every field first (one line naming the field)."""
         if method not in METHODS:
             raise ConfigError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
@@ -118,7 +124,8 @@ class Handlers:
         cfg = SessionConfig(
             method=method,
             budget=_whole(budget, "budget M", 1, hint=" (visual entries kept per layer and KV head)")
-            if needs_budget else None,
+            if needs_budget
+            else None,
             block_size=_whole(block_size, "block size", 0, hint=" (0 = auto)") or None,
             prefill=None if prefill in (None, "auto") else prefill,
             max_new_tokens=_whole(max_new, "max new tokens", 1, 4096),
@@ -165,8 +172,12 @@ class Handlers:
         if not ahead:
             return _progress(0, 1, "starting…")
         per_turn = f" Recent turns took about {self._turn_seconds:.0f} s each." if self._turn_seconds else ""
-        return _progress(0, 1, f"waiting: position {ahead + 1} in the queue ({ahead} turn(s) ahead of yours; "
-                               f"one model computation runs at a time).{per_turn}")
+        return _progress(
+            0,
+            1,
+            f"waiting: position {ahead + 1} in the queue ({ahead} turn(s) ahead of yours; "
+            f"one model computation runs at a time).{per_turn}",
+        )
 
     def _started(self, request) -> None:
         with self._queue_lock:
@@ -181,20 +192,59 @@ class Handlers:
 
     # -- chat -----------------------------------------------------------------------------------
     @gpu
-    def chat(self, request: gr.Request, message, state, method, budget, block_size, max_new, temperature, followup,
-             prefill, fps, max_frames, *method_values):
+    def chat(
+        self,
+        request: gr.Request,
+        message,
+        state,
+        method,
+        budget,
+        block_size,
+        max_new,
+        temperature,
+        followup,
+        prefill,
+        fps,
+        max_frames,
+        *method_values,
+    ):
         """Generator: one turn, streamed. Outputs: chatbot, input, state, error, progress, plot, download,
         summary, follow-up note."""
         self._started(request)
         t0 = time.monotonic()
         try:
-            yield from self._turn(message, state, method, budget, block_size, max_new, temperature, followup,
-                                  prefill, fps, max_frames, method_values)
+            yield from self._turn(
+                message,
+                state,
+                method,
+                budget,
+                block_size,
+                max_new,
+                temperature,
+                followup,
+                prefill,
+                fps,
+                max_frames,
+                method_values,
+            )
         finally:
             self._finished(time.monotonic() - t0)
 
-    def _turn(self, message, state, method, budget, block_size, max_new, temperature, followup, prefill, fps,
-              max_frames, method_values):
+    def _turn(
+        self,
+        message,
+        state,
+        method,
+        budget,
+        block_size,
+        max_new,
+        temperature,
+        followup,
+        prefill,
+        fps,
+        max_frames,
+        method_values,
+    ):
         st = self._state(state)
         skip = gr.skip()
         message = message or {}
@@ -211,8 +261,11 @@ class Handlers:
             cfg = self._config(method, budget, block_size, max_new, temperature, followup, prefill, method_values)
             media = None
             if files:  # validate the file first, so its own problem is what the user reads
-                media = load_media(files[0], limits=MediaLimits(max_file_bytes=MAX_FILE_BYTES),
-                                   sampling=self._sampling(fps, max_frames))
+                media = load_media(
+                    files[0],
+                    limits=MediaLimits(max_file_bytes=MAX_FILE_BYTES),
+                    sampling=self._sampling(fps, max_frames),
+                )
             session = st.session
             new_session = session is None
             if files and not new_session:
@@ -238,8 +291,17 @@ class Handlers:
         st.live_blocks = []
         self._active.add(id(st))
         try:
-            yield (st.history, {"text": "", "files": []}, st, "", _progress(0, 1, "reading the input…"), skip,
-                   skip, skip, followup_md)
+            yield (
+                st.history,
+                {"text": "", "files": []},
+                st,
+                "",
+                _progress(0, 1, "reading the input…"),
+                skip,
+                skip,
+                skip,
+                followup_md,
+            )
             yield from self._stream(st, session, prompt, media, files, before, new_session, cfg, notes)
         finally:
             self._active.discard(id(st))
@@ -263,8 +325,10 @@ class Handlers:
                     # the remaining blocks at the mean pace of the blocks done so far
                     left = (time.monotonic() - t_prefill) / done * (total - done)
                     eta = f" · about {left:.0f} s left" if total > done else ""
-                    label = (f"prefill block {done}/{total} ({payload.kind}, +{payload.tokens_in} tokens) · "
-                             f"KV {payload.kv_bytes / viz.MIB:.2f} MiB{eta}")
+                    label = (
+                        f"prefill block {done}/{total} ({payload.kind}, +{payload.tokens_in} tokens) · "
+                        f"KV {payload.kv_bytes / viz.MIB:.2f} MiB{eta}"
+                    )
                 fig = viz.block_memory_figure(live_report(session, st.live_blocks), n_blocks=total)
                 yield (skip, skip, st, "", _progress(done, total, label), fig, skip, skip, skip)
             elif kind == "text":
@@ -273,8 +337,12 @@ class Handlers:
                 yield (st.history, skip, st, "", skip, skip, skip, skip, skip)
             elif kind in ("error", "stopped"):
                 st.history = before  # the failed or stopped turn leaves no trace; the session is unchanged
-                line = ("⏹ Stopped while reading the media: nothing of this turn was kept, the chat is as it was. "
-                        "Send again to retry." if kind == "stopped" else _error(payload, files))
+                line = (
+                    "⏹ Stopped while reading the media: nothing of this turn was kept, the chat is as it was. "
+                    "Send again to retry."
+                    if kind == "stopped"
+                    else _error(payload, files)
+                )
                 # the question (and its file) go back into the input box, so nothing typed is lost
                 yield (st.history, {"text": prompt, "files": files}, st, line, "", skip, skip, skip, skip)
                 return
@@ -291,17 +359,30 @@ class Handlers:
                 st.report = viz_report = turn_report(session)
                 st.report_path = self._write_report(viz_report, st.report_path)
                 fig = viz.block_memory_figure(viz_report) if viz_report.get("blocks") else skip
-                label = (f"done · TTFT {record.ttft_seconds:.2f} s · {viz.decode_speed(record.to_dict())}"
-                         f" · KV {record.kv_bytes_after / viz.MIB:.2f} MiB{' · stopped' if stopped else ''}")
+                label = (
+                    f"done · TTFT {record.ttft_seconds:.2f} s · {viz.decode_speed(record.to_dict())}"
+                    f" · KV {record.kv_bytes_after / viz.MIB:.2f} MiB{' · stopped' if stopped else ''}"
+                )
                 if notes:
                     label += " · " + " ".join(notes)
                 summary = viz.summary_line(viz_report)
                 if session.media is None:
-                    summary = ("⚠️ No image or video in this chat: the model answered from the text alone. "
-                               "Attach a file (New chat) to ask about one. · " + summary)
+                    summary = (
+                        "⚠️ No image or video in this chat: the model answered from the text alone. "
+                        "Attach a file (New chat) to ask about one. · " + summary
+                    )
                 n = max(len(viz_report.get("blocks") or []), 1)
-                yield (st.history, skip, st, "", _progress(n, n, label), fig,
-                       gr.update(value=st.report_path, interactive=True), summary, skip)
+                yield (
+                    st.history,
+                    skip,
+                    st,
+                    "",
+                    _progress(n, n, label),
+                    fig,
+                    gr.update(value=st.report_path, interactive=True),
+                    summary,
+                    skip,
+                )
 
     def stop(self, state):
         if state is None or id(state) not in self._active:
@@ -312,21 +393,46 @@ class Handlers:
     def new_chat(self, state, method, followup):
         st = self._state(state)
         st.new_chat()
-        return (st, [], {"text": "", "files": []}, "", "", None, gr.update(value=None, interactive=False), "",
-                text.followup_note(method, followup), *self._empty_views())
+        return (
+            st,
+            [],
+            {"text": "", "files": []},
+            "",
+            "",
+            None,
+            gr.update(value=None, interactive=False),
+            "",
+            text.followup_note(method, followup),
+            *self._empty_views(),
+        )
 
     # -- views after prefill ----------------------------------------------------------------------
     def _empty_views(self):
-        return (gr.update(choices=["average"], value="average"), text.EMPTY_HEAT_NOTE, None,
-                "Sali-Cache only.", None, None, "Video only.", None, None, "LightKV only.", None, None, "No turn yet.")
+        return (
+            gr.update(choices=["average"], value="average"),
+            text.EMPTY_HEAT_NOTE,
+            None,
+            "Sali-Cache only.",
+            None,
+            None,
+            "Video only.",
+            None,
+            None,
+            "LightKV only.",
+            None,
+            None,
+            "No turn yet.",
+        )
 
     def _before_after(self, st: UserState, layer_choice, opacity):
         """(media alone, keep map over it): the two sides of the before/after slider."""
         media = st.session.media
         layer = _layer_index(layer_choice)
         alpha = min(max(float(opacity if opacity is not None else 0.6), 0.0), 1.0)
-        return (viz.retained_view(media.frames, media.times, st.report, layer=layer, opacity=0.0),
-                viz.retained_view(media.frames, media.times, st.report, layer=layer, opacity=alpha))
+        return (
+            viz.retained_view(media.frames, media.times, st.report, layer=layer, opacity=0.0),
+            viz.retained_view(media.frames, media.times, st.report, layer=layer, opacity=alpha),
+        )
 
     def views(self, state, layer_choice, opacity=0.6):
         st = self._state(state)
@@ -344,37 +450,61 @@ class Handlers:
         if frames and rep.get("visual_tokens"):
             heat = self._before_after(st, layer_value, opacity)
             kept = sum(rep.get("retained") or []) / max(rep["visual_tokens"], 1)
-            heat_note = (f"{rep['visual_tokens']} visual tokens, {kept:.1%} of their entries kept on average. "
-                         "Left of the slider the media, right the keep map (yellow kept, dark purple evicted"
-                         + ("; one tile per frame)." if viz.is_video(rep) else ")."))
+            heat_note = (
+                f"{rep['visual_tokens']} visual tokens, {kept:.1%} of their entries kept on average. "
+                "Left of the slider the media, right the keep map (yellow kept, dark purple evicted"
+                + ("; one tile per frame)." if viz.is_video(rep) else ").")
+            )
         else:
             heat, heat_note = None, "No image or video in this chat."
 
         if frames and viz.has_saliency(rep):
             sal, tiers = viz.saliency_gallery(frames, times, rep), viz.tier_gallery(frames, times, rep)
-            sali_note = ("Saliency (bright = salient) and the precision tier of each visual token, one image per "
-                         "frame: click one to zoom.")
+            sali_note = (
+                "Saliency (bright = salient) and the precision tier of each visual token, one image per "
+                "frame: click one to zoom."
+            )
         else:
             sal, tiers, sali_note = None, None, NOT_AVAILABLE + " Saliency and tiers come from Sali-Cache."
 
         if rep.get("frames"):
             timeline, thumbs = viz.frame_timeline_figure(rep), viz.frame_thumbnails(frames, rep)
-            timeline_note = ("Motion per sampled frame, the skip threshold, and skipped frames." if viz.has_motion(rep)
-                             else "Sampled frames (this method skips none and measures no motion).")
+            timeline_note = (
+                "Motion per sampled frame, the skip threshold, and skipped frames."
+                if viz.has_motion(rep)
+                else "Sampled frames (this method skips none and measures no motion)."
+            )
         else:
             timeline, thumbs, timeline_note = None, None, NOT_AVAILABLE + " The timeline is for videos."
 
         if viz.has_merge_map(rep):
             merge = viz.merge_view(frames, times, rep) if frames else None
-            layer_fig, merge_note = viz.layer_tokens_figure(rep), (
-                "Dark: merged into a neighbour. Yellow to red: a kept token that now stands for 2 up to the most "
-                "tokens (see the legend). Untouched tokens are shown as they are.")
+            layer_fig, merge_note = (
+                viz.layer_tokens_figure(rep),
+                (
+                    "Dark: merged into a neighbour. Yellow to red: a kept token that now stands for 2 up to the most "
+                    "tokens (see the legend). Untouched tokens are shown as they are."
+                ),
+            )
         else:
             merge, layer_fig, merge_note = None, None, NOT_AVAILABLE + " Merge maps come from LightKV."
 
         numbers = "| quantity | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in viz.summary_rows(rep))
-        return (layer_dd, heat_note, heat, sali_note, sal, tiers, timeline_note, timeline, thumbs, merge_note, merge,
-                layer_fig, numbers)
+        return (
+            layer_dd,
+            heat_note,
+            heat,
+            sali_note,
+            sal,
+            tiers,
+            timeline_note,
+            timeline,
+            thumbs,
+            merge_note,
+            merge,
+            layer_fig,
+            numbers,
+        )
 
     def layer_changed(self, state, layer_choice, opacity=0.6):
         st = self._state(state)
@@ -399,8 +529,17 @@ class Handlers:
         st.model_name = name
         st.new_chat()  # a chat's cache belongs to its model: every result view of the old one goes
         note = text.offline_note(name, is_offline_model(name))
-        return (st, note, "", [], f"Loaded {html.escape(name)}; new chat started.", None,
-                gr.update(value=None, interactive=False), "", *self._empty_views())
+        return (
+            st,
+            note,
+            "",
+            [],
+            f"Loaded {html.escape(name)}; new chat started.",
+            None,
+            gr.update(value=None, interactive=False),
+            "",
+            *self._empty_views(),
+        )
 
     # -- settings ---------------------------------------------------------------------------------
     def method_changed(self, method, followup, state=None):
@@ -410,14 +549,28 @@ class Handlers:
         budget = gr.update(interactive=bool(cls and cls.needs_budget), info=text.budget_info(method))
         groups = [gr.update(visible=name == method) for name in self.group_names]
         chat = state.session.config if state is not None and state.session is not None else None
-        note = text.chat_followup_note(chat.method if chat else None, chat.followup if chat else None, method,
-                                       followup)
+        note = text.chat_followup_note(chat.method if chat else None, chat.followup if chat else None, method, followup)
         return (text.method_line(method), budget, note, *groups)
 
     # -- compare ----------------------------------------------------------------------------------
     @gpu
-    def compare(self, state, methods, question, file, method, budget, block_size, max_new, temperature, followup,
-                prefill, fps, max_frames, *method_values):
+    def compare(
+        self,
+        state,
+        methods,
+        question,
+        file,
+        method,
+        budget,
+        block_size,
+        max_new,
+        temperature,
+        followup,
+        prefill,
+        fps,
+        max_frames,
+        *method_values,
+    ):
         st = self._state(state)
         question = (question or "").strip() or st.first_prompt
         path = file or st.media_path
@@ -432,17 +585,24 @@ class Handlers:
             for name in methods or []:
                 vals = {key: v for (m, key), v in zip(self.method_keys, method_values) if m == name}
                 options[name] = method_options(name, vals)
-            media = load_media(path, limits=MediaLimits(max_file_bytes=MAX_FILE_BYTES),
-                               sampling=self._sampling(fps, max_frames))
+            media = load_media(
+                path, limits=MediaLimits(max_file_bytes=MAX_FILE_BYTES), sampling=self._sampling(fps, max_frames)
+            )
             adapter = self.cache.get(st.model_name)
             results: dict[str, Any] = {}
             yield gr.skip(), gr.skip(), f"running {len(methods or [])} methods…"
             for name, rep in compare_methods(adapter, media, question, methods or [], base, options):
                 results[name] = rep
-                yield (viz.compare_rows(results), viz.compare_memory_figure(results),
-                       f"{len(results)}/{len(methods)} done")
-            yield viz.compare_rows(results), viz.compare_memory_figure(results), \
-                f"done: {len(results)} methods on “{html.escape(question)}”"
+                yield (
+                    viz.compare_rows(results),
+                    viz.compare_memory_figure(results),
+                    f"{len(results)}/{len(methods)} done",
+                )
+            yield (
+                viz.compare_rows(results),
+                viz.compare_memory_figure(results),
+                f"done: {len(results)} methods on “{html.escape(question)}”",
+            )
         except Exception as exc:  # noqa: BLE001 - shown in the status line
             yield gr.skip(), gr.skip(), _error(failure_message(exc), [path] if path else None)
 

@@ -14,8 +14,10 @@ INTRO = (
     "kept, block by block."
 )
 
-EMPTY_HEAT_NOTE = ("Ask a question about an image or video to compare it with the tokens its cache kept "
-                   "(drag the slider: left the media, right the keep map).")
+EMPTY_HEAT_NOTE = (
+    "Ask a question about an image or video to compare it with the tokens its cache kept "
+    "(drag the slider: left the media, right the keep map)."
+)
 
 #: One-line help for method settings, by field name (shared between methods where the name means the same).
 SETTING_HELP = {
@@ -57,13 +59,19 @@ def followup_note(name: str, followup: str) -> str:
     if name == "full":
         return "Follow-ups reuse the full cache: nothing was evicted, every detail is still there."
     if cls.query_aware and followup == "reprefill":
-        return ("Follow-ups **rebuild** the media cache with the new question as the proxy (a second prefill; "
-                "the conversation so far is replayed as text).")
+        return (
+            "Follow-ups **rebuild** the media cache with the new question as the proxy (a second prefill; "
+            "the conversation so far is replayed as text)."
+        )
     if cls.query_aware:
-        return ("Follow-ups reuse the cache compressed for your **first** question: evidence for a different "
-                "question may already be evicted. Choose follow-up = reprefill, or a query-agnostic method.")
-    return ("Follow-ups reuse the compressed cache. This method does not look at the question when it compresses, "
-            "so every question sees the same kept tokens.")
+        return (
+            "Follow-ups reuse the cache compressed for your **first** question: evidence for a different "
+            "question may already be evicted. Choose follow-up = reprefill, or a query-agnostic method."
+        )
+    return (
+        "Follow-ups reuse the compressed cache. This method does not look at the question when it compresses, "
+        "so every question sees the same kept tokens."
+    )
 
 
 def budget_info(name: str) -> str:
@@ -78,8 +86,10 @@ def chat_followup_note(chat_method: str | None, chat_followup: str | None, chose
     """The follow-up note for the method the chat really runs (a chat keeps the method it started with)."""
     if not chat_method or chat_method == chosen:
         return followup_note(chosen, chat_followup or followup)
-    return (f"This chat runs **{chat_method}** (chosen when it started); {chosen} applies after New chat. "
-            + followup_note(chat_method, chat_followup or followup))
+    return (
+        f"This chat runs **{chat_method}** (chosen when it started); {chosen} applies after New chat. "
+        + followup_note(chat_method, chat_followup or followup)
+    )
 
 
 def media_label(path: str) -> str:
@@ -110,13 +120,16 @@ def offline_note(model_name: str, offline: bool, start_error: str | None = None)
 
     lines = []
     if start_error:
-        lines.append(f"⚠️ Could not load the requested start model ({md_escape(start_error)}); "
-                     "started on an offline model.")
+        lines.append(
+            f"⚠️ Could not load the requested start model ({md_escape(start_error)}); started on an offline model."
+        )
     note = next((c.note for c in OFFLINE_MODELS if c.name == model_name), None)
     if offline and note and "random weights" not in note:
-        lines.append(f"Running **offline** on `{model_name}` ({note}): a tiny model that needs no network. Its "
-                     "answers are only meant for the synthetic examples; memory, token counts and kept-token maps "
-                     "are real. Load a Hub model (needs network) for real answers.")
+        lines.append(
+            f"Running **offline** on `{model_name}` ({note}): a tiny model that needs no network. Its "
+            "answers are only meant for the synthetic examples; memory, token counts and kept-token maps "
+            "are real. Load a Hub model (needs network) for real answers."
+        )
     elif offline:
         lines.append(
             f"Running **offline** on `{model_name}`: a model built in code with random weights. Answers are "
@@ -130,11 +143,13 @@ def offline_note(model_name: str, offline: bool, start_error: str | None = None)
 
 def demo_questions_md(forms: dict[str, list[str]], examples: list) -> str:
     """What the bundled demo model can answer: its question forms and each example's questions with the
-    right answers (so a user can check it). `examples`: `visualkv.demo_examples.DemoExample`s."""
+    right answers (so a user can check it). `examples`: `visualkv.bench.demo_examples.DemoExample`s."""
     lines = [
-        ("`visualkv-demo` was trained only on synthetic scenes of small coloured shapes on striped backgrounds "
-         "(see assets/visualkv-demo/MODEL_CARD.md). It answers these closed questions, with X one of "
-         f"{', '.join(forms['shapes'])}:"),
+        (
+            "`visualkv-demo` was trained only on synthetic scenes of small coloured shapes on striped backgrounds "
+            "(see assets/visualkv-demo/MODEL_CARD.md). It answers these closed questions, with X one of "
+            f"{', '.join(forms['shapes'])}:"
+        ),
         "",
         "- images: " + " · ".join(f"*{md_escape(q)}*" for q in forms["image"]),
         "- videos: " + " · ".join(f"*{md_escape(q)}*" for q in forms["video"]),

@@ -25,9 +25,12 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     from visualkv.models.registry import default_offline_model_name
 
     p.formatter_class = HelpFormatter
-    p.add_argument("--model", default=default_offline_model_name(),
-                   help="offline alias, Hub id or local path (default: %(default)s, the bundled demo model when "
-                        "present; it answers questions about its synthetic scenes only)")
+    p.add_argument(
+        "--model",
+        default=default_offline_model_name(),
+        help="offline alias, Hub id or local path (default: %(default)s, the bundled demo model when "
+        "present; it answers questions about its synthetic scenes only)",
+    )
     p.add_argument("--media", help="image or video file")
     p.add_argument("--prompt", action="append", required=True, help="one turn; repeat for several turns")
     p.add_argument("--method", default="full", choices=list(METHODS), help="compression method")
@@ -38,24 +41,47 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (with --temperature > 0)")
     p.add_argument("--seed", type=int, default=0, help="model seed (offline aliases) and sampling seed")
-    p.add_argument("--followup", choices=["reuse", "reprefill"], default="reuse",
-                   help="query-aware methods: reuse the compressed cache or rebuild it per question")
+    p.add_argument(
+        "--followup",
+        choices=["reuse", "reprefill"],
+        default="reuse",
+        help="query-aware methods: reuse the compressed cache or rebuild it per question",
+    )
     p.add_argument("--fps", type=positive_float, default=1.0, help="video frames sampled per second")
     p.add_argument("--max-frames", type=positive_int, default=64, help="video frames sampled at most")
-    p.add_argument("--flow-threshold", type=float, default=None,
-                   help="salicache: tau_t, motion (px at 160 px wide) below which a frame is redundant; "
-                        "0 keeps every frame (default 0.1)")
-    p.add_argument("--tiers", default=None, metavar="FP,INT8,INT4",
-                   help="salicache: fractions of tokens kept at full precision, INT8, INT4 by saliency; "
-                        "the rest is pruned (default 0.43,0.10,0.29)")
-    p.add_argument("--lightkv-layers", default=None, metavar="L1,L2,...",
-                   help="lightkv: 0-based decoder layers after which visual tokens merge "
-                        "(default: the paper's schedule scaled to the model's depth)")
-    p.add_argument("--lightkv-windows", default=None, metavar="W1,W2,...",
-                   help="lightkv: windows per side of each tile/frame token grid, per stage (default 6,4,2 "
-                        "Qwen, 4,2,1 SmolVLM)")
-    p.add_argument("--lightkv-ratios", default=None, metavar="P1,P2,...",
-                   help="lightkv: merge ratio P per stage, r = min(floor(P*n), n/2) per window (default 0.5)")
+    p.add_argument(
+        "--flow-threshold",
+        type=float,
+        default=None,
+        help="salicache: tau_t, motion (px at 160 px wide) below which a frame is redundant; "
+        "0 keeps every frame (default 0.1)",
+    )
+    p.add_argument(
+        "--tiers",
+        default=None,
+        metavar="FP,INT8,INT4",
+        help="salicache: fractions of tokens kept at full precision, INT8, INT4 by saliency; "
+        "the rest is pruned (default 0.43,0.10,0.29)",
+    )
+    p.add_argument(
+        "--lightkv-layers",
+        default=None,
+        metavar="L1,L2,...",
+        help="lightkv: 0-based decoder layers after which visual tokens merge "
+        "(default: the paper's schedule scaled to the model's depth)",
+    )
+    p.add_argument(
+        "--lightkv-windows",
+        default=None,
+        metavar="W1,W2,...",
+        help="lightkv: windows per side of each tile/frame token grid, per stage (default 6,4,2 Qwen, 4,2,1 SmolVLM)",
+    )
+    p.add_argument(
+        "--lightkv-ratios",
+        default=None,
+        metavar="P1,P2,...",
+        help="lightkv: merge ratio P per stage, r = min(floor(P*n), n/2) per window (default 0.5)",
+    )
     p.add_argument("--device", choices=DEVICES, default="cpu", help="auto: device_map=auto over the GPUs")
     p.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--json", dest="json_out", help="write the JSON report here")
@@ -68,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_args(sub.add_parser("run", help="chat with an image or video (one --prompt per turn)"))
     sub.add_parser("models", help="list offline aliases and suggested Hub models")
     bench = sub.add_parser("bench", help="benchmarks: memory, latency, fidelity, salicache, needle")
-    from visualkv.bench import add_bench_args
+    from visualkv.bench.cli import add_bench_args
 
     add_bench_args(bench)
     return parser
@@ -110,16 +136,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     from visualkv.telemetry import write_json
 
     config = SessionConfig(
-        method=args.method, budget=args.budget, block_size=args.block_size, prefill=args.prefill,
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-        followup=args.followup, method_options=_method_options(args),
+        method=args.method,
+        budget=args.budget,
+        block_size=args.block_size,
+        prefill=args.prefill,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+        followup=args.followup,
+        method_options=_method_options(args),
     )
     config.validate()
     for prompt in args.prompt:
         if not prompt.strip():
             raise VisualKVError("a --prompt is empty; give each turn a question")
-    media = load_media(args.media, sampling=FrameSampling(fps=args.fps, max_frames=args.max_frames)) \
-        if args.media else None
+    media = (
+        load_media(args.media, sampling=FrameSampling(fps=args.fps, max_frames=args.max_frames)) if args.media else None
+    )
     for warning in getattr(media, "warnings", None) or []:
         print(f"warning: {warning}", file=sys.stderr)
     adapter = load_model(args.model, device=args.device, dtype=args.dtype, seed=args.seed)
@@ -127,9 +161,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     def on_block(event) -> None:
         if not args.quiet:
-            print(f"  block {event.index + 1}/{event.n_blocks} {event.kind:5s} +{event.tokens_in:5d} tok  "
-                  f"kv {event.kv_bytes / 2**20:8.2f} MiB  peak {event.peak_kv_bytes / 2**20:8.2f} MiB",
-                  file=sys.stderr)
+            print(
+                f"  block {event.index + 1}/{event.n_blocks} {event.kind:5s} +{event.tokens_in:5d} tok  "
+                f"kv {event.kv_bytes / 2**20:8.2f} MiB  peak {event.peak_kv_bytes / 2**20:8.2f} MiB",
+                file=sys.stderr,
+            )
 
     for i, prompt in enumerate(args.prompt):
         if not args.quiet:
@@ -140,9 +176,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(session.turns[-1].answer)
     report = session.report()
     if not args.quiet:
-        print(f"visual tokens {report['visual_tokens']}, peak KV {report['peak_kv_bytes'] / 2**20:.2f} MiB, "
-              f"final KV {report['final_kv_bytes'] / 2**20:.2f} MiB, full KV {report['full_kv_bytes'] / 2**20:.2f} MiB",
-              file=sys.stderr)
+        print(
+            f"visual tokens {report['visual_tokens']}, peak KV {report['peak_kv_bytes'] / 2**20:.2f} MiB, "
+            f"final KV {report['final_kv_bytes'] / 2**20:.2f} MiB, full KV {report['full_kv_bytes'] / 2**20:.2f} MiB",
+            file=sys.stderr,
+        )
     if args.json_out:
         write_json(report, args.json_out)
     return 0
@@ -167,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_run(args)
         if args.command == "models":
             return cmd_models()
-        from visualkv.bench import run_bench
+        from visualkv.bench.cli import run_bench
 
         args.command_argv = list(sys.argv[1:] if argv is None else argv)  # recorded in every bench JSON
         return run_bench(args)
@@ -181,8 +219,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("VISUALKV_DEBUG"):
             raise
         line = (str(exc).strip().splitlines() or [""])[0][:300]
-        print(f"error: unexpected failure ({type(exc).__name__}: {line}); rerun with VISUALKV_DEBUG=1 for details",
-              file=sys.stderr)
+        print(
+            f"error: unexpected failure ({type(exc).__name__}: {line}); rerun with VISUALKV_DEBUG=1 for details",
+            file=sys.stderr,
+        )
         return 1
 
 

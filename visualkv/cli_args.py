@@ -23,8 +23,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if ("default" in text or action.default in (None, False, argparse.SUPPRESS)
-                or not action.option_strings):
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
             return text
         return f"{text} (default: %(default)s)"
 
@@ -67,16 +66,17 @@ def fraction(text: str) -> float:
 
 
 def scene_size(text: str) -> tuple[int, int]:
-    """"WxH" in pixels, e.g. 672x378."""
+    """ "WxH" in pixels, e.g. 672x378."""
     parts = text.lower().replace("×", "x").split("x")
     if len(parts) != 2:
         raise argparse.ArgumentTypeError(f"a size is WIDTHxHEIGHT in pixels, e.g. 672x378; got {text!r}")
-    from visualkv.scenes import MIN_SCENE_SIDE
+    from visualkv.bench.scenes import MIN_SCENE_SIDE
 
     w, h = (_number(p.strip(), int) for p in parts)
     if not (MIN_SCENE_SIDE <= w <= MAX_SCENE_SIDE and MIN_SCENE_SIDE <= h <= MAX_SCENE_SIDE):
-        raise argparse.ArgumentTypeError(f"each side must be {MIN_SCENE_SIDE} to {MAX_SCENE_SIDE} pixels "
-                                         f"(room for the needles), got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"each side must be {MIN_SCENE_SIDE} to {MAX_SCENE_SIDE} pixels (room for the needles), got {text!r}"
+        )
     return w, h
 
 
@@ -102,6 +102,7 @@ def method_list(text: str) -> list[str]:
     names = [m.strip() for m in text.split(",") if m.strip()]
     unknown = [m for m in names if m not in METHODS]
     if unknown or not names:
-        raise argparse.ArgumentTypeError(f"unknown method {', '.join(unknown) or text!r}; "
-                                         f"choose from {', '.join(METHODS)} or all")
+        raise argparse.ArgumentTypeError(
+            f"unknown method {', '.join(unknown) or text!r}; choose from {', '.join(METHODS)} or all"
+        )
     return names

@@ -67,8 +67,13 @@ class BlockPlan:
     n_visual_full: visual tokens among the block's full-precision entries (for eviction's count).
     """
 
-    def __init__(self, token_index: torch.Tensor, tiers: torch.Tensor | None, ctx: PrefillContext | None,
-                 n_visual: int | None = None) -> None:
+    def __init__(
+        self,
+        token_index: torch.Tensor,
+        tiers: torch.Tensor | None,
+        ctx: PrefillContext | None,
+        n_visual: int | None = None,
+    ) -> None:
         self.token_index = token_index
         self.tier_split = split_tiers(tiers)
         self._on: dict = {}  # device -> token indices there; ("tiers", device) -> tier positions there
@@ -172,7 +177,12 @@ class Engine:
                 new = method.after_layer(ctx, state)
                 if new is not None:
                     out, positions, token_index, cos, sin, tiers = (
-                        new.hidden, new.positions, new.token_index, new.cos, new.sin, new.tiers
+                        new.hidden,
+                        new.positions,
+                        new.token_index,
+                        new.cos,
+                        new.sin,
+                        new.tiers,
                     )
                     plan = BlockPlan(token_index, tiers, ctx, new.n_visual)
             hidden = out
@@ -239,8 +249,9 @@ class Engine:
         ctx.text_pass = lambda ids, positions, observer: self.text_pass(ids, positions, observer, ctx)
         self.adapter.reset_stream()
         method.begin(ctx)
-        ctx.blocks = plan_blocks(prepared.seq_len, prepared.layout.units, mode, block_size, budget,
-                                 question_apart=method.question_apart)
+        ctx.blocks = plan_blocks(
+            prepared.seq_len, prepared.layout.units, mode, block_size, budget, question_apart=method.question_apart
+        )
         cache.set_capacity_hint(method.capacity_hint(ctx))
         for device in {layer.input_layernorm.weight.device for layer in self.adapter.layers}:
             ctx.visual_mask_on(device)  # copied once, before any layer needs it

@@ -81,9 +81,7 @@ class VisualLayout:
         return VisualLayout(z, z, z, z, np.zeros((0, 4), dtype=np.int64), [], [])
 
 
-def grid_boxes(
-    rows: int, cols: int, region: tuple[float, float, float, float]
-) -> np.ndarray:
+def grid_boxes(rows: int, cols: int, region: tuple[float, float, float, float]) -> np.ndarray:
     """Pixel boxes of a rows x cols token grid laid uniformly over `region`.
 
     region is (x0, y0, x1, y1) in original-media pixels; returns (rows*cols, 4)

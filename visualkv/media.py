@@ -96,13 +96,9 @@ class MediaLimits:
             "max_frames",
         ):
             if getattr(self, name) < 1:
-                raise MediaError(
-                    f"MediaLimits.{name} must be >= 1, got {getattr(self, name)}"
-                )
+                raise MediaError(f"MediaLimits.{name} must be >= 1, got {getattr(self, name)}")
         if not self.max_video_seconds > 0:
-            raise MediaError(
-                f"MediaLimits.max_video_seconds must be > 0, got {self.max_video_seconds}"
-            )
+            raise MediaError(f"MediaLimits.max_video_seconds must be > 0, got {self.max_video_seconds}")
 
 
 @dataclass(frozen=True)
@@ -119,13 +115,9 @@ class FrameSampling:
 
     def __post_init__(self) -> None:
         if not (self.fps > 0 and math.isfinite(self.fps)):
-            raise MediaError(
-                f"FrameSampling.fps must be a positive number, got {self.fps}"
-            )
+            raise MediaError(f"FrameSampling.fps must be a positive number, got {self.fps}")
         if self.max_frames < 1:
-            raise MediaError(
-                f"FrameSampling.max_frames must be >= 1, got {self.max_frames}"
-            )
+            raise MediaError(f"FrameSampling.max_frames must be >= 1, got {self.max_frames}")
 
 
 @dataclass(repr=False)
@@ -155,11 +147,7 @@ class Media:
 
     def __repr__(self) -> str:  # the default repr would print every pixel
         width, height = self.size
-        extra = (
-            f", duration={self.duration:.2f}s, fps={self.source_fps:.3g}"
-            if self.kind == "video"
-            else ""
-        )
+        extra = f", duration={self.duration:.2f}s, fps={self.source_fps:.3g}" if self.kind == "video" else ""
         return (
             f"Media(kind={self.kind!r}, frames={self.num_frames} x {width}x{height}{extra}, "
             f"path={self.path!r}, warnings={len(self.warnings)})"
@@ -191,9 +179,7 @@ def load_media(
     return _load_video_file(file, name, limits, sampling, backend)
 
 
-def load_image(
-    source: PathLike | Image.Image | np.ndarray, limits: MediaLimits = MediaLimits()
-) -> Media:
+def load_image(source: PathLike | Image.Image | np.ndarray, limits: MediaLimits = MediaLimits()) -> Media:
     """Load one image from a path, a PIL image, or an array (HxW, HxWx3 RGB, HxWx4 RGBA).
 
     Arrays may be uint8, bool, float in [0, 1] (or [0, 255]) or 16-bit integers.
@@ -207,9 +193,7 @@ def load_image(
     name = str(source)
     file = _check_file(source, name, limits)
     if _sniff(file, name) == "video":
-        raise MediaError(
-            f"'{name}' is a video, not an image — use load_video() or load_media()"
-        )
+        raise MediaError(f"'{name}' is a video, not an image — use load_video() or load_media()")
     return _image_media(_decode_image_file(file, name, limits), name)
 
 
@@ -227,9 +211,7 @@ def load_video(
     name = str(path)
     file = _check_file(path, name, limits)
     if _sniff(file, name) == "image":
-        raise MediaError(
-            f"'{name}' is an image, not a video — use load_image() or load_media()"
-        )
+        raise MediaError(f"'{name}' is an image, not a video — use load_image() or load_media()")
     return _load_video_file(file, name, limits, sampling, backend)
 
 
@@ -242,17 +224,13 @@ def sample_frame_indices(
     """Indices of the frames to decode, ascending and unique (see :class:`FrameSampling`)."""
     if frame_count <= 0:
         return []
-    cap = (
-        sampling.max_frames if hard_cap is None else min(sampling.max_frames, hard_cap)
-    )
+    cap = sampling.max_frames if hard_cap is None else min(sampling.max_frames, hard_cap)
     duration = frame_count / source_fps
     # Samples at t = k / fps for every t < duration; the epsilon keeps exact multiples exact.
     wanted = max(1, math.ceil(duration * sampling.fps - 1e-6))
     if wanted <= cap:
         # The frame on screen at time t is floor(t * source_fps).
-        picked = [
-            math.floor(k / sampling.fps * source_fps + 1e-6) for k in range(wanted)
-        ]
+        picked = [math.floor(k / sampling.fps * source_fps + 1e-6) for k in range(wanted)]
         picked = [min(frame_count - 1, i) for i in picked]
     else:
         picked = np.linspace(0, frame_count - 1, cap).round().astype(int).tolist()
@@ -268,11 +246,7 @@ def _one_line(text: object) -> str:
     flat = re.sub(r"\s+", " ", str(text)).strip()
     # decord prefixes "[12:00:00] /src/file.cc:42: " to its messages
     flat = re.sub(r"\[[\d:]+\] \S+\.(?:cc|h|cpp):\d+: ", "", flat)
-    return (
-        flat
-        if len(flat) <= _MAX_MESSAGE_DETAIL
-        else flat[: _MAX_MESSAGE_DETAIL - 3] + "..."
-    )
+    return flat if len(flat) <= _MAX_MESSAGE_DETAIL else flat[: _MAX_MESSAGE_DETAIL - 3] + "..."
 
 
 def _human_bytes(n: float) -> str:
@@ -289,29 +263,17 @@ def _check_file(path: PathLike, name: str, limits: MediaLimits | None) -> Path:
     try:
         info = file.stat()
     except FileNotFoundError:
-        raise MediaError(
-            f"cannot read '{name}': no such file — check the path"
-        ) from None
+        raise MediaError(f"cannot read '{name}': no such file — check the path") from None
     except PermissionError:
-        raise MediaError(
-            f"cannot read '{name}': permission denied — check the file's permissions"
-        ) from None
+        raise MediaError(f"cannot read '{name}': permission denied — check the file's permissions") from None
     except OSError as err:
-        raise MediaError(
-            f"cannot read '{name}': {_one_line(err.strerror or err)}"
-        ) from None
+        raise MediaError(f"cannot read '{name}': {_one_line(err.strerror or err)}") from None
     if stat.S_ISDIR(info.st_mode):
-        raise MediaError(
-            f"cannot read '{name}': it is a directory — pass an image or video file"
-        )
+        raise MediaError(f"cannot read '{name}': it is a directory — pass an image or video file")
     if not stat.S_ISREG(info.st_mode):
-        raise MediaError(
-            f"cannot read '{name}': not a regular file — pass an image or video file"
-        )
+        raise MediaError(f"cannot read '{name}': not a regular file — pass an image or video file")
     if info.st_size == 0:
-        raise MediaError(
-            f"cannot read '{name}': the file is empty (0 bytes) — re-export or re-download it"
-        )
+        raise MediaError(f"cannot read '{name}': the file is empty (0 bytes) — re-export or re-download it")
     if limits is not None and info.st_size > limits.max_file_bytes:
         raise MediaError(
             f"'{name}' is {_human_bytes(info.st_size)}; the limit is {_human_bytes(limits.max_file_bytes)}"
@@ -325,13 +287,9 @@ def _read_head(file: Path, name: str, size: int = 512) -> bytes:
         with file.open("rb") as handle:
             return handle.read(size)
     except PermissionError:
-        raise MediaError(
-            f"cannot read '{name}': permission denied — check the file's permissions"
-        ) from None
+        raise MediaError(f"cannot read '{name}': permission denied — check the file's permissions") from None
     except OSError as err:
-        raise MediaError(
-            f"cannot read '{name}': {_one_line(err.strerror or err)}"
-        ) from None
+        raise MediaError(f"cannot read '{name}': {_one_line(err.strerror or err)}") from None
 
 
 # ISO-BMFF brands that are still images (HEIC/AVIF), not videos.
@@ -374,9 +332,7 @@ def _describe(head: bytes) -> str:
     if head[:4] == b"RIFF" and head[8:12] == b"WAVE":
         return "a WAV audio file"
     if b"\x00" not in head:
-        printable = sum(
-            32 <= byte < 127 or byte in b"\t\n\r" or byte >= 128 for byte in head
-        )
+        printable = sum(32 <= byte < 127 or byte in b"\t\n\r" or byte >= 128 for byte in head)
         if printable >= 0.95 * len(head):
             start = head.lstrip().lower()
             if start.startswith((b"<!doctype html", b"<html")):
@@ -396,15 +352,11 @@ def _sniff(file: Path, name: str) -> str:
         return "image"
     other_format = _pil_format(file, None)
     if other_format in _KNOWN_OTHER_IMAGE_FORMATS:
-        raise MediaError(
-            f"'{name}' is a {other_format} image, which is not supported — convert it to PNG"
-        )
+        raise MediaError(f"'{name}' is a {other_format} image, which is not supported — convert it to PNG")
     what = _describe(head)
     if what == "unrecognised binary data" and _opencv_opens(file):
         return "video"  # a container we have no magic bytes for, but FFmpeg reads it
-    raise MediaError(
-        f"'{name}' is not a video or image (looks like {what}) — {_SUPPORTED}"
-    )
+    raise MediaError(f"'{name}' is not a video or image (looks like {what}) — {_SUPPORTED}")
 
 
 # Formats Pillow can identify but we do not accept (weak-magic ones such as TGA are left out
@@ -448,9 +400,7 @@ def _pil_format(file: Path, formats: Sequence[str] | None) -> str | None:
         return None
 
 
-def _check_pixels(
-    size: tuple[int, int], name: str, limits: MediaLimits, what: str
-) -> None:
+def _check_pixels(size: tuple[int, int], name: str, limits: MediaLimits, what: str) -> None:
     width, height = size
     pixels = width * height
     if pixels > limits.max_image_pixels:
@@ -469,9 +419,7 @@ def _decode_image_file(file: Path, name: str, limits: MediaLimits) -> np.ndarray
     try:
         image = _open_pil(file, IMAGE_FORMATS)
     except Exception as err:  # noqa: BLE001 - sniffing said image: the header is broken
-        raise MediaError(
-            f"'{name}': corrupt image header (PIL: {_one_line(err)}) — re-export it"
-        ) from None
+        raise MediaError(f"'{name}': corrupt image header (PIL: {_one_line(err)}) — re-export it") from None
     with image:
         _check_pixels(image.size, name, limits, "image")  # before any pixel is decoded
         return _pil_to_rgb(image, name)
@@ -491,9 +439,7 @@ def _pil_to_rgb(image: Image.Image, name: str) -> np.ndarray:
             raise MediaError(
                 f"'{name}': the image is truncated (PIL: {detail}) — re-download or re-export it"
             ) from None
-        raise MediaError(
-            f"'{name}': corrupt image data (PIL: {detail}) — re-export or re-download it"
-        ) from None
+        raise MediaError(f"'{name}': corrupt image data (PIL: {detail}) — re-export or re-download it") from None
 
 
 def _rgb_array(image: Image.Image) -> np.ndarray:
@@ -515,9 +461,7 @@ def _to_uint8(array: np.ndarray) -> np.ndarray:
         return array.astype(np.uint8) * 255
     values = array.astype(np.float64)
     if not np.isfinite(values).all():
-        raise MediaError(
-            "image array contains NaN or infinity — clean it before loading"
-        )
+        raise MediaError("image array contains NaN or infinity — clean it before loading")
     peak = float(values.max(initial=0.0))
     if np.issubdtype(array.dtype, np.floating) and peak <= 1.0:
         values = values * 255.0
@@ -530,22 +474,16 @@ def _array_to_rgb(array: np.ndarray, limits: MediaLimits) -> np.ndarray:
     if array.ndim == 3 and array.shape[2] == 1:
         array = array[..., 0]
     if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[2] not in (3, 4)):
-        raise MediaError(
-            f"image array has shape {tuple(array.shape)}; expected HxW, HxWx3 (RGB) or HxWx4 (RGBA)"
-        )
+        raise MediaError(f"image array has shape {tuple(array.shape)}; expected HxW, HxWx3 (RGB) or HxWx4 (RGBA)")
     if not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
-        raise MediaError(
-            f"image array has dtype {array.dtype}; expected uint8, float, bool or uint16"
-        )
+        raise MediaError(f"image array has dtype {array.dtype}; expected uint8, float, bool or uint16")
     _check_pixels((array.shape[1], array.shape[0]), "<array>", limits, "image")
     pixels = _to_uint8(array)
     if pixels.ndim == 2:
         pixels = np.repeat(pixels[..., None], 3, axis=2)
     elif pixels.shape[2] == 4:
         alpha = pixels[..., 3:].astype(np.float32) / 255.0
-        pixels = np.rint(pixels[..., :3] * alpha + 255.0 * (1.0 - alpha)).astype(
-            np.uint8
-        )
+        pixels = np.rint(pixels[..., :3] * alpha + 255.0 * (1.0 - alpha)).astype(np.uint8)
     return np.ascontiguousarray(pixels)
 
 
@@ -761,24 +699,15 @@ def _read_opencv(file: Path, fps: float, indices: list[int]) -> dict[int, np.nda
 def _check_backends(backend: str) -> tuple[bool, bool]:
     """Which of decord / OpenCV may be used; refuses a backend that is not installed."""
     if backend not in ("auto", "decord", "opencv"):
-        raise MediaError(
-            f"unknown video backend {backend!r} — use 'auto', 'decord' or 'opencv'"
-        )
+        raise MediaError(f"unknown video backend {backend!r} — use 'auto', 'decord' or 'opencv'")
     has_decord = _import_decord() is not None
     has_cv2 = _import_cv2() is not None
     if backend == "decord" and not has_decord:
-        raise MediaError(
-            "decord is not installed — pip install decord, or use backend='opencv'"
-        )
+        raise MediaError("decord is not installed — pip install decord, or use backend='opencv'")
     if backend == "opencv" and not has_cv2:
-        raise MediaError(
-            "OpenCV is not installed — pip install opencv-python-headless, "
-            "or use backend='decord'"
-        )
+        raise MediaError("OpenCV is not installed — pip install opencv-python-headless, or use backend='decord'")
     if not (has_decord or has_cv2):
-        raise MediaError(
-            "no video decoder is installed — pip install decord opencv-python-headless"
-        )
+        raise MediaError("no video decoder is installed — pip install decord opencv-python-headless")
     return has_decord and backend != "opencv", has_cv2 and backend != "decord"
 
 
@@ -800,16 +729,13 @@ def _open_decord(
     except Exception as err:  # noqa: BLE001 - decord raises DECORDError, RuntimeError, ...
         if backend == "decord":
             raise MediaError(
-                f"'{name}': decord cannot open this video ({_one_line(err)}) — "
-                "try backend='opencv' or re-encode it"
+                f"'{name}': decord cannot open this video ({_one_line(err)}) — try backend='opencv' or re-encode it"
             ) from None
         notes.append(f"decord could not open the video ({_one_line(err)}); used OpenCV")
         return None
 
 
-def _load_video_file(
-    file: Path, name: str, limits: MediaLimits, sampling: FrameSampling, backend: str
-) -> Media:
+def _load_video_file(file: Path, name: str, limits: MediaLimits, sampling: FrameSampling, backend: str) -> Media:
     use_decord, use_cv2 = _check_backends(backend)
     notes: list[str] = []
     # The header probe comes first so that an over-long video is refused before decord builds
@@ -817,9 +743,7 @@ def _load_video_file(
     header = _probe_opencv(file)
     if header is not None:
         _check_video_info(header, name, limits)
-    decord_reader = (
-        _open_decord(file, name, backend, header, notes) if use_decord else None
-    )
+    decord_reader = _open_decord(file, name, backend, header, notes) if use_decord else None
     info = decord_reader.info if decord_reader is not None else header
     if info is None or (decord_reader is None and not use_cv2):
         raise MediaError(
@@ -828,18 +752,14 @@ def _load_video_file(
         )
     _check_video_info(info, name, limits)
     if not _valid_fps(info.fps):
-        notes.append(
-            f"no valid frame rate stated ({info.fps}); assumed {_FALLBACK_FPS:g} fps"
-        )
+        notes.append(f"no valid frame rate stated ({info.fps}); assumed {_FALLBACK_FPS:g} fps")
         info.fps = _FALLBACK_FPS
     # A count of 0 comes only from the OpenCV header: decord always counts frames.
     if info.frame_count <= 0:
         info.frame_count = _count_frames_opencv(file, info.fps, limits)
         _check_video_info(info, name, limits)
 
-    indices = sample_frame_indices(
-        info.frame_count, info.fps, sampling, limits.max_frames
-    )
+    indices = sample_frame_indices(info.frame_count, info.fps, sampling, limits.max_frames)
     decoded = decord_reader.read_many(indices) if decord_reader is not None else {}
     used = ["decord"] if decoded else []
     missing = [i for i in indices if i not in decoded]
@@ -868,9 +788,7 @@ def _video_media(
     for index in indices:
         if index not in decoded:
             seconds = index / info.fps
-            notes.append(
-                f"frame {index} (t={seconds:.2f} s) could not be decoded; skipped"
-            )
+            notes.append(f"frame {index} (t={seconds:.2f} s) could not be decoded; skipped")
     frames = [np.ascontiguousarray(decoded[i], dtype=np.uint8) for i in kept]
     height, width = frames[0].shape[:2]
     _check_pixels((width, height), name, limits, "video frame")

@@ -94,8 +94,11 @@ def pool_along_grid(scores: torch.Tensor, coord: torch.Tensor, group: torch.Tens
         if shift >= n:
             break
         for here, there in ((slice(shift, None), slice(None, n - shift)), (slice(None, n - shift), slice(shift, None))):
-            near = (group[..., here] == group[..., there]) & (group[..., here] >= 0) & (
-                (coord[..., here] - coord[..., there]).abs() <= radius)
+            near = (
+                (group[..., here] == group[..., there])
+                & (group[..., here] >= 0)
+                & ((coord[..., here] - coord[..., there]).abs() <= radius)
+            )
             total[..., here] += torch.where(near, scores[..., there].float(), 0.0)
             count[..., here] += near.float()
     return total / count

@@ -163,8 +163,14 @@ class ChatSession:
         cache = CompressibleCache(self.adapter.num_layers, headroom=self.config.max_new_tokens + 1)
         try:
             result = self.engine.prefill(
-                prepared, cache, self.method, self.config.budget, self.config.block_size, self.config.prefill,
-                on_block=self._collect(on_block), should_stop=should_stop,
+                prepared,
+                cache,
+                self.method,
+                self.config.budget,
+                self.config.block_size,
+                self.config.prefill,
+                on_block=self._collect(on_block),
+                should_stop=should_stop,
             )
         except Exception:
             self.method = self._fresh_method()  # no state of the failed prefill stays behind
@@ -196,8 +202,14 @@ class ChatSession:
         method.proxy_ids = torch.tensor(self.adapter.tokenizer(prompt, add_special_tokens=False)["input_ids"])
         self.blocks = []
         result = self.engine.prefill(
-            self.prepared, cache, method, self.config.budget, self.config.block_size,
-            self.config.prefill, on_block=self._collect(on_block), should_stop=should_stop,
+            self.prepared,
+            cache,
+            method,
+            self.config.budget,
+            self.config.block_size,
+            self.config.prefill,
+            on_block=self._collect(on_block),
+            should_stop=should_stop,
         )
         method.proxy_ids = None
         history = torch.cat(self._history_ids + [ids]) if self._history_ids else ids
@@ -224,16 +236,24 @@ class ChatSession:
     # -- out-of-memory recovery (visualkv.memory_guard.out_of_memory_caught) -----------------------
     def snapshot(self) -> dict[str, Any]:
         """What a turn may change, taken before it starts."""
-        return {"turns": len(self.turns), "blocks": list(self.blocks), "history": len(self._history_ids),
-                "seq_len": self._seq_len, "next_position": self._next_position, "pending": self._pending,
-                "cache": self.cache, "media": self.media, "prepared": self.prepared,
-                "prefill_result": self.prefill_result}
+        return {
+            "turns": len(self.turns),
+            "blocks": list(self.blocks),
+            "history": len(self._history_ids),
+            "seq_len": self._seq_len,
+            "next_position": self._next_position,
+            "pending": self._pending,
+            "cache": self.cache,
+            "media": self.media,
+            "prepared": self.prepared,
+            "prefill_result": self.prefill_result,
+        }
 
     def restore(self, snapshot: dict[str, Any]) -> None:
         """Undo a failed turn. A cache the turn may have extended is freed; the next turn rebuilds it from
         the media and the conversation so far (a first turn simply leaves the session empty)."""
-        del self.turns[snapshot["turns"]:]
-        del self._history_ids[snapshot["history"]:]
+        del self.turns[snapshot["turns"] :]
+        del self._history_ids[snapshot["history"] :]
         self.blocks = snapshot["blocks"]
         self._seq_len, self._next_position = snapshot["seq_len"], snapshot["next_position"]
         self._pending = snapshot["pending"]
@@ -354,8 +374,9 @@ class ChatSession:
             "full_kv_bytes": self.full_kv_bytes(),
             "peak_rss_bytes": peak_rss_bytes(),
             # the last turn's CUDA peak (reset when each turn starts), not the process's
-            "cuda_peak_bytes": next((t.cuda_peak_bytes for t in self.turns[-1:] if t.cuda_peak_bytes is not None),
-                                    cuda_peak()),
+            "cuda_peak_bytes": next(
+                (t.cuda_peak_bytes for t in self.turns[-1:] if t.cuda_peak_bytes is not None), cuda_peak()
+            ),
             "blocks": [b.to_dict() for b in self.blocks],
             "turns": [t.to_dict() for t in self.turns],
             "retained": self.retained().round(4).tolist(),
@@ -363,8 +384,16 @@ class ChatSession:
         }
         if layout is not None:
             report["layout"] = {
-                "frames": [{"kind": f.kind, "grid": list(f.grid), "time": f.time, "box": list(f.box),
-                            "source_frames": list(f.source_frames)} for f in layout.frames],
+                "frames": [
+                    {
+                        "kind": f.kind,
+                        "grid": list(f.grid),
+                        "time": f.time,
+                        "box": list(f.box),
+                        "source_frames": list(f.source_frames),
+                    }
+                    for f in layout.frames
+                ],
                 "token_frame": layout.frame.tolist(),
                 "token_row": layout.row.tolist(),
                 "token_col": layout.col.tolist(),
@@ -386,5 +415,11 @@ def _media_summary(media: Media | None) -> dict[str, Any] | None:
     width, height = media.size
     # the file name only: a path would tell a shared instance's users about the server's folders
     name = os.path.basename(media.path) if media.path else None
-    return {"kind": media.kind, "name": name, "width": width, "height": height,
-            "frames": len(media.frames), "duration": media.duration}
+    return {
+        "kind": media.kind,
+        "name": name,
+        "width": width,
+        "height": height,
+        "frames": len(media.frames),
+        "duration": media.duration,
+    }

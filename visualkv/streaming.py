@@ -73,7 +73,9 @@ def failure_message(exc: BaseException) -> str:
         return str(exc)
     lines = str(exc).strip().splitlines()
     first = lines[0][:300] if lines else ""
-    return f"unexpected failure ({type(exc).__name__}: {first})" if first else f"unexpected failure ({type(exc).__name__})"
+    return (
+        f"unexpected failure ({type(exc).__name__}: {first})" if first else f"unexpected failure ({type(exc).__name__})"
+    )
 
 
 def stream_turn(
@@ -103,8 +105,9 @@ def stream_turn(
                     timer.daemon = True
                     timer.start()
                 with out_of_memory_caught(session):
-                    for piece in session.stream(prompt, media, on_block=lambda ev: events.put(("block", ev)),
-                                                stop=stop):
+                    for piece in session.stream(
+                        prompt, media, on_block=lambda ev: events.put(("block", ev)), stop=stop
+                    ):
                         events.put(("text", piece))
                 events.put(("done", session.turns[-1]))
             except PrefillStopped as exc:
@@ -185,7 +188,9 @@ def compare_methods(
             return
         cls = METHODS[name]
         cfg = dataclasses.replace(
-            base, method=name, budget=base.budget if cls.needs_budget else None,
+            base,
+            method=name,
+            budget=base.budget if cls.needs_budget else None,
             method_options=dict((options or {}).get(name, {})),
         )
         try:
@@ -267,10 +272,13 @@ def method_options(name: str, values: dict[str, Any]) -> dict[str, Any]:
     kwargs: dict[str, Any] = {}
     for pname, param in inspect.signature(cls.__init__).parameters.items():
         dc = _dataclass_of(hints.get(pname), param.default)
-        mine = {k[len(pname) + 1:]: v for k, v in given.items() if k.startswith(pname + ".")}
+        mine = {k[len(pname) + 1 :]: v for k, v in given.items() if k.startswith(pname + ".")}
         if dc is not None and mine:
-            base = param.default if dataclasses.is_dataclass(param.default) and not isinstance(param.default, type) \
+            base = (
+                param.default
+                if dataclasses.is_dataclass(param.default) and not isinstance(param.default, type)
                 else _try(dc)
+            )
             kwargs[pname] = _rebuild(base, mine)
         elif pname in given:
             kwargs[pname] = given[pname]

@@ -25,8 +25,16 @@ MIB = 2**20
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
 #: Okabe-Ito qualitative palette (distinguishable under the common colour-vision deficiencies).
-OKABE_ITO = {"blue": (0, 114, 178), "orange": (230, 159, 0), "green": (0, 158, 115), "vermillion": (213, 94, 0),
-             "sky": (86, 180, 233), "purple": (204, 121, 167), "yellow": (240, 228, 66), "black": (0, 0, 0)}
+OKABE_ITO = {
+    "blue": (0, 114, 178),
+    "orange": (230, 159, 0),
+    "green": (0, 158, 115),
+    "vermillion": (213, 94, 0),
+    "sky": (86, 180, 233),
+    "purple": (204, 121, 167),
+    "yellow": (240, 228, 66),
+    "black": (0, 0, 0),
+}
 
 #: Sali-Cache precision tiers, in display order: (name, label, RGB colour).
 TIERS: tuple[tuple[str, str, tuple[int, int, int]], ...] = (
@@ -40,10 +48,28 @@ KEPT_COLOUR, SKIPPED_COLOUR = OKABE_ITO["blue"], OKABE_ITO["vermillion"]  # kept
 
 #: Perceptually uniform, colour-blind-safe sequential maps (matplotlib's), as 9 evenly spaced anchors.
 COLOUR_MAPS = {
-    "viridis": ((68, 1, 84), (71, 44, 122), (59, 81, 139), (44, 113, 142), (33, 144, 141), (39, 173, 129),
-                (92, 200, 99), (170, 220, 50), (253, 231, 37)),
-    "inferno": ((0, 0, 4), (31, 12, 72), (85, 15, 109), (136, 34, 106), (186, 54, 85), (227, 89, 51),
-                (249, 140, 10), (249, 201, 50), (252, 255, 164)),
+    "viridis": (
+        (68, 1, 84),
+        (71, 44, 122),
+        (59, 81, 139),
+        (44, 113, 142),
+        (33, 144, 141),
+        (39, 173, 129),
+        (92, 200, 99),
+        (170, 220, 50),
+        (253, 231, 37),
+    ),
+    "inferno": (
+        (0, 0, 4),
+        (31, 12, 72),
+        (85, 15, 109),
+        (136, 34, 106),
+        (186, 54, 85),
+        (227, 89, 51),
+        (249, 140, 10),
+        (249, 201, 50),
+        (252, 255, 164),
+    ),
 }
 KEEP_CMAP, SALIENCY_CMAP = "viridis", "inferno"
 
@@ -55,6 +81,8 @@ def colour_map(values: np.ndarray, name: str = KEEP_CMAP) -> np.ndarray:
     low = np.floor(pos).astype(np.int64).clip(0, len(anchors) - 2)
     frac = (pos - low)[..., None]
     return anchors[low] * (1 - frac) + anchors[low + 1] * frac
+
+
 _TIER_ALIASES = {"fp16": "full", "bf16": "full", "fp32": "full", "prune": "pruned", "skip": "skipped"}
 _TIER_BY_INT = ("full", "int8", "int4", "pruned", "skipped")  # visualkv.saliency.TIER_* order
 
@@ -81,12 +109,18 @@ def budget_kv_bytes(report: dict[str, Any]) -> int | None:
 def block_axis(total: int) -> dict[str, Any]:
     """An x axis of prefill blocks 1..total: integer ticks (at most ~10 of them), half a block of margin."""
     total = max(int(total), 1)
-    return {"title": "prefill block", "range": [0.5, total + 0.5], "tick0": 1, "dtick": max(1, -(-total // 10)),
-            "tickformat": "d"}
+    return {
+        "title": "prefill block",
+        "range": [0.5, total + 0.5],
+        "tick0": 1,
+        "dtick": max(1, -(-total // 10)),
+        "tickformat": "d",
+    }
 
 
-def block_memory_figure(report: dict[str, Any], budget_bytes: int | None = None, n_blocks: int | None = None,
-                        show_rss: bool = True) -> go.Figure:
+def block_memory_figure(
+    report: dict[str, Any], budget_bytes: int | None = None, n_blocks: int | None = None, show_rss: bool = True
+) -> go.Figure:
     """KV MiB after each prefill block, in two panels so no series hides another.
 
     Left panel ("the cache against its budget", linear MiB): "KV cache (held)" (one point per
@@ -108,37 +142,109 @@ def block_memory_figure(report: dict[str, Any], budget_bytes: int | None = None,
     span = [0.5, max(total, 1) + 0.5]
     single = len(blocks) <= 1  # one block: draw markers big enough to read, no line to draw
     held = [b["kv_bytes"] / MIB for b in blocks]
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.14,
-                        subplot_titles=("the cache against its budget (MiB)", "against the full cache (MiB, log)"))
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        column_widths=[0.55, 0.45],
+        horizontal_spacing=0.14,
+        subplot_titles=("the cache against its budget (MiB)", "against the full cache (MiB, log)"),
+    )
     blue, purple, vermillion, grey = "#0072B2", "#CC79A7", "#D55E00", "#7f7f7f"
-    fig.add_trace(go.Scatter(x=x, y=held, mode="lines+markers", name="KV cache (held)", legendgroup="held",
-                             line={"color": blue, "width": 3}, marker={"size": 10 if single else 6}), row=1, col=1)
-    fig.add_trace(go.Scatter(x=x, y=[b["peak_kv_bytes"] / MIB for b in blocks], mode="lines+markers",
-                             name="KV peak so far", line={"dash": "dot", "color": purple, "width": 2},
-                             marker={"symbol": "triangle-up", "size": 9 if single else 6}), row=1, col=1)
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=held,
+            mode="lines+markers",
+            name="KV cache (held)",
+            legendgroup="held",
+            line={"color": blue, "width": 3},
+            marker={"size": 10 if single else 6},
+        ),
+        row=1,
+        col=1,
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=[b["peak_kv_bytes"] / MIB for b in blocks],
+            mode="lines+markers",
+            name="KV peak so far",
+            line={"dash": "dot", "color": purple, "width": 2},
+            marker={"symbol": "triangle-up", "size": 9 if single else 6},
+        ),
+        row=1,
+        col=1,
+    )
     budget_bytes = budget_bytes or budget_kv_bytes(report)
     if budget_bytes:
-        fig.add_trace(go.Scatter(x=span, y=[budget_bytes / MIB] * 2, mode="lines", name="budget",
-                                 line={"dash": "dash", "color": vermillion, "width": 2}), row=1, col=1)
+        fig.add_trace(
+            go.Scatter(
+                x=span,
+                y=[budget_bytes / MIB] * 2,
+                mode="lines",
+                name="budget",
+                line={"dash": "dash", "color": vermillion, "width": 2},
+            ),
+            row=1,
+            col=1,
+        )
     per_token = kv_bytes_per_token(report)
     tokens_read = np.cumsum([b["tokens_in"] for b in blocks]) if blocks else np.zeros(0)
     # The growing line is honest only when every input token went through the LLM (no frame skipped,
     # no patch pruned before it): then tokens read = what an uncompressed cache would hold so far.
     complete = report.get("prompt_tokens") in (None, int(tokens_read[-1]) if len(tokens_read) else 0)
     if per_token and blocks and complete:
-        fig.add_trace(go.Scatter(x=x, y=list(tokens_read * per_token / MIB), mode="lines+markers",
-                                 name="full cache (so far)", line={"dash": "dot", "color": grey},
-                                 marker={"symbol": "square", "size": 8 if single else 5}), row=1, col=2)
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=list(tokens_read * per_token / MIB),
+                mode="lines+markers",
+                name="full cache (so far)",
+                line={"dash": "dot", "color": grey},
+                marker={"symbol": "square", "size": 8 if single else 5},
+            ),
+            row=1,
+            col=2,
+        )
     if report.get("full_kv_bytes"):
-        fig.add_trace(go.Scatter(x=span, y=[report["full_kv_bytes"] / MIB] * 2, mode="lines", name="full cache",
-                                 line={"dash": "dash", "color": "black", "width": 2}), row=1, col=2)
-    fig.add_trace(go.Scatter(x=x, y=held, mode="lines+markers", name="KV cache (held)", legendgroup="held",
-                             showlegend=False, line={"color": blue, "width": 3},
-                             marker={"size": 10 if single else 6}), row=1, col=2)
+        fig.add_trace(
+            go.Scatter(
+                x=span,
+                y=[report["full_kv_bytes"] / MIB] * 2,
+                mode="lines",
+                name="full cache",
+                line={"dash": "dash", "color": "black", "width": 2},
+            ),
+            row=1,
+            col=2,
+        )
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=held,
+            mode="lines+markers",
+            name="KV cache (held)",
+            legendgroup="held",
+            showlegend=False,
+            line={"color": blue, "width": 3},
+            marker={"size": 10 if single else 6},
+        ),
+        row=1,
+        col=2,
+    )
     if show_rss and blocks and blocks[0].get("rss_bytes"):
-        fig.add_trace(go.Scatter(x=x, y=[b["rss_bytes"] / MIB for b in blocks], mode="lines+markers",
-                                 name="process RSS", line={"color": "#009E73", "width": 1, "dash": "dashdot"},
-                                 marker={"symbol": "diamond", "size": 7 if single else 4}), row=1, col=2)
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=[b["rss_bytes"] / MIB for b in blocks],
+                mode="lines+markers",
+                name="process RSS",
+                line={"color": "#009E73", "width": 1, "dash": "dashdot"},
+                marker={"symbol": "diamond", "size": 7 if single else 4},
+            ),
+            row=1,
+            col=2,
+        )
     axis = block_axis(total)
     fig.update_xaxes(**axis)
     fig.update_yaxes(rangemode="tozero", row=1, col=1)
@@ -146,8 +252,12 @@ def block_memory_figure(report: dict[str, Any], budget_bytes: int | None = None,
     if left:  # headroom above the highest of held / peak / budget, so the lines never sit on the frame
         fig.update_yaxes(range=[0, max(left) * 1.15], row=1, col=1)
     fig.update_yaxes(type="log", row=1, col=2)
-    fig.update_layout(margin={"l": 50, "r": 20, "t": 40, "b": 40}, height=340,
-                      legend={"orientation": "h", "y": -0.3}, font={"size": 12})
+    fig.update_layout(
+        margin={"l": 50, "r": 20, "t": 40, "b": 40},
+        height=340,
+        legend={"orientation": "h", "y": -0.3},
+        font={"size": 12},
+    )
     fig.update_annotations(font={"size": 12})
     return fig
 
@@ -163,10 +273,31 @@ def memory_sweep_figure(rows: list[dict[str, Any]], size_label: str) -> go.Figur
         xs = [r["size"] for r in rs]
         # one colour per method in both panels; dashes tell overlapping lines apart
         line = {"color": palette[k % len(palette)], "dash": ("solid", "dash", "dot", "dashdot")[k % 4]}
-        fig.add_trace(go.Scatter(x=xs, y=[r["peak_kv_bytes"] / MIB for r in rs], name=method, mode="lines+markers",
-                                 legendgroup=method, line=line), row=1, col=1)
-        fig.add_trace(go.Scatter(x=xs, y=[r["peak_rss_bytes"] / MIB for r in rs], name=method, mode="lines+markers",
-                                 legendgroup=method, showlegend=False, line=line), row=1, col=2)
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=[r["peak_kv_bytes"] / MIB for r in rs],
+                name=method,
+                mode="lines+markers",
+                legendgroup=method,
+                line=line,
+            ),
+            row=1,
+            col=1,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=[r["peak_rss_bytes"] / MIB for r in rs],
+                name=method,
+                mode="lines+markers",
+                legendgroup=method,
+                showlegend=False,
+                line=line,
+            ),
+            row=1,
+            col=2,
+        )
     fig.update_xaxes(title_text=size_label)
     fig.update_layout(height=420, width=1000)
     return fig
@@ -209,8 +340,9 @@ def has_motion(report: dict[str, Any]) -> bool:
 # -- token overlays ----------------------------------------------------------------------------
 
 
-def retained_heatmap(image: np.ndarray, report: dict[str, Any], max_side: int = 960,
-                     layer: int | None = None, opacity: float = 0.6) -> Image.Image:
+def retained_heatmap(
+    image: np.ndarray, report: dict[str, Any], max_side: int = 960, layer: int | None = None, opacity: float = 0.6
+) -> Image.Image:
     """Overlay the keep fraction of each visual token on a downscaled image (viridis: dark evicted,
     yellow kept; no colour bar, see `retained_view` for one).
 
@@ -230,35 +362,43 @@ def _retained_values(report: dict[str, Any], layer: int | None) -> np.ndarray:
 KEEP_BAR_TITLE = "share of each token's KV entries kept (over layers and KV heads)"
 
 
-def retained_view(frames: Sequence[np.ndarray], times: Sequence[float] | None, report: dict[str, Any],
-                  layer: int | None = None, max_side: int = 960, opacity: float = 0.6,
-                  colour_bar: bool = True) -> Image.Image:
+def retained_view(
+    frames: Sequence[np.ndarray],
+    times: Sequence[float] | None,
+    report: dict[str, Any],
+    layer: int | None = None,
+    max_side: int = 960,
+    opacity: float = 0.6,
+    colour_bar: bool = True,
+) -> Image.Image:
     """Kept-token view for any media: the viridis overlay on an image; a strip of frame thumbnails for
     video; a colour bar underneath. `opacity` 0 draws the media alone, with the same size and colour
     bar (the "before" side of a before/after comparison)."""
     values = _retained_values(report, layer)
     if _layout_is_video(report):
-        body = _frame_strip(frames, times, report,
-                            lambda img, f: _token_overlay(img, report, values, 240, {f}, alpha=opacity))
+        body = _frame_strip(
+            frames, times, report, lambda img, f: _token_overlay(img, report, values, 240, {f}, alpha=opacity)
+        )
     else:
         body = _token_overlay(frames[0], report, values, max_side, alpha=opacity)
     return _with_colour_bar(body, KEEP_CMAP, KEEP_BAR_TITLE) if colour_bar else body
 
 
-def saliency_view(frames: Sequence[np.ndarray], times: Sequence[float] | None, report: dict[str, Any],
-                  max_side: int = 960) -> Image.Image | None:
+def saliency_view(
+    frames: Sequence[np.ndarray], times: Sequence[float] | None, report: dict[str, Any], max_side: int = 960
+) -> Image.Image | None:
     """Sali-Cache saliency per token (inferno: dark = background, bright = salient) with a colour bar;
     None without `saliency`."""
     values = _saliency_values(report)
     if values is None:
         return None
     if _layout_is_video(report):
-        body = _frame_strip(frames, times, report,
-                            lambda img, f: _token_overlay(img, report, values, 240, {f}, cmap=SALIENCY_CMAP))
+        body = _frame_strip(
+            frames, times, report, lambda img, f: _token_overlay(img, report, values, 240, {f}, cmap=SALIENCY_CMAP)
+        )
     else:
         body = _token_overlay(frames[0], report, values, max_side, cmap=SALIENCY_CMAP)
-    return _with_colour_bar(body, SALIENCY_CMAP, "saliency (0 = background, 1 = most salient)",
-                            percent=False)
+    return _with_colour_bar(body, SALIENCY_CMAP, "saliency (0 = background, 1 = most salient)", percent=False)
 
 
 def _saliency_values(report: dict[str, Any]) -> np.ndarray | None:
@@ -268,8 +408,9 @@ def _saliency_values(report: dict[str, Any]) -> np.ndarray | None:
     return np.nan_to_num(np.array([np.nan if v is None else v for v in report["saliency"]], dtype=np.float32))
 
 
-def tier_view(frames: Sequence[np.ndarray], times: Sequence[float] | None, report: dict[str, Any],
-              max_side: int = 960) -> Image.Image | None:
+def tier_view(
+    frames: Sequence[np.ndarray], times: Sequence[float] | None, report: dict[str, Any], max_side: int = 960
+) -> Image.Image | None:
     """Sali-Cache tier per token (FP16 / INT8 / INT4 / pruned / skipped) with a legend; None without `tier`."""
     if not report.get("tier"):
         return None
@@ -304,8 +445,9 @@ def _frame_source(frames: Sequence[np.ndarray], times: Sequence[float] | None, i
     return frames[int(np.argmin([abs(mt - t) for mt in media_times]))] if media_times else frames[0]
 
 
-def saliency_gallery(frames: Sequence[np.ndarray], times: Sequence[float] | None, report: dict[str, Any],
-                     max_side: int = 640) -> list[tuple[Image.Image, str]] | None:
+def saliency_gallery(
+    frames: Sequence[np.ndarray], times: Sequence[float] | None, report: dict[str, Any], max_side: int = 640
+) -> list[tuple[Image.Image, str]] | None:
     """Saliency per frame (one large, captioned image each, with its colour bar), for a zoomable
     gallery; None without `saliency`."""
     values = _saliency_values(report)
@@ -315,18 +457,23 @@ def saliency_gallery(frames: Sequence[np.ndarray], times: Sequence[float] | None
     token_frame = np.asarray((report.get("layout") or {}).get("token_frame", []), dtype=np.int64)
     items = []
     for f, caption in enumerate(_layout_frame_captions(report)):
-        img = _token_overlay(_frame_source(frames, times, layout_frames[f]), report, values, max_side, {f},
-                             cmap=SALIENCY_CMAP)
+        img = _token_overlay(
+            _frame_source(frames, times, layout_frames[f]), report, values, max_side, {f}, cmap=SALIENCY_CMAP
+        )
         mine = values[: len(token_frame)][token_frame[: len(values)] == f]
         mean = f" · mean saliency {float(mine.mean()):.2f}" if mine.size else ""
-        items.append((_with_colour_bar(img, SALIENCY_CMAP, "saliency (0 = background, 1 = most salient)",
-                                       percent=False),
-                      caption + mean))
+        items.append(
+            (
+                _with_colour_bar(img, SALIENCY_CMAP, "saliency (0 = background, 1 = most salient)", percent=False),
+                caption + mean,
+            )
+        )
     return items
 
 
-def tier_gallery(frames: Sequence[np.ndarray], times: Sequence[float] | None, report: dict[str, Any],
-                 max_side: int = 640) -> list[tuple[Image.Image, str]] | None:
+def tier_gallery(
+    frames: Sequence[np.ndarray], times: Sequence[float] | None, report: dict[str, Any], max_side: int = 640
+) -> list[tuple[Image.Image, str]] | None:
     """The precision tier of every token, one large image per frame with that frame's tier counts in
     its legend and caption, for a zoomable gallery; None without `tier`."""
     if not report.get("tier"):
@@ -369,8 +516,9 @@ def _tier_colour(name: str) -> tuple[int, int, int]:
     return (200, 200, 200)
 
 
-def merge_view(frames: Sequence[np.ndarray], times: Sequence[float] | None, report: dict[str, Any],
-               max_side: int = 960) -> Image.Image | None:
+def merge_view(
+    frames: Sequence[np.ndarray], times: Sequence[float] | None, report: dict[str, Any], max_side: int = 960
+) -> Image.Image | None:
     """LightKV merge map: tokens merged into a neighbour are darkened; the kept tokens that absorbed
     them are coloured by how many tokens they now stand for (yellow few, red many); tokens untouched
     are left as they are. None without `merge_map`."""
@@ -401,11 +549,14 @@ def merge_legend(report: dict[str, Any]) -> list[tuple[str, tuple[int, int, int]
     sizes = np.bincount(target, minlength=len(target))
     biggest = max(int(sizes.max()) if len(sizes) else 2, 2)
     group = sizes[own & (sizes > 1)]
-    entries = [("merged into a neighbour", MERGED_COLOUR, int((~own).sum())),
-               ("kept, standing for 2 tokens", (255, 230, 0), int((group == 2).sum()))]
+    entries = [
+        ("merged into a neighbour", MERGED_COLOUR, int((~own).sum())),
+        ("kept, standing for 2 tokens", (255, 230, 0), int((group == 2).sum())),
+    ]
     if biggest > 2:
-        entries.append((f"kept, standing for 3 to {biggest} tokens (yellow to red)", (255, 0, 0),
-                        int((group > 2).sum())))
+        entries.append(
+            (f"kept, standing for 3 to {biggest} tokens (yellow to red)", (255, 0, 0), int((group > 2).sum()))
+        )
     return entries
 
 
@@ -433,20 +584,35 @@ def _token_boxes(report: dict[str, Any], scale: float, frame_filter: set[int] | 
         by0 = y0 + (y1 - y0) * rows[i] / gr
         bx1 = x0 + (x1 - x0) * (cols[i] + 1) / gc
         by1 = y0 + (y1 - y0) * (rows[i] + 1) / gr
-        yield i, (slice(int(by0 * scale), max(int(by0 * scale) + 1, int(by1 * scale))),
-                  slice(int(bx0 * scale), max(int(bx0 * scale) + 1, int(bx1 * scale))))
+        yield (
+            i,
+            (
+                slice(int(by0 * scale), max(int(by0 * scale) + 1, int(by1 * scale))),
+                slice(int(bx0 * scale), max(int(bx0 * scale) + 1, int(bx1 * scale))),
+            ),
+        )
 
 
 def _downscale(image: np.ndarray, max_side: int) -> tuple[Image.Image, float]:
     h, w = image.shape[:2]
     scale = min(1.0, max_side / max(h, w))
-    small = Image.fromarray(image).convert("RGB").resize((max(1, round(w * scale)), max(1, round(h * scale))),
-                                                          Image.Resampling.BILINEAR)
+    small = (
+        Image.fromarray(image)
+        .convert("RGB")
+        .resize((max(1, round(w * scale)), max(1, round(h * scale))), Image.Resampling.BILINEAR)
+    )
     return small, scale
 
 
-def _token_overlay(image: np.ndarray, report: dict[str, Any], values: np.ndarray, max_side: int,
-                   frame_filter: set[int] | None = None, cmap: str = KEEP_CMAP, alpha: float = 0.6) -> Image.Image:
+def _token_overlay(
+    image: np.ndarray,
+    report: dict[str, Any],
+    values: np.ndarray,
+    max_side: int,
+    frame_filter: set[int] | None = None,
+    cmap: str = KEEP_CMAP,
+    alpha: float = 0.6,
+) -> Image.Image:
     """Each token's box tinted by `values` (0..1) under `cmap`, `alpha` of the colour over the media."""
     small, scale = _downscale(image, max_side)
     base = np.asarray(small, dtype=np.float32)
@@ -487,8 +653,9 @@ def _with_colour_bar(body: Image.Image, cmap: str, title: str, percent: bool = T
     return out
 
 
-def _token_paint(image: np.ndarray, report: dict[str, Any], colours: np.ndarray, max_side: int,
-                 frame_filter: set[int] | None = None) -> Image.Image:
+def _token_paint(
+    image: np.ndarray, report: dict[str, Any], colours: np.ndarray, max_side: int, frame_filter: set[int] | None = None
+) -> Image.Image:
     """Paint each token's box with its RGB colour (NaN = leave the pixels as they are)."""
     small, scale = _downscale(image, max_side)
     paint = np.full((small.height, small.width, 3), np.nan, dtype=np.float32)
@@ -507,8 +674,12 @@ def _font(size: int = 13):
         return ImageFont.load_default()
 
 
-def _grid(tiles: list[Image.Image], captions: list[str], per_row: int = 8,
-          borders: list[tuple[int, int, int] | None] | None = None) -> Image.Image:
+def _grid(
+    tiles: list[Image.Image],
+    captions: list[str],
+    per_row: int = 8,
+    borders: list[tuple[int, int, int] | None] | None = None,
+) -> Image.Image:
     """Tiles in rows of `per_row`, each with a caption underneath (and an optional coloured border)."""
     if not tiles:
         return Image.new("RGB", (320, 40), "white")
@@ -530,8 +701,9 @@ def _grid(tiles: list[Image.Image], captions: list[str], per_row: int = 8,
     return sheet
 
 
-def _frame_strip(frames: Sequence[np.ndarray], times: Sequence[float] | None, report: dict[str, Any],
-                 draw_frame) -> Image.Image:
+def _frame_strip(
+    frames: Sequence[np.ndarray], times: Sequence[float] | None, report: dict[str, Any], draw_frame
+) -> Image.Image:
     """One tile per layout frame (Qwen: per 2-frame temporal patch), drawn on the nearest media frame."""
     layout_frames = (report.get("layout") or {}).get("frames", [])
     media_times = list(times) if times is not None and len(times) == len(frames) else list(range(len(frames)))
@@ -576,31 +748,65 @@ def frame_timeline_figure(report: dict[str, Any]) -> go.Figure | None:
     fig = go.Figure()
     if has_motion(report):
         motion = [f.get("motion") or 0.0 for f in frames]
-        fig.add_trace(go.Bar(x=times, y=motion, name="motion",
-                             marker_color=[_hex(SKIPPED_COLOUR) if s else _hex(KEPT_COLOUR) for s in skipped]))
+        fig.add_trace(
+            go.Bar(
+                x=times,
+                y=motion,
+                name="motion",
+                marker_color=[_hex(SKIPPED_COLOUR) if s else _hex(KEPT_COLOUR) for s in skipped],
+            )
+        )
         if report.get("flow_threshold") is not None:
-            fig.add_trace(go.Scatter(x=[min(times), max(times)], y=[report["flow_threshold"]] * 2, mode="lines",
-                                     name="threshold", line={"dash": "dash", "color": "black"}))
+            fig.add_trace(
+                go.Scatter(
+                    x=[min(times), max(times)],
+                    y=[report["flow_threshold"]] * 2,
+                    mode="lines",
+                    name="threshold",
+                    line={"dash": "dash", "color": "black"},
+                )
+            )
         y_skip = [m for m, s in zip(motion, skipped) if s]
         title, y_title = "motion per sampled frame (orange-red: skipped)", "motion (px, downscaled frame)"
     else:
-        fig.add_trace(go.Scatter(x=[t for t, s in zip(times, skipped) if not s], y=[1] * (len(frames) - sum(skipped)),
-                                 mode="markers", name="kept", marker={"color": _hex(KEPT_COLOUR), "size": 10}))
+        fig.add_trace(
+            go.Scatter(
+                x=[t for t, s in zip(times, skipped) if not s],
+                y=[1] * (len(frames) - sum(skipped)),
+                mode="markers",
+                name="kept",
+                marker={"color": _hex(KEPT_COLOUR), "size": 10},
+            )
+        )
         y_skip = [1] * sum(skipped)
         title, y_title = "sampled frames (motion scores not available for this method)", ""
-    fig.add_trace(go.Scatter(x=[t for t, s in zip(times, skipped) if s], y=y_skip, mode="markers", name="skipped",
-                             marker={"symbol": "x", "size": 11, "color": _hex(SKIPPED_COLOUR)}))
+    fig.add_trace(
+        go.Scatter(
+            x=[t for t, s in zip(times, skipped) if s],
+            y=y_skip,
+            mode="markers",
+            name="skipped",
+            marker={"symbol": "x", "size": 11, "color": _hex(SKIPPED_COLOUR)},
+        )
+    )
     encoded = report.get("vision_encoder_frames")
     if encoded is not None:
         title += f" | {len(frames)} sampled, {sum(skipped)} skipped, {encoded} sent to the vision encoder"
-    fig.update_layout(title={"text": title, "font": {"size": 13}}, xaxis_title="time (s)", yaxis_title=y_title,
-                      height=280, margin={"l": 50, "r": 10, "t": 40, "b": 40}, legend={"orientation": "h"},
-                      yaxis={"showticklabels": has_motion(report)})
+    fig.update_layout(
+        title={"text": title, "font": {"size": 13}},
+        xaxis_title="time (s)",
+        yaxis_title=y_title,
+        height=280,
+        margin={"l": 50, "r": 10, "t": 40, "b": 40},
+        legend={"orientation": "h"},
+        yaxis={"showticklabels": has_motion(report)},
+    )
     return fig
 
 
-def frame_thumbnails(frames: Sequence[np.ndarray], report: dict[str, Any], thumb_width: int = 160,
-                     per_row: int = 8) -> Image.Image | None:
+def frame_thumbnails(
+    frames: Sequence[np.ndarray], report: dict[str, Any], thumb_width: int = 160, per_row: int = 8
+) -> Image.Image | None:
     """Thumbnails of the sampled frames: blue border kept, vermillion border, dimmed and captioned skipped."""
     info = report.get("frames") or []
     if not info or not frames:
@@ -629,15 +835,27 @@ def layer_tokens_figure(report: dict[str, Any]) -> go.Figure | None:
     layers = list(range(len(rows)))
     fig = go.Figure()
     fig.add_trace(go.Bar(x=layers, y=[r.get("tokens", 0) for r in rows], name="tokens held"))
-    fig.add_trace(go.Scatter(x=layers, y=[r.get("kv_bytes", 0) / MIB for r in rows], name="KV MiB", yaxis="y2",
-                             mode="lines+markers"))
+    fig.add_trace(
+        go.Scatter(
+            x=layers, y=[r.get("kv_bytes", 0) / MIB for r in rows], name="KV MiB", yaxis="y2", mode="lines+markers"
+        )
+    )
     n = len(layers)
-    fig.update_layout(xaxis={"title": "layer", "range": [-0.5, n - 0.5], "tick0": 0, "dtick": max(1, -(-n // 12)),
-                             "tickformat": "d"},
-                      yaxis={"title": "tokens", "rangemode": "tozero", "automargin": True, "tickformat": "d"},
-                      yaxis2={"title": "KV MiB", "overlaying": "y", "side": "right", "showgrid": False,
-                              "rangemode": "tozero", "automargin": True},
-                      height=300, margin={"l": 60, "r": 60, "t": 20, "b": 40}, legend={"orientation": "h", "y": -0.25})
+    fig.update_layout(
+        xaxis={"title": "layer", "range": [-0.5, n - 0.5], "tick0": 0, "dtick": max(1, -(-n // 12)), "tickformat": "d"},
+        yaxis={"title": "tokens", "rangemode": "tozero", "automargin": True, "tickformat": "d"},
+        yaxis2={
+            "title": "KV MiB",
+            "overlaying": "y",
+            "side": "right",
+            "showgrid": False,
+            "rangemode": "tozero",
+            "automargin": True,
+        },
+        height=300,
+        margin={"l": 60, "r": 60, "t": 20, "b": 40},
+        legend={"orientation": "h", "y": -0.25},
+    )
     return fig
 
 
@@ -660,8 +878,10 @@ def summary_line(report: dict[str, Any]) -> str:
     full = report.get("full_kv_bytes") or 0
     peak, final = report.get("peak_kv_bytes") or 0, report.get("final_kv_bytes") or 0
     turn = (report.get("turns") or [{}])[-1]
-    parts = [f"{report.get('visual_tokens', 0)} visual tokens",
-             f"KV peak {_mib(peak)} · final {_mib(final)} vs full {_mib(full)}"]
+    parts = [
+        f"{report.get('visual_tokens', 0)} visual tokens",
+        f"KV peak {_mib(peak)} · final {_mib(final)} vs full {_mib(full)}",
+    ]
     if full and peak:
         ratio = full / peak
         parts.append(f"{ratio:.1f}× less at peak" if ratio >= 1.05 else "no saving (the full cache)")
@@ -717,8 +937,15 @@ def agreement(ids: Sequence[int], reference: Sequence[int]) -> float:
     return sum(a == b for a, b in zip(ids, reference)) / n
 
 
-COMPARE_HEADERS = ["method", "peak KV (MiB)", "final KV (MiB)", "peak vs full", "TTFT (s)",
-                   "agreement with full", "answer"]
+COMPARE_HEADERS = [
+    "method",
+    "peak KV (MiB)",
+    "final KV (MiB)",
+    "peak vs full",
+    "TTFT (s)",
+    "agreement with full",
+    "answer",
+]
 
 
 def compare_rows(results: dict[str, dict[str, Any] | str]) -> list[list[Any]]:
@@ -737,11 +964,17 @@ def compare_rows(results: dict[str, dict[str, Any] | str]) -> list[list[Any]]:
         turn = rep["turns"][0] if rep.get("turns") else {}
         full = rep.get("full_kv_bytes") or 0
         agree = f"{agreement(turn.get('token_ids', []), ref_ids):.0%}" if ref_ids is not None else "n/a"
-        rows.append([
-            name, round(rep["peak_kv_bytes"] / MIB, 3), round(rep["final_kv_bytes"] / MIB, 3),
-            f"{rep['peak_kv_bytes'] / full:.1%}" if full else "", round(turn.get("ttft_seconds", 0.0), 3),
-            agree, turn.get("answer", ""),
-        ])
+        rows.append(
+            [
+                name,
+                round(rep["peak_kv_bytes"] / MIB, 3),
+                round(rep["final_kv_bytes"] / MIB, 3),
+                f"{rep['peak_kv_bytes'] / full:.1%}" if full else "",
+                round(turn.get("ttft_seconds", 0.0), 3),
+                agree,
+                turn.get("answer", ""),
+            ]
+        )
     return rows
 
 
@@ -758,12 +991,21 @@ def compare_memory_figure(results: dict[str, dict[str, Any] | str]) -> go.Figure
         # earlier traces are drawn wider and under later ones: where two methods coincide (post-snapkv
         # equals full until its last block) both stay visible, and each differs in colour, dash and marker
         width = 2 + 2.5 * (len(drawn) - 1 - k) / max(len(drawn) - 1, 1)
-        fig.add_trace(go.Scatter(x=list(np.cumsum([b["tokens_in"] for b in blocks])),
-                                 y=[b["kv_bytes"] / MIB for b in blocks], mode="lines+markers", name=name,
-                                 line={"color": palette[k % len(palette)], "dash": dashes[k % len(dashes)],
-                                       "width": width},
-                                 marker={"symbol": symbols[k % len(symbols)], "size": 5 + 4 * width / 4.5}))
-    fig.update_layout(xaxis={"title": "tokens read", "tickformat": "d", "rangemode": "tozero"},
-                      yaxis={"title": "KV MiB after block", "rangemode": "tozero"}, height=320,
-                      margin={"l": 50, "r": 10, "t": 20, "b": 40}, legend={"orientation": "h", "y": -0.25})
+        fig.add_trace(
+            go.Scatter(
+                x=list(np.cumsum([b["tokens_in"] for b in blocks])),
+                y=[b["kv_bytes"] / MIB for b in blocks],
+                mode="lines+markers",
+                name=name,
+                line={"color": palette[k % len(palette)], "dash": dashes[k % len(dashes)], "width": width},
+                marker={"symbol": symbols[k % len(symbols)], "size": 5 + 4 * width / 4.5},
+            )
+        )
+    fig.update_layout(
+        xaxis={"title": "tokens read", "tickformat": "d", "rangemode": "tozero"},
+        yaxis={"title": "KV MiB after block", "rangemode": "tozero"},
+        height=320,
+        margin={"l": 50, "r": 10, "t": 20, "b": 40},
+        legend={"orientation": "h", "y": -0.25},
+    )
     return fig

@@ -58,7 +58,9 @@ class PrefillContext:
         cached = self.extra.setdefault("_visual_mask_on", {})
         if device not in cached:
             mask = self.prepared.visual_mask
-            cached[device] = mask.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else mask.to(device)
+            cached[device] = (
+                mask.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else mask.to(device)
+            )
         return cached[device]
 
 

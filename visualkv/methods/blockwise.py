@@ -74,8 +74,12 @@ class BlockwiseSnapKV(BlockwiseKeyDiff):
     def scores(self, ctx: PrefillContext, state: LayerState) -> torch.Tensor:
         queries = ctx.extra["proxy_queries"][state.layer_idx]
         layer = ctx.cache.layers[state.layer_idx]
-        return snapkv_scores(queries.to(layer.keys.device), layer.keys, kernel_size=self.config.kernel_size,
-                             grid=grid_places(ctx, layer.token_index))
+        return snapkv_scores(
+            queries.to(layer.keys.device),
+            layer.keys,
+            kernel_size=self.config.kernel_size,
+            grid=grid_places(ctx, layer.token_index),
+        )
 
     def scratch_bytes(self, ctx: PrefillContext, state: LayerState) -> int:
         return snapkv_working_bytes(ctx.extra["proxy_queries"][state.layer_idx], ctx.cache.layers[state.layer_idx].keys)

@@ -167,8 +167,14 @@ class LightKVConfig:
 
 
 # -- pure tensor functions ------------------------------------------------------------------------------------------
-def window_ids(frame: torch.Tensor, row: torch.Tensor, col: torch.Tensor, grid_rows: torch.Tensor,
-               grid_cols: torch.Tensor, windows: int) -> torch.Tensor:
+def window_ids(
+    frame: torch.Tensor,
+    row: torch.Tensor,
+    col: torch.Tensor,
+    grid_rows: torch.Tensor,
+    grid_cols: torch.Tensor,
+    windows: int,
+) -> torch.Tensor:
     """Window id per token: W x W windows on each token's own tile / frame grid (W per side).
 
     frame/row/col: (n,) original place of each token; grid_rows/grid_cols: (n,) its frame's grid size.
@@ -299,7 +305,9 @@ class _TextCapture(Method):
         if state.layer_idx in self.layers:
             n = self.n
             self.states[state.layer_idx] = (
-                state.hidden_in[:, -n:].detach(), state.cos[:, -n:].detach(), state.sin[:, -n:].detach()
+                state.hidden_in[:, -n:].detach(),
+                state.cos[:, -n:].detach(),
+                state.sin[:, -n:].detach(),
             )
 
 
@@ -350,8 +358,16 @@ class LightKV(Method):
         self._size = torch.ones(n_vis, dtype=torch.float64)
         self._owner = torch.arange(n_vis)
         self._stage_log = [
-            {"layer": layer, "windows": w, "ratio": p, "tokens_in": 0, "tokens_out": 0, "windows_used": 0,
-             "xi_seconds": 0.0, "merge_seconds": 0.0}
+            {
+                "layer": layer,
+                "windows": w,
+                "ratio": p,
+                "tokens_in": 0,
+                "tokens_out": 0,
+                "windows_used": 0,
+                "xi_seconds": 0.0,
+                "merge_seconds": 0.0,
+            }
             for layer, w, p in self.stages
         ]
         self._layer_work = [[0, 0] for _ in range(adapter.num_layers)]  # per layer: tokens run, attention pairs
@@ -423,8 +439,9 @@ class LightKV(Method):
         _sync(device)
         t1 = time.perf_counter()
 
-        group = window_ids(self._frame[vids], self._row[vids], self._col[vids], self._grid_rows[vids],
-                           self._grid_cols[vids], windows).to(device)
+        group = window_ids(
+            self._frame[vids], self._row[vids], self._col[vids], self._grid_rows[vids], self._grid_cols[vids], windows
+        ).to(device)
         weight = xi * self._size[vids].to(device, torch.float32)
         hidden_vis = state.hidden[0, vis_pos]
         res = window_merge(hidden_vis, weight, group, ratio)
@@ -489,9 +506,10 @@ class LightKV(Method):
                 return torch.ones(int(vis_pos.numel()), device=state.hidden.device)
             h_text, cos_t, sin_t = state.hidden_in[:, text_pos], state.cos[:, text_pos], state.sin[:, text_pos]
         keys = adapter.key_states(layer_idx, h_text, cos_t, sin_t)
-        queries = adapter.query_states(layer_idx, state.hidden_in[:, vis_pos], state.cos[:, vis_pos],
-                                       state.sin[:, vis_pos])
-        scale = getattr(adapter.layers[layer_idx].self_attn, "scaling", adapter.head_dim ** -0.5)
+        queries = adapter.query_states(
+            layer_idx, state.hidden_in[:, vis_pos], state.cos[:, vis_pos], state.sin[:, vis_pos]
+        )
+        scale = getattr(adapter.layers[layer_idx].self_attn, "scaling", adapter.head_dim**-0.5)
         return prompt_attention(queries, keys, scale)
 
     def end(self, ctx: PrefillContext) -> None:
@@ -499,12 +517,14 @@ class LightKV(Method):
         self._layer_tokens = []
         for i, layer in enumerate(ctx.cache.layers):
             idx = layer.all_token_index()[0, 0].long() if layer.is_initialized else torch.zeros(0, dtype=torch.long)
-            self._layer_tokens.append({
-                "layer": i,
-                "tokens": layer.total_entries_per_head(),
-                "visual_tokens": int(ctx.is_visual(idx).sum()) if idx.numel() else 0,
-                "kv_bytes": layer.kv_bytes(),
-            })
+            self._layer_tokens.append(
+                {
+                    "layer": i,
+                    "tokens": layer.total_entries_per_head(),
+                    "visual_tokens": int(ctx.is_visual(idx).sum()) if idx.numel() else 0,
+                    "kv_bytes": layer.kv_bytes(),
+                }
+            )
 
     # -- report -----------------------------------------------------------------------------------------------------
     def flops_estimate(self, ctx: PrefillContext) -> dict[str, float]:
@@ -524,8 +544,12 @@ class LightKV(Method):
         full = layer_flops(*self._layer_work[0]) * len(self._layer_work)
         merged = sum(layer_flops(t, p) for t, p in self._layer_work)
         total = merged + self._overhead_flops
-        return {"llm_full": full, "llm_lightkv": merged, "overhead": self._overhead_flops,
-                "reduction": 1.0 - total / full if full else 0.0}
+        return {
+            "llm_full": full,
+            "llm_lightkv": merged,
+            "overhead": self._overhead_flops,
+            "reduction": 1.0 - total / full if full else 0.0,
+        }
 
     def report(self, ctx: PrefillContext) -> dict[str, Any]:
         if not self.stages:
@@ -543,8 +567,12 @@ class LightKV(Method):
                 "schedule": "user" if self.config.layers is not None else "paper, scaled to depth",
                 "xi_source": self._xi_source,
                 "stages": stages,
-                "overhead_seconds": {"xi": xi_s, "proxy_pass": self._proxy_seconds, "merge": merge_s,
-                                     "total": xi_s + merge_s},
+                "overhead_seconds": {
+                    "xi": xi_s,
+                    "proxy_pass": self._proxy_seconds,
+                    "merge": merge_s,
+                    "total": xi_s + merge_s,
+                },
                 "flops": self.flops_estimate(ctx),
             },
         }

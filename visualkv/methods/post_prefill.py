@@ -30,9 +30,7 @@ class PostPrefillSnapKV(Method):
         n_suffix = ctx.block.end - max(ctx.block.start, ctx.prepared.suffix_start) if ctx.block is not None else 0
         if n_suffix > 0:
             w = min(self.config.window, n_suffix, state.hidden_in.shape[1])
-            q = ctx.adapter.query_states(
-                state.layer_idx, state.hidden_in[:, -w:], state.cos[:, -w:], state.sin[:, -w:]
-            )
+            q = ctx.adapter.query_states(state.layer_idx, state.hidden_in[:, -w:], state.cos[:, -w:], state.sin[:, -w:])
             ctx.extra.setdefault("window_queries", {})[state.layer_idx] = q
 
     def end(self, ctx: PrefillContext) -> None:
@@ -43,8 +41,12 @@ class PostPrefillSnapKV(Method):
             window = dict(enumerate(proxy_queries(ctx, self.config.window, self.proxy_ids)))
         for layer_idx, queries in window.items():
             layer = ctx.cache.layers[layer_idx]
-            scores = snapkv_scores(queries.to(layer.keys.device), layer.keys, kernel_size=self.config.kernel_size,
-                                   grid=grid_places(ctx, layer.token_index))
+            scores = snapkv_scores(
+                queries.to(layer.keys.device),
+                layer.keys,
+                kernel_size=self.config.kernel_size,
+                grid=grid_places(ctx, layer.token_index),
+            )
             evict_to_budget(ctx, layer_idx, scores, ctx.budget)
 
     def config_dict(self) -> dict:

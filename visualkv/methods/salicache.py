@@ -116,8 +116,7 @@ class SaliCache(Method):
         fields = asdict(config or SaliCacheConfig())
         unknown = set(options) - set(fields)
         if unknown:
-            raise ConfigError(f"unknown salicache option(s): {', '.join(sorted(unknown))}; "
-                              f"known: {', '.join(fields)}")
+            raise ConfigError(f"unknown salicache option(s): {', '.join(sorted(unknown))}; known: {', '.join(fields)}")
         fields.update({k: v for k, v in options.items() if v is not None})
         try:
             tiers = fields["tiers"]
@@ -203,8 +202,12 @@ class SaliCache(Method):
         out: dict[str, Any] = {
             "flow_threshold": self.config.flow_threshold,
             "cut_threshold": self.config.cut_threshold,
-            "tier_spec": {"full": self.config.tiers[0], "int8": self.config.tiers[1], "int4": self.config.tiers[2],
-                          "pruned": round(self.tier_spec.pruned, 6)},
+            "tier_spec": {
+                "full": self.config.tiers[0],
+                "int8": self.config.tiers[1],
+                "int4": self.config.tiers[2],
+                "pruned": round(self.tier_spec.pruned, 6),
+            },
             "quant_group_size": self.config.group_size,
             "tiers": tiers,
             "tier_fractions": {name: count / n_visual for name, count in tiers.items()},
@@ -228,16 +231,18 @@ class SaliCache(Method):
             frames = []
             for d in state["decisions"]:
                 unit = unit_of_frame.get(d.index)
-                frames.append({
-                    "index": d.index,
-                    "time": float(media.times[d.index]),
-                    "motion": None if d.reference is None else round(float(d.motion), 4),
-                    "photometric": None if d.reference is None else round(float(d.photometric), 3),
-                    "reference": d.reference,
-                    "redundant": bool(d.redundant),
-                    "skipped": bool(state["unit_skipped"][unit]) if unit is not None else True,
-                    "unit": unit,
-                })
+                frames.append(
+                    {
+                        "index": d.index,
+                        "time": float(media.times[d.index]),
+                        "motion": None if d.reference is None else round(float(d.motion), 4),
+                        "photometric": None if d.reference is None else round(float(d.photometric), 3),
+                        "reference": d.reference,
+                        "redundant": bool(d.redundant),
+                        "skipped": bool(state["unit_skipped"][unit]) if unit is not None else True,
+                        "unit": unit,
+                    }
+                )
             out["frames"] = frames
         return out
 

@@ -120,9 +120,7 @@ class ModelAdapter:
         h = self.language_model.norm(hidden)
         return self.model.lm_head(h.to(self.model.lm_head.weight.device)).float()
 
-    def query_states(
-        self, layer_idx: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-    ) -> torch.Tensor:
+    def query_states(self, layer_idx: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Post-RoPE query states (1, q_heads, q, head_dim) of a layer's input.
 
         hidden is the decoder layer's *input* (before its input norm); cos/sin
@@ -130,9 +128,7 @@ class ModelAdapter:
         """
         return self._projected(layer_idx, hidden, cos, sin, "q")
 
-    def key_states(
-        self, layer_idx: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-    ) -> torch.Tensor:
+    def key_states(self, layer_idx: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Post-RoPE key states (1, kv_heads, q, head_dim) of a layer's input (as cached)."""
         return self._projected(layer_idx, hidden, cos, sin, "k")
 
@@ -240,8 +236,9 @@ def video_metadata(media: Media) -> VideoMetadata:
     span = media.times[-1] - media.times[0] if n > 1 else 0.0
     fps = (n - 1) / span if span > 0 else 1.0
     h, w = media.frames[0].shape[:2]
-    return VideoMetadata(total_num_frames=n, fps=fps, width=w, height=h, duration=media.duration or 0.0,
-                         frames_indices=list(range(n)))
+    return VideoMetadata(
+        total_num_frames=n, fps=fps, width=w, height=h, duration=media.duration or 0.0, frames_indices=list(range(n))
+    )
 
 
 def text_positions(start: int, n: int, axes: int) -> torch.Tensor:

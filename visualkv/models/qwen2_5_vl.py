@@ -134,26 +134,42 @@ class Qwen25VLAdapter(ModelAdapter):
         t = -(-len(media.frames) // vp.temporal_patch_size)
         n_tokens = t * gh * gw // (vp.merge_size**2)
         pad = self.processor.video_token
-        ids = self.tokenizer(text.replace(pad, pad * n_tokens, 1), add_special_tokens=False,
-                             return_tensors="pt")["input_ids"]
+        ids = self.tokenizer(text.replace(pad, pad * n_tokens, 1), add_special_tokens=False, return_tensors="pt")[
+            "input_ids"
+        ]
         fps = video_metadata(media).sampled_fps
-        return {"input_ids": ids, "video": media, "video_grid_thw": torch.tensor([[t, gh, gw]]),
-                "second_per_grid_ts": torch.tensor([vp.temporal_patch_size / fps])}
+        return {
+            "input_ids": ids,
+            "video": media,
+            "video_grid_thw": torch.tensor([[t, gh, gw]]),
+            "second_per_grid_ts": torch.tensor([vp.temporal_patch_size / fps]),
+        }
 
     def _pixels_frames(self, vision: dict, t0: int, t1: int, with_grid: bool = False):
         """Pixel patches of temporal patches [t0, t1), through the processor's own video pipeline."""
         media: Media = vision.get("video") or vision["media"]
         tp = self.processor.video_processor.temporal_patch_size
         frames = media.frames[t0 * tp : t1 * tp]
-        sub = Media(kind="video", frames=frames, times=media.times[t0 * tp : t1 * tp], source_fps=media.source_fps,
-                    duration=media.duration, path=None)
+        sub = Media(
+            kind="video",
+            frames=frames,
+            times=media.times[t0 * tp : t1 * tp],
+            source_fps=media.source_fps,
+            duration=media.duration,
+            path=None,
+        )
         vp = self.processor.video_processor
         # transformers' optional total-pixel cap (`cap_pixels_per_frame`) shrinks frames by the frame
         # count of the call, so blocks of a few frames would be resized unlike the whole video. Keep
         # it off explicitly (also silences its deprecation warning); frame sampling bounds the total.
         no_total_cap = {"cap_pixels_per_frame": False} if hasattr(vp, "cap_pixels_per_frame") else {}
-        out = vp(videos=[np.stack(frames)], video_metadata=[video_metadata(sub)], do_sample_frames=False,
-                 return_tensors="pt", **no_total_cap)
+        out = vp(
+            videos=[np.stack(frames)],
+            video_metadata=[video_metadata(sub)],
+            do_sample_frames=False,
+            return_tensors="pt",
+            **no_total_cap,
+        )
         return out if with_grid else out["pixel_values_videos"]
 
     def _pixels_rows(self, vision: dict, r0: int, r1: int) -> torch.Tensor:
@@ -161,10 +177,12 @@ class Qwen25VLAdapter(ModelAdapter):
         ip = self.processor.image_processor
         band = ip.patch_size * ip.merge_size
         crop = vision["resized_image"][:, :, r0 * band : r1 * band]
-        crop = ip.rescale_and_normalize(crop, ip.do_rescale, ip.rescale_factor, ip.do_normalize,
-                                        ip.image_mean, ip.image_std)
-        patches, _, _ = ip.patchify(crop, patch_size=ip.patch_size, merge_size=ip.merge_size,
-                                    temporal_patch_size=ip.temporal_patch_size)
+        crop = ip.rescale_and_normalize(
+            crop, ip.do_rescale, ip.rescale_factor, ip.do_normalize, ip.image_mean, ip.image_std
+        )
+        patches, _, _ = ip.patchify(
+            crop, patch_size=ip.patch_size, merge_size=ip.merge_size, temporal_patch_size=ip.temporal_patch_size
+        )
         return patches[0]
 
     def followup_ids(self, prompt: str) -> torch.Tensor:
@@ -259,8 +277,10 @@ class Qwen25VLAdapter(ModelAdapter):
         while r < r1:
             if self._strip is None or not (self._strip[0] <= r < self._strip[1]):
                 s0 = (r // self.window_rows) * self.window_rows
-                s1 = min(rows, max(s0 + self.window_rows, ((r1 + self.window_rows - 1) // self.window_rows)
-                                   * self.window_rows))
+                s1 = min(
+                    rows,
+                    max(s0 + self.window_rows, ((r1 + self.window_rows - 1) // self.window_rows) * self.window_rows),
+                )
                 pixels = self._pixels_rows(vision, s0, s1)
                 grid = torch.tensor([[1, (s1 - s0) * self.merge, gw]])
                 self._strip = (s0, s1, self._run_visual(pixels, grid, row_offset=s0))

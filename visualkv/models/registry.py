@@ -50,14 +50,21 @@ OFFLINE_MODELS = (
     ModelChoice("bench-qwen2.5-vl", True, "random weights, larger LLM for benchmarks"),
     ModelChoice("bench-smolvlm2", True, "random weights, larger LLM for benchmarks"),
     # released configurations, random weights, built on the target device (visualkv/models/shapes.py)
-    ModelChoice("shape-qwen2.5-vl-3b", True, "Qwen2.5-VL-3B shape; memory and speed only: random weights, answers are noise"),
-    ModelChoice("shape-qwen2.5-vl-7b", True, "Qwen2.5-VL-7B shape; memory and speed only: random weights, answers are noise"),
-    ModelChoice("shape-smolvlm2-2.2b", True, "SmolVLM2-2.2B shape; memory and speed only: random weights, answers are noise"),
+    ModelChoice(
+        "shape-qwen2.5-vl-3b", True, "Qwen2.5-VL-3B shape; memory and speed only: random weights, answers are noise"
+    ),
+    ModelChoice(
+        "shape-qwen2.5-vl-7b", True, "Qwen2.5-VL-7B shape; memory and speed only: random weights, answers are noise"
+    ),
+    ModelChoice(
+        "shape-smolvlm2-2.2b", True, "SmolVLM2-2.2B shape; memory and speed only: random weights, answers are noise"
+    ),
 )
 # Bundled checkpoints: alias -> folder (loaded with AutoModelForImageTextToText / AutoProcessor).
 BUNDLED_MODELS = {
-    DEMO_MODEL: os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                             "assets", DEMO_MODEL),
+    DEMO_MODEL: os.path.join(
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "assets", DEMO_MODEL
+    ),
 }
 HUB_MODELS = (
     ModelChoice("Qwen/Qwen2.5-VL-3B-Instruct", False, "needs the Hub or a local copy"),

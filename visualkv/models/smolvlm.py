@@ -73,7 +73,10 @@ class SmolVLMAdapter(ModelAdapter):
         are processed per block in `_frame_pixels` (a test checks both against
         the processor's full output).
         """
-        placeholder = {"pixel_values": torch.empty((1, len(media.frames), 0)), "video_metadata": [video_metadata(media)]}
+        placeholder = {
+            "pixel_values": torch.empty((1, len(media.frames), 0)),
+            "video_metadata": [video_metadata(media)],
+        }
         expansion = self.processor.replace_video_token(placeholder, 0)
         text = text.replace(self.processor.video_token, expansion, 1)
         return self.tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
@@ -81,10 +84,17 @@ class SmolVLMAdapter(ModelAdapter):
     def _frame_pixels(self, media: Media, frames: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """pixel_values (1, k, 3, 512, 512) and pixel_attention_mask of the given frames."""
         chosen = [media.frames[i] for i in frames]
-        sub = Media(kind="video", frames=chosen, times=[media.times[i] for i in frames], source_fps=media.source_fps,
-                    duration=media.duration, path=None)
-        out = self.processor.video_processor(videos=[np.stack(chosen)], video_metadata=[video_metadata(sub)],
-                                             do_sample_frames=False, return_tensors="pt")
+        sub = Media(
+            kind="video",
+            frames=chosen,
+            times=[media.times[i] for i in frames],
+            source_fps=media.source_fps,
+            duration=media.duration,
+            path=None,
+        )
+        out = self.processor.video_processor(
+            videos=[np.stack(chosen)], video_metadata=[video_metadata(sub)], do_sample_frames=False, return_tensors="pt"
+        )
         return out["pixel_values"], out.get("pixel_attention_mask")
 
     def followup_ids(self, prompt: str) -> torch.Tensor:
@@ -141,8 +151,9 @@ class SmolVLMAdapter(ModelAdapter):
             pam = pam[:, idx] if pam is not None else None
         # pixels go to the vision tower's own device (it may differ from the LLM's under device_map="auto")
         vision_device = self.model.model.vision_model.embeddings.patch_embedding.weight.device
-        out = self.model.model.get_image_features(pv.to(vision_device),
-                                                  pam.to(vision_device) if pam is not None else None)
+        out = self.model.model.get_image_features(
+            pv.to(vision_device), pam.to(vision_device) if pam is not None else None
+        )
         feats = out.pooler_output
         feats = torch.cat(list(feats)) if isinstance(feats, (list, tuple)) else feats.reshape(-1, feats.shape[-1])
         return feats.to(self.device, self.dtype)
@@ -154,4 +165,3 @@ def _runs(seq_index: np.ndarray) -> list[np.ndarray]:
         return []
     breaks = np.nonzero(np.diff(seq_index) != 1)[0] + 1
     return np.split(seq_index, breaks)
-

@@ -362,8 +362,9 @@ def build_tiny_processor(alias: str) -> ProcessorMixin:
         )
     if spec.family == "qwen3_vl":
         s = QWEN3_VL_PROCESSOR_SETTINGS
-        common = {k: s[k] for k in ("patch_size", "temporal_patch_size", "merge_size", "image_mean", "image_std",
-                                    "resample")}
+        common = {
+            k: s[k] for k in ("patch_size", "temporal_patch_size", "merge_size", "image_mean", "image_std", "resample")
+        }
         tokenizer = build_qwen_tokenizer(spec.bpe_vocab_size)
         tokenizer.chat_template = QWEN3_VL_CHAT_TEMPLATE
         return Qwen3VLProcessor(
@@ -374,19 +375,28 @@ def build_tiny_processor(alias: str) -> ProcessorMixin:
         )
     if spec.family == "internvl":
         s = INTERNVL_PROCESSOR_SETTINGS
-        common = {"size": {"height": s["tile_size"], "width": s["tile_size"]}, "image_mean": s["image_mean"],
-                  "image_std": s["image_std"], "resample": s["resample"]}
+        common = {
+            "size": {"height": s["tile_size"], "width": s["tile_size"]},
+            "image_mean": s["image_mean"],
+            "image_std": s["image_std"],
+            "resample": s["resample"],
+        }
         tokenizer = build_qwen_tokenizer(spec.bpe_vocab_size)
-        names = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
-                 "video_token": "<video>"}
+        names = {
+            "start_image_token": "<img>",
+            "end_image_token": "</img>",
+            "context_image_token": "<IMG_CONTEXT>",
+            "video_token": "<video>",
+        }
         tokenizer.add_tokens(list(names.values()), special_tokens=True)
         # the released tokenizer_config names these in a dict of extra special tokens; this is how
         # transformers registers such names (tokenizer.start_image_token, .start_image_token_id, ...)
         tokenizer._set_model_specific_special_tokens(names)
         tokenizer.chat_template = INTERNVL_CHAT_TEMPLATE
         return InternVLProcessor(
-            image_processor=GotOcr2ImageProcessor(crop_to_patches=True, min_patches=s["min_patches"],
-                                                  max_patches=s["max_patches"], **common),
+            image_processor=GotOcr2ImageProcessor(
+                crop_to_patches=True, min_patches=s["min_patches"], max_patches=s["max_patches"], **common
+            ),
             tokenizer=tokenizer,
             video_processor=InternVLVideoProcessor(**common),
             image_seq_length=s["image_seq_length"],

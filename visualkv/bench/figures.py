@@ -10,7 +10,7 @@ A document marks each generated table with a pair of HTML comments::
 ``docs/results/``; `check_documents` reports every block whose text differs from what the JSON
 gives (a test runs it, so README and JSON cannot drift apart). Every table ends with a source line:
 the JSON file, the command that wrote it and the machine (cores or GPU, idle or loaded) from its
-``provenance`` block (see :mod:`visualkv.provenance`).
+``provenance`` block (see :mod:`visualkv.bench.provenance`).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from visualkv.provenance import machine_label
+from visualkv.bench.provenance import machine_label
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 RESULTS = ROOT / "docs" / "results"
 DOCUMENTS = ("README.md", "docs/SALICACHE.md", "docs/LIGHTKV.md", "docs/DEMO.md")
 _BLOCK = re.compile(r"(<!-- figures:([\w-]+) -->\n)(.*?)(<!-- /figures:\2 -->)", re.DOTALL)
@@ -66,8 +66,10 @@ def _memory_columns(data: dict[str, Any]) -> dict[str, str]:
     largest = max(r["size"] for r in rows)
     at = {r["method"]: r for r in rows if r["size"] == largest}
     bw = "blockwise-snapkv"
-    over = sorted((r for r in rows if r["method"] == bw and r["visual_tokens"] > budget + (r["block_size"] or 0)),
-                  key=lambda r: r["size"])
+    over = sorted(
+        (r for r in rows if r["method"] == bw and r["visual_tokens"] > budget + (r["block_size"] or 0)),
+        key=lambda r: r["size"],
+    )
     full = sorted((r for r in rows if r["method"] == "full"), key=lambda r: r["size"])
     bw_growth = [s[m]["rss_growth_over_full_growth"] for m in ("blockwise-keydiff", bw) if m in s]
     return {
@@ -101,8 +103,9 @@ def table_memory_image(results: Path) -> str:
         ("process peak RSS growth over the sweep: full / block-wise (KeyDiff … SnapKV)", "rss"),
         ("sizes (megapixels)", "sizes"),
     ]
-    lines = _table(["figure", data[0]["model"], data[1]["model"]],
-                   [[label, cols[0][key], cols[1][key]] for label, key in labels])
+    lines = _table(
+        ["figure", data[0]["model"], data[1]["model"]], [[label, cols[0][key], cols[1][key]] for label, key in labels]
+    )
     return "\n".join(lines + ["", source_line(*zip(names, data))])
 
 
@@ -114,15 +117,30 @@ def table_latency_image(results: Path) -> str:
         if "hybrid/full" not in d["ratios"]:
             continue
         t = d["ttft_seconds"]
-        rows.append([
-            machine_label(d.get("provenance")),
-            f"{t['full']:.2f} s", f"{t['hybrid']:.2f} s", f"{t['blockwise']:.2f} s",
-            f"**{d['ratios']['hybrid/full']:.2f}**", f"{d['ratios']['blockwise/full']:.2f}",
-            f"{d['cpu_ratios']['hybrid/full']:.2f} / {d['cpu_ratios']['blockwise/full']:.2f}",
-        ])
+        rows.append(
+            [
+                machine_label(d.get("provenance")),
+                f"{t['full']:.2f} s",
+                f"{t['hybrid']:.2f} s",
+                f"{t['blockwise']:.2f} s",
+                f"**{d['ratios']['hybrid/full']:.2f}**",
+                f"{d['ratios']['blockwise/full']:.2f}",
+                f"{d['cpu_ratios']['hybrid/full']:.2f} / {d['cpu_ratios']['blockwise/full']:.2f}",
+            ]
+        )
         sources.append((name, d))
-    lines = _table(["run", "TTFT full", "hybrid", "forced block-wise", "hybrid / full", "block-wise / full",
-                    "CPU-time ratios (hybrid / block-wise)"], rows)
+    lines = _table(
+        [
+            "run",
+            "TTFT full",
+            "hybrid",
+            "forced block-wise",
+            "hybrid / full",
+            "block-wise / full",
+            "CPU-time ratios (hybrid / block-wise)",
+        ],
+        rows,
+    )
     return "\n".join(lines + ["", source_line(*sources)])
 
 
@@ -133,12 +151,30 @@ def table_fidelity(results: Path) -> str:
         d = load(name, results)
         r = next(r for r in d["rows"] if r["method"] == "full")
         what = f"{'video, ' + format(d['size'], 'g') + ' frames' if d['video'] else 'image, ' + format(d['size'], 'g') + ' MP'}"
-        rows.append([what, str(r["blocks"]), f"{r['max_abs_logit_diff']:.2g}", f"{r['ref_logit_range']:.2f}",
-                     f"{r['cosine']:.4f}", "yes" if r["same_top1"] else "no",
-                     f"{r['greedy_token_agreement'] * 100:.0f} %"])
+        rows.append(
+            [
+                what,
+                str(r["blocks"]),
+                f"{r['max_abs_logit_diff']:.2g}",
+                f"{r['ref_logit_range']:.2f}",
+                f"{r['cosine']:.4f}",
+                "yes" if r["same_top1"] else "no",
+                f"{r['greedy_token_agreement'] * 100:.0f} %",
+            ]
+        )
         sources.append((name, d))
-    lines = _table(["input (bench-qwen2.5-vl, nothing evicted)", "blocks", "max \\|Δlogit\\|", "logit range",
-                    "cosine", "same top-1", "greedy tokens equal"], rows)
+    lines = _table(
+        [
+            "input (bench-qwen2.5-vl, nothing evicted)",
+            "blocks",
+            "max \\|Δlogit\\|",
+            "logit range",
+            "cosine",
+            "same top-1",
+            "greedy tokens equal",
+        ],
+        rows,
+    )
     return "\n".join(lines + ["", source_line(*sources)])
 
 
@@ -149,19 +185,33 @@ def table_memory_video(results: Path) -> str:
     for size in sorted({r["size"] for r in d["rows"]}):
         at = {r["method"]: r for r in d["rows"] if r["size"] == size}
         bw = at.get("blockwise-snapkv") or at.get("blockwise-keydiff")
-        rows.append([f"{size:g}", f"{at['full']['visual_tokens']:,}", _mib(at["full"]["peak_kv_bytes"]),
-                     _mib(bw["peak_kv_bytes"]), _mib(bw["final_kv_bytes"])])
+        rows.append(
+            [
+                f"{size:g}",
+                f"{at['full']['visual_tokens']:,}",
+                _mib(at["full"]["peak_kv_bytes"]),
+                _mib(bw["peak_kv_bytes"]),
+                _mib(bw["final_kv_bytes"]),
+            ]
+        )
     s = d["summary"]
     bw_name = "blockwise-snapkv" if "blockwise-snapkv" in s else "blockwise-keydiff"
-    note = (f"Process peak RSS growth over the sweep: full +{s['full']['peak_rss_growth_bytes'] / MIB:.0f} MiB, "
-            f"block-wise +{s[bw_name]['peak_rss_growth_bytes'] / MIB:.0f} MiB "
-            f"({s[bw_name]['rss_growth_over_full_growth']:.2f} of full's).")
-    lines = _table(["frames (1 fps)", "visual tokens", "full peak KV", "block-wise peak KV", "block-wise final KV"],
-                   rows)
+    note = (
+        f"Process peak RSS growth over the sweep: full +{s['full']['peak_rss_growth_bytes'] / MIB:.0f} MiB, "
+        f"block-wise +{s[bw_name]['peak_rss_growth_bytes'] / MIB:.0f} MiB "
+        f"({s[bw_name]['rss_growth_over_full_growth']:.2f} of full's)."
+    )
+    lines = _table(
+        ["frames (1 fps)", "visual tokens", "full peak KV", "block-wise peak KV", "block-wise final KV"], rows
+    )
     return "\n".join(lines + ["", note, "", source_line((name, d))])
 
 
-SALICACHE_RESULTS = ("salicache_tiny-qwen2.5-vl.json", "salicache_bench-qwen2.5-vl.json", "salicache_tiny-smolvlm2.json")
+SALICACHE_RESULTS = (
+    "salicache_tiny-qwen2.5-vl.json",
+    "salicache_bench-qwen2.5-vl.json",
+    "salicache_tiny-smolvlm2.json",
+)
 
 
 def table_salicache(results: Path) -> str:
@@ -170,8 +220,10 @@ def table_salicache(results: Path) -> str:
 
     def agree(d):
         g = d["greedy_agreement"]
-        return (f"{round(g['positionwise'] * g['compared'])} / {g['compared']}"
-                f" (first-token cosine {d['first_token_logits']['cosine']:.3f})")
+        return (
+            f"{round(g['positionwise'] * g['compared'])} / {g['compared']}"
+            f" (first-token cosine {d['first_token_logits']['cosine']:.3f})"
+        )
 
     def split(d):
         f = d["tier_fractions"]
@@ -179,29 +231,52 @@ def table_salicache(results: Path) -> str:
 
     labels = [
         ("**final KV bytes, full / salicache**", lambda d: f"**{d['kv_ratio_full_over_salicache']:.2f}×**"),
-        ("**TTFT salicache / full** (one process)", lambda d: f"**{d['ttft_ratio_salicache_over_full']:.2f}** "
-         f"({d['ttft_seconds']['salicache']:.2f} s / {d['ttft_seconds']['full']:.2f} s)"),
+        (
+            "**TTFT salicache / full** (one process)",
+            lambda d: (
+                f"**{d['ttft_ratio_salicache_over_full']:.2f}** "
+                f"({d['ttft_seconds']['salicache']:.2f} s / {d['ttft_seconds']['full']:.2f} s)"
+            ),
+        ),
         ("greedy tokens equal to `full`", agree),
-        ("vision encoder calls (Qwen: temporal patches; SmolVLM: frames)",
-         lambda d: f"{d['vision_encoder_frames']['salicache']} of {d['vision_encoder_frames']['full']}"),
-        ("final KV bytes: full / salicache", lambda d: f"{d['final_kv_bytes']['full']:,} / "
-         f"{d['final_kv_bytes']['salicache']:,} B"),
+        (
+            "vision encoder calls (Qwen: temporal patches; SmolVLM: frames)",
+            lambda d: f"{d['vision_encoder_frames']['salicache']} of {d['vision_encoder_frames']['full']}",
+        ),
+        (
+            "final KV bytes: full / salicache",
+            lambda d: f"{d['final_kv_bytes']['full']:,} / {d['final_kv_bytes']['salicache']:,} B",
+        ),
         ("tier split, % of visual tokens: skipped / pruned / INT4 / INT8 / FP", split),
         ("run", lambda d: machine_label(d.get("provenance"))),
     ]
     paper = data[0]["paper_tier_fractions"] if data else {}
     lines = _table(["figure", *(d["model"] for d in data)], [[label, *(f(d) for d in data)] for label, f in labels])
-    tail = ["", "Paper's split (LLaVA-1.6-Mistral-7B): " + " / ".join(
-        f"{paper[k] * 100:.1f}" for k in ("skipped", "pruned", "int4", "int8", "full")) + "."] if paper else []
+    tail = (
+        [
+            "",
+            "Paper's split (LLaVA-1.6-Mistral-7B): "
+            + " / ".join(f"{paper[k] * 100:.1f}" for k in ("skipped", "pruned", "int4", "int8", "full"))
+            + ".",
+        ]
+        if paper
+        else []
+    )
     return "\n".join(lines + tail + ["", source_line(*zip(names, data))])
 
 
 def table_salicache_variants(results: Path) -> str:
     name = SALICACHE_RESULTS[0]
     d = load(name, results)
-    rows = [[f"{v['variant']} (`{json.dumps(v['options'])}`)" if v["options"] else v["variant"],
-             _x(v["kv_ratio_full_over_salicache"]), f"{v['first_token_cosine']:.4f}",
-             f"{v['greedy_equal']} / {v['compared']}"] for v in d.get("variants", [])]
+    rows = [
+        [
+            f"{v['variant']} (`{json.dumps(v['options'])}`)" if v["options"] else v["variant"],
+            _x(v["kv_ratio_full_over_salicache"]),
+            f"{v['first_token_cosine']:.4f}",
+            f"{v['greedy_equal']} / {v['compared']}",
+        ]
+        for v in d.get("variants", [])
+    ]
     lines = _table(["variant", "KV full / salicache", "first-token logits cosine", "greedy tokens equal"], rows)
     return "\n".join(lines + ["", source_line((name, d))])
 
@@ -213,25 +288,36 @@ def table_lightkv(results: Path) -> str:
     t, c, kv = d["ttft_seconds"], d["cpu_seconds"], d["final_kv_bytes"]
     rows = [
         ["**final KV bytes**", _mib(kv["full"]), _mib(kv["lightkv"]), f"**{d['kv_ratios']['lightkv/full']:.3f}**"],
-        [f"**TTFT** (min of {len(d['ttft_runs']['full'])})", f"{t['full']:.2f} s", f"{t['lightkv']:.2f} s",
-         f"**{d['ratios']['lightkv/full']:.3f}**"],
+        [
+            f"**TTFT** (min of {len(d['ttft_runs']['full'])})",
+            f"{t['full']:.2f} s",
+            f"{t['lightkv']:.2f} s",
+            f"**{d['ratios']['lightkv/full']:.3f}**",
+        ],
         ["process CPU time", f"{c['full']:.1f} s", f"{c['lightkv']:.1f} s", f"{d['cpu_ratios']['lightkv/full']:.3f}"],
         ["decoder FLOPs (estimate)", "", "", f"−{lk['flops']['reduction'] * 100:.1f} %"],
     ]
     stages = lk["stages"]
     tokens = " → ".join([f"{stages[0]['tokens_in']:,}"] + [f"{s['tokens_out']:,}" for s in stages])
-    note = (f"Merge after layers {', '.join(str(s) for s in lk['layers'])}, windows "
-            f"{'-'.join(str(w) for w in lk['windows'])}, P = {', '.join(f'{r:g}' for r in lk['ratios'])}. "
-            f"Visual tokens per stage {tokens}; ξ + merging overhead {lk['overhead_seconds']['total']:.2f} s "
-            f"({lk['overhead_seconds']['total'] / t['lightkv'] * 100:.0f} % of TTFT), measured inside the method.")
+    note = (
+        f"Merge after layers {', '.join(str(s) for s in lk['layers'])}, windows "
+        f"{'-'.join(str(w) for w in lk['windows'])}, P = {', '.join(f'{r:g}' for r in lk['ratios'])}. "
+        f"Visual tokens per stage {tokens}; ξ + merging overhead {lk['overhead_seconds']['total']:.2f} s "
+        f"({lk['overhead_seconds']['total'] / t['lightkv'] * 100:.0f} % of TTFT), measured inside the method."
+    )
     lines = _table(["figure", "full", "LightKV", "LightKV / full"], rows)
     return "\n".join(lines + ["", note, "", source_line((name, d))])
 
 
 def _needle_acc(results: list[dict], method: str, size: str, setting: str, fraction: float | None) -> dict | None:
     for r in results:
-        if r["method"] == method and r["size"] == size and r["setting"] == setting and (
-                fraction is None or abs(r["budget_fraction"] - fraction) < 1e-9) and not r.get("question"):
+        if (
+            r["method"] == method
+            and r["size"] == size
+            and r["setting"] == setting
+            and (fraction is None or abs(r["budget_fraction"] - fraction) < 1e-9)
+            and not r.get("question")
+        ):
             return r
     return None
 
@@ -239,13 +325,20 @@ def _needle_acc(results: list[dict], method: str, size: str, setting: str, fract
 def table_needle(results: Path) -> str:
     names = list(NEEDLE_RESULTS)
     data = [load(n, results) for n in names]
-    columns = [("full", "full", None), ("block-wise SnapKV 10 %", "blockwise-snapkv", 0.1),
-               ("block-wise KeyDiff 10 %", "blockwise-keydiff", 0.1), ("post-SnapKV 10 %", "post-snapkv", 0.1),
-               ("Sali-Cache 25 % of FP bytes", "salicache", 0.25), ("LightKV", "lightkv", None)]
+    columns = [
+        ("full", "full", None),
+        ("block-wise SnapKV 10 %", "blockwise-snapkv", 0.1),
+        ("block-wise KeyDiff 10 %", "blockwise-keydiff", 0.1),
+        ("post-SnapKV 10 %", "post-snapkv", 0.1),
+        ("Sali-Cache 25 % of FP bytes", "salicache", 0.25),
+        ("LightKV", "lightkv", None),
+    ]
     rows = []
     for d in data:
         res = d["results"]
-        sizes = sorted({r["size"] for r in res if not r["size"].startswith("video")}, key=lambda s: int(s.split("x")[0]))
+        sizes = sorted(
+            {r["size"] for r in res if not r["size"].startswith("video")}, key=lambda s: int(s.split("x")[0])
+        )
         for size in sizes:
             for setting in ("single", "followup"):
                 cells = []
@@ -253,8 +346,11 @@ def table_needle(results: Path) -> str:
                     r = _needle_acc(res, method, size, setting, fraction)
                     if r is None and method == "salicache":  # 4K runs: one budget only
                         r = _needle_acc(res, method, size, setting, 0.1)
-                        cells.append(f"{r['accuracy'] * 100:.0f} % (at 10 %; entries kept {r['kept_fraction']:.2f})"
-                                     if r else "—")
+                        cells.append(
+                            f"{r['accuracy'] * 100:.0f} % (at 10 %; entries kept {r['kept_fraction']:.2f})"
+                            if r
+                            else "—"
+                        )
                         continue
                     if r is None:
                         cells.append("—")
@@ -263,7 +359,9 @@ def table_needle(results: Path) -> str:
                     else:
                         cells.append(f"{r['accuracy'] * 100:.0f} %")
                 n = (_needle_acc(res, "full", size, setting, None) or {}).get("n", "?")
-                label = f"{size.replace('x', '×')} {'single question' if setting == 'single' else 'follow-up'} (n = {n})"
+                label = (
+                    f"{size.replace('x', '×')} {'single question' if setting == 'single' else 'follow-up'} (n = {n})"
+                )
                 rows.append([label, *cells])
     lines = _table(["held-out accuracy", *(c[0] for c in columns)], rows)
     return "\n".join(lines + ["", source_line(*zip(names, data))])
@@ -288,15 +386,26 @@ def _image_sizes(rows: list[dict]) -> list[str]:
 
 def table_needle_eviction(results: Path) -> str:
     rows, data = _needle_all(results)
-    cols = [("full", "full", None)] + [(f"{label} {f * 100:g} %", m, f) for label, m in
-                                       (("SnapKV", "blockwise-snapkv"), ("KeyDiff", "blockwise-keydiff"),
-                                        ("post-SnapKV", "post-snapkv")) for f in (0.05, 0.1, 0.25)]
+    cols = [("full", "full", None)] + [
+        (f"{label} {f * 100:g} %", m, f)
+        for label, m in (
+            ("SnapKV", "blockwise-snapkv"),
+            ("KeyDiff", "blockwise-keydiff"),
+            ("post-SnapKV", "post-snapkv"),
+        )
+        for f in (0.05, 0.1, 0.25)
+    ]
     body = []
     for size in _image_sizes(rows):
         for setting in ("single", "followup"):
             n = (_needle_acc(rows, "full", size, setting, None) or {}).get("n", "?")
-            body.append([f"{size} (n = {n})", "follow-up" if setting == "followup" else setting,
-                         *(_pct(_needle_acc(rows, m, size, setting, f)) for _, m, f in cols)])
+            body.append(
+                [
+                    f"{size} (n = {n})",
+                    "follow-up" if setting == "followup" else setting,
+                    *(_pct(_needle_acc(rows, m, size, setting, f)) for _, m, f in cols),
+                ]
+            )
     lines = _table(["size", "setting", *(c[0] for c in cols)], body)
     return "\n".join(lines + ["", source_line(*data)])
 
@@ -309,13 +418,20 @@ def table_needle_video(results: Path) -> str:
     size = video[0]["size"]
 
     def cell(method: str, question: str) -> str:
-        found = sorted((r for r in video if r["method"] == method and r.get("question") == question),
-                       key=lambda r: r["budget_fraction"])
+        found = sorted(
+            (r for r in video if r["method"] == method and r.get("question") == question),
+            key=lambda r: r["budget_fraction"],
+        )
         return " / ".join(_pct(r) for r in found)
 
-    methods = [("full", "full"), ("SnapKV 5 / 10 / 25 %", "blockwise-snapkv"),
-               ("KeyDiff 5 / 10 / 25 %", "blockwise-keydiff"), ("post-SnapKV 5 / 10 / 25 %", "post-snapkv"),
-               ("Sali-Cache 5 / 10 / 25 %", "salicache"), ("LightKV", "lightkv")]
+    methods = [
+        ("full", "full"),
+        ("SnapKV 5 / 10 / 25 %", "blockwise-snapkv"),
+        ("KeyDiff 5 / 10 / 25 %", "blockwise-keydiff"),
+        ("post-SnapKV 5 / 10 / 25 %", "post-snapkv"),
+        ("Sali-Cache 5 / 10 / 25 %", "salicache"),
+        ("LightKV", "lightkv"),
+    ]
     n = video[0]["n"]
     body = [[q, *(cell(m, q) for _, m in methods)] for q in ("color", "when")]
     lines = _table([f"{size} (n = {n})", *(label for label, _ in methods)], body)
@@ -327,16 +443,30 @@ def table_needle_salicache_lightkv(results: Path) -> str:
     body = []
     for size in _image_sizes(rows):
         for setting in ("single", "followup"):
-            sali = sorted((r for r in rows if r["method"] == "salicache" and r["size"] == size
-                           and r["setting"] == setting), key=lambda r: r["budget_fraction"])
+            sali = sorted(
+                (r for r in rows if r["method"] == "salicache" and r["size"] == size and r["setting"] == setting),
+                key=lambda r: r["budget_fraction"],
+            )
             light = _needle_acc(rows, "lightkv", size, setting, None)
-            body.append([size, "follow-up" if setting == "followup" else setting,
-                         _pct(_needle_acc(rows, "full", size, setting, None)),
-                         " / ".join(f"{_pct(r)} ({r['budget_fraction'] * 100:g} %: {r['kept_fraction']:.2f})"
-                                    for r in sali),
-                         f"{_pct(light)} ({light['kept_fraction']:.2f})" if light else ""])
-    lines = _table(["size", "setting", "full", "Sali-Cache (nominal fraction of FP bytes: entries kept)",
-                    "LightKV (entries kept)"], body)
+            body.append(
+                [
+                    size,
+                    "follow-up" if setting == "followup" else setting,
+                    _pct(_needle_acc(rows, "full", size, setting, None)),
+                    " / ".join(f"{_pct(r)} ({r['budget_fraction'] * 100:g} %: {r['kept_fraction']:.2f})" for r in sali),
+                    f"{_pct(light)} ({light['kept_fraction']:.2f})" if light else "",
+                ]
+            )
+    lines = _table(
+        [
+            "size",
+            "setting",
+            "full",
+            "Sali-Cache (nominal fraction of FP bytes: entries kept)",
+            "LightKV (entries kept)",
+        ],
+        body,
+    )
     return "\n".join(lines + ["", source_line(*data)])
 
 
@@ -347,8 +477,10 @@ def table_needle_by_kind(results: Path) -> str:
     for size in _image_sizes(rows):
         cells = []
         for kind in kinds:
-            vals = [(_needle_acc(rows, "full", size, s, None) or {}).get("by_kind", {}).get(kind) for s in
-                    ("single", "followup")]
+            vals = [
+                (_needle_acc(rows, "full", size, s, None) or {}).get("by_kind", {}).get(kind)
+                for s in ("single", "followup")
+            ]
             cells.append(" / ".join("—" if v is None else f"{v * 100:.0f} %" for v in vals))
         body.append([size, *cells])
     lines = _table(["full cache, single / follow-up", *kinds], body)
@@ -364,12 +496,17 @@ def table_needle_before_after(results: Path) -> str:
         return _pct(_needle_acc(d["results"], method, size, setting, fraction))
 
     body = []
-    for method, label in (("blockwise-snapkv", "block-wise SnapKV"), ("post-snapkv", "post-SnapKV"),
-                          ("salicache", "Sali-Cache")):
+    for method, label in (
+        ("blockwise-snapkv", "block-wise SnapKV"),
+        ("post-snapkv", "post-SnapKV"),
+        ("salicache", "Sali-Cache"),
+    ):
         for fraction in (0.05, 0.1):
             for size in _image_sizes(after["results"]):
-                cells = [f"{acc(before, method, size, s, fraction)} → {acc(after, method, size, s, fraction)}"
-                         for s in ("single", "followup")]
+                cells = [
+                    f"{acc(before, method, size, s, fraction)} → {acc(after, method, size, s, fraction)}"
+                    for s in ("single", "followup")
+                ]
                 body.append([f"{label} {fraction * 100:g} %", size, *cells])
     lines = _table(["method", "size", "single: before → after", "follow-up: before → after"], body)
     return "\n".join(lines + ["", source_line((before_name, before), (after_name, after))])
@@ -377,9 +514,11 @@ def table_needle_before_after(results: Path) -> str:
 
 def table_speed_issue11(results: Path) -> str:
     """Prefill and decode CPU time before / after the device-built cache (scripts/bench_issue11.py)."""
-    pairs = [("3 MP, quiet", "speed_issue11_3mp_before.json", "speed_issue11_3mp_after.json"),
-             ("3 MP, loaded", "speed_issue11_3mp_loaded_before.json", "speed_issue11_3mp_loaded_after.json"),
-             ("0.5 MP, loaded", "speed_issue11_before.json", "speed_issue11_after.json")]
+    pairs = [
+        ("3 MP, quiet", "speed_issue11_3mp_before.json", "speed_issue11_3mp_after.json"),
+        ("3 MP, loaded", "speed_issue11_3mp_loaded_before.json", "speed_issue11_3mp_loaded_after.json"),
+        ("0.5 MP, loaded", "speed_issue11_before.json", "speed_issue11_after.json"),
+    ]
     body, sources = [], []
     for label, before_name, after_name in pairs:
         before, after = load(before_name, results), load(after_name, results)
@@ -390,10 +529,29 @@ def table_speed_issue11(results: Path) -> str:
                 continue
             pre_b, pre_a = min(b["prefill_cpu_seconds"]), min(a["prefill_cpu_seconds"])
             dec_b, dec_a = min(b["decode_cpu_ms_per_token"]), min(a["decode_cpu_ms_per_token"])
-            body.append([label, method, f"{pre_b:.2f} → {pre_a:.2f}", f"{dec_b:.1f} → {dec_a:.1f}",
-                         f"{dec_a / dec_b:.2f}", _mib(a["final_kv_bytes"]), _mib(a["allocated_bytes"])])
-    lines = _table(["input", "method", "prefill CPU s before → after", "decode CPU ms / token before → after",
-                    "decode after / before", "KV held after", "allocated after"], body)
+            body.append(
+                [
+                    label,
+                    method,
+                    f"{pre_b:.2f} → {pre_a:.2f}",
+                    f"{dec_b:.1f} → {dec_a:.1f}",
+                    f"{dec_a / dec_b:.2f}",
+                    _mib(a["final_kv_bytes"]),
+                    _mib(a["allocated_bytes"]),
+                ]
+            )
+    lines = _table(
+        [
+            "input",
+            "method",
+            "prefill CPU s before → after",
+            "decode CPU ms / token before → after",
+            "decode after / before",
+            "KV held after",
+            "allocated after",
+        ],
+        body,
+    )
     return "\n".join(lines + ["", source_line(*sources)])
 
 
@@ -413,10 +571,25 @@ def table_families_4k(results: Path) -> str:
         full, bw = at["full"], at["blockwise-snapkv"]
         post = at.get("post-snapkv")
         peaks = " / ".join(_mib(r["peak_kv_bytes"]) for r in (full, post, bw) if r is not None)
-        body.append([alias, f"{full['visual_tokens']:,}", peaks,
-                     _x(full["peak_kv_bytes"] / bw["peak_kv_bytes"]), _x(full["final_kv_bytes"] / bw["final_kv_bytes"])])
-    lines = _table(["tiny alias", "visual tokens", "peak KV full / post-snapkv / block-wise", "full / block-wise, peak",
-                    "full / block-wise, final"], body)
+        body.append(
+            [
+                alias,
+                f"{full['visual_tokens']:,}",
+                peaks,
+                _x(full["peak_kv_bytes"] / bw["peak_kv_bytes"]),
+                _x(full["final_kv_bytes"] / bw["final_kv_bytes"]),
+            ]
+        )
+    lines = _table(
+        [
+            "tiny alias",
+            "visual tokens",
+            "peak KV full / post-snapkv / block-wise",
+            "full / block-wise, peak",
+            "full / block-wise, final",
+        ],
+        body,
+    )
     return "\n".join(lines + ["", source_line(*sources)])
 
 
@@ -427,10 +600,17 @@ def table_memory_guard(results: Path) -> str:
     body = []
     for r in d["results"]:
         e, m = r["estimate"], r["measured"]
-        body.append([f"`{r['method']}`", f"{e['kv_bytes'] / MIB:.1f} / {e['peak_bytes'] / MIB:.1f} MiB",
-                     f"{m['peak_kv_bytes'] / MIB:.1f} / {m['rss_growth_bytes'] / MIB:.1f} MiB", f"{r['whole_ratio']:.2f}"])
-    lines = _table(["method", "estimate, KV / whole", "measured, `peak_kv_bytes` / RSS growth",
-                    "whole: estimate / measured"], body)
+        body.append(
+            [
+                f"`{r['method']}`",
+                f"{e['kv_bytes'] / MIB:.1f} / {e['peak_bytes'] / MIB:.1f} MiB",
+                f"{m['peak_kv_bytes'] / MIB:.1f} / {m['rss_growth_bytes'] / MIB:.1f} MiB",
+                f"{r['whole_ratio']:.2f}",
+            ]
+        )
+    lines = _table(
+        ["method", "estimate, KV / whole", "measured, `peak_kv_bytes` / RSS growth", "whole: estimate / measured"], body
+    )
     return "\n".join(lines + ["", source_line((name, d))])
 
 
@@ -438,11 +618,19 @@ def table_load(results: Path) -> str:
     """Eight sessions at once through the app's API (tests/test_load.py, recorded with VISUALKV_RECORD=1)."""
     name = "load_8_sessions.json"
     d = load(name, results)
-    body = [[f"{d['sessions']} × {d['turns_per_session']}", f"{d['wall_seconds']:.1f} s",
-             f"{d['server_rss_before_bytes'] / MIB:,.0f} MiB", f"{d['server_rss_peak_bytes'] / MIB:,.0f} MiB",
-             f"{d['server_rss_after_close_bytes'] / MIB:,.0f} MiB", f"{d['after_over_before']:.3f}×"]]
-    lines = _table(["sessions × turns", "wall", "server RSS before", "peak", "after every session closed",
-                    "after / before"], body)
+    body = [
+        [
+            f"{d['sessions']} × {d['turns_per_session']}",
+            f"{d['wall_seconds']:.1f} s",
+            f"{d['server_rss_before_bytes'] / MIB:,.0f} MiB",
+            f"{d['server_rss_peak_bytes'] / MIB:,.0f} MiB",
+            f"{d['server_rss_after_close_bytes'] / MIB:,.0f} MiB",
+            f"{d['after_over_before']:.3f}×",
+        ]
+    ]
+    lines = _table(
+        ["sessions × turns", "wall", "server RSS before", "peak", "after every session closed", "after / before"], body
+    )
     return "\n".join(lines + ["", source_line((name, d))])
 
 

@@ -11,8 +11,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from visualkv.models.registry import BUNDLED_MODELS, DEMO_MODEL
-from visualkv.scenes import (
+from visualkv.bench.scenes import (
     NEEDLE_SHAPES,
     PLURAL,
     color_question,
@@ -20,6 +19,7 @@ from visualkv.scenes import (
     quadrant_question,
     when_question,
 )
+from visualkv.models.registry import BUNDLED_MODELS, DEMO_MODEL
 
 DEMO_DIR = BUNDLED_MODELS[DEMO_MODEL]
 # the question kinds shown first for each file: the ones that need the needle's own tokens
@@ -66,9 +66,15 @@ def load_demo_examples(folder: str = DEMO_DIR) -> list[DemoExample]:
         if not os.path.isfile(path):
             continue
         width, height = item["size"]
-        examples.append(DemoExample(
-            path=path, kind="video" if "frames" in item else "image", width=width, height=height,
-            questions=tuple(DemoQuestion(q["question"], q["answer"], q["kind"]) for q in item["questions"])))
+        examples.append(
+            DemoExample(
+                path=path,
+                kind="video" if "frames" in item else "image",
+                width=width,
+                height=height,
+                questions=tuple(DemoQuestion(q["question"], q["answer"], q["kind"]) for q in item["questions"]),
+            )
+        )
     return examples
 
 
@@ -77,8 +83,12 @@ def question_forms() -> dict[str, list[str]]:
     x = "X"
     plurals = ", ".join(PLURAL[s] for s in NEEDLE_SHAPES)
     return {
-        "image": [color_question(x), quadrant_question(x), presence_question(x),
-                  f"How many X are there? (X plural: {plurals})"],
+        "image": [
+            color_question(x),
+            quadrant_question(x),
+            presence_question(x),
+            f"How many X are there? (X plural: {plurals})",
+        ],
         "video": [when_question(x), color_question(x, past=True), presence_question(x)],
         "shapes": list(NEEDLE_SHAPES),
     }

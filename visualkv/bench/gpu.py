@@ -33,13 +33,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from visualkv import provenance
+from visualkv.bench import provenance
+from visualkv.bench.synthetic import image_media, video_media
 from visualkv.media import Media
 from visualkv.methods import METHODS
 from visualkv.models.base import ModelAdapter, video_metadata
 from visualkv.models.registry import load_model
 from visualkv.session import ChatSession, SessionConfig
-from visualkv.synthetic import image_media, video_media
 
 REFERENCE = "transformers-generate"
 PROMPT = "Describe what you see in detail."

@@ -31,8 +31,9 @@ def _loadavg() -> float | None:
 def _git_commit() -> str | None:
     here = os.path.dirname(os.path.abspath(__file__))
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
-                             timeout=5, check=False)
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5, check=False
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None

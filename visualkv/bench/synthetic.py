@@ -30,16 +30,28 @@ def synthetic_image(width: int, height: int, seed: int = 0) -> np.ndarray:
 
 
 def image_media(width: int, height: int, seed: int = 0) -> Media:
-    return Media(kind="image", frames=[synthetic_image(width, height, seed)], times=[0.0],
-                 source_fps=None, duration=None, path=None)
+    return Media(
+        kind="image",
+        frames=[synthetic_image(width, height, seed)],
+        times=[0.0],
+        source_fps=None,
+        duration=None,
+        path=None,
+    )
 
 
 def video_media(n_frames: int, width: int = 640, height: int = 360, fps: float = 1.0, seed: int = 0) -> Media:
     """A slow pan over a larger synthetic scene, sampled at `fps`."""
     scene = synthetic_image(width + 4 * n_frames, height, seed)
     frames = [np.ascontiguousarray(scene[:, 4 * i : 4 * i + width]) for i in range(n_frames)]
-    return Media(kind="video", frames=frames, times=[i / fps for i in range(n_frames)],
-                 source_fps=fps, duration=n_frames / fps, path=None)
+    return Media(
+        kind="video",
+        frames=frames,
+        times=[i / fps for i in range(n_frames)],
+        source_fps=fps,
+        duration=n_frames / fps,
+        path=None,
+    )
 
 
 def megapixel_size(megapixels: float, aspect: float = 16 / 9) -> tuple[int, int]:

@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Any
 
-from visualkv import provenance
+from visualkv.bench import provenance
 from visualkv.cli_args import (
     DEVICES,
     DTYPES,
@@ -54,70 +54,121 @@ DEFAULT_MODELS = {"needle": DEMO_MODEL, "gpu": "shape-qwen2.5-vl-7b"}
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
+    from visualkv.bench.needle import DEFAULT_FRACTIONS, DEFAULT_LARGE_FRACTIONS, DEFAULT_NEEDLE_SIZES
     from visualkv.methods import METHODS
-    from visualkv.needle import DEFAULT_FRACTIONS, DEFAULT_LARGE_FRACTIONS, DEFAULT_NEEDLE_SIZES
 
     p.formatter_class = HelpFormatter
     p.description = "Benchmarks; figures go to --out as JSON, HTML and PNG.\n" + "\n".join(
-        f"  {kind:10s} {what}" for kind, what in BENCH_KINDS.items())
+        f"  {kind:10s} {what}" for kind, what in BENCH_KINDS.items()
+    )
     p.add_argument("kind", choices=list(BENCH_KINDS), help="which benchmark (see above)")
-    p.add_argument("--model", default=None,
-                   help="offline alias, Hub id or local path (default: visualkv-demo for needle, "
-                        "tiny-qwen2.5-vl otherwise)")
-    p.add_argument("--methods", type=method_list, default=None,
-                   help=f"comma-separated methods, or all (default: all for needle, {DEFAULT_METHODS} otherwise)")
-    p.add_argument("--budget", type=positive_int, default=1024,
-                   help="(memory/latency/one) visual KV entries kept per layer and KV head (M)")
-    p.add_argument("--block-size", type=positive_int, default=None,
-                   help="visual tokens per prefill block (default: the model's)")
-    p.add_argument("--prefill", choices=["hybrid", "blockwise", "bulk"], default=None,
-                   help="(one) prefill mode (default: the method's)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="offline alias, Hub id or local path (default: visualkv-demo for needle, tiny-qwen2.5-vl otherwise)",
+    )
+    p.add_argument(
+        "--methods",
+        type=method_list,
+        default=None,
+        help=f"comma-separated methods, or all (default: all for needle, {DEFAULT_METHODS} otherwise)",
+    )
+    p.add_argument(
+        "--budget",
+        type=positive_int,
+        default=1024,
+        help="(memory/latency/one) visual KV entries kept per layer and KV head (M)",
+    )
+    p.add_argument(
+        "--block-size", type=positive_int, default=None, help="visual tokens per prefill block (default: the model's)"
+    )
+    p.add_argument(
+        "--prefill",
+        choices=["hybrid", "blockwise", "bulk"],
+        default=None,
+        help="(one) prefill mode (default: the method's)",
+    )
     p.add_argument("--method", choices=list(METHODS), default="full", help="(one) method")
-    p.add_argument("--sizes", type=comma_list(positive_float), default=list(DEFAULT_SIZES),
-                   help=f"(memory) megapixels, or frame counts with --video (default: {_csv(DEFAULT_SIZES)})")
-    p.add_argument("--size", type=positive_float, default=8.3,
-                   help="(one/latency/fidelity) megapixels, or frames with --video")
-    p.add_argument("--video", action="store_true",
-                   help="(memory/latency/fidelity/one) a synthetic 640x360 video instead of an image")
-    p.add_argument("--repeats", type=positive_int, default=1,
-                   help="(latency/salicache) runs per configuration; the minimum time is kept")
-    p.add_argument("--device", choices=DEVICES, default=None, help="where the model runs (default: auto for gpu, "
-                                                                 "cpu otherwise)")
-    p.add_argument("--check", action="store_true",
-                   help="(report) only compare the tables with the JSON; exit 1 when any is out of date")
+    p.add_argument(
+        "--sizes",
+        type=comma_list(positive_float),
+        default=list(DEFAULT_SIZES),
+        help=f"(memory) megapixels, or frame counts with --video (default: {_csv(DEFAULT_SIZES)})",
+    )
+    p.add_argument(
+        "--size", type=positive_float, default=8.3, help="(one/latency/fidelity) megapixels, or frames with --video"
+    )
+    p.add_argument(
+        "--video",
+        action="store_true",
+        help="(memory/latency/fidelity/one) a synthetic 640x360 video instead of an image",
+    )
+    p.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=1,
+        help="(latency/salicache) runs per configuration; the minimum time is kept",
+    )
+    p.add_argument(
+        "--device", choices=DEVICES, default=None, help="where the model runs (default: auto for gpu, cpu otherwise)"
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="(report) only compare the tables with the JSON; exit 1 when any is out of date",
+    )
     p.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--out", default="bench_out", help="output folder")
-    p.add_argument("--json", dest="json_out", default=None,
-                   help="(one/needle) also write the result to this file")
+    p.add_argument("--json", dest="json_out", default=None, help="(one/needle) also write the result to this file")
     p.add_argument("--media", default="assets/example_video.mp4", help="(salicache) video or image file")
-    p.add_argument("--fps", type=positive_float, default=1.0,
-                   help="(salicache/gpu) video frames sampled per second")
-    # gpu: every method vs transformers' generate (visualkv/bench_gpu.py)
+    p.add_argument("--fps", type=positive_float, default=1.0, help="(salicache/gpu) video frames sampled per second")
+    # gpu: every method vs transformers' generate (visualkv/bench/gpu.py)
     p.add_argument("--image-size", type=scene_size, default=(3840, 2160), help="(gpu) WxH of the image input")
     p.add_argument("--video-seconds", type=positive_int, default=512, help="(gpu) length of the video input")
     p.add_argument("--video-size", type=scene_size, default=(640, 360), help="(gpu) WxH of the video frames")
     p.add_argument("--new-tokens", type=positive_int, default=64, help="(gpu) tokens decoded per case (EOS ignored)")
-    p.add_argument("--inputs", type=comma_list(_gpu_input), default=["image", "video"],
-                   help="(gpu) which inputs: image, video or both")
+    p.add_argument(
+        "--inputs",
+        type=comma_list(_gpu_input),
+        default=["image", "video"],
+        help="(gpu) which inputs: image, video or both",
+    )
     p.add_argument("--max-frames", type=positive_int, default=64, help="(salicache) video frames sampled at most")
-    p.add_argument("--max-new-tokens", type=positive_int, default=16,
-                   help="(salicache) greedy tokens compared with full")
-    p.add_argument("--variants", action="store_true",
-                   help="(salicache) also run the ablation: temporal filter only, spatial tiers only, "
-                        "quantization only (each against the same full run)")
+    p.add_argument(
+        "--max-new-tokens", type=positive_int, default=16, help="(salicache) greedy tokens compared with full"
+    )
+    p.add_argument(
+        "--variants",
+        action="store_true",
+        help="(salicache) also run the ablation: temporal filter only, spatial tiers only, "
+        "quantization only (each against the same full run)",
+    )
     p.add_argument("--media-file", default=None, help="(one) load this file instead of generating the input")
-    # needle: accuracy on held-out synthetic scenes (visualkv/needle.py)
-    p.add_argument("--needle-sizes", type=comma_list(scene_size), default=list(DEFAULT_NEEDLE_SIZES),
-                   help="(needle) comma-separated WxH scene sizes (default: "
-                        f"{','.join(f'{w}x{h}' for w, h in DEFAULT_NEEDLE_SIZES)})")
+    # needle: accuracy on held-out synthetic scenes (visualkv/bench/needle.py)
+    p.add_argument(
+        "--needle-sizes",
+        type=comma_list(scene_size),
+        default=list(DEFAULT_NEEDLE_SIZES),
+        help="(needle) comma-separated WxH scene sizes (default: "
+        f"{','.join(f'{w}x{h}' for w, h in DEFAULT_NEEDLE_SIZES)})",
+    )
     p.add_argument("--scenes", type=non_negative_int, default=30, help="(needle) held-out scenes per size")
-    p.add_argument("--scenes-large", type=non_negative_int, default=6,
-                   help="(needle) scenes per size above 2 megapixels")
+    p.add_argument(
+        "--scenes-large", type=non_negative_int, default=6, help="(needle) scenes per size above 2 megapixels"
+    )
     p.add_argument("--videos", type=non_negative_int, default=10, help="(needle) held-out needle videos")
-    p.add_argument("--fractions", type=comma_list(fraction), default=list(DEFAULT_FRACTIONS),
-                   help=f"(needle) budgets as fractions of the visual tokens (default: {_csv(DEFAULT_FRACTIONS)})")
-    p.add_argument("--large-fractions", type=comma_list(fraction), default=list(DEFAULT_LARGE_FRACTIONS),
-                   help=f"(needle) budgets for sizes above 2 megapixels (default: {_csv(DEFAULT_LARGE_FRACTIONS)})")
+    p.add_argument(
+        "--fractions",
+        type=comma_list(fraction),
+        default=list(DEFAULT_FRACTIONS),
+        help=f"(needle) budgets as fractions of the visual tokens (default: {_csv(DEFAULT_FRACTIONS)})",
+    )
+    p.add_argument(
+        "--large-fractions",
+        type=comma_list(fraction),
+        default=list(DEFAULT_LARGE_FRACTIONS),
+        help=f"(needle) budgets for sizes above 2 megapixels (default: {_csv(DEFAULT_LARGE_FRACTIONS)})",
+    )
 
 
 def _gpu_input(text: str) -> str:
@@ -128,6 +179,7 @@ def _gpu_input(text: str) -> str:
 
 def _csv(values) -> str:
     return ",".join(f"{v:g}" for v in values)
+
 
 def run_bench(args: argparse.Namespace) -> int:
     if args.kind == "report":
@@ -144,8 +196,18 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.methods is None and args.kind != "needle":  # needle's default: every registered method
         args.methods = DEFAULT_METHODS.split(",")
     if args.kind == "one":
-        result = measure_one(args.model, args.method, args.budget, args.block_size, args.prefill, args.size,
-                             args.video, args.device, args.dtype, args.media_file)
+        result = measure_one(
+            args.model,
+            args.method,
+            args.budget,
+            args.block_size,
+            args.prefill,
+            args.size,
+            args.video,
+            args.device,
+            args.dtype,
+            args.media_file,
+        )
         text = json.dumps(result)
         if args.json_out:
             with open(args.json_out, "w") as fh:
@@ -154,7 +216,7 @@ def run_bench(args: argparse.Namespace) -> int:
         return 0
     os.makedirs(args.out, exist_ok=True)
     if args.kind == "needle":
-        from visualkv.needle import bench_needle
+        from visualkv.bench.needle import bench_needle
 
         return bench_needle(args)
     if args.kind == "salicache":
@@ -164,7 +226,7 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.kind == "memory":
         return bench_memory(args)
     if args.kind == "gpu":
-        from visualkv.bench_gpu import bench_gpu
+        from visualkv.bench.gpu import bench_gpu
 
         return bench_gpu(args)
     return bench_latency(args)
@@ -172,7 +234,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def bench_report(args: argparse.Namespace) -> int:
     """Regenerate (or with --check, compare) the README/docs tables from the committed JSON."""
-    from visualkv import figures
+    from visualkv.bench import figures
 
     if args.check:
         stale = figures.check_documents()
@@ -185,16 +247,25 @@ def bench_report(args: argparse.Namespace) -> int:
 
 
 def _media(size: float, video: bool):
-    from visualkv.synthetic import image_media, megapixel_size, video_media
+    from visualkv.bench.synthetic import image_media, megapixel_size, video_media
 
     if video:
         return video_media(int(size))
     return image_media(*megapixel_size(size))
 
 
-def measure_one(model: str, method: str, budget: int | None, block_size: int | None, prefill: str | None,
-                size: float, video: bool, device: str = "cpu", dtype: str = "auto",
-                media_file: str | None = None) -> dict[str, Any]:
+def measure_one(
+    model: str,
+    method: str,
+    budget: int | None,
+    block_size: int | None,
+    prefill: str | None,
+    size: float,
+    video: bool,
+    device: str = "cpu",
+    dtype: str = "auto",
+    media_file: str | None = None,
+) -> dict[str, Any]:
     """Prefill one input and report memory and time (meant for a fresh process).
 
     With `media_file` the input is loaded like a user's upload; otherwise it is
@@ -219,9 +290,16 @@ def measure_one(model: str, method: str, budget: int | None, block_size: int | N
     base_cuda = torch.cuda.memory_allocated() if torch.cuda.is_available() else None
     from visualkv.methods import METHODS
 
-    session = ChatSession(adapter, SessionConfig(
-        method=method, budget=budget if METHODS[method].needs_budget else None, block_size=block_size,
-        prefill=prefill, max_new_tokens=1))
+    session = ChatSession(
+        adapter,
+        SessionConfig(
+            method=method,
+            budget=budget if METHODS[method].needs_budget else None,
+            block_size=block_size,
+            prefill=prefill,
+            max_new_tokens=1,
+        ),
+    )
     t0 = time.perf_counter()
     record = session.ask("Describe the image.", media)
     wall = time.perf_counter() - t0
@@ -233,14 +311,26 @@ def measure_one(model: str, method: str, budget: int | None, block_size: int | N
     if METHODS[method].needs_budget and budget:
         bound = (budget + report["block_size"] + protected) * entry_bytes  # (M + b + protected) in every layer
     return {
-        "model": model, "method": method, "budget": budget, "size": size, "video": video,
-        "prefill": report["prefill"], "block_size": report["block_size"],
-        "visual_tokens": report["visual_tokens"], "blocks": len(report["blocks"]),
-        "peak_kv_bytes": report["peak_kv_bytes"], "final_kv_bytes": report["final_kv_bytes"],
-        "full_kv_bytes": report["full_kv_bytes"], "bound_kv_bytes": bound,
-        "rss_before_bytes": base_rss, "peak_rss_before_bytes": base_peak, "peak_rss_bytes": peak_rss_bytes(),
-        "cuda_before_bytes": base_cuda, "cuda_peak_bytes": report["cuda_peak_bytes"],
-        "ttft_seconds": record.ttft_seconds, "wall_seconds": wall,
+        "model": model,
+        "method": method,
+        "budget": budget,
+        "size": size,
+        "video": video,
+        "prefill": report["prefill"],
+        "block_size": report["block_size"],
+        "visual_tokens": report["visual_tokens"],
+        "blocks": len(report["blocks"]),
+        "peak_kv_bytes": report["peak_kv_bytes"],
+        "final_kv_bytes": report["final_kv_bytes"],
+        "full_kv_bytes": report["full_kv_bytes"],
+        "bound_kv_bytes": bound,
+        "rss_before_bytes": base_rss,
+        "peak_rss_before_bytes": base_peak,
+        "peak_rss_bytes": peak_rss_bytes(),
+        "cuda_before_bytes": base_cuda,
+        "cuda_peak_bytes": report["cuda_peak_bytes"],
+        "ttft_seconds": record.ttft_seconds,
+        "wall_seconds": wall,
     }
 
 
@@ -250,7 +340,7 @@ def _input_file(args: argparse.Namespace, size: float) -> str | None:
         return None
     from PIL import Image
 
-    from visualkv.synthetic import megapixel_size, synthetic_image
+    from visualkv.bench.synthetic import megapixel_size, synthetic_image
 
     path = os.path.join(args.out, "inputs", f"image_{size:g}mp.png")
     if not os.path.exists(path):
@@ -260,8 +350,25 @@ def _input_file(args: argparse.Namespace, size: float) -> str | None:
 
 
 def _subprocess_one(args: argparse.Namespace, method: str, size: float) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "visualkv", "bench", "one", "--model", args.model, "--method", method,
-           "--budget", str(args.budget), "--size", str(size), "--device", args.device, "--dtype", args.dtype]
+    cmd = [
+        sys.executable,
+        "-m",
+        "visualkv",
+        "bench",
+        "one",
+        "--model",
+        args.model,
+        "--method",
+        method,
+        "--budget",
+        str(args.budget),
+        "--size",
+        str(size),
+        "--device",
+        args.device,
+        "--dtype",
+        args.dtype,
+    ]
     media_file = _input_file(args, size)
     if media_file:
         cmd += ["--media-file", media_file]
@@ -285,12 +392,21 @@ def bench_memory(args: argparse.Namespace) -> int:
         for method in methods:
             row = _subprocess_one(args, method, size)
             rows.append(row)
-            print(f"{method:18s} size {size:6g}  visual {row['visual_tokens']:6d}  "
-                  f"peak KV {row['peak_kv_bytes'] / 2**20:8.2f} MiB  final KV {row['final_kv_bytes'] / 2**20:8.2f} MiB  "
-                  f"peak RSS {row['peak_rss_bytes'] / 2**20:8.1f} MiB  TTFT {row['ttft_seconds']:.2f}s", flush=True)
+            print(
+                f"{method:18s} size {size:6g}  visual {row['visual_tokens']:6d}  "
+                f"peak KV {row['peak_kv_bytes'] / 2**20:8.2f} MiB  final KV {row['final_kv_bytes'] / 2**20:8.2f} MiB  "
+                f"peak RSS {row['peak_rss_bytes'] / 2**20:8.1f} MiB  TTFT {row['ttft_seconds']:.2f}s",
+                flush=True,
+            )
     summary = summarize_memory(rows, methods, args.budget)
-    out = {"kind": "memory", "model": args.model, "budget": args.budget, "video": args.video,
-           "rows": rows, "summary": summary}
+    out = {
+        "kind": "memory",
+        "model": args.model,
+        "budget": args.budget,
+        "video": args.video,
+        "rows": rows,
+        "summary": summary,
+    }
     path = os.path.join(args.out, f"memory_{'video' if args.video else 'image'}_{args.model}.json")
     out = provenance.save_json(out, path, args.provenance)
     fig = memory_sweep_figure(rows, "frames" if args.video else "megapixels")
@@ -308,8 +424,10 @@ def summarize_memory(rows: list[dict], methods: list[str], budget: int) -> dict[
     for m, rs in by.items():
         if not rs:
             continue
-        s = {"peak_rss_growth_bytes": rs[-1]["peak_rss_bytes"] - rs[0]["peak_rss_bytes"],
-             "peak_kv_bytes_largest": rs[-1]["peak_kv_bytes"]}
+        s = {
+            "peak_rss_growth_bytes": rs[-1]["peak_rss_bytes"] - rs[0]["peak_rss_bytes"],
+            "peak_kv_bytes_largest": rs[-1]["peak_kv_bytes"],
+        }
         if full and m != "full":
             s["full_over_final_kv_largest"] = full[-1]["final_kv_bytes"] / max(rs[-1]["final_kv_bytes"], 1)
             s["full_over_peak_kv_largest"] = full[-1]["peak_kv_bytes"] / max(rs[-1]["peak_kv_bytes"], 1)
@@ -340,10 +458,12 @@ def bench_latency(args: argparse.Namespace) -> int:
     method = "blockwise-snapkv" if "blockwise-snapkv" in others else (others[-1] if others else None)
     configs = {"full": SessionConfig(method="full", max_new_tokens=1)}
     if method is not None:
-        configs["blockwise"] = SessionConfig(method=method, budget=args.budget, block_size=args.block_size,
-                                             prefill="blockwise", max_new_tokens=1)
-        configs["hybrid"] = SessionConfig(method=method, budget=args.budget, block_size=args.block_size,
-                                          prefill="hybrid", max_new_tokens=1)
+        configs["blockwise"] = SessionConfig(
+            method=method, budget=args.budget, block_size=args.block_size, prefill="blockwise", max_new_tokens=1
+        )
+        configs["hybrid"] = SessionConfig(
+            method=method, budget=args.budget, block_size=args.block_size, prefill="hybrid", max_new_tokens=1
+        )
     if "lightkv" in names:  # default schedule (the paper's, scaled to the model's depth)
         configs["lightkv"] = SessionConfig(method="lightkv", max_new_tokens=1)
     ttft: dict[str, float] = {}
@@ -363,26 +483,55 @@ def bench_latency(args: argparse.Namespace) -> int:
             final_kv[name] = session.cache.kv_bytes()
             if name == "lightkv":
                 lightkv_report = session.method.report(session.prefill_result.context)["lightkv"]
-            print(f"{name:10s} TTFT {record.ttft_seconds:.2f}s  CPU {used:.2f}s  "
-                  f"final KV {final_kv[name] / 2**20:.2f} MiB", flush=True)
-    out = {"kind": "latency", "model": args.model, "method": method, "budget": args.budget, "size": args.size,
-           "video": args.video, "ttft_seconds": ttft, "cpu_seconds": cpu, "final_kv_bytes": final_kv,
-           "ratios": {f"{name}/full": ttft[name] / ttft["full"] for name in configs if name != "full"},
-           "cpu_ratios": {f"{name}/full": cpu[name] / cpu["full"] for name in configs if name != "full"},
-           # ratio of each repeat's pair (same load, back to back), median over repeats: robust to load spikes
-           "paired_median_ratios": {f"{name}/full": statistics.median(a / b for a, b in zip(runs[name], runs["full"]))
-                                    for name in configs if name != "full"},
-           "ttft_runs": runs}
+            print(
+                f"{name:10s} TTFT {record.ttft_seconds:.2f}s  CPU {used:.2f}s  "
+                f"final KV {final_kv[name] / 2**20:.2f} MiB",
+                flush=True,
+            )
+    out = {
+        "kind": "latency",
+        "model": args.model,
+        "method": method,
+        "budget": args.budget,
+        "size": args.size,
+        "video": args.video,
+        "ttft_seconds": ttft,
+        "cpu_seconds": cpu,
+        "final_kv_bytes": final_kv,
+        "ratios": {f"{name}/full": ttft[name] / ttft["full"] for name in configs if name != "full"},
+        "cpu_ratios": {f"{name}/full": cpu[name] / cpu["full"] for name in configs if name != "full"},
+        # ratio of each repeat's pair (same load, back to back), median over repeats: robust to load spikes
+        "paired_median_ratios": {
+            f"{name}/full": statistics.median(a / b for a, b in zip(runs[name], runs["full"]))
+            for name in configs
+            if name != "full"
+        },
+        "ttft_runs": runs,
+    }
     if lightkv_report is not None:
         out["kv_ratios"] = {"lightkv/full": final_kv["lightkv"] / final_kv["full"]}
         out["lightkv"] = lightkv_report
-        print(json.dumps({"final_kv lightkv/full": out["kv_ratios"]["lightkv/full"],
-                          "flops_reduction": lightkv_report["flops"]["reduction"],
-                          "overhead_seconds": lightkv_report["overhead_seconds"]}))
+        print(
+            json.dumps(
+                {
+                    "final_kv lightkv/full": out["kv_ratios"]["lightkv/full"],
+                    "flops_reduction": lightkv_report["flops"]["reduction"],
+                    "overhead_seconds": lightkv_report["overhead_seconds"],
+                }
+            )
+        )
     path = os.path.join(args.out, f"latency_{'video' if args.video else 'image'}_{args.model}.json")
     out = provenance.save_json(out, path, args.provenance)
-    print("TTFT (min):", json.dumps(out["ratios"]), "paired median:", json.dumps(out["paired_median_ratios"]),
-          "CPU:", json.dumps(out["cpu_ratios"]), "saved", path)
+    print(
+        "TTFT (min):",
+        json.dumps(out["ratios"]),
+        "paired median:",
+        json.dumps(out["paired_median_ratios"]),
+        "CPU:",
+        json.dumps(out["cpu_ratios"]),
+        "saved",
+        path,
+    )
     return 0
 
 
@@ -408,38 +557,60 @@ def bench_salicache(args: argparse.Namespace) -> int:
             record = session.ask(prompt, media)
             ttft[name] = min(ttft.get(name, float("inf")), record.ttft_seconds)
             runs[name] = (record, session.report(), session.prefill_result.logits)
-            print(f"{name:10s} TTFT {record.ttft_seconds:.2f}s  final KV {runs[name][1]['final_kv_bytes']} B", flush=True)
+            print(
+                f"{name:10s} TTFT {record.ttft_seconds:.2f}s  final KV {runs[name][1]['final_kv_bytes']} B", flush=True
+            )
     (sali, sali_report, sali_logits), (full, full_report, full_logits) = runs["salicache"], runs["full"]
     n = min(len(sali.token_ids), len(full.token_ids))
     same_prefix = next((i for i in range(n) if sali.token_ids[i] != full.token_ids[i]), n)
     out = {
-        "kind": "salicache", "model": args.model, "media": args.media, "fps": args.fps,
-        "max_frames": args.max_frames, "frames": len(media.frames), "visual_tokens": sali_report["visual_tokens"],
-        "ttft_seconds": ttft, "ttft_ratio_salicache_over_full": ttft["salicache"] / ttft["full"],
+        "kind": "salicache",
+        "model": args.model,
+        "media": args.media,
+        "fps": args.fps,
+        "max_frames": args.max_frames,
+        "frames": len(media.frames),
+        "visual_tokens": sali_report["visual_tokens"],
+        "ttft_seconds": ttft,
+        "ttft_ratio_salicache_over_full": ttft["salicache"] / ttft["full"],
         "final_kv_bytes": {"full": full_report["final_kv_bytes"], "salicache": sali_report["final_kv_bytes"]},
         "kv_ratio_full_over_salicache": full_report["final_kv_bytes"] / max(sali_report["final_kv_bytes"], 1),
-        "tiers": sali_report["tiers"], "tier_fractions": sali_report["tier_fractions"],
+        "tiers": sali_report["tiers"],
+        "tier_fractions": sali_report["tier_fractions"],
         "paper_tier_fractions": PAPER_TIER_FRACTIONS,
-        "vision_encoder_frames": {"full": full_report.get("vision_encoder_frames"),
-                                  "salicache": sali_report.get("vision_encoder_frames")},
-        "llm_tokens_salicache": sali_report["llm_tokens"], "prompt_tokens": sali_report["prompt_tokens"],
+        "vision_encoder_frames": {
+            "full": full_report.get("vision_encoder_frames"),
+            "salicache": sali_report.get("vision_encoder_frames"),
+        },
+        "llm_tokens_salicache": sali_report["llm_tokens"],
+        "prompt_tokens": sali_report["prompt_tokens"],
         "greedy_tokens": {"full": full.token_ids, "salicache": sali.token_ids},
-        "greedy_agreement": {"same_prefix_tokens": same_prefix, "compared": n,
-                             "positionwise": sum(a == b for a, b in zip(sali.token_ids, full.token_ids)) / max(n, 1),
-                             "identical": sali.token_ids == full.token_ids},
+        "greedy_agreement": {
+            "same_prefix_tokens": same_prefix,
+            "compared": n,
+            "positionwise": sum(a == b for a, b in zip(sali.token_ids, full.token_ids)) / max(n, 1),
+            "identical": sali.token_ids == full.token_ids,
+        },
         "first_token_logits": {
             "cosine": float(torch.nn.functional.cosine_similarity(sali_logits, full_logits, dim=0)),
             "top1_agree": int(sali_logits.argmax()) == int(full_logits.argmax()),
-            "rank_in_full_of_salicache_top1": int((full_logits > full_logits[sali_logits.argmax()]).sum())},
+            "rank_in_full_of_salicache_top1": int((full_logits > full_logits[sali_logits.argmax()]).sum()),
+        },
         "salicache_seconds": sali_report["salicache_seconds"],
     }
     if args.variants:
-        out["variants"] = _salicache_variants(adapter, media, prompt, args.max_new_tokens, full, full_report,
-                                              full_logits)
+        out["variants"] = _salicache_variants(
+            adapter, media, prompt, args.max_new_tokens, full, full_report, full_logits
+        )
     path = os.path.join(args.out, f"salicache_{args.model}.json")
     out = provenance.save_json(out, path, args.provenance)
-    keys = ("ttft_ratio_salicache_over_full", "kv_ratio_full_over_salicache", "tier_fractions", "greedy_agreement",
-            "first_token_logits")
+    keys = (
+        "ttft_ratio_salicache_over_full",
+        "kv_ratio_full_over_salicache",
+        "tier_fractions",
+        "greedy_agreement",
+        "first_token_logits",
+    )
     print(json.dumps({k: out[k] for k in keys}), "saved", path)
     return 0
 
@@ -452,8 +623,9 @@ SALICACHE_VARIANTS = {  # name -> method options: which part of Sali-Cache costs
 }
 
 
-def _salicache_variants(adapter, media, prompt: str, max_new_tokens: int, full, full_report: dict,
-                        full_logits) -> list[dict[str, Any]]:
+def _salicache_variants(
+    adapter, media, prompt: str, max_new_tokens: int, full, full_report: dict, full_logits
+) -> list[dict[str, Any]]:
     """Each variant once, against the same `full` run: KV ratio, first-token cosine, greedy agreement."""
     import torch
 
@@ -461,18 +633,22 @@ def _salicache_variants(adapter, media, prompt: str, max_new_tokens: int, full, 
 
     rows = []
     for name, options in SALICACHE_VARIANTS.items():
-        session = ChatSession(adapter, SessionConfig(method="salicache", max_new_tokens=max_new_tokens,
-                                                     method_options=dict(options)))
+        session = ChatSession(
+            adapter, SessionConfig(method="salicache", max_new_tokens=max_new_tokens, method_options=dict(options))
+        )
         record = session.ask(prompt, media)
         report = session.report()
         logits = session.prefill_result.logits
-        rows.append({
-            "variant": name, "options": {k: list(v) if isinstance(v, tuple) else v for k, v in options.items()},
-            "kv_ratio_full_over_salicache": full_report["final_kv_bytes"] / max(report["final_kv_bytes"], 1),
-            "first_token_cosine": float(torch.nn.functional.cosine_similarity(logits, full_logits, dim=0)),
-            "greedy_equal": sum(a == b for a, b in zip(record.token_ids, full.token_ids)),
-            "compared": min(len(record.token_ids), len(full.token_ids)),
-        })
+        rows.append(
+            {
+                "variant": name,
+                "options": {k: list(v) if isinstance(v, tuple) else v for k, v in options.items()},
+                "kv_ratio_full_over_salicache": full_report["final_kv_bytes"] / max(report["final_kv_bytes"], 1),
+                "first_token_cosine": float(torch.nn.functional.cosine_similarity(logits, full_logits, dim=0)),
+                "greedy_equal": sum(a == b for a, b in zip(record.token_ids, full.token_ids)),
+                "compared": min(len(record.token_ids), len(full.token_ids)),
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -500,16 +676,24 @@ def bench_fidelity(args: argparse.Namespace) -> int:
     methods = args.methods
     for method in methods:
         budget = 10**7 if METHODS[method].needs_budget else None
-        s = ChatSession(adapter, SessionConfig(method=method, budget=budget, block_size=args.block_size,
-                                               prefill="blockwise", max_new_tokens=new_tokens))
+        s = ChatSession(
+            adapter,
+            SessionConfig(
+                method=method, budget=budget, block_size=args.block_size, prefill="blockwise", max_new_tokens=new_tokens
+            ),
+        )
         tokens = s.ask("Describe the image.", media).token_ids
         diff = (s.prefill_result.logits - ref_logits).abs()
         agree = sum(a == b for a, b in zip(tokens, ref_tokens)) / max(len(ref_tokens), 1)
-        row = {"method": method, "blocks": len(s.blocks), "max_abs_logit_diff": float(diff.max()),
-               "ref_logit_range": float(ref_logits.max() - ref_logits.min()),
-               "cosine": float(torch.nn.functional.cosine_similarity(s.prefill_result.logits, ref_logits, dim=0)),
-               "same_top1": bool(int(s.prefill_result.logits.argmax()) == int(ref_logits.argmax())),
-               "greedy_token_agreement": agree}
+        row = {
+            "method": method,
+            "blocks": len(s.blocks),
+            "max_abs_logit_diff": float(diff.max()),
+            "ref_logit_range": float(ref_logits.max() - ref_logits.min()),
+            "cosine": float(torch.nn.functional.cosine_similarity(s.prefill_result.logits, ref_logits, dim=0)),
+            "same_top1": bool(int(s.prefill_result.logits.argmax()) == int(ref_logits.argmax())),
+            "greedy_token_agreement": agree,
+        }
         rows.append(row)
         print(json.dumps(row), flush=True)
     out = {"kind": "fidelity", "model": args.model, "size": args.size, "video": args.video, "rows": rows}

@@ -197,8 +197,9 @@ def _questions(scene: Scene, rng: np.random.Generator) -> list[Question]:
 # Generation
 
 
-def _background(rng: np.random.Generator, width: int, height: int,
-                stripe_periods: tuple[float, ...] | None = None) -> list[np.ndarray]:
+def _background(
+    rng: np.random.Generator, width: int, height: int, stripe_periods: tuple[float, ...] | None = None
+) -> list[np.ndarray]:
     """Muted textured backgrounds, float32 HxWx3 in 0..255: one per stripe period.
 
     Without ``stripe_periods`` one background with a drawn period; with them (the videos' time
@@ -210,14 +211,14 @@ def _background(rng: np.random.Generator, width: int, height: int,
     angle = rng.uniform(0, 2 * math.pi)
     ys = np.arange(height, dtype=np.float32)[:, None]
     xs = np.arange(width, dtype=np.float32)[None, :]
-    g = (np.cos(angle) * xs / max(width, 1) + np.sin(angle) * ys / max(height, 1))
+    g = np.cos(angle) * xs / max(width, 1) + np.sin(angle) * ys / max(height, 1)
     g = (g - g.min()) / max(float(g.max() - g.min()), 1e-6)
     img = base[None, None] * (1 - g[..., None]) + other[None, None] * g[..., None]
     # low-frequency noise
     cell = int(rng.integers(48, 160))
     coarse = rng.random((height // cell + 3, width // cell + 3, 3)).astype(np.float32)
     big = cv2.resize(coarse, ((width // cell + 3) * cell, (height // cell + 3) * cell), interpolation=cv2.INTER_CUBIC)
-    img += (big[cell:cell + height, cell:cell + width] - 0.5) * rng.uniform(30, 70)
+    img += (big[cell : cell + height, cell : cell + width] - 0.5) * rng.uniform(30, 70)
     drawn_period = float(rng.uniform(9, 13))
     amplitude = float(rng.uniform(10, 16))
     grain = rng.standard_normal(size=(height, width, 1), dtype=np.float32) * np.float32(rng.uniform(3, 10))
@@ -229,7 +230,10 @@ TIME_CUE_PERIODS: tuple[float, float, float] = (7.0, 11.0, 17.0)  # stripe perio
 
 # Stripe direction (radians) of each quadrant's texture: TL horizontal, TR vertical, BL "/", BR "\\".
 QUADRANT_STRIPE_ANGLES: dict[str, float] = {
-    "top left": math.pi / 2, "top right": 0.0, "bottom left": math.pi / 4, "bottom right": 3 * math.pi / 4,
+    "top left": math.pi / 2,
+    "top right": 0.0,
+    "bottom left": math.pi / 4,
+    "bottom right": 3 * math.pi / 4,
 }
 
 
@@ -381,8 +385,9 @@ def video_third(frame: int, num_frames: int) -> int:
     return min(2, (3 * (frame // 2 * 2)) // num_frames)
 
 
-def make_video_scene(seed: int, size: tuple[int, int] = (224, 224), num_frames: int = 16, fps: float = 4.0,
-                     time_cue: bool = True) -> VideoScene:
+def make_video_scene(
+    seed: int, size: tuple[int, int] = (224, 224), num_frames: int = 16, fps: float = 4.0, time_cue: bool = True
+) -> VideoScene:
     """Two shots with a hard cut, drifting distractors, one needle visible in 2 or 4 frames.
 
     With ``time_cue`` the background stripes' period changes at each third of the video
@@ -411,8 +416,9 @@ def make_video_scene(seed: int, size: tuple[int, int] = (224, 224), num_frames: 
     length = int(rng.choice([2, 4]))
     first = int(rng.integers(0, (num_frames - length) // 2 + 1)) * 2
     when = ("start", "middle", "end")[video_third(first, num_frames)]
-    v = VideoScene(seed, width, height, num_frames, fps, cut, shots, vels, needle, (first, first + length),
-                   time_cue=time_cue)
+    v = VideoScene(
+        seed, width, height, num_frames, fps, cut, shots, vels, needle, (first, first + length), time_cue=time_cue
+    )
     absent = str(rng.choice([x for x in NEEDLE_SHAPES if x != shape]))
     qs = [
         Question("color", shape, color_question(shape, past=True), name),
@@ -450,8 +456,13 @@ def video_media(video: VideoScene) -> Media:
     frames = render_video(video)
     times = [i / video.fps for i in range(len(frames))]
     return Media(
-        kind="video", frames=frames, times=times, source_fps=video.fps, duration=len(frames) / video.fps,
-        frame_indices=list(range(len(frames))), backend="synthetic",
+        kind="video",
+        frames=frames,
+        times=times,
+        source_fps=video.fps,
+        duration=len(frames) / video.fps,
+        frame_indices=list(range(len(frames))),
+        backend="synthetic",
     )
 
 
@@ -476,11 +487,15 @@ def write_examples(out_dir: str) -> dict:
         image = Image.fromarray(render_scene(scene))
         path = os.path.join(out_dir, name)
         image.save(path, quality=92) if name.endswith(".jpg") else image.save(path, optimize=True)
-        items.append({
-            "file": name, "seed": seed, "size": list(size),
-            "needles": [{"shape": o.shape, "color": o.color, "box": list(o.box)} for o in scene.needles],
-            "questions": [{"question": q.question, "answer": q.answer, "kind": q.kind} for q in scene.questions],
-        })
+        items.append(
+            {
+                "file": name,
+                "seed": seed,
+                "size": list(size),
+                "needles": [{"shape": o.shape, "color": o.color, "box": list(o.box)} for o in scene.needles],
+                "questions": [{"question": q.question, "answer": q.answer, "kind": q.kind} for q in scene.questions],
+            }
+        )
     video = make_video_scene(7, (224, 224))
     media = video_media(video)
     path = os.path.join(out_dir, "example_needle_video.mp4")
@@ -488,12 +503,18 @@ def write_examples(out_dir: str) -> dict:
     for frame in media.frames:
         writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
     writer.release()
-    items.append({
-        "file": "example_needle_video.mp4", "seed": 7, "size": [video.width, video.height],
-        "frames": video.num_frames, "fps": video.fps, "cut_frame": video.cut_frame,
-        "needle": {"shape": video.needle.shape, "color": video.needle.color, "visible_frames": list(video.visible)},
-        "questions": [{"question": q.question, "answer": q.answer, "kind": q.kind} for q in video.questions],
-    })
+    items.append(
+        {
+            "file": "example_needle_video.mp4",
+            "seed": 7,
+            "size": [video.width, video.height],
+            "frames": video.num_frames,
+            "fps": video.fps,
+            "cut_frame": video.cut_frame,
+            "needle": {"shape": video.needle.shape, "color": video.needle.color, "visible_frames": list(video.visible)},
+            "questions": [{"question": q.question, "answer": q.answer, "kind": q.kind} for q in video.questions],
+        }
+    )
     manifest = {"model": "visualkv-demo", "examples": items}
     with open(os.path.join(out_dir, "examples.json"), "w") as fh:
         json.dump(manifest, fh, indent=1)

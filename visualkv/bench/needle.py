@@ -1,6 +1,6 @@
 """Needle-in-a-haystack accuracy of every method: ``python -m visualkv bench needle``.
 
-Over a held-out set of generated scenes (:mod:`visualkv.scenes`, seeds below
+Over a held-out set of generated scenes (:mod:`visualkv.bench.scenes`, seeds below
 ``TRAIN_SEED_OFFSET``; the demo model never saw them), each method answers a two-turn
 conversation per scene: turn 1 asks about needle A, turn 2 about a *different* needle B.
 Turn-1 accuracy is the ``single`` setting; turn-2 accuracy (answered from the cache that
@@ -38,9 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from visualkv import provenance
-from visualkv.errors import ConfigError
-from visualkv.scenes import (
+from visualkv.bench import provenance
+from visualkv.bench.scenes import (
     Question,
     Scene,
     answer_matches,
@@ -49,6 +48,7 @@ from visualkv.scenes import (
     scene_media,
     video_media,
 )
+from visualkv.errors import ConfigError
 
 DEFAULT_NEEDLE_SIZES: tuple[tuple[int, int], ...] = ((560, 315), (672, 378), (3840, 2160))
 DEFAULT_FRACTIONS: tuple[float, ...] = (0.05, 0.1, 0.25)
@@ -121,8 +121,16 @@ def method_points(methods: list[str], fractions: list[float]) -> list[tuple[str,
     return points
 
 
-def run_case(adapter, case: NeedleCase, method: str, fraction: float | None, options: dict,
-             media, block_size: int | None, max_new_tokens: int) -> dict[str, Any]:
+def run_case(
+    adapter,
+    case: NeedleCase,
+    method: str,
+    fraction: float | None,
+    options: dict,
+    media,
+    block_size: int | None,
+    max_new_tokens: int,
+) -> dict[str, Any]:
     from visualkv.methods import METHODS
     from visualkv.session import ChatSession, SessionConfig
 
@@ -130,8 +138,9 @@ def run_case(adapter, case: NeedleCase, method: str, fraction: float | None, opt
     budget = None
     if METHODS[method].needs_budget:
         budget = max(1, round((fraction or 1.0) * n_visual))
-    cfg = SessionConfig(method=method, budget=budget, block_size=block_size, max_new_tokens=max_new_tokens,
-                        method_options=dict(options))
+    cfg = SessionConfig(
+        method=method, budget=budget, block_size=block_size, max_new_tokens=max_new_tokens, method_options=dict(options)
+    )
     session = ChatSession(adapter, cfg)
     t0 = time.perf_counter()
     r1 = session.ask(case.first.question, media)
@@ -190,8 +199,9 @@ def run_needle(
     if n_videos:
         cases += make_video_cases(n_videos, seed0)
     if not cases:
-        raise ConfigError("nothing to run: no scenes for these sizes and no videos (see --scenes, --scenes-large, "
-                          "--videos)")
+        raise ConfigError(
+            "nothing to run: no scenes for these sizes and no videos (see --scenes, --scenes-large, --videos)"
+        )
     adapter = load_model(model, device=device, dtype=dtype)
     points = method_points(methods, fractions)
     large_points = method_points(methods, large_fractions or fractions)
@@ -206,21 +216,38 @@ def run_needle(
             except Exception as exc:  # noqa: BLE001 - one failing method must not sink the benchmark
                 log(f"  {method} f={fraction}: failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
                 continue
-            per_case.append({
-                "case": ci, "size": case.size, "video": case.video, "seed": case.scene.seed, "method": method,
-                "budget_fraction": fraction, "questions": [case.first.question, case.second.question],
-                "expected": [case.first.answer, case.second.answer], "kinds": [case.first.kind, case.second.kind],
-                **out,
-            })
+            per_case.append(
+                {
+                    "case": ci,
+                    "size": case.size,
+                    "video": case.video,
+                    "seed": case.scene.seed,
+                    "method": method,
+                    "budget_fraction": fraction,
+                    "questions": [case.first.question, case.second.question],
+                    "expected": [case.first.answer, case.second.answer],
+                    "kinds": [case.first.kind, case.second.kind],
+                    **out,
+                }
+            )
         _N_VISUAL_CACHE.pop(id(media), None)
         full = [r for r in per_case if r["case"] == ci and r["method"] == "full"]
-        log(f"[{ci + 1}/{len(cases)}] {case.size} seed {case.scene.seed}: "
+        log(
+            f"[{ci + 1}/{len(cases)}] {case.size} seed {case.scene.seed}: "
             f"{case.first.question} -> {case.first.answer} / {case.second.question} -> {case.second.answer}; "
-            f"full: {full[0]['answers'] if full else '-'}  ({time.perf_counter() - t_start:.0f}s)")
+            f"full: {full[0]['answers'] if full else '-'}  ({time.perf_counter() - t_start:.0f}s)"
+        )
     results = aggregate(per_case)
-    return {"kind": "needle", "model": model, "fractions": fractions, "methods": methods,
-            "block_size": block_size, "seconds": round(time.perf_counter() - t_start, 1),
-            "results": results, "cases": per_case}
+    return {
+        "kind": "needle",
+        "model": model,
+        "fractions": fractions,
+        "methods": methods,
+        "block_size": block_size,
+        "seconds": round(time.perf_counter() - t_start, 1),
+        "results": results,
+        "cases": per_case,
+    }
 
 
 def aggregate(per_case: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -240,17 +267,19 @@ def aggregate(per_case: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for ok, kind, _ in items:
             by_kind.setdefault(kind, []).append(ok)
         kept = float(np.mean([k for _, _, k in items]))
-        rows.append({
-            "method": method,
-            "budget_fraction": round(kept, 3) if fraction is None else fraction,
-            "setting": "single" if setting.startswith("single") else setting,
-            "question": setting.split("(")[1].rstrip(")") if "(" in setting else None,
-            "size": size,
-            "accuracy": sum(ok for ok, _, _ in items) / len(items),
-            "n": len(items),
-            "kept_fraction": round(kept, 4),
-            "by_kind": {k: round(sum(v) / len(v), 3) for k, v in sorted(by_kind.items())},
-        })
+        rows.append(
+            {
+                "method": method,
+                "budget_fraction": round(kept, 3) if fraction is None else fraction,
+                "setting": "single" if setting.startswith("single") else setting,
+                "question": setting.split("(")[1].rstrip(")") if "(" in setting else None,
+                "size": size,
+                "accuracy": sum(ok for ok, _, _ in items) / len(items),
+                "n": len(items),
+                "kept_fraction": round(kept, 4),
+                "by_kind": {k: round(sum(v) / len(v), 3) for k, v in sorted(by_kind.items())},
+            }
+        )
     rows.sort(key=lambda r: (r["size"], r["setting"], r["method"], r["budget_fraction"]))
     return rows
 
@@ -268,8 +297,14 @@ def needle_figure(results: list[dict[str, Any]]):
     for col, size in enumerate(sizes, start=1):
         for method in methods:
             for setting, dash in (("single", "solid"), ("followup", "dash")):
-                rows = [r for r in results if r["size"] == size and r["method"] == method and r["setting"] == setting
-                        and r.get("question") in (None, "color")]
+                rows = [
+                    r
+                    for r in results
+                    if r["size"] == size
+                    and r["method"] == method
+                    and r["setting"] == setting
+                    and r.get("question") in (None, "color")
+                ]
                 if not rows:
                     continue
                 rows.sort(key=lambda r: r["budget_fraction"])
@@ -277,16 +312,29 @@ def needle_figure(results: list[dict[str, Any]]):
                 ys = [r["accuracy"] for r in rows]
                 if method == "full":
                     xs, ys = [0.04, 1.0], [ys[0], ys[0]]
-                fig.add_trace(go.Scatter(
-                    x=xs, y=ys, mode="lines+markers", name=f"{method} ({setting})",
-                    legendgroup=f"{method}{setting}", showlegend=col == 1,
-                    line={"color": colors[method], "dash": dash}, marker={"size": 7},
-                    hovertemplate=f"{method} {setting}<br>budget %{{x:.0%}}<br>accuracy %{{y:.0%}}<extra></extra>",
-                ), row=1, col=col)
+                fig.add_trace(
+                    go.Scatter(
+                        x=xs,
+                        y=ys,
+                        mode="lines+markers",
+                        name=f"{method} ({setting})",
+                        legendgroup=f"{method}{setting}",
+                        showlegend=col == 1,
+                        line={"color": colors[method], "dash": dash},
+                        marker={"size": 7},
+                        hovertemplate=f"{method} {setting}<br>budget %{{x:.0%}}<br>accuracy %{{y:.0%}}<extra></extra>",
+                    ),
+                    row=1,
+                    col=col,
+                )
         fig.update_xaxes(type="log", title_text="budget (fraction of visual tokens)", tickformat=".0%", row=1, col=col)
     fig.update_yaxes(title_text="accuracy", range=[0, 1.05], tickformat=".0%", row=1, col=1)
-    fig.update_layout(title="Needle accuracy vs KV budget (visualkv-demo, held-out scenes; dashed = follow-up)",
-                      height=460, width=max(700, 430 * len(sizes)), template="plotly_white")
+    fig.update_layout(
+        title="Needle accuracy vs KV budget (visualkv-demo, held-out scenes; dashed = follow-up)",
+        height=460,
+        width=max(700, 430 * len(sizes)),
+        template="plotly_white",
+    )
     return fig
 
 
@@ -294,8 +342,10 @@ def format_table(results: list[dict[str, Any]]) -> str:
     lines = [f"{'size':>16} {'setting':>9} {'method':>18} {'budget':>7} {'kept':>6} {'acc':>6} {'n':>4}"]
     for r in results:
         setting = r["setting"] + (f"/{r['question']}" if r.get("question") else "")
-        lines.append(f"{r['size']:>16} {setting:>9} {r['method']:>18} {r['budget_fraction']:>7.3f} "
-                     f"{r['kept_fraction']:>6.3f} {r['accuracy']:>6.1%} {r['n']:>4}")
+        lines.append(
+            f"{r['size']:>16} {setting:>9} {r['method']:>18} {r['budget_fraction']:>7.3f} "
+            f"{r['kept_fraction']:>6.3f} {r['accuracy']:>6.1%} {r['n']:>4}"
+        )
     return "\n".join(lines)
 
 
@@ -303,8 +353,19 @@ def bench_needle(args) -> int:
     """CLI entry (`python -m visualkv bench needle`)."""
     from visualkv.viz import save_figure
 
-    out = run_needle(args.model, args.needle_sizes, args.scenes, args.scenes_large, args.videos, args.fractions,
-                     args.large_fractions, args.methods, args.block_size, device=args.device, dtype=args.dtype)
+    out = run_needle(
+        args.model,
+        args.needle_sizes,
+        args.scenes,
+        args.scenes_large,
+        args.videos,
+        args.fractions,
+        args.large_fractions,
+        args.methods,
+        args.block_size,
+        device=args.device,
+        dtype=args.dtype,
+    )
     os.makedirs(args.out, exist_ok=True)
     path = args.json_out or os.path.join(args.out, "needle.json")
     out = provenance.save_json(out, path, getattr(args, "provenance", None))
