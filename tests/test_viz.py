@@ -317,3 +317,18 @@ def test_compare_methods_table_and_curves(adapter, image):
     assert len(set(styles)) == len(styles) and all(len(set(parts)) == 2 for parts in zip(*styles))
     assert fig.data[0].line.width > fig.data[1].line.width  # the one drawn first stays visible under the next
     assert viz.agreement([1, 2, 3], [1, 2, 4]) == pytest.approx(2 / 3) and viz.agreement([], []) == 1.0
+
+
+def test_new_chat_takes_a_waiting_turn_out_of_the_queue():
+    """A turn cancelled by New chat before it started must not count in another session's position."""
+    from types import SimpleNamespace
+
+    from ui.handlers import Handlers
+    from ui.state import ModelCache
+
+    h = Handlers(ModelCache(device="cpu"), "tiny-qwen2.5-vl")
+    alice, bob = SimpleNamespace(session_hash="alice"), SimpleNamespace(session_hash="bob")
+    h.queued(alice, {"text": "first question"}, None)
+    h.new_chat(alice, None, "full", "reuse")  # Alice gives up before her turn runs
+    said = h.queued(bob, {"text": "second question"}, None)
+    assert "starting" in str(said) and "position" not in str(said), said

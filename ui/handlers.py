@@ -184,6 +184,11 @@ class Handlers:
             self._waiting.pop(getattr(request, "session_hash", None), None)
             self._running += 1
 
+    def _forget_waiting(self, request) -> None:
+        """A turn cancelled before it started (New chat) no longer counts in other sessions' positions."""
+        with self._queue_lock:
+            self._waiting.pop(getattr(request, "session_hash", None), None)
+
     def _finished(self, seconds: float) -> None:
         with self._queue_lock:
             self._running = max(0, self._running - 1)
@@ -390,7 +395,8 @@ class Handlers:
         state.stop.set()
         return _progress(0, 1, "stopping… (a prefill ends at its next block boundary; an answer at its next token)")
 
-    def new_chat(self, state, method, followup):
+    def new_chat(self, request: gr.Request, state, method, followup):
+        self._forget_waiting(request)
         st = self._state(state)
         st.new_chat()
         return (
