@@ -145,10 +145,13 @@ def run_case(
     t0 = time.perf_counter()
     r1 = session.ask(case.first.question, media)
     kept = float(session.retained().mean()) if n_visual else 1.0
+    first_report = session.report()  # KV held after the first turn: what the method kept of the media
     r2 = session.ask(case.second.question)
     return {
         "n_visual": n_visual,
         "kept_fraction": kept,
+        "final_kv_bytes": first_report["final_kv_bytes"],
+        "full_kv_bytes": first_report["full_kv_bytes"],
         "answers": [r1.answer, r2.answer],
         "correct": [answer_matches(r1.answer, case.first.answer), answer_matches(r2.answer, case.second.answer)],
         "seconds": time.perf_counter() - t0,
@@ -253,6 +256,7 @@ def run_needle(
 def aggregate(per_case: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Accuracy per (method, budget_fraction, setting, size)."""
     groups: dict[tuple, list[tuple[bool, str, float]]] = {}
+    kv_bytes: dict[tuple, list[int]] = {}
     for r in per_case:
         if r["video"]:
             turns = [(f"single ({r['kinds'][0]})", 0), (f"single ({r['kinds'][1]})", 1)]
@@ -261,6 +265,8 @@ def aggregate(per_case: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for setting, t in turns:
             key = (r["method"], r["budget_fraction"], setting, r["size"])
             groups.setdefault(key, []).append((r["correct"][t], r["kinds"][t], r["kept_fraction"]))
+            if "final_kv_bytes" in r:  # runs recorded before this field lack it
+                kv_bytes.setdefault(key, []).append(r["final_kv_bytes"])
     rows = []
     for (method, fraction, setting, size), items in groups.items():
         by_kind: dict[str, list[bool]] = {}
@@ -280,6 +286,9 @@ def aggregate(per_case: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "by_kind": {k: round(sum(v) / len(v), 3) for k, v in sorted(by_kind.items())},
             }
         )
+        held = kv_bytes.get((method, fraction, setting, size))
+        if held:
+            rows[-1]["mean_final_kv_bytes"] = round(float(np.mean(held)))
     rows.sort(key=lambda r: (r["size"], r["setting"], r["method"], r["budget_fraction"]))
     return rows
 
