@@ -104,7 +104,8 @@ def test_flags_stack_salicache_on_a_method():
         "blockwise-snapkv+salicache",
         {"tiers": TIERS, "flow_threshold": 0.0},
     )
-    assert stacked_method("full", True, TIERS) == ("salicache", {"tiers": TIERS})
+    with pytest.raises(ConfigError, match="apply to --method salicache only"):
+        stacked_method("full", True, TIERS)  # full means no compression
     assert stacked_method("blockwise-keydiff") == ("blockwise-keydiff", {})
 
 

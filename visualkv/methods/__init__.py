@@ -58,8 +58,8 @@ def stacked_method(
 
     `--method blockwise-keydiff --skip-frames --tiers 0.43,0.10,0.29` is `blockwise-keydiff+salicache`
     with those tiers. Skipping alone keeps every token at full precision (tiers 1,0,0); tiers alone skip
-    nothing (flow threshold 0). `full` plus either is plain `salicache`. Nothing asked: (method, {}).
-    ConfigError if the result does not compose.
+    nothing (flow threshold 0). Nothing asked: (method, {}). ConfigError (one line) when the result does
+    not compose, `full` included (it means no compression: use `salicache` itself).
     """
     options: dict[str, Any] = {}
     if tiers is not None:
@@ -73,12 +73,13 @@ def stacked_method(
         options["flow_threshold"] = 0.0  # tiers only: keep every frame
     if skip_frames and "tiers" not in options and not has_entry:
         options["tiers"] = (1.0, 0.0, 0.0)  # skipping only: every kept token at full precision
-    if has_entry:
-        name = method
-    elif method == FullCache.name:
-        name = SaliCache.name
-    else:
-        name = f"{method}{SEPARATOR}{SaliCache.name}"
+    if method == FullCache.name:
+        stack_on = [n for n in method_names() if SEPARATOR not in n and f"{n}{SEPARATOR}salicache" in method_names()]
+        raise ConfigError(
+            "--skip-frames / --tiers / --flow-threshold apply to --method salicache only, or stack on a method "
+            f"that composes with it: {', '.join(stack_on)}"
+        )
+    name = method if has_entry else f"{method}{SEPARATOR}{SaliCache.name}"
     return method_traits(name).name, options
 
 
