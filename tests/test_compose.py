@@ -27,6 +27,8 @@ from visualkv.session import ChatSession, SessionConfig
 
 ALL_FAMILIES = ["tiny-qwen2.5-vl", "tiny-smolvlm2", "tiny-qwen3-vl", "tiny-llava-onevision", "tiny-internvl3.5"]
 COMPOSED = ["blockwise-keydiff+salicache", "blockwise-snapkv+salicache"]
+#: the bound holds with LightKV merging inside the forward too
+BOUNDED = [*COMPOSED, "blockwise-snapkv+lightkv+salicache"]
 TIERS = "0.43,0.1,0.29"
 BLOCK = 64
 
@@ -152,7 +154,7 @@ def test_cli_skip_frames_and_tiers_run_the_composed_pipeline(tmp_path, capsys):
 # -- (a) bounded: M + b over every tier, M after every layer of a block -----------------------------
 
 
-@pytest.mark.parametrize("method", COMPOSED)
+@pytest.mark.parametrize("method", BOUNDED)
 @pytest.mark.parametrize("alias", ALL_FAMILIES)
 def test_every_tier_counts_towards_the_budget(alias, method, monkeypatch):
     media, _ = _story_clip()
@@ -297,3 +299,16 @@ def test_reported_bytes_are_the_bytes_held_in_every_tier(alias, monkeypatch):
     assert report["peak_kv_bytes"] == max(watch.of(s)[1])
     entries = [layer.total_entries_per_head() for layer in layers]
     assert report["blocks"][-1]["kv_tokens_per_layer"] == entries
+
+
+def test_settings_of_a_composed_method_are_its_stages_settings():
+    """The app's settings form: each stage's settings under "stage:key", back to {stage: options}."""
+    from visualkv.streaming import method_options, method_settings
+
+    keys = {s.key for s in method_settings("blockwise-snapkv+salicache")}
+    assert {"salicache:config.tiers", "salicache:config.flow_threshold", "blockwise-snapkv:config.window"} <= keys
+    options = method_options(
+        "blockwise-snapkv+salicache", {"salicache:config.tiers": "0.5,0.2,0.1", "blockwise-snapkv:config.window": 16}
+    )
+    sali, snap = make_method("blockwise-snapkv+salicache", **options).stages
+    assert sali.config.tiers == (0.5, 0.2, 0.1) and snap.config.window == 16

@@ -146,7 +146,15 @@ def test_qwen_image_strips_are_exact_in_the_windowed_layers(small_image, monkeyp
 # -- invariant 2 and 6: bounded visual entries, exact bytes, telemetry agrees ----------------
 
 #: every method, composed ones included (visualkv.methods.compose)
-METHODS_ALL = [*ALL, "salicache", "lightkv", "blockwise-keydiff+salicache", "blockwise-snapkv+salicache"]
+METHODS_ALL = [
+    *ALL,
+    "salicache",
+    "lightkv",
+    "blockwise-keydiff+salicache",
+    "blockwise-snapkv+salicache",
+    "blockwise-keydiff+lightkv",
+    "lightkv+salicache",
+]
 
 
 def _visual_seq(session) -> torch.Tensor:
