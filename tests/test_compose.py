@@ -312,3 +312,18 @@ def test_settings_of_a_composed_method_are_its_stages_settings():
     )
     sali, snap = make_method("blockwise-snapkv+salicache", **options).stages
     assert sali.config.tiers == (0.5, 0.2, 0.1) and snap.config.window == 16
+
+
+def test_memory_guard_sees_a_composed_pipeline_as_bounded(small_video):
+    """The guard reads the pipeline's flags: block-wise's bound, not Sali-Cache's bulk prefill."""
+    from visualkv.memory_guard import MemoryGuard
+
+    adapter = get_adapter("tiny-qwen2.5-vl")
+    prepared = adapter.prepare(small_video, PROMPT)
+    guard = MemoryGuard(free_bytes=lambda: 10**12)
+
+    def estimate(method, budget=None):
+        return guard.check(adapter, prepared, SessionConfig(method=method, budget=budget)).kv_bytes
+
+    composed = estimate("blockwise-keydiff+salicache", 16)
+    assert composed == estimate("blockwise-keydiff", 16) < estimate("salicache")

@@ -4,6 +4,10 @@ After every block, each layer keeps at most `budget` visual entries per KV
 head, so the cache never holds more than budget + block + protected entries.
 Eviction happens right after the layer has processed the block (layer by
 layer), which is the earliest moment all scores are known.
+With Sali-Cache stacked on top (a composed pipeline, see compose.py) the
+cache also holds packed INT8 / INT4 entries: the budget then bounds every
+tier (`evict_tiers` splits M by the tier shares and scores packed keys
+dequantized, together with the full-precision ones).
 
 SnapKV needs queries from the user's question, which comes *after* the media.
 Our choice (the paper does not say): before the first visual block we run one
