@@ -102,6 +102,8 @@ class Method:
     #: the LLM and how it is stored, in `begin`), "merge" (shrinks the block inside the forward), "evict"
     #: (bounds each layer after every block); None = not composable
     compose_role: ClassVar[str | None] = None
+    #: why a method with no role does not compose (the one-line refusal says it)
+    compose_refusal: ClassVar[str] = "it has no role in a pipeline"
     #: token ids of a question to use as proxy instead of the prompt's own (follow-up re-prefill)
     proxy_ids: torch.Tensor | None = None
 

@@ -91,12 +91,9 @@ def stage_classes(name: str, registry: dict[str, type[Method]]) -> list[type[Met
     composable = [n for n, c in registry.items() if role_of(c)]
     for cls in classes:
         if role_of(cls) is None:
-            why = (
-                "it keeps everything: leave it out"
-                if not cls.needs_budget
-                else "it compresses once after a full prefill, so it bounds nothing per block; use blockwise-snapkv"
+            raise ConfigError(
+                f"{cls.name} does not compose ({cls.compose_refusal}); composable: {', '.join(composable)}"
             )
-            raise ConfigError(f"{cls.name} does not compose ({why}); composable: {', '.join(composable)}")
     for role in RUN_ORDER:
         same = [c.name for c in classes if role_of(c) == role]
         if len(same) > 1:
