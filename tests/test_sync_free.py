@@ -91,6 +91,9 @@ CASES = [
     ("post-snapkv", 24, None),
     ("salicache", None, None),
     ("salicache", None, "blockwise"),
+    # composed: packed tiers scored and evicted too (counts are host ints)
+    ("blockwise-keydiff+salicache", 24, "blockwise"),
+    ("blockwise-snapkv+salicache", 24, None),
     # LightKV's merge still reads device data at each merge stage (the next layers' length depends on which
     # tokens survived; its window bookkeeping runs on the host): open work of issue 11, reported as such.
     pytest.param("lightkv", None, None, marks=pytest.mark.xfail(strict=True, reason="LightKV merge: host reads")),
@@ -104,7 +107,9 @@ CASES = [
 @pytest.mark.parametrize(("method", "budget", "prefill"), CASES)
 def test_no_host_sync_in_layer_loop(guard, family, method, budget, prefill):
     adapter = get_adapter(family)
-    media = video_media(4, 224, 168, fps=1.0, seed=3) if method == "salicache" else image_media(448, 336, seed=1)
+    media = (
+        video_media(4, 224, 168, fps=1.0, seed=3) if "salicache" in method.split("+") else image_media(448, 336, seed=1)
+    )
     session = ChatSession(
         adapter, SessionConfig(method=method, budget=budget, prefill=prefill, block_size=48, max_new_tokens=3)
     )

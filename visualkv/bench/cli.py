@@ -55,7 +55,7 @@ DEFAULT_MODELS = {"needle": DEMO_MODEL, "gpu": "shape-qwen2.5-vl-7b"}
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
     from visualkv.bench.needle import DEFAULT_FRACTIONS, DEFAULT_LARGE_FRACTIONS, DEFAULT_NEEDLE_SIZES
-    from visualkv.methods import METHODS
+    from visualkv.methods import method_names
 
     p.formatter_class = HelpFormatter
     p.description = "Benchmarks; figures go to --out as JSON, HTML and PNG.\n" + "\n".join(
@@ -88,7 +88,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="(one) prefill mode (default: the method's)",
     )
-    p.add_argument("--method", choices=list(METHODS), default="full", help="(one) method")
+    p.add_argument("--method", choices=method_names(), default="full", metavar="METHOD", help="(one) method")
     p.add_argument(
         "--sizes",
         type=comma_list(positive_float),
@@ -319,13 +319,13 @@ def measure_one(
         torch.cuda.reset_peak_memory_stats()
     base_rss, base_peak = rss_bytes(), peak_rss_bytes()
     base_cuda = torch.cuda.memory_allocated() if torch.cuda.is_available() else None
-    from visualkv.methods import METHODS
+    from visualkv.methods import method_traits
 
     session = ChatSession(
         adapter,
         SessionConfig(
             method=method,
-            budget=budget if METHODS[method].needs_budget else None,
+            budget=budget if method_traits(method).needs_budget else None,
             block_size=block_size,
             prefill=prefill,
             max_new_tokens=1,
@@ -339,7 +339,7 @@ def measure_one(
     entry_bytes = a.num_layers * 2 * a.num_kv_heads * a.head_dim * torch.empty((), dtype=a.dtype).element_size()
     protected = report["prompt_tokens"] - report["visual_tokens"] + 1  # + the first decoded token
     bound = None
-    if METHODS[method].needs_budget and budget:
+    if method_traits(method).needs_budget and budget:
         bound = (budget + report["block_size"] + protected) * entry_bytes  # (M + b + protected) in every layer
     return {
         "model": model,
@@ -697,7 +697,7 @@ def bench_fidelity(args: argparse.Namespace) -> int:
     """
     import torch
 
-    from visualkv.methods import METHODS
+    from visualkv.methods import method_traits
     from visualkv.models.registry import load_model
     from visualkv.session import ChatSession, SessionConfig
 
@@ -710,7 +710,7 @@ def bench_fidelity(args: argparse.Namespace) -> int:
     rows = []
     methods = args.methods
     for method in methods:
-        budget = 10**7 if METHODS[method].needs_budget else None
+        budget = 10**7 if method_traits(method).needs_budget else None
         s = ChatSession(
             adapter,
             SessionConfig(

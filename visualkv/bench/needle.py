@@ -131,12 +131,12 @@ def run_case(
     block_size: int | None,
     max_new_tokens: int,
 ) -> dict[str, Any]:
-    from visualkv.methods import METHODS
+    from visualkv.methods import method_traits
     from visualkv.session import ChatSession, SessionConfig
 
     n_visual = adapter_visual_tokens(adapter, media)
     budget = None
-    if METHODS[method].needs_budget:
+    if method_traits(method).needs_budget:
         budget = max(1, round((fraction or 1.0) * n_visual))
     cfg = SessionConfig(
         method=method, budget=budget, block_size=block_size, max_new_tokens=max_new_tokens, method_options=dict(options)
@@ -185,16 +185,15 @@ def run_needle(
     log=print,
 ) -> dict[str, Any]:
     """Run the benchmark and return ``{"results": [...], "cases": [...], ...}``."""
-    from visualkv.methods import METHODS
+    from visualkv.methods import METHODS, method_traits
     from visualkv.models.registry import load_model
 
     sizes = sizes or list(DEFAULT_NEEDLE_SIZES)
     fractions = fractions or list(DEFAULT_FRACTIONS)
     if methods is None:
         methods = ["full", *EVICTION_METHODS, *(m for m in ("salicache", "lightkv") if m in METHODS)]
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        raise ConfigError(f"unknown method {', '.join(unknown)}; choose from {', '.join(METHODS)}")
+    for m in methods:
+        method_traits(m)  # ConfigError (one line) for an unknown or refused name
     cases: list[NeedleCase] = []
     for size in sizes:
         n = n_large if size[0] * size[1] > LARGE_PIXELS else n_scenes
