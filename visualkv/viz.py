@@ -380,7 +380,12 @@ def retained_view(
             frames, times, report, lambda img, f: _token_overlay(img, report, values, 240, {f}, alpha=opacity)
         )
     else:
-        body = _token_overlay(frames[0], report, values, max_side, alpha=opacity)
+        body = _image_panels(
+            frames[0],
+            report,
+            lambda img, flt, side: _token_overlay(img, report, values, side, flt, alpha=opacity),
+            max_side,
+        )
     return _with_colour_bar(body, KEEP_CMAP, KEEP_BAR_TITLE) if colour_bar else body
 
 
@@ -397,7 +402,12 @@ def saliency_view(
             frames, times, report, lambda img, f: _token_overlay(img, report, values, 240, {f}, cmap=SALIENCY_CMAP)
         )
     else:
-        body = _token_overlay(frames[0], report, values, max_side, cmap=SALIENCY_CMAP)
+        body = _image_panels(
+            frames[0],
+            report,
+            lambda img, flt, side: _token_overlay(img, report, values, side, flt, SALIENCY_CMAP),
+            max_side,
+        )
     return _with_colour_bar(body, SALIENCY_CMAP, "saliency (0 = background, 1 = most salient)", percent=False)
 
 
@@ -419,7 +429,9 @@ def tier_view(
     if _layout_is_video(report):
         body = _frame_strip(frames, times, report, lambda img, f: _token_paint(img, report, colours, 240, {f}))
     else:
-        body = _token_paint(frames[0], report, colours, max_side)
+        body = _image_panels(
+            frames[0], report, lambda img, flt, side: _token_paint(img, report, colours, side, flt), max_side
+        )
     counts = report.get("tiers") or {n: names.count(n) for n in dict.fromkeys(names)}
     return _with_legend(body, [(label, colour, counts.get(name)) for name, label, colour in TIERS])
 
@@ -453,14 +465,20 @@ def saliency_gallery(
     values = _saliency_values(report)
     if values is None:
         return None
-    layout_frames = (report.get("layout") or {}).get("frames", [])
     token_frame = np.asarray((report.get("layout") or {}).get("token_frame", []), dtype=np.int64)
     items = []
     for f, caption in enumerate(_layout_frame_captions(report)):
-        img = _token_overlay(
-            _frame_source(frames, times, layout_frames[f]), report, values, max_side, {f}, cmap=SALIENCY_CMAP
+        img = _gallery_item(
+            frames,
+            times,
+            report,
+            f,
+            lambda im, flt, side: _token_overlay(im, report, values, side, flt, cmap=SALIENCY_CMAP),
+            max_side,
         )
-        mine = values[: len(token_frame)][token_frame[: len(values)] == f]
+        mine = values[: len(token_frame)]
+        if _layout_is_video(report):
+            mine = mine[token_frame[: len(values)] == f]
         mean = f" · mean saliency {float(mine.mean()):.2f}" if mine.size else ""
         items.append(
             (
@@ -480,15 +498,16 @@ def tier_gallery(
         return None
     names = _tier_names(report)
     colours = np.array([_tier_colour(n) for n in names], dtype=np.float32)
-    layout_frames = (report.get("layout") or {}).get("frames", [])
     token_frame = (report.get("layout") or {}).get("token_frame", [])
     items = []
     for f, caption in enumerate(_layout_frame_captions(report)):
         counts = {name: 0 for name, _, _ in TIERS}
         for i, frame in enumerate(token_frame[: len(names)]):
-            if frame == f:
+            if frame == f or not _layout_is_video(report):  # an image: one item for all its tiles
                 counts[names[i]] = counts.get(names[i], 0) + 1
-        img = _token_paint(_frame_source(frames, times, layout_frames[f]), report, colours, max_side, {f})
+        img = _gallery_item(
+            frames, times, report, f, lambda im, flt, side: _token_paint(im, report, colours, side, flt), max_side
+        )
         legend = [(label, colour, counts.get(name, 0)) for name, label, colour in TIERS]
         text = ", ".join(f"{label} {counts.get(name, 0)}" for name, label, _ in TIERS if counts.get(name))
         items.append((_with_legend(img, legend), f"{caption} · {text}"))
@@ -537,7 +556,9 @@ def merge_view(
     if _layout_is_video(report):
         body = _frame_strip(frames, times, report, lambda img, f: _token_paint(img, report, colours, 240, {f}))
     else:
-        body = _token_paint(frames[0], report, colours, max_side)
+        body = _image_panels(
+            frames[0], report, lambda img, flt, side: _token_paint(img, report, colours, side, flt), max_side
+        )
     return _with_legend(body, merge_legend(report))
 
 
@@ -563,34 +584,55 @@ def merge_legend(report: dict[str, Any]) -> list[tuple[str, tuple[int, int, int]
 MERGED_COLOUR = (40, 40, 40)
 
 
+def _image_panels(image: np.ndarray, report: dict[str, Any], draw, max_side: int) -> Image.Image:
+    """An image's token view, `draw(image, frame_filter, max_side)`: every tile's tokens over that tile's box.
+    A thumbnail frame ("global": SmolVLM's and InternVL's thumbnail, LLaVA-OneVision's base image) has tokens
+    of its own that cover the whole image; drawn on top they would hide the tiles' (a kept thumbnail token
+    over an evicted tile token), so they get a panel of their own beside, on a copy a third the size."""
+    frames = (report.get("layout") or {}).get("frames", [])
+    thumbs = {f for f, info in enumerate(frames) if info.get("kind") == "global"}
+    if not thumbs or len(thumbs) == len(frames):
+        return draw(image, None, max_side)
+    main = draw(image, set(range(len(frames))) - thumbs, max_side)
+    thumb = draw(image, thumbs, max(1, max(main.size) // 3))
+    return _grid([main, thumb], ["tiles", "thumbnail: its own tokens, whole image"])
+
+
+def _gallery_item(frames, times, report: dict[str, Any], f: int, draw, max_side: int) -> Image.Image:
+    """Layout frame `f` of a video on its media frame; an image as a whole (tiles + thumbnail panel)."""
+    if not _layout_is_video(report):
+        return _image_panels(frames[0], report, draw, max_side)
+    layout_frames = (report.get("layout") or {}).get("frames", [])
+    return draw(_frame_source(frames, times, layout_frames[f]), {f}, max_side)
+
+
 def _layout_is_video(report: dict[str, Any]) -> bool:
     frames = (report.get("layout") or {}).get("frames", [])
     return any(f.get("kind") == "frame" for f in frames)
 
 
 def _token_boxes(report: dict[str, Any], scale: float, frame_filter: set[int] | None):
-    """Yield (visual token index, (row slice, col slice)) on the downscaled canvas."""
+    """Yield (visual token index, (row slice, col slice)) on the downscaled canvas.
+
+    Cell edges are the layout's own (`layout.grid_boxes`: linspace over the frame's box, rounded), so at
+    scale 1 a token covers exactly its layout box and neighbouring tokens (and tiles) share edges."""
     layout = report.get("layout") or {}
     frames = layout.get("frames", [])
     token_frame = layout.get("token_frame", [])
     rows, cols = layout.get("token_row", []), layout.get("token_col", [])
+    edges: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # frame -> pixel edges of its columns and rows
     for i in range(len(token_frame)):
         f = token_frame[i]
         if frame_filter is not None and f not in frame_filter:
             continue
-        x0, y0, x1, y1 = frames[f]["box"]
-        gr, gc = frames[f]["grid"]
-        bx0 = x0 + (x1 - x0) * cols[i] / gc
-        by0 = y0 + (y1 - y0) * rows[i] / gr
-        bx1 = x0 + (x1 - x0) * (cols[i] + 1) / gc
-        by1 = y0 + (y1 - y0) * (rows[i] + 1) / gr
-        yield (
-            i,
-            (
-                slice(int(by0 * scale), max(int(by0 * scale) + 1, int(by1 * scale))),
-                slice(int(bx0 * scale), max(int(bx0 * scale) + 1, int(bx1 * scale))),
-            ),
-        )
+        if f not in edges:
+            x0, y0, x1, y1 = frames[f]["box"]
+            gr, gc = frames[f]["grid"]
+            xs, ys = np.linspace(x0, x1, gc + 1), np.linspace(y0, y1, gr + 1)
+            edges[f] = (np.round(np.round(xs) * scale).astype(int), np.round(np.round(ys) * scale).astype(int))
+        xs, ys = edges[f]
+        c, r = cols[i], rows[i]
+        yield i, (slice(ys[r], max(ys[r] + 1, ys[r + 1])), slice(xs[c], max(xs[c] + 1, xs[c + 1])))
 
 
 def _downscale(image: np.ndarray, max_side: int) -> tuple[Image.Image, float]:

@@ -593,6 +593,85 @@ def table_families_4k(results: Path) -> str:
     return "\n".join(lines + ["", source_line(*sources)])
 
 
+def table_families_fidelity(results: Path) -> str:
+    """Block-by-block prefill with nothing evicted against one whole prefill, per newer family (tiny aliases):
+    the worst over the methods the JSON holds."""
+    body, sources = [], []
+    for alias in FAMILY_ALIASES:
+        for kind in ("image", "video"):
+            name = f"fidelity_{kind}_{alias}.json"
+            if not (results / name).exists():
+                continue
+            d = load(name, results)
+            sources.append((name, d))
+            rows = d["rows"]
+            size = format(d["size"], "g")
+            body.append(
+                [
+                    alias,
+                    f"video, {size} frames" if d["video"] else f"image, {size} MP",
+                    str(max(r["blocks"] for r in rows)),
+                    f"{max(r['max_abs_logit_diff'] for r in rows):.2g}",
+                    f"{rows[0]['ref_logit_range']:.2f}",
+                    f"{min(r['cosine'] for r in rows):.5f}",
+                    "yes" if all(r["same_top1"] for r in rows) else "no",
+                    f"{min(r['greedy_token_agreement'] for r in rows) * 100:.0f} %",
+                    ", ".join(r["method"] for r in rows),
+                ]
+            )
+    lines = _table(
+        [
+            "tiny alias",
+            "input",
+            "blocks",
+            "max \\|Δlogit\\|",
+            "logit range",
+            "cosine (min)",
+            "same top-1",
+            "greedy tokens equal (min)",
+            "methods",
+        ],
+        body,
+    )
+    return "\n".join(lines + ["", source_line(*sources)])
+
+
+def table_families_latency(results: Path) -> str:
+    """TTFT of full, forced block-wise and hybrid prefill at 4K per newer family (tiny aliases)."""
+    body, sources = [], []
+    for alias in FAMILY_ALIASES:
+        name = f"latency_image_{alias}.json"
+        if not (results / name).exists():
+            continue
+        d = load(name, results)
+        sources.append((name, d))
+        t = d["ttft_seconds"]
+        body.append(
+            [
+                alias,
+                machine_label(d.get("provenance")),
+                f"{t['full']:.2f} s",
+                f"{t['blockwise']:.2f} s",
+                f"{t['hybrid']:.2f} s",
+                f"{d['ratios']['blockwise/full']:.2f} / {d['ratios']['hybrid/full']:.2f}",
+                f"{d['paired_median_ratios']['blockwise/full']:.2f} / {d['paired_median_ratios']['hybrid/full']:.2f}",
+            ]
+        )
+    lines = _table(
+        [
+            "tiny alias",
+            "run",
+            "TTFT full",
+            "forced block-wise",
+            "hybrid",
+            "block-wise / full, hybrid / full (min)",
+            "(paired median)",
+        ],
+        body,
+    )
+    return "\n".join(lines + ["", source_line(*sources)])
+
+
 def table_memory_guard(results: Path) -> str:
     """The memory guard's estimate against measured memory (scripts/guard_check.py)."""
     name = "memory_guard_cpu.json"
@@ -650,6 +729,8 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "needle-before-after": table_needle_before_after,
     "speed-issue11": table_speed_issue11,
     "families-4k": table_families_4k,
+    "families-fidelity": table_families_fidelity,
+    "families-latency": table_families_latency,
     "memory-guard": table_memory_guard,
     "load": table_load,
 }
