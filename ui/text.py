@@ -35,6 +35,12 @@ SETTING_HELP = {
 }
 
 
+def method_choices() -> list[str]:
+    """Every method name the app offers (method dropdown, Compare, settings groups) and accepts: the one
+    place the app reads the list of choosable methods from."""
+    return list(METHODS)
+
+
 def md_escape(text: str) -> str:
     """Show `text` literally inside Markdown (error messages carry paths, quotes, underscores)."""
     return re.sub(r"([\\`*_\[\]<>#|])", r"\\\1", text)
