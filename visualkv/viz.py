@@ -907,9 +907,9 @@ def frame_timeline_figure(report: dict[str, Any], max_frames: int = TIMELINE_MAX
         title, y_title = _per_frame_timeline(fig, report, times, skipped)
     encoded = report.get("vision_encoder_frames")
     if encoded is not None:
-        title += f" | {len(frames)} sampled, {sum(skipped)} skipped, {encoded} sent to the vision encoder"
+        title += f"<br>{len(frames)} sampled, {sum(skipped)} skipped, {encoded} sent to the vision encoder"
     fig.update_layout(
-        title={"text": title, "font": {"size": 13}},
+        title={"text": title, "font": {"size": 13}, "y": 0.97, "yanchor": "top"},
         xaxis={
             "title": "time (s) · drag to zoom, or use the range slider",
             "rangeslider": {"visible": True, "thickness": 0.1},
@@ -917,9 +917,9 @@ def frame_timeline_figure(report: dict[str, Any], max_frames: int = TIMELINE_MAX
         },
         yaxis_title=y_title,
         yaxis2={"overlaying": "y", "range": [0, 1], "visible": False, "fixedrange": True},
-        height=320,
-        margin={"l": 50, "r": 10, "t": 40, "b": 40},
-        legend={"orientation": "h", "y": -0.45},
+        height=380,
+        margin={"l": 50, "r": 10, "t": 90, "b": 40},
+        legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 0},  # above the plot, clear of the slider
         yaxis={"showticklabels": has_motion(report)},
         barmode="stack",
     )
@@ -985,7 +985,8 @@ def _binned_timeline(fig: go.Figure, report: dict[str, Any], times: np.ndarray, 
     index = np.floor(times / width).astype(np.int64)
     bins, inverse, counts = np.unique(index, return_inverse=True, return_counts=True)
     n_skipped = np.bincount(inverse, weights=skipped.astype(np.float64)).astype(np.int64)
-    centres = (bins + 0.5) * width
+    # plain lists: Plotly would send numpy arrays as typed-array blobs, which the page's `data` does not decode
+    centres = ((bins + 0.5) * width).tolist()
     hover = [
         f"{clock(b * width)}–{clock((b + 1) * width)}: {n} frames, {k} skipped"
         for b, n, k in zip(bins, counts, n_skipped)
@@ -993,9 +994,10 @@ def _binned_timeline(fig: go.Figure, report: dict[str, Any], times: np.ndarray, 
     bar = {"x": centres, "width": width * 0.9, "hovertext": hover, "hoverinfo": "text+y"}
     if has_motion(report):
         motion = np.array([f.get("motion") or 0.0 for f in report["frames"]], dtype=np.float64)
-        mean = np.bincount(inverse, weights=motion) / counts
+        mean = (np.bincount(inverse, weights=motion) / counts).tolist()
         peak = np.full(len(bins), -np.inf)
         np.maximum.at(peak, inverse, motion)
+        peak = peak.tolist()
         fig.add_trace(go.Bar(y=mean, name=f"motion (mean per {width} s)", marker_color=_hex(KEPT_COLOUR), **bar))
         fig.add_trace(
             go.Scatter(
@@ -1007,11 +1009,15 @@ def _binned_timeline(fig: go.Figure, report: dict[str, Any], times: np.ndarray, 
                 hovertext=hover,
             )
         )
-        _threshold(fig, report, times)
+        _threshold(fig, report, times.tolist())
         title, y_title = f"motion in bins of {width} s (shaded: skipped frames)", "motion (px, downscaled frame)"
     else:
-        fig.add_trace(go.Bar(y=counts - n_skipped, name="kept frames per bin", marker_color=_hex(KEPT_COLOUR), **bar))
-        fig.add_trace(go.Bar(y=n_skipped, name="skipped frames per bin", marker_color=_hex(SKIPPED_COLOUR), **bar))
+        fig.add_trace(
+            go.Bar(y=(counts - n_skipped).tolist(), name="kept frames per bin", marker_color=_hex(KEPT_COLOUR), **bar)
+        )
+        fig.add_trace(
+            go.Bar(y=n_skipped.tolist(), name="skipped frames per bin", marker_color=_hex(SKIPPED_COLOUR), **bar)
+        )
         title, y_title = f"sampled frames in bins of {width} s (shaded: skipped)", "frames per bin"
     return title, y_title
 
