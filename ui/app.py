@@ -38,6 +38,8 @@ CSS = """
   text-overflow: clip !important; position: static !important; font-size: 0.8em; line-height: 1.2;}
 #vkv-examples .thumbnail-item {flex-direction: column; aspect-ratio: auto !important; height: auto !important;}
 #vkv-examples .thumbnail-item img {height: 80px !important; object-fit: cover;}
+#vkv-examples .grid-wrap {min-height: 0 !important; height: auto !important; max-height: none !important;}
+#vkv-examples .grid-container {padding-top: 32px !important;}  /* below the gallery's floating label */
 #vkv-results button[role=tab] {padding: 4px 9px; font-size: 0.92em;}  /* all six result tabs fit in one row */
 /* a control the chosen method does not use looks switched off, not editable */
 #vkv-budget input:disabled {background: repeating-linear-gradient(45deg, #eee, #eee 6px, #e2e2e2 6px, #e2e2e2 12px);
