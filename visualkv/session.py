@@ -30,7 +30,7 @@ from visualkv.engine import Engine, PrefillResult
 from visualkv.errors import ConfigError
 from visualkv.media import Media
 from visualkv.memory_guard import MemoryGuard
-from visualkv.methods import METHODS, make_method
+from visualkv.methods import METHODS, make_method, media_limits
 from visualkv.models.base import ModelAdapter, PreparedInput
 from visualkv.telemetry import BlockEvent, TurnRecord, cuda_peak, peak_rss_bytes, reset_cuda_peak
 
@@ -158,6 +158,10 @@ class ChatSession:
 
     # -- turns --------------------------------------------------------------------
     def _first_turn(self, prompt: str, media: Media | None, on_block, should_stop=None) -> torch.Tensor:
+        if media is not None and media.kind == "video":  # the frame cap follows the method (none if bounded)
+            span = media.times[-1] - media.times[0] if media.num_frames > 1 else 0.0
+            fps = (media.num_frames - 1) / span if span > 0 else 1.0
+            media_limits(self.config.method).check_frame_count(media.num_frames, media.path or "the video", fps)
         prepared = self.adapter.prepare(media, prompt)
         self.guard.check(self.adapter, prepared, self.config)
         cache = CompressibleCache(self.adapter.num_layers, headroom=self.config.max_new_tokens + 1)

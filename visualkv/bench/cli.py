@@ -133,7 +133,13 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         default=["image", "video"],
         help="(gpu) which inputs: image, video or both",
     )
-    p.add_argument("--max-frames", type=positive_int, default=64, help="(salicache) video frames sampled at most")
+    p.add_argument(
+        "--max-frames",
+        type=non_negative_int,
+        default=None,
+        help="(salicache/one) video frames sampled at most (salicache default 64; one: 0 or unset = no cap beyond "
+        "the method's, see run --max-frames)",
+    )
     p.add_argument(
         "--max-new-tokens", type=positive_int, default=16, help="(salicache) greedy tokens compared with full"
     )
@@ -207,6 +213,8 @@ def run_bench(args: argparse.Namespace) -> int:
             args.device,
             args.dtype,
             args.media_file,
+            args.fps,
+            args.max_frames,
         )
         text = json.dumps(result)
         if args.json_out:
@@ -265,6 +273,8 @@ def measure_one(
     device: str = "cpu",
     dtype: str = "auto",
     media_file: str | None = None,
+    fps: float = 1.0,
+    max_frames: int | None = None,
 ) -> dict[str, Any]:
     """Prefill one input and report memory and time (meant for a fresh process).
 
@@ -279,9 +289,11 @@ def measure_one(
 
     adapter = load_model(model, device=device, dtype=dtype)
     if media_file:
-        from visualkv.media import load_media
+        from visualkv.media import FrameSampling, load_media
+        from visualkv.methods import media_limits
 
-        media = load_media(media_file)
+        # a video is decoded lazily, frame cap of the method (as the CLI's run does)
+        media = load_media(media_file, media_limits(method), FrameSampling(fps=fps, max_frames=max_frames or None))
     else:
         media = _media(size, video)
     if torch.cuda.is_available():
@@ -374,6 +386,8 @@ def _subprocess_one(args: argparse.Namespace, method: str, size: float) -> dict[
         cmd += ["--media-file", media_file]
     if args.block_size:
         cmd += ["--block-size", str(args.block_size)]
+    if media_file and args.video:
+        cmd += ["--fps", str(args.fps), "--max-frames", str(args.max_frames or 0)]
     if args.video:
         cmd.append("--video")
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -546,7 +560,8 @@ def bench_salicache(args: argparse.Namespace) -> int:
     from visualkv.models.registry import load_model
     from visualkv.session import ChatSession, SessionConfig
 
-    media = load_media(args.media, sampling=FrameSampling(fps=args.fps, max_frames=args.max_frames))
+    max_frames = 64 if args.max_frames is None else args.max_frames or None
+    media = load_media(args.media, sampling=FrameSampling(fps=args.fps, max_frames=max_frames))
     adapter = load_model(args.model, device=args.device, dtype=args.dtype)
     prompt = "What happens in the video?" if media.kind == "video" else "Describe the image."
     ttft: dict[str, float] = {}
@@ -568,7 +583,7 @@ def bench_salicache(args: argparse.Namespace) -> int:
         "model": args.model,
         "media": args.media,
         "fps": args.fps,
-        "max_frames": args.max_frames,
+        "max_frames": max_frames,
         "frames": len(media.frames),
         "visual_tokens": sali_report["visual_tokens"],
         "ttft_seconds": ttft,
