@@ -85,6 +85,11 @@ class SessionConfig:
             raise ConfigError("followup must be 'reuse' or 'reprefill'")
 
 
+#: most (layer, visual token) keep fractions written to the JSON report (~14 MB of JSON); beyond it only the
+#: per-token average over layers (`retained`) is written
+REPORT_PER_LAYER_VALUES = 2_000_000
+
+
 class ChatSession:
     """One conversation: its cache, its history and its telemetry."""
 
@@ -384,8 +389,16 @@ class ChatSession:
             "blocks": [b.to_dict() for b in self.blocks],
             "turns": [t.to_dict() for t in self.turns],
             "retained": self.retained().round(4).tolist(),
-            "retained_per_layer": self.retained_per_layer().round(3).tolist(),
         }
+        has_prefill = self.cache is not None and self.prepared is not None
+        n_values = len(self.cache.layers) * self.prepared.layout.n_visual if has_prefill else 0
+        if n_values <= REPORT_PER_LAYER_VALUES:
+            report["retained_per_layer"] = self.retained_per_layer().round(3).tolist()
+        else:  # an hour of video: 28 layers x 540k tokens would be ~100 MB of JSON and ~0.7 GB of Python floats
+            report["retained_per_layer_omitted"] = (
+                f"{n_values:,} values (layers x visual tokens) exceed the report's {REPORT_PER_LAYER_VALUES:,}; "
+                "see `retained` (averaged over layers) or ChatSession.retained_per_layer()"
+            )
         if layout is not None:
             report["layout"] = {
                 "frames": [
