@@ -228,7 +228,7 @@ session.ask("What happens?", media)
 report = session.report()
 print(json.dumps({
     "frames": media.num_frames, "visual_tokens": report["visual_tokens"], "peak": status("VmHWM") - before,
-    "block_rss": max(b["rss_bytes"] for b in report["blocks"]) - before,
+    "block_rss": [b["rss_bytes"] - before for b in report["blocks"]],
     "peak_live_frames": media.frames.peak_live_frames if lazy else media.num_frames,
 }))
 """
@@ -246,18 +246,18 @@ def _turn_memory(video: str, warm: str, mode: str = "lazy") -> dict:
 
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's VmHWM reset")
-def test_peak_rss_does_not_grow_with_the_video(tmp_path: Path) -> None:
+def test_rss_stays_flat_over_a_long_video(tmp_path: Path) -> None:
     warm = write_video_file(str(tmp_path / "warm.mp4"), 20, 160, 90, fps=10.0, seed=1)
-    short, long = (
-        _turn_memory(write_video_file(str(tmp_path / f"v{n}.mp4"), n, 160, 90, fps=10.0, seed=n), warm)
-        for n in (60, 600)
-    )
-    assert long["frames"] == 600 and long["visual_tokens"] >= 9 * short["visual_tokens"]
-    assert long["peak_live_frames"] <= 8 + 4  # one block's frames (72 tokens / 18 per patch x 2) + the cache
-    # holding the frames would add 540 x 160 x 90 x 3 = 23 MB; what grows with the tokens is far less
-    frames_growth = (long["frames"] - short["frames"]) * 160 * 90 * 3
-    for key in ("peak", "block_rss"):
-        assert long[key] - short[key] < 0.25 * frames_growth, (short, long)
+    run = _turn_memory(write_video_file(str(tmp_path / "long.mp4"), 600, 160, 90, fps=10.0, seed=6), warm)
+    series = run["block_rss"]
+    assert run["frames"] == 600 and len(series) > 60
+    assert run["peak_live_frames"] <= 8 + 4  # one block's frames (72 tokens / 18 per patch x 2) + the cache
+    # RSS reaches its steady state within ~10 blocks (allocator and cache warm-up), then stays flat while
+    # the last third of the video (200 frames, 8.6 MB decoded) goes through: nothing per frame is kept
+    third = len(series) // 3
+    frames_bytes = 200 * 160 * 90 * 3
+    assert max(series[2 * third :]) - max(series[third : 2 * third]) < 0.25 * frames_bytes, series
+    assert run["peak"] < 4 * frames_bytes, run["peak"]  # the whole turn, loading included (~25 MB measured)
 
 
 def test_report_leaves_out_per_layer_fractions_beyond_its_limit(monkeypatch: pytest.MonkeyPatch) -> None:
