@@ -257,7 +257,6 @@ def test_rss_stays_flat_over_a_long_video(tmp_path: Path) -> None:
     third = len(series) // 3
     frames_bytes = 200 * 160 * 90 * 3
     assert max(series[2 * third :]) - max(series[third : 2 * third]) < 0.25 * frames_bytes, series
-    assert run["peak"] < 4 * frames_bytes, run["peak"]  # the whole turn, loading included (~25 MB measured)
 
 
 def test_report_leaves_out_per_layer_fractions_beyond_its_limit(monkeypatch: pytest.MonkeyPatch) -> None:
