@@ -125,7 +125,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     # gpu: every method vs transformers' generate (visualkv/bench/gpu.py)
     p.add_argument("--image-size", type=scene_size, default=(3840, 2160), help="(gpu) WxH of the image input")
     p.add_argument("--video-seconds", type=positive_int, default=512, help="(gpu) length of the video input")
-    p.add_argument("--video-size", type=scene_size, default=(640, 360), help="(gpu) WxH of the video frames")
+    p.add_argument(
+        "--video-size", type=scene_size, default=(640, 360), help="(gpu, memory --video) WxH of the video frames"
+    )
     p.add_argument("--new-tokens", type=positive_int, default=64, help="(gpu) tokens decoded per case (EOS ignored)")
     p.add_argument(
         "--inputs",
@@ -347,9 +349,17 @@ def measure_one(
 
 
 def _input_file(args: argparse.Namespace, size: float) -> str | None:
-    """Write the synthetic image for `size` once, so each run loads it like an upload."""
+    """Write the synthetic image (or `size`-second video at 1 fps, `--video-size`) for `size` once, so each
+    run loads it like an upload (a video then decodes lazily, as the CLI's run does)."""
     if args.video:
-        return None
+        from visualkv.bench.synthetic import write_video_file
+
+        width, height = args.video_size
+        path = os.path.join(args.out, "inputs", f"video_{int(size)}s_{width}x{height}.mp4")
+        if not os.path.exists(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            write_video_file(path, int(size), width, height, fps=1.0)
+        return path
     from PIL import Image
 
     from visualkv.bench.synthetic import megapixel_size, synthetic_image
