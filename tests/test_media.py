@@ -369,7 +369,7 @@ def test_frame_decord_fails_on_is_taken_from_opencv(
         return decoded
 
     monkeypatch.setattr(media._DecordReader, "read_many", drop_frame_4)
-    mixed = load_video(path)
+    mixed = load_video(path, lazy=False)  # the lazy form: tests/test_lazy_video.py
     assert mixed.backend == "decord+opencv" and not mixed.warnings
     assert mixed.frame_indices == expected.frame_indices
     assert np.abs(mixed.frames[1].astype(int) - expected.frames[1].astype(int)).mean() < 2
@@ -381,7 +381,7 @@ def test_undecodable_frame_is_skipped_with_warning(tmp_path: Path, backend: str)
         write_video(tmp_path / "one_bad.avi", noise_frames(10), fourcc="MJPG"),
         frames=[5],
     )
-    loaded = load_video(path, sampling=FrameSampling(fps=4.0), backend=backend)
+    loaded = load_video(path, sampling=FrameSampling(fps=4.0), backend=backend, lazy=False)
     assert loaded.frame_indices == [0, 1, 2, 3, 4, 6, 7, 8, 9]
     assert loaded.warnings == ["frame 5 (t=1.25 s) could not be decoded; skipped"]
     # MJPEG is lossy; frame 6 must still be frame 6, not 5 or 7
@@ -412,8 +412,11 @@ def test_sampling_by_fps_and_by_max_frames(short_video: tuple[Path, dict]) -> No
     ]  # uniform over the whole video, ends included
     assert capped.times == [i / 4.0 for i in capped.frame_indices]
 
-    hard_cap = load_video(path, limits=MediaLimits(max_frames=3), sampling=FrameSampling(fps=4.0))
-    assert hard_cap.frame_indices == [0, 16, 31]
+    # The limits' cap is refused, not resampled (it follows the method: see tests/test_lazy_video.py).
+    with pytest.raises(MediaError, match=r"sampled at 4 fps is 32 frames; the limit is 3 frames"):
+        load_video(path, limits=MediaLimits(max_frames=3), sampling=FrameSampling(fps=4.0))
+    uncapped = load_video(path, limits=MediaLimits(max_frames=None), sampling=FrameSampling(fps=4.0, max_frames=None))
+    assert uncapped.frame_indices == list(range(32))
 
 
 def test_sample_frame_indices_edge_cases() -> None:

@@ -23,6 +23,7 @@ import gradio as gr
 from visualkv import viz
 from visualkv.errors import ConfigError, VisualKVError
 from visualkv.media import FrameSampling, MediaLimits, load_media
+from visualkv.methods import is_bounded, media_limits
 from visualkv.session import ChatSession, SessionConfig
 from visualkv.streaming import (
     compare_methods,
@@ -269,7 +270,7 @@ class Handlers:
             if files:  # validate the file first, so its own problem is what the user reads
                 media = load_media(
                     files[0],
-                    limits=MediaLimits(max_file_bytes=self.max_file_bytes),
+                    limits=media_limits(cfg.method, MediaLimits(max_file_bytes=self.max_file_bytes)),
                     sampling=self._sampling(fps, max_frames),
                 )
             session = st.session
@@ -612,9 +613,10 @@ class Handlers:
             for name in methods or []:
                 vals = {key: v for (m, key), v in zip(self.method_keys, method_values) if m == name}
                 options[name] = method_options(name, vals)
-            media = load_media(
-                path, limits=MediaLimits(max_file_bytes=self.max_file_bytes), sampling=self._sampling(fps, max_frames)
-            )
+            # one input for every ticked method: the frame cap of the first that holds every frame, if any
+            capped = next((m for m in methods or [] if not is_bounded(m)), (methods or ["full"])[0])
+            limits = media_limits(capped, MediaLimits(max_file_bytes=self.max_file_bytes))
+            media = load_media(path, limits=limits, sampling=self._sampling(fps, max_frames))
             adapter = self.cache.get(st.model_name)
             results: dict[str, Any] = {}
             yield gr.skip(), gr.skip(), f"running {len(methods or [])} methods…"

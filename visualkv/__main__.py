@@ -20,7 +20,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
-    from visualkv.cli_args import DEVICES, DTYPES, HelpFormatter, positive_float, positive_int
+    from visualkv.cli_args import DEVICES, DTYPES, HelpFormatter, non_negative_int, positive_float, positive_int
     from visualkv.methods import method_names
     from visualkv.models.registry import default_offline_model_name
 
@@ -54,7 +54,13 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         help="query-aware methods: reuse the compressed cache or rebuild it per question",
     )
     p.add_argument("--fps", type=positive_float, default=1.0, help="video frames sampled per second")
-    p.add_argument("--max-frames", type=positive_int, default=64, help="video frames sampled at most")
+    p.add_argument(
+        "--max-frames",
+        type=non_negative_int,
+        default=None,
+        help="video frames sampled at most, uniformly over the video (default or 0: no cap of its own; the method's "
+        "applies: none for block-wise methods up to the 3 h video limit, 512 for the others, refused beyond)",
+    )
     p.add_argument(
         "--skip-frames",
         action="store_true",
@@ -154,6 +160,7 @@ def _method_options(args: argparse.Namespace) -> dict:
 def cmd_run(args: argparse.Namespace) -> int:
     from visualkv.media import FrameSampling, load_media
     from visualkv.memory_guard import out_of_memory_caught
+    from visualkv.methods import media_limits
     from visualkv.models.registry import load_model
     from visualkv.session import ChatSession, SessionConfig
     from visualkv.telemetry import write_json
@@ -175,9 +182,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     for prompt in args.prompt:
         if not prompt.strip():
             raise VisualKVError("a --prompt is empty; give each turn a question")
-    media = (
-        load_media(args.media, sampling=FrameSampling(fps=args.fps, max_frames=args.max_frames)) if args.media else None
-    )
+    sampling = FrameSampling(fps=args.fps, max_frames=args.max_frames or None)
+    # lazily decoded; the frame cap follows the method (refused, one line, before any frame is decoded)
+    media = load_media(args.media, limits=media_limits(args.method), sampling=sampling) if args.media else None
     for warning in getattr(media, "warnings", None) or []:
         print(f"warning: {warning}", file=sys.stderr)
     adapter = load_model(args.model, device=args.device, dtype=args.dtype, seed=args.seed)

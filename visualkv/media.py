@@ -21,8 +21,25 @@ Limits, stated honestly:
   unavailable, OpenCV has to decode the stream to count frames (stopping at the limit).
 * Frame times are ``index / average fps``: exact for constant-frame-rate video, approximate for
   variable frame rate.
-* Sampled frames are held in memory at full resolution as RGB uint8: 64 frames of 1080p take
-  ~400 MB. Video frames obey the same pixel limit as images.
+* Video frames are decoded lazily (``load_media(..., lazy=True)``, the default): ``Media.frames``
+  is a :class:`LazyFrames` sequence that decodes a frame when it is indexed (decord random access;
+  OpenCV reads forward sequentially, the common case since blocks run in order) and keeps only
+  the last ``LazyFrames.cache_size`` (4) decoded frames, so memory does not grow with the video:
+  an hour at 1 fps is 3,600 sampled frames, of which a block-wise prefill holds a few at a time.
+  Only the first sampled frame is decoded when loading (it proves the file decodes and gives the
+  size). A frame that cannot be decoded when its turn comes is replaced by the nearest earlier
+  decodable frame, with a warning appended to :attr:`Media.warnings` (a long prefill is never lost
+  at frame 3,000); if even the first sampled frame is undecodable, later ones are tried at load.
+  ``Media.iter_small(width)`` streams all frames downscaled (Sali-Cache's motion pass) with one
+  full-size frame alive at a time. ``lazy=False`` decodes every sampled frame up front at full
+  resolution (RGB uint8: 64 frames of 1080p take ~400 MB) and leaves undecodable ones out, with a
+  warning. Images are always decoded eagerly. Video frames obey the same pixel limit as images.
+* Frame caps: ``FrameSampling.max_frames`` is the caller's own cap (uniform resampling over the
+  whole video; ``None`` = no cap of its own). ``MediaLimits.max_frames`` is a hard limit that is
+  refused, not resampled: more sampled frames than that raise a one-line MediaError. It is meant
+  to follow the method (see ``visualkv.methods.media_limits``): methods whose memory is bounded
+  (they evict per block) get ``None`` (only ``max_video_seconds`` limits them); the others keep
+  512.
 """
 
 from __future__ import annotations
@@ -33,7 +50,9 @@ import re
 import stat
 import threading
 import warnings
-from collections.abc import Sequence
+import weakref
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -47,6 +66,7 @@ from visualkv.errors import MediaError
 __all__ = [
     "IMAGE_FORMATS",
     "FrameSampling",
+    "LazyFrames",
     "Media",
     "MediaError",
     "MediaLimits",
@@ -86,7 +106,12 @@ class MediaLimits:
     max_image_pixels: int = 64_000_000
     min_image_side: int = 28  # one ViT patch; smaller images carry no usable detail
     max_video_seconds: float = 3 * 3600
-    max_frames: int = 512  # hard cap on sampled frames, whatever FrameSampling asks
+    # Most sampled frames a video may have; more is refused (one-line MediaError), never resampled.
+    # None: no frame cap (methods whose memory is bounded; see visualkv.methods.media_limits).
+    max_frames: int | None = 512
+    # For the refusal message: the method the cap is for, and the methods without one.
+    cap_method: str | None = None
+    bounded_methods: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in (
@@ -95,10 +120,27 @@ class MediaLimits:
             "min_image_side",
             "max_frames",
         ):
-            if getattr(self, name) < 1:
-                raise MediaError(f"MediaLimits.{name} must be >= 1, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise MediaError(f"MediaLimits.{name} must be >= 1, got {value}")
         if not self.max_video_seconds > 0:
             raise MediaError(f"MediaLimits.max_video_seconds must be > 0, got {self.max_video_seconds}")
+
+    def check_frame_count(self, frames: int, name: str, fps: float) -> None:
+        """Refuse more sampled frames than ``max_frames`` with one line naming the bounded methods."""
+        if self.max_frames is None or frames <= self.max_frames:
+            return
+        who = (
+            f"'{self.cap_method}' holds every frame's KV at once and is capped at {self.max_frames} frames"
+            if self.cap_method
+            else f"the limit is {self.max_frames} frames (MediaLimits.max_frames)"
+        )
+        bounded = " or ".join(self.bounded_methods)
+        use = f"use {bounded} (bounded memory), " if bounded else ""
+        raise MediaError(
+            f"'{name}' sampled at {fps:g} fps is {frames} frames; {who} — {use}lower the fps or sample fewer "
+            "frames (--max-frames)"
+        )
 
 
 @dataclass(frozen=True)
@@ -107,25 +149,31 @@ class FrameSampling:
 
     ``fps`` frames per second of video (times 0, 1/fps, 2/fps, ...); if that gives more than
     ``max_frames``, exactly ``max_frames`` are taken uniformly over the whole video instead, first
-    and last frame included. Sampling faster than the source fps yields each source frame once.
+    and last frame included. ``max_frames=None``: no cap of its own (duration x fps frames; the
+    limits' ``max_frames`` then refuses what is too many for the method). Sampling faster than
+    the source fps yields each source frame once.
     """
 
     fps: float = 1.0
-    max_frames: int = 64
+    max_frames: int | None = 64
 
     def __post_init__(self) -> None:
         if not (self.fps > 0 and math.isfinite(self.fps)):
             raise MediaError(f"FrameSampling.fps must be a positive number, got {self.fps}")
-        if self.max_frames < 1:
-            raise MediaError(f"FrameSampling.max_frames must be >= 1, got {self.max_frames}")
+        if self.max_frames is not None and self.max_frames < 1:
+            raise MediaError(f"FrameSampling.max_frames must be >= 1 (or None: no cap), got {self.max_frames}")
 
 
 @dataclass(repr=False)
 class Media:
-    """A validated image or sampled video, as RGB uint8 frames (HxWx3)."""
+    """A validated image or sampled video, as RGB uint8 frames (HxWx3).
+
+    ``frames`` is a read-only sequence: a list for an image or an eagerly loaded video, a
+    :class:`LazyFrames` for a lazily loaded video (indexing decodes; slices give lists).
+    """
 
     kind: str  # "image" or "video"
-    frames: list[np.ndarray]  # one frame for an image
+    frames: Sequence[np.ndarray]  # one frame for an image
     times: list[float]  # seconds of each frame in the video (0.0 for an image)
     source_fps: float | None = None  # video's average native fps
     duration: float | None = None  # video seconds (frame count / fps)
@@ -137,13 +185,47 @@ class Media:
 
     @property
     def size(self) -> tuple[int, int]:
-        """(width, height) of the frames."""
-        height, width = self.frames[0].shape[:2]
+        """(width, height) of the frames (from the lazy sequence's metadata: nothing is decoded)."""
+        height, width = self.frame_shape[:2]
         return width, height
+
+    @property
+    def frame_shape(self) -> tuple[int, ...]:
+        """(height, width, 3) of every frame."""
+        if isinstance(self.frames, LazyFrames):
+            return self.frames.frame_shape
+        return tuple(self.frames[0].shape)
 
     @property
     def num_frames(self) -> int:
         return len(self.frames)
+
+    @property
+    def is_lazy(self) -> bool:
+        """Frames are decoded on access (see :class:`LazyFrames`)."""
+        return isinstance(self.frames, LazyFrames)
+
+    @property
+    def frame_bytes(self) -> int:
+        """Bytes of one decoded frame."""
+        return int(np.prod(self.frame_shape))
+
+    @property
+    def resident_frame_bytes(self) -> int:
+        """Bytes of decoded frames this Media holds right now (a lazy one: its small cache only)."""
+        if isinstance(self.frames, LazyFrames):
+            return self.frames.cached_bytes
+        return sum(int(f.nbytes) for f in self.frames)
+
+    def iter_small(self, width: int) -> Iterator[np.ndarray]:
+        """Every frame in order, resized to ``width`` px wide (aspect kept; INTER_AREA when shrinking,
+        as ``visualkv.saliency`` does), decoding one full frame at a time: a streaming pass over a long
+        video whose memory does not grow with it."""
+        if isinstance(self.frames, LazyFrames):
+            yield from self.frames.iter_small(width)
+            return
+        for frame in self.frames:
+            yield resize_to_width(frame, width)
 
     def __repr__(self) -> str:  # the default repr would print every pixel
         width, height = self.size
@@ -170,13 +252,16 @@ def load_media(
     limits: MediaLimits = MediaLimits(),
     sampling: FrameSampling = FrameSampling(),
     backend: Backend = "auto",
+    lazy: bool = True,
 ) -> Media:
-    """Load an image or a video (detected from content) with validation and frame sampling."""
+    """Load an image or a video (detected from content) with validation and frame sampling.
+
+    ``lazy``: a video's frames are decoded when indexed (:class:`LazyFrames`), else all up front."""
     name = str(path)
     file = _check_file(path, name, limits)
     if _sniff(file, name) == "image":
         return _image_media(_decode_image_file(file, name, limits), name)
-    return _load_video_file(file, name, limits, sampling, backend)
+    return _load_video_file(file, name, limits, sampling, backend, lazy)
 
 
 def load_image(source: PathLike | Image.Image | np.ndarray, limits: MediaLimits = MediaLimits()) -> Media:
@@ -202,17 +287,18 @@ def load_video(
     limits: MediaLimits = MediaLimits(),
     sampling: FrameSampling = FrameSampling(),
     backend: Backend = "auto",
+    lazy: bool = True,
 ) -> Media:
     """Load a video and sample frames from it.
 
     ``backend``: ``"auto"`` (decord, OpenCV where decord is missing or fails), ``"decord"`` or
-    ``"opencv"`` (only that library, no fallback).
+    ``"opencv"`` (only that library, no fallback). ``lazy``: see :func:`load_media`.
     """
     name = str(path)
     file = _check_file(path, name, limits)
     if _sniff(file, name) == "image":
         raise MediaError(f"'{name}' is an image, not a video — use load_image() or load_media()")
-    return _load_video_file(file, name, limits, sampling, backend)
+    return _load_video_file(file, name, limits, sampling, backend, lazy)
 
 
 def sample_frame_indices(
@@ -224,7 +310,8 @@ def sample_frame_indices(
     """Indices of the frames to decode, ascending and unique (see :class:`FrameSampling`)."""
     if frame_count <= 0:
         return []
-    cap = sampling.max_frames if hard_cap is None else min(sampling.max_frames, hard_cap)
+    caps = [c for c in (sampling.max_frames, hard_cap) if c is not None]
+    cap = min(caps) if caps else math.inf
     duration = frame_count / source_fps
     # Samples at t = k / fps for every t < duration; the epsilon keeps exact multiples exact.
     wanted = max(1, math.ceil(duration * sampling.fps - 1e-6))
@@ -735,7 +822,9 @@ def _open_decord(
         return None
 
 
-def _load_video_file(file: Path, name: str, limits: MediaLimits, sampling: FrameSampling, backend: str) -> Media:
+def _load_video_file(
+    file: Path, name: str, limits: MediaLimits, sampling: FrameSampling, backend: str, lazy: bool = True
+) -> Media:
     use_decord, use_cv2 = _check_backends(backend)
     notes: list[str] = []
     # The header probe comes first so that an over-long video is refused before decord builds
@@ -759,7 +848,10 @@ def _load_video_file(file: Path, name: str, limits: MediaLimits, sampling: Frame
         info.frame_count = _count_frames_opencv(file, info.fps, limits)
         _check_video_info(info, name, limits)
 
-    indices = sample_frame_indices(info.frame_count, info.fps, sampling, limits.max_frames)
+    indices = sample_frame_indices(info.frame_count, info.fps, sampling)
+    limits.check_frame_count(len(indices), name, sampling.fps)  # refused before any frame is decoded
+    if lazy:
+        return _lazy_video_media(file, name, limits, info, indices, decord_reader, use_cv2, notes)
     decoded = decord_reader.read_many(indices) if decord_reader is not None else {}
     used = ["decord"] if decoded else []
     missing = [i for i in indices if i not in decoded]
@@ -768,6 +860,13 @@ def _load_video_file(file: Path, name: str, limits: MediaLimits, sampling: Frame
         decoded.update(from_opencv)
         used += ["opencv"] if from_opencv else []
     return _video_media(name, limits, info, indices, decoded, "+".join(used), notes)
+
+
+def _no_decodable_frame(name: str, sampled: int) -> MediaError:
+    return MediaError(
+        f"'{name}': video has no decodable frame (sampled {sampled}, none decoded) "
+        "— re-encode it (e.g. ffmpeg -i in -c:v libx264 out.mp4)"
+    )
 
 
 def _video_media(
@@ -781,10 +880,7 @@ def _video_media(
 ) -> Media:
     kept = [i for i in indices if i in decoded]
     if not kept:
-        raise MediaError(
-            f"'{name}': video has no decodable frame (sampled {len(indices)}, none decoded) "
-            "— re-encode it (e.g. ffmpeg -i in -c:v libx264 out.mp4)"
-        )
+        raise _no_decodable_frame(name, len(indices))
     for index in indices:
         if index not in decoded:
             seconds = index / info.fps
@@ -802,4 +898,256 @@ def _video_media(
         warnings=notes,
         frame_indices=kept,
         backend=backend,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Lazy videos
+
+
+def resize_to_width(frame: np.ndarray, width: int) -> np.ndarray:
+    """RGB frame resized to ``width`` px wide, aspect kept (height rounded, at least 1): INTER_AREA
+    when shrinking, INTER_LINEAR when enlarging (the same resize ``visualkv.saliency`` applies, so
+    a frame resized here passes through its own resize unchanged)."""
+    h, w = frame.shape[:2]
+    height = max(1, round(h * width / w))
+    cv2 = _import_cv2()
+    if cv2 is None:
+        resample = Image.Resampling.BOX if w > width else Image.Resampling.BILINEAR
+        return np.asarray(Image.fromarray(frame).resize((width, height), resample))
+    interp = cv2.INTER_AREA if w > width else cv2.INTER_LINEAR
+    return cv2.resize(frame, (width, height), interpolation=interp)
+
+
+class _FrameDecoder:
+    """Decodes one frame by source index: decord (random access) first, OpenCV where decord is
+    missing or fails on that frame (opened on first need; it reads forward sequentially)."""
+
+    def __init__(self, file: Path, fps: float, decord_reader: _DecordReader | None, use_cv2: bool) -> None:
+        self._file, self._fps = file, fps
+        self._decord = decord_reader
+        self._use_cv2 = use_cv2
+        self._opencv: _OpenCVReader | None = None
+        self.used: set[str] = set()  # backends that produced a frame
+
+    def read(self, index: int) -> np.ndarray | None:
+        if self._decord is not None:
+            frame = self._decord._read_one(index)
+            if frame is not None:
+                self.used.add("decord")
+                return frame
+        if not self._use_cv2:
+            return None
+        if self._opencv is None:
+            try:
+                self._opencv = _OpenCVReader(self._file, self._fps)
+            except OSError:
+                self._use_cv2 = False
+                return None
+        frame = self._opencv.read(index)
+        if frame is not None:
+            self.used.add("opencv")
+        return frame
+
+    def close(self) -> None:
+        if self._opencv is not None:
+            self._opencv.close()
+        self._decord = self._opencv = None
+
+
+class _LiveCount:
+    """How many decoded frames are alive (referenced anywhere), and the most ever at once."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.peak = 0
+
+    def born(self) -> None:
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+
+    def died(self) -> None:
+        self.now -= 1
+
+
+class LazyFrames(Sequence[np.ndarray]):
+    """A video's sampled frames, decoded when indexed: a read-only ``Sequence[np.ndarray]``.
+
+    ``frames[k]`` decodes sampled frame k (RGB uint8, HxWx3) unless it is among the last
+    ``cache_size`` decoded (so a Qwen temporal patch or a block's frames are not decoded twice);
+    ``frames[a:b]`` gives a list. Decoding is serialised by a lock (the app may draw thumbnails
+    while a prefill runs). A frame that cannot be decoded is replaced, consistently, by the nearest
+    earlier decodable one (frames before the first decodable one: by that one), and a warning is
+    appended to the Media's ``warnings``. ``frame_shape`` comes from the first decodable frame,
+    decoded when the video is loaded. Statistics for tests and benchmarks: ``decoded`` (decode
+    calls), ``live_frames`` / ``peak_live_frames`` (decoded arrays alive anywhere, now / at most).
+    """
+
+    def __init__(
+        self,
+        decoder: _FrameDecoder,
+        indices: Sequence[int],
+        fps: float,
+        notes: list[str],
+        name: str,
+        cache_size: int = 4,
+    ) -> None:
+        if cache_size < 1:
+            raise MediaError(f"LazyFrames.cache_size must be >= 1, got {cache_size}")
+        self._decoder = decoder
+        self._indices = list(indices)
+        self._fps = fps
+        self._notes = notes
+        self.cache_size = cache_size
+        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._stand_ins: dict[int, int] = {}  # undecodable position -> position shown instead
+        self._lock = threading.RLock()
+        self._live = _LiveCount()
+        self.decoded = 0
+        self._shape: tuple[int, ...] | None = None
+        weakref.finalize(self, decoder.close)
+        first = next((k for k in range(len(self._indices)) if self._fetch(k, remember=True) is not None), None)
+        if first is None:
+            raise _no_decodable_frame(name, len(self._indices))
+        for k in range(first):
+            self._stand_in(k, first)
+
+    # -- Sequence ---------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._indices)
+
+    def __getitem__(self, key):  # int -> array, slice -> list of arrays
+        if isinstance(key, slice):
+            return [self._get(k) for k in range(*key.indices(len(self)))]
+        k = int(key)
+        if k < 0:
+            k += len(self)
+        if not 0 <= k < len(self):
+            raise IndexError(f"frame {key} out of range ({len(self)} frames)")
+        return self._get(k)
+
+    def __repr__(self) -> str:
+        h, w = self.frame_shape[:2]
+        return f"LazyFrames({len(self)} x {w}x{h}, cached={len(self._cache)})"
+
+    # -- metadata and statistics -------------------------------------------------------------
+    @property
+    def frame_shape(self) -> tuple[int, ...]:
+        assert self._shape is not None
+        return self._shape
+
+    @property
+    def cached_bytes(self) -> int:
+        return sum(int(f.nbytes) for f in self._cache.values())
+
+    @property
+    def live_frames(self) -> int:
+        return self._live.now
+
+    @property
+    def peak_live_frames(self) -> int:
+        return self._live.peak
+
+    @property
+    def backends_used(self) -> set[str]:
+        return set(self._decoder.used)
+
+    def clear_cache(self) -> None:
+        with self._lock:
+            self._cache.clear()
+
+    def iter_small(self, width: int) -> Iterator[np.ndarray]:
+        """Every frame in order, resized to ``width`` (see :func:`resize_to_width`) right after
+        decoding; bypasses the cache, so one full-size frame is alive at a time."""
+        for k in range(len(self)):
+            with self._lock:
+                frame = self._get(k, remember=False)
+            small = resize_to_width(frame, width)
+            del frame
+            yield small
+
+    # -- decoding ----------------------------------------------------------------------------
+    def _get(self, k: int, remember: bool = True) -> np.ndarray:
+        with self._lock:
+            k = self._stand_ins.get(k, k)
+            cached = self._cache.get(k)
+            if cached is not None:
+                self._cache.move_to_end(k)
+                return cached
+            frame = self._fetch(k, remember)
+            if frame is not None:
+                return frame
+            # undecodable: the nearest earlier decodable frame stands in (position 0 always decodes
+            # or has a stand-in from the constructor)
+            for j in range(k - 1, -1, -1):
+                j = self._stand_ins.get(j, j)
+                frame = self._cache.get(j)
+                if frame is None:
+                    frame = self._fetch(j, remember)
+                if frame is not None:
+                    self._stand_in(k, j)
+                    return frame
+            raise AssertionError("unreachable: the first frame decodes or has a stand-in")
+
+    def _fetch(self, k: int, remember: bool) -> np.ndarray | None:
+        """Decode position k (no stand-in); None if undecodable."""
+        frame = self._decoder.read(self._indices[k])
+        self.decoded += 1
+        if frame is None:
+            return None
+        frame = np.ascontiguousarray(frame, dtype=np.uint8)
+        if self._shape is None:
+            self._shape = tuple(frame.shape)
+        elif tuple(frame.shape) != self._shape:  # a mid-stream size change: keep one frame size
+            frame = np.ascontiguousarray(_resize_to(frame, self._shape))
+        self._live.born()
+        weakref.finalize(frame, self._live.died)
+        if remember:
+            self._cache[k] = frame
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return frame
+
+    def _stand_in(self, k: int, j: int) -> None:
+        self._stand_ins[k] = j
+        index, other = self._indices[k], self._indices[j]
+        self._notes.append(
+            f"frame {index} (t={index / self._fps:.2f} s) could not be decoded; frame {other} "
+            f"(t={other / self._fps:.2f} s) shown in its place"
+        )
+
+
+def _resize_to(frame: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    cv2 = _import_cv2()
+    if cv2 is None:
+        return np.asarray(Image.fromarray(frame).resize((shape[1], shape[0])))
+    return cv2.resize(frame, (shape[1], shape[0]), interpolation=cv2.INTER_AREA)
+
+
+def _lazy_video_media(
+    file: Path,
+    name: str,
+    limits: MediaLimits,
+    info: _VideoInfo,
+    indices: list[int],
+    decord_reader: _DecordReader | None,
+    use_cv2: bool,
+    notes: list[str],
+) -> Media:
+    if not indices:
+        raise _no_decodable_frame(name, 0)
+    decoder = _FrameDecoder(file, info.fps, decord_reader, use_cv2)
+    frames = LazyFrames(decoder, indices, info.fps, notes, name)
+    height, width = frames.frame_shape[:2]
+    _check_pixels((width, height), name, limits, "video frame")
+    return Media(
+        kind="video",
+        frames=frames,
+        times=[i / info.fps for i in indices],
+        source_fps=info.fps,
+        duration=info.frame_count / info.fps,
+        path=name,
+        warnings=notes,
+        frame_indices=list(indices),
+        backend="+".join(b for b in ("decord", "opencv") if b in decoder.used),
     )

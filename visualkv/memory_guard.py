@@ -16,7 +16,8 @@ the turn's peak from the model's dimensions and the planned blocks, weights asid
 - **Vision tower** on each block's units (a tile, a row strip, a frame; the whole media in one bulk
   block): its patch inputs and one layer's activations over their patches.
 - **Decoded media**: the frames as held in memory (already resident when the check runs, so they
-  are reported but not asked of the free memory).
+  are reported but not asked of the free memory). A lazily decoded video (``Media.is_lazy``) holds
+  a few cached frames plus the frames of the block being encoded, estimated from metadata.
 
 The peak is the largest, over the blocks, of what coexists: the cache before the block plus the vision
 tower on it, or the cache during the block plus its LLM layer (plus the block's embeddings either way).
@@ -146,9 +147,25 @@ def estimate_prefill(
             peak, layers * held * entry_bytes + vision_b + embeddings, entries * entry_bytes + act_b + embeddings
         )
         held, vis_held = after, vis_after
-    media = prepared.media
-    media_bytes = sum(int(f.nbytes) for f in media.frames) if media is not None else 0
+    media_bytes = _media_bytes(prepared, blocks)
     return MemoryEstimate(kv_peak * entry_bytes, act_peak, vision_peak, media_bytes, peak, kv_peak)
+
+
+def _media_bytes(prepared, blocks) -> int:
+    """Decoded frames held at the peak, from metadata (nothing is decoded): an eager Media holds every
+    frame; a lazy video its small cache plus one block's frames, twice (the list and the processor's
+    stacked copy)."""
+    media = prepared.media
+    if media is None:
+        return 0
+    if not media.is_lazy:
+        return media.resident_frame_bytes
+    frames = prepared.layout.frames
+    per_block = max(
+        (len({s for u in b.units if u.frame < len(frames) for s in frames[u.frame].source_frames}) for b in blocks),
+        default=0,
+    )
+    return (media.frames.cache_size + 2 * per_block) * media.frame_bytes
 
 
 def _vision_call_tokens(units, window_rows: int | None) -> int:

@@ -30,7 +30,7 @@ from visualkv.engine import Engine, PrefillResult
 from visualkv.errors import ConfigError
 from visualkv.media import Media
 from visualkv.memory_guard import MemoryGuard
-from visualkv.methods import make_method, method_traits
+from visualkv.methods import make_method, media_limits, method_traits
 from visualkv.models.base import ModelAdapter, PreparedInput
 from visualkv.telemetry import BlockEvent, TurnRecord, cuda_peak, peak_rss_bytes, reset_cuda_peak
 
@@ -83,6 +83,11 @@ class SessionConfig:
             raise ConfigError("temperature must be >= 0 and top_p in (0, 1]")
         if self.followup not in ("reuse", "reprefill"):
             raise ConfigError("followup must be 'reuse' or 'reprefill'")
+
+
+#: most (layer, visual token) keep fractions written to the JSON report (~14 MB of JSON); beyond it only the
+#: per-token average over layers (`retained`) is written
+REPORT_PER_LAYER_VALUES = 2_000_000
 
 
 class ChatSession:
@@ -158,6 +163,10 @@ class ChatSession:
 
     # -- turns --------------------------------------------------------------------
     def _first_turn(self, prompt: str, media: Media | None, on_block, should_stop=None) -> torch.Tensor:
+        if media is not None and media.kind == "video":  # the frame cap follows the method (none if bounded)
+            span = media.times[-1] - media.times[0] if media.num_frames > 1 else 0.0
+            fps = (media.num_frames - 1) / span if span > 0 else 1.0
+            media_limits(self.config.method).check_frame_count(media.num_frames, media.path or "the video", fps)
         prepared = self.adapter.prepare(media, prompt)
         self.guard.check(self.adapter, prepared, self.config)
         cache = CompressibleCache(self.adapter.num_layers, headroom=self.config.max_new_tokens + 1)
@@ -380,8 +389,16 @@ class ChatSession:
             "blocks": [b.to_dict() for b in self.blocks],
             "turns": [t.to_dict() for t in self.turns],
             "retained": self.retained().round(4).tolist(),
-            "retained_per_layer": self.retained_per_layer().round(3).tolist(),
         }
+        has_prefill = self.cache is not None and self.prepared is not None
+        n_values = len(self.cache.layers) * self.prepared.layout.n_visual if has_prefill else 0
+        if n_values <= REPORT_PER_LAYER_VALUES:
+            report["retained_per_layer"] = self.retained_per_layer().round(3).tolist()
+        else:  # an hour of video: 28 layers x 540k tokens would be ~100 MB of JSON and ~0.7 GB of Python floats
+            report["retained_per_layer_omitted"] = (
+                f"{n_values:,} values (layers x visual tokens) exceed the report's {REPORT_PER_LAYER_VALUES:,}; "
+                "see `retained` (averaged over layers) or ChatSession.retained_per_layer()"
+            )
         if layout is not None:
             report["layout"] = {
                 "frames": [

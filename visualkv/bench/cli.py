@@ -130,7 +130,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     # gpu: every method vs transformers' generate (visualkv/bench/gpu.py)
     p.add_argument("--image-size", type=scene_size, default=(3840, 2160), help="(gpu) WxH of the image input")
     p.add_argument("--video-seconds", type=positive_int, default=512, help="(gpu) length of the video input")
-    p.add_argument("--video-size", type=scene_size, default=(640, 360), help="(gpu) WxH of the video frames")
+    p.add_argument(
+        "--video-size", type=scene_size, default=(640, 360), help="(gpu, memory --video) WxH of the video frames"
+    )
     p.add_argument("--new-tokens", type=positive_int, default=64, help="(gpu) tokens decoded per case (EOS ignored)")
     p.add_argument(
         "--inputs",
@@ -138,7 +140,13 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         default=["image", "video"],
         help="(gpu) which inputs: image, video or both",
     )
-    p.add_argument("--max-frames", type=positive_int, default=64, help="(salicache/one) video frames sampled at most")
+    p.add_argument(
+        "--max-frames",
+        type=non_negative_int,
+        default=None,
+        help="(salicache/one) video frames sampled at most (salicache default 64; one: 0 or unset = no cap beyond "
+        "the method's, see run --max-frames)",
+    )
     p.add_argument(
         "--max-new-tokens", type=positive_int, default=16, help="(salicache) greedy tokens compared with full"
     )
@@ -295,7 +303,7 @@ def measure_one(
     dtype: str = "auto",
     media_file: str | None = None,
     fps: float = 1.0,
-    max_frames: int = 64,
+    max_frames: int | None = None,
 ) -> dict[str, Any]:
     """Prefill one input and report memory and time (meant for a fresh process).
 
@@ -311,8 +319,10 @@ def measure_one(
     adapter = load_model(model, device=device, dtype=dtype)
     if media_file:
         from visualkv.media import FrameSampling, load_media
+        from visualkv.methods import media_limits
 
-        media = load_media(media_file, sampling=FrameSampling(fps=fps, max_frames=max_frames))
+        # a video is decoded lazily, frame cap of the method (as the CLI's run does)
+        media = load_media(media_file, media_limits(method), FrameSampling(fps=fps, max_frames=max_frames or None))
     else:
         media = _media(size, video)
     if torch.cuda.is_available():
@@ -366,9 +376,17 @@ def measure_one(
 
 
 def _input_file(args: argparse.Namespace, size: float) -> str | None:
-    """Write the synthetic image for `size` once, so each run loads it like an upload."""
+    """Write the synthetic image (or `size`-second video at 1 fps, `--video-size`) for `size` once, so each
+    run loads it like an upload (a video then decodes lazily, as the CLI's run does)."""
     if args.video:
-        return None
+        from visualkv.bench.synthetic import write_video_file
+
+        width, height = args.video_size
+        path = os.path.join(args.out, "inputs", f"video_{int(size)}s_{width}x{height}.mp4")
+        if not os.path.exists(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            write_video_file(path, int(size), width, height, fps=1.0)
+        return path
     from PIL import Image
 
     from visualkv.bench.synthetic import megapixel_size, synthetic_image
@@ -405,6 +423,8 @@ def _subprocess_one(args: argparse.Namespace, method: str, size: float) -> dict[
         cmd += ["--media-file", media_file]
     if args.block_size:
         cmd += ["--block-size", str(args.block_size)]
+    if media_file and args.video:
+        cmd += ["--fps", str(args.fps), "--max-frames", str(args.max_frames or 0)]
     if args.video:
         cmd.append("--video")
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -581,7 +601,8 @@ def bench_salicache(args: argparse.Namespace) -> int:
     from visualkv.models.registry import load_model
     from visualkv.session import ChatSession, SessionConfig
 
-    media = load_media(args.media, sampling=FrameSampling(fps=args.fps, max_frames=args.max_frames))
+    max_frames = 64 if args.max_frames is None else args.max_frames or None
+    media = load_media(args.media, sampling=FrameSampling(fps=args.fps, max_frames=max_frames))
     adapter = load_model(args.model, device=args.device, dtype=args.dtype)
     prompt = "What happens in the video?" if media.kind == "video" else "Describe the image."
     ttft: dict[str, float] = {}
@@ -603,7 +624,7 @@ def bench_salicache(args: argparse.Namespace) -> int:
         "model": args.model,
         "media": args.media,
         "fps": args.fps,
-        "max_frames": args.max_frames,
+        "max_frames": max_frames,
         "frames": len(media.frames),
         "visual_tokens": sali_report["visual_tokens"],
         "ttft_seconds": ttft,

@@ -58,3 +58,24 @@ def megapixel_size(megapixels: float, aspect: float = 16 / 9) -> tuple[int, int]
     """(width, height) of an image of about `megapixels` MP with the given aspect ratio."""
     height = round((megapixels * 1e6 / aspect) ** 0.5)
     return round(height * aspect), height
+
+
+def write_video_file(
+    path: str, n_frames: int, width: int = 640, height: int = 360, fps: float = 1.0, seed: int = 0
+) -> str:
+    """Write `video_media`'s pan (wrapping around a scene twice the width, so memory stays flat however
+    long) as an MP4 (mp4v) one frame at a time: inputs for lazy-decoding tests and hour-long benchmarks."""
+    import cv2
+
+    scene = synthetic_image(2 * width, height, seed)
+    scene = np.concatenate([scene, scene[:, :width]], axis=1)  # wraps seamlessly
+    writer = cv2.VideoWriter(path, cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height))
+    if not writer.isOpened():
+        raise OSError(f"OpenCV cannot write an MP4 to {path}")
+    try:
+        for i in range(n_frames):
+            x = (4 * i) % (2 * width)
+            writer.write(cv2.cvtColor(np.ascontiguousarray(scene[:, x : x + width]), cv2.COLOR_RGB2BGR))
+    finally:
+        writer.release()
+    return path

@@ -50,6 +50,7 @@ asks. A video with undecodable frames is handled: the filter compares the frames
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -165,7 +166,9 @@ class SaliCache(Method):
         if n_visual and media is not None:
             is_video = media.kind == "video"
             if is_video:
-                decisions = frame_decisions(media.frames, self.motion)
+                # one streaming pass over frames downscaled right after decoding (a lazy video never
+                # holds more than one full-size frame here); same pixels as downscaling full frames
+                decisions = frame_decisions(media.iter_small(self.motion.downscale_width), self.motion)
                 redundant = [d.redundant for d in decisions]
                 for f, info in enumerate(layout.frames):
                     unit_skipped[f] = all(redundant[s] for s in info.source_frames)
@@ -249,9 +252,13 @@ class SaliCache(Method):
         return out
 
 
-def _token_saliency(frames: list[np.ndarray], layout, edge_weight: float, active: np.ndarray) -> np.ndarray:
+def _token_saliency(frames: Sequence[np.ndarray], layout, edge_weight: float, active: np.ndarray) -> np.ndarray:
     """Saliency of the ``active`` visual tokens (NaN elsewhere): max over the token's source
-    frames (2 for a Qwen patch), normalised over all active tokens. Skipped frames cost nothing."""
+    frames (2 for a Qwen patch), normalised over all active tokens. Skipped frames cost nothing.
+
+    Streams: ``token_saliency`` visits the referenced frames once each, in ascending order, and
+    drops each after its box statistics, so a lazy video (``visualkv.media.LazyFrames``) holds one
+    decoded full-resolution frame at a time (plus its small cache); only per-token arrays grow."""
     sources = [layout.frames[f].source_frames or (0,) for f in range(len(layout.frames))]
     depth = max(len(s) for s in sources)
     token_ids, frame_ids = [], []

@@ -9,7 +9,9 @@ where the decoder layers are. The engine drives the decoder layers itself
 
 from __future__ import annotations
 
+import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -239,6 +241,31 @@ def video_metadata(media: Media) -> VideoMetadata:
     return VideoMetadata(
         total_num_frames=n, fps=fps, width=w, height=h, duration=media.duration or 0.0, frames_indices=list(range(n))
     )
+
+
+def splice_runs(tokenizer: Any, text: str, token: str, lengths: Sequence[int]) -> torch.Tensor:
+    """(L,) ids of `text` with its k-th `token` (a special token, written once) repeated lengths[k] times:
+    the ids `tokenizer` gives for the expanded text, without building or tokenizing that text (an hour of
+    video is ~540k pad tokens on Qwen2.5-VL). A special token is never merged with its neighbours, so
+    tokenizing each run as one token changes nothing else; tests/test_lazy_video.py checks it."""
+    ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
+    token_id = tokenizer.convert_tokens_to_ids(token)
+    where = (ids == token_id).nonzero().flatten()
+    if where.numel() != len(lengths):  # not atomic in this tokenizer: tokenize the expansion itself
+        parts = text.split(token)
+        expanded = parts[0] + "".join(token * n + rest for n, rest in zip(lengths, parts[1:], strict=True))
+        return tokenizer(expanded, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
+    repeats = torch.ones_like(ids)
+    repeats[where] = torch.as_tensor(list(lengths), dtype=ids.dtype)
+    return ids.repeat_interleave(repeats)
+
+
+def tokenize_runs(tokenizer: Any, text: str, token: str) -> torch.Tensor:
+    """(L,) ids of `text` (an expansion written by a processor, with long runs of the special `token`),
+    tokenized with each run collapsed to one token and spliced back (see `splice_runs`)."""
+    pattern = re.compile(f"(?:{re.escape(token)})+")
+    lengths = [(m.end() - m.start()) // len(token) for m in pattern.finditer(text)]
+    return splice_runs(tokenizer, pattern.sub(token, text), token, lengths)
 
 
 def text_positions(start: int, n: int, axes: int) -> torch.Tensor:

@@ -21,7 +21,7 @@ from transformers.models.got_ocr2.image_processing_got_ocr2 import get_optimal_t
 
 from visualkv.layout import FrameInfo, VisualLayout, VisualUnit, grid_boxes
 from visualkv.media import Media
-from visualkv.models.base import ModelAdapter, PreparedInput, text_positions
+from visualkv.models.base import ModelAdapter, PreparedInput, text_positions, tokenize_runs
 
 
 class InternVLAdapter(ModelAdapter):
@@ -54,7 +54,7 @@ class InternVLAdapter(ModelAdapter):
             # the expansion ("FrameN: <img>...</img>" per frame) depends on the frame count only
             placeholder = {"pixel_values_videos": [torch.empty(len(media.frames), 0)]}
             text = text.replace(self.processor.video_token, self.processor.replace_video_token(placeholder, 0), 1)
-            ids = self.tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
+            ids = tokenize_runs(self.tokenizer, text, self.processor.image_token)  # pad runs spliced in as ids
             vision = {"video": media}
         visual_mask = ids == self.model.config.image_token_id
         layout = self._layout(media, visual_mask) if media is not None else VisualLayout.empty()

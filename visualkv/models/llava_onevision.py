@@ -35,7 +35,7 @@ from transformers.image_processing_utils import select_best_resolution
 
 from visualkv.layout import FrameInfo, VisualLayout, VisualUnit, grid_boxes
 from visualkv.media import Media
-from visualkv.models.base import ModelAdapter, PreparedInput, text_positions
+from visualkv.models.base import ModelAdapter, PreparedInput, text_positions, tokenize_runs
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ class LlavaOnevisionAdapter(ModelAdapter):
             # the video expansion depends on the frame count only: no pixel is processed here
             placeholder = {"pixel_values_videos": [[None] * len(media.frames)]}
             text = text.replace(self.processor.video_token, self.processor.replace_video_token(placeholder, 0), 1)
-            ids = self.tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
+            ids = tokenize_runs(self.tokenizer, text, self.processor.video_token)  # pad runs spliced in as ids
             vision = {"video": media}
         cfg = self.model.config
         visual_mask = (ids == cfg.image_token_id) | (ids == cfg.video_token_id)

@@ -27,7 +27,7 @@ from transformers.vision_utils import get_vision_position_ids
 
 from visualkv.layout import FrameInfo, VisualLayout, VisualUnit, grid_boxes
 from visualkv.media import Media
-from visualkv.models.base import ModelAdapter, PreparedInput, text_positions, video_metadata
+from visualkv.models.base import ModelAdapter, PreparedInput, splice_runs, text_positions, video_metadata
 
 
 class Qwen25VLAdapter(ModelAdapter):
@@ -115,9 +115,7 @@ class Qwen25VLAdapter(ModelAdapter):
         resized = ip.resize(images=image, size=_size_dict(ip), resample=ip.resample, factor=factor)
         grid_h, grid_w = resized.shape[-2] // ip.patch_size, resized.shape[-1] // ip.patch_size
         n_tokens = grid_h * grid_w // (ip.merge_size**2)
-        pad = self.processor.image_token
-        text = text.replace(pad, pad * n_tokens, 1)
-        ids = self.tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        ids = splice_runs(self.tokenizer, text, self.processor.image_token, [n_tokens])[None]
         return {"input_ids": ids, "resized_image": resized, "image_grid_thw": torch.tensor([[1, grid_h, grid_w]])}
 
     def _prepare_video_lazily(self, text: str, media: Media) -> dict[str, Any]:
@@ -133,10 +131,8 @@ class Qwen25VLAdapter(ModelAdapter):
         _, gh, gw = (int(x) for x in first["video_grid_thw"][0])
         t = -(-len(media.frames) // vp.temporal_patch_size)
         n_tokens = t * gh * gw // (vp.merge_size**2)
-        pad = self.processor.video_token
-        ids = self.tokenizer(text.replace(pad, pad * n_tokens, 1), add_special_tokens=False, return_tensors="pt")[
-            "input_ids"
-        ]
+        # one pad per visual token, spliced in as ids (never a 540k-token string through the tokenizer)
+        ids = splice_runs(self.tokenizer, text, self.processor.video_token, [n_tokens])[None]
         fps = video_metadata(media).sampled_fps
         return {
             "input_ids": ids,

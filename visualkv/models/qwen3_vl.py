@@ -36,7 +36,7 @@ from transformers.vision_utils import get_vision_interpolation_indices_and_weigh
 
 from visualkv.layout import VisualUnit
 from visualkv.media import Media
-from visualkv.models.base import PreparedInput, video_metadata
+from visualkv.models.base import PreparedInput, tokenize_runs, video_metadata
 from visualkv.models.qwen2_5_vl import Qwen25VLAdapter
 
 
@@ -76,9 +76,10 @@ class Qwen3VLAdapter(Qwen25VLAdapter):
         expansion = self.processor.replace_video_token(
             {"video_grid_thw": grid, "video_metadata": [video_metadata(media)]}, 0
         )
-        ids = self.tokenizer(
-            text.replace(self.processor.video_token, expansion, 1), add_special_tokens=False, return_tensors="pt"
-        )["input_ids"]
+        # the pad runs are spliced in as ids (an hour of video is ~540k pads: never tokenized as text)
+        ids = tokenize_runs(
+            self.tokenizer, text.replace(self.processor.video_token, expansion, 1), self.processor.video_token
+        )[None]
         return {"input_ids": ids, "video": media, "video_grid_thw": grid}
 
     def _pixels_frames(self, vision: dict, t0: int, t1: int, with_grid: bool = False):

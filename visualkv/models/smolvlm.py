@@ -22,7 +22,7 @@ from PIL import Image
 
 from visualkv.layout import FrameInfo, VisualLayout, VisualUnit, grid_boxes
 from visualkv.media import Media
-from visualkv.models.base import ModelAdapter, PreparedInput, text_positions, video_metadata
+from visualkv.models.base import ModelAdapter, PreparedInput, text_positions, tokenize_runs, video_metadata
 
 _ROW_COL = re.compile(r"<row_(\d+)_col_(\d+)>")
 
@@ -79,7 +79,7 @@ class SmolVLMAdapter(ModelAdapter):
         }
         expansion = self.processor.replace_video_token(placeholder, 0)
         text = text.replace(self.processor.video_token, expansion, 1)
-        return self.tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
+        return tokenize_runs(self.tokenizer, text, self.processor.image_token)  # pad runs spliced in as ids
 
     def _frame_pixels(self, media: Media, frames: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """pixel_values (1, k, 3, 512, 512) and pixel_attention_mask of the given frames."""
