@@ -248,10 +248,10 @@ class Engine:
         ctx = PrefillContext(self.adapter, cache, prepared, budget, block_size, mode, seq_offset)
         ctx.text_pass = lambda ids, positions, observer: self.text_pass(ids, positions, observer, ctx)
         self.adapter.reset_stream()
-        method.begin(ctx)
-        ctx.blocks = plan_blocks(
+        ctx.blocks = plan_blocks(  # before `begin`, so a method can plan per block (LightKV's windows)
             prepared.seq_len, prepared.layout.units, mode, block_size, budget, question_apart=method.question_apart
         )
+        method.begin(ctx)
         cache.set_capacity_hint(method.capacity_hint(ctx))
         for device in {layer.input_layernorm.weight.device for layer in self.adapter.layers}:
             ctx.visual_mask_on(device)  # copied once, before any layer needs it
