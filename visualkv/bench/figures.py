@@ -293,6 +293,59 @@ def table_lightkv(results: Path) -> str:
     return _render(["figure", "full", "LightKV", "LightKV / full"], rows, [(name, d)], note)
 
 
+#: (label, dtype, head_dim) of the Sali-Cache bytes table (the 7B's head_dim from its config.json)
+SALICACHE_BYTES_MODELS = (("tiny-*", "float32", "tiny-qwen2.5-vl"), ("bench-*", "float32", "bench-qwen2.5-vl"))
+
+
+def table_salicache_bytes(results: Path) -> str:
+    """Bytes per token and KV head of each Sali-Cache tier, and the KV shrink of a tier split: computed."""
+    import torch
+
+    from visualkv.methods.salicache import PAPER_TIER_FRACTIONS
+    from visualkv.models.tiny import TINY_SPECS
+    from visualkv.quant import QuantSpec, packed_bytes_per_token
+    from visualkv.saliency import TierSpec
+
+    models = [
+        (label, getattr(torch, dtype), TINY_SPECS[alias].head_dim) for label, dtype, alias in SALICACHE_BYTES_MODELS
+    ]
+    models.append(("Qwen2.5-VL-7B", torch.bfloat16, 128))
+    body, bf16 = [], {}
+    for label, dtype, head_dim in models:
+        full = head_dim * torch.empty((), dtype=dtype).element_size()
+        cells = {bits: packed_bytes_per_token(head_dim, QuantSpec(bits=bits), dtype) for bits in (8, 4)}
+        group = QuantSpec(bits=8).resolved(head_dim).group_size
+        name = f"{label} ({str(dtype).removeprefix('torch.').replace('float32', 'fp32').replace('bfloat16', 'bf16')}, "
+        body.append(
+            [
+                f"{name}{head_dim}, {group})",
+                f"{full} B",
+                *(f"{cells[b]} B ({cells[b] / full:.3g}×)" for b in (8, 4)),
+            ]
+        )
+        bf16 = {b: cells[b] / full for b in (8, 4)}  # the last row: the real model
+    paper = PAPER_TIER_FRACTIONS
+
+    def shrink(full: float, int8: float, int4: float, r8: float, r4: float) -> float:
+        return 1 / (full + int8 * r8 + int4 * r4)
+
+    ours = TierSpec().fractions
+    note = (
+        f"Projection to {body[-1][0]}: at the paper's split the KV of the visual "
+        f"tokens shrinks 1 / ({paper['full']:g} + {paper['int8']:g} · {bf16[8]:g} + {paper['int4']:g} · {bf16[4]:g}) "
+        f"= **{shrink(paper['full'], paper['int8'], paper['int4'], bf16[8], bf16[4]):.2f}×** (the paper's bit count "
+        f"says {shrink(paper['full'], paper['int8'], paper['int4'], 0.5, 0.25):.2f}×; scales and zero points cost "
+        f"the difference); on a video with nothing to skip our default tiers ({' / '.join(f'{f:g}' for f in ours)} "
+        f"FP / INT8 / INT4) give {shrink(*ours, bf16[8], bf16[4]):.2f}×."
+    )
+    header = ["model (dtype, head_dim, group)", "full", "INT8", "INT4"]
+    source = (
+        "Source: computed from `packed_bytes_per_token` (`visualkv/quant.py`), `PAPER_TIER_FRACTIONS` and "
+        "`TierSpec` (not measured)."
+    )
+    return "\n\n".join(["\n".join(_table(header, body)), note, source])
+
+
 #: (label, family, depth): depths from each model's config.json (Hub) or its `TinySpec` (offline aliases)
 LIGHTKV_SCHEDULE_MODELS = (
     ("Qwen2.5-VL-7B", "qwen2_5_vl", 28),
@@ -576,6 +629,32 @@ def table_speed_issue11(results: Path) -> str:
     return _render([*header, "decode after / before", "KV held after", "allocated after"], body, sources)
 
 
+def table_speed_issue11_memory(results: Path) -> str:
+    """What each method holds and allocates after the 3 MP "after" run of `table_speed_issue11`."""
+    name = "speed_issue11_3mp_after.json"
+    d = load(name, results)
+    rows = d["rows"]
+
+    def mib(n: int) -> str:
+        return f"{n / MIB:.1f}"
+
+    parts = []
+    for method, r in rows.items():
+        view = f" plus a {mib(r['dequant_bytes'])} dequantized view" if r.get("dequant_bytes") else ""
+        parts.append(
+            f"`{method}` ({r['kv_entries_layer0']:,} entries in layer 0) holds {mib(r['final_kv_bytes'])} of KV{view} "
+            f"in {mib(r['allocated_bytes'])} allocated, peak with transients {mib(r['peak_device_bytes'])}"
+        )
+    text = f'Memory, {d["size_mp"]:g} MP "after" (MiB): ' + "; ".join(parts) + "."
+    if "salicache" in rows and "full" in rows:
+        sc, full = rows["salicache"], rows["full"]
+        text += (
+            f" Sali-Cache allocates {sc['allocated_bytes'] / full['allocated_bytes']:.2f}× of full's, against "
+            f"{sc['final_kv_bytes'] / full['final_kv_bytes']:.2f}× without the dequantized view."
+        )
+    return "\n\n".join([text, source_line((name, d))])
+
+
 FAMILY_ALIASES = ("tiny-qwen3-vl", "tiny-llava-onevision", "tiny-internvl3.5")
 
 
@@ -684,7 +763,7 @@ def table_demo_training(results: Path) -> str:
 
 
 #: tables computed from the code (no benchmark JSON): their source line says so
-COMPUTED = {"lightkv-schedule"}
+COMPUTED = {"lightkv-schedule", "salicache-bytes"}
 
 TABLES: dict[str, Callable[[Path], str]] = {
     "memory-image": table_memory_image,
@@ -694,6 +773,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "memory-video": table_memory_video,
     "salicache": table_salicache,
     "salicache-variants": table_salicache_variants,
+    "salicache-bytes": table_salicache_bytes,
     "lightkv": table_lightkv,
     "lightkv-schedule": table_lightkv_schedule,
     "demo-training": table_demo_training,
@@ -704,6 +784,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "needle-by-kind": table_needle_by_kind,
     "needle-before-after": table_needle_before_after,
     "speed-issue11": table_speed_issue11,
+    "speed-issue11-memory": table_speed_issue11_memory,
     "families-4k": table_families_4k,
     "memory-guard": table_memory_guard,
     "load": table_load,
