@@ -206,6 +206,20 @@ def test_stage_counts_follow_the_formula(models, image, case):
     assert sum(report["retained"]) < layout.n_visual * 0.75
 
 
+@pytest.mark.parametrize("ratios", [(0.5, 0.0, 0.0), (0.5, 0.0, 0.5), (0.0, 0.5, 0.5)])
+def test_stages_without_merging_keep_the_counts(models, image, ratios):
+    """A stage that merges nothing (P = 0) between stages whose windows cut each other (6 -> 4 -> 2 on Qwen's
+    13 x 23 grid): later stages still follow the formula on the tokens that reach them."""
+    session = _run(models["qwen4"], image, layers=(0, 1, 2), windows=(6, 4, 2), ratios=ratios)
+    stages = session.report()["lightkv"]["stages"]
+    previous = _visual_ids(session, 0)
+    for k, stage in enumerate(stages):
+        survivors = _visual_ids(session, k + 1)
+        expected = _expected_survivors(session, previous, stage["windows"], ratios[k])
+        assert stage["tokens_in"] == previous.numel() and survivors.numel() == expected == stage["tokens_out"]
+        previous = survivors
+
+
 def test_single_stage_windows_stay_inside_their_window(models, image):
     session = _run(models["smol"], image)  # 2 layers: default schedule = one stage after layer 0, 4 x 4 windows
     layout = session.prepared.layout

@@ -524,9 +524,8 @@ class LightKV(Method):
             "tokens": torch.from_numpy(np.concatenate(tokens or [np.zeros(0, np.int64)])).long(),
             "positions": prepared.position_ids,
         }
-        devices = {ctx.adapter.layers[layer].input_layernorm.weight.device for layer, _, p in self.stages if p > 0}
+        devices = {ctx.adapter.layers[layer].input_layernorm.weight.device for layer, _, _ in self.stages}
         self._tables = {device: {k: _to(v, device) for k, v in host.items()} for device in devices}
-        self._tables.setdefault(ctx.adapter.device, host)
         self._block_state: _BlockState | None = None
 
     def _state_for(self, ctx: PrefillContext, device: torch.device) -> _BlockState:
@@ -546,23 +545,34 @@ class LightKV(Method):
             cur.vis_pos, cur.vids, cur.token_index = (_to(t, device) for t in (cur.vis_pos, cur.vids, cur.token_index))
         return cur
 
-    def _window_counts(self, cur: _BlockState, stage: int, group: torch.Tensor) -> np.ndarray:
-        """Tokens per window at `stage` (host integers): from the plan, or read once from the device.
+    def _known_counts(self, cur: _BlockState, stage: int) -> np.ndarray | None:
+        """Tokens per window at `stage` if the host knows them, else None.
 
-        Known on the host at the first stage, and at a later stage whose windows each hold whole windows of
-        the previous one (SmolVLM's 4-2-1, Qwen's 4 -> 2), since r per window is. Where a stage's windows cut
-        the previous stage's (Qwen's 6 -> 4), how many survivors each holds depends on which tokens merged;
-        the shapes of everything after depend on it, so it is read back: one read per such stage and block.
+        Known at the first stage (from the layout), and at a later stage whose windows each hold whole windows
+        of the previous one (SmolVLM's 4-2-1, Qwen's 4 -> 2): r per window is known, so the survivors are.
+        Where a stage's windows cut the previous stage's (Qwen's 6 -> 4), how many survivors each holds
+        depends on which tokens merged.
         """
         plan = self._plans[cur.block]
         if stage == 0:
             return plan.counts
         parent = plan.parents[stage]
-        if cur.stage == stage - 1 and cur.survivors is not None and parent is not None:
-            return np.bincount(parent, weights=cur.survivors, minlength=plan.n_windows[stage]).astype(np.int64)
-        counts = torch.zeros(plan.n_windows[stage], dtype=torch.long, device=group.device)
-        counts.index_add_(0, group, torch.ones_like(group))
-        return np.array(counts.tolist(), dtype=np.int64)  # the one host read of this stage (see the docstring)
+        if cur.stage != stage - 1 or cur.survivors is None or parent is None:
+            return None
+        return np.bincount(parent, weights=cur.survivors, minlength=plan.n_windows[stage]).astype(np.int64)
+
+    def _window_counts(self, cur: _BlockState, stage: int, group: torch.Tensor) -> np.ndarray:
+        """Tokens per window at `stage` (host integers): known on the host, or read once from the device.
+
+        The read happens only where `_known_counts` cannot say: every shape after the merge depends on the
+        counts, so they must be on the host; one small read per such stage and block.
+        """
+        counts = self._known_counts(cur, stage)
+        if counts is not None:
+            return counts
+        on_device = torch.zeros(self._plans[cur.block].n_windows[stage], dtype=torch.long, device=group.device)
+        on_device.index_add_(0, group, torch.ones_like(group))
+        return np.array(on_device.tolist(), dtype=np.int64)  # the one host read of this stage (see above)
 
     def after_layer(self, ctx: PrefillContext, state: LayerState) -> LayerState | None:
         q_len = state.hidden_in.shape[1]
@@ -581,8 +591,7 @@ class LightKV(Method):
         log["tokens_in"] += n
         if ratio <= 0 or n < 2:
             log["tokens_out"] += n
-            known = cur.stage == stage - 1 and cur.survivors is not None and self._plans[cur.block].parents[stage]
-            cur.survivors = self._window_counts(cur, stage, cur.vids) if stage == 0 or known is not None else None
+            cur.survivors = self._known_counts(cur, stage)  # nothing merged: the windows' sizes, if known
             cur.stage = stage
             return None
         group = self._tables[device]["gid"][stage].index_select(0, cur.vids)
