@@ -37,6 +37,11 @@ the question and the assistant prompt). ξ comes from where the question is:
   Merging then happens per block, on the block's visual tokens: windows are intersected with blocks (exact
   for SmolVLM tiles and video frames, which are whole units; Qwen image blocks of grid rows cut windows).
 
+No host reads in the layer loop: `begin` plans every block's windows per stage on the host (the engine plans
+the blocks first), so every merge count is known there and the merge runs on fixed-size ops. The exception is
+a stage whose windows cut the previous stage's (Qwen's 6 -> 4): its window sizes depend on which tokens
+merged, and are read back once per block (`_window_counts`).
+
 Limits: merged tokens attend and are attended like one token (no size-proportional attention, so the rest
 of the model keeps its normal attention kernel); the merge map records where every original token went but
 merged KV cannot be "un-merged" for a follow-up about a region that was merged away.
