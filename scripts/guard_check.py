@@ -35,13 +35,13 @@ def measure(model: str, media_path: str, method: str, budget: int) -> dict:
     from visualkv.bench.synthetic import image_media
     from visualkv.media import load_media
     from visualkv.memory_guard import MemoryGuard, estimate_prefill
-    from visualkv.methods import METHODS
+    from visualkv.methods import METHODS, method_traits
     from visualkv.models.registry import load_model
     from visualkv.session import ChatSession, SessionConfig
 
     adapter = load_model(model)
     media = load_media(media_path)
-    cfg = SessionConfig(method=method, budget=budget if METHODS[method].needs_budget else None, max_new_tokens=1)
+    cfg = SessionConfig(method=method, budget=budget if method_traits(method).needs_budget else None, max_new_tokens=1)
     unguarded = MemoryGuard(enabled=False)
     ChatSession(adapter, cfg, guard=unguarded).ask(QUESTION, image_media(448, 336, seed=1))  # warm-up
     est = estimate_prefill(adapter, adapter.prepare(media, QUESTION), METHODS[method], cfg.budget, None, None)

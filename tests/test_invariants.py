@@ -12,6 +12,7 @@ import torch
 from PIL import Image
 
 from tests.conftest import get_adapter
+from visualkv.methods import method_traits
 from visualkv.session import ChatSession, SessionConfig
 
 EVICTING = ["blockwise-keydiff", "blockwise-snapkv", "post-snapkv"]
@@ -144,7 +145,16 @@ def test_qwen_image_strips_are_exact_in_the_windowed_layers(small_image, monkeyp
 
 # -- invariant 2 and 6: bounded visual entries, exact bytes, telemetry agrees ----------------
 
-METHODS_ALL = [*ALL, "salicache", "lightkv"]
+#: every method, composed ones included (visualkv.methods.compose)
+METHODS_ALL = [
+    *ALL,
+    "salicache",
+    "lightkv",
+    "blockwise-keydiff+salicache",
+    "blockwise-snapkv+salicache",
+    "blockwise-keydiff+lightkv",
+    "lightkv+salicache",
+]
 
 
 def _visual_seq(session) -> torch.Tensor:
@@ -258,7 +268,7 @@ def test_telemetry_agrees_with_an_independent_count(adapter, small_image, small_
     watch = _Watch(monkeypatch)
     for media in (small_image, small_video):
         watch.arm(adapter, media)
-        budget = 40 if method in EVICTING else None
+        budget = 40 if method_traits(method).needs_budget else None
         s = _session(adapter, method, budget=budget, block_size=64, max_new_tokens=1)  # 1: no decode step
         s.ask(PROMPT, media)
         report = s.report()
@@ -277,7 +287,7 @@ def test_telemetry_agrees_with_an_independent_count(adapter, small_image, small_
         slots = len(layers) * adapter.num_kv_heads
         assert len(report["retained"]) == report["visual_tokens"] == visual.numel()
         assert sum(report["retained"]) * slots == pytest.approx(held, abs=1e-3 * held + 0.5)
-        if method in EVICTING:
+        if method_traits(method).needs_budget:
             assert held < visual.numel() * slots  # something was evicted: the check is not vacuous
 
 

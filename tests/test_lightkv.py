@@ -369,3 +369,14 @@ def test_report_fields(models, image):
     assert info["overhead_seconds"]["xi"] > 0 and info["overhead_seconds"]["merge"] > 0
     assert 0.3 < info["flops"]["reduction"] < 0.8
     assert info["flops"]["llm_lightkv"] < info["flops"]["llm_full"]
+
+
+def test_question_apart_takes_xi_from_the_proxy_pass(models, image):
+    """Composed with Sali-Cache the question is a block of its own (`question_apart`), so it is not in the media's
+    forward even in bulk: ξ must come from the proxy pass (LightKV reads the engine's blocks, `ctx.blocks`)."""
+    session = ChatSession(models["qwen"], SessionConfig(method="lightkv+salicache", max_new_tokens=1))
+    session.ask("What is shown here?", image)
+    blocks = session.prefill_result.context.blocks
+    assert [b.kind for b in blocks] == ["bulk", "text"]
+    lk = session.report()["lightkv"]
+    assert lk["xi_source"] == "proxy" and lk["overhead_seconds"]["proxy_pass"] > 0

@@ -93,8 +93,17 @@ CASES = [
     ("post-snapkv", 24, None),
     ("salicache", None, None),
     ("salicache", None, "blockwise"),
+    # composed: packed tiers scored and evicted too (counts are host ints)
+    ("blockwise-keydiff+salicache", 24, "blockwise"),
+    ("blockwise-snapkv+salicache", 24, None),
     ("lightkv", None, None),
     ("lightkv", None, "blockwise"),
+    ("blockwise-snapkv+lightkv", 24, "blockwise"),
+    # merging tokens of several precision tiers: how many survive per tier is data-dependent, and the engine
+    # re-splits the block's tiers on the host after the merge (`BlockPlan`): open work, reported as such
+    pytest.param(
+        "lightkv+salicache", None, "blockwise", marks=pytest.mark.xfail(strict=True, reason="tier split re-read")
+    ),
 ]
 
 
@@ -102,7 +111,9 @@ CASES = [
 @pytest.mark.parametrize(("method", "budget", "prefill"), CASES)
 def test_no_host_sync_in_layer_loop(guard, family, method, budget, prefill):
     adapter = get_adapter(family)
-    media = video_media(4, 224, 168, fps=1.0, seed=3) if method == "salicache" else image_media(448, 336, seed=1)
+    media = (
+        video_media(4, 224, 168, fps=1.0, seed=3) if "salicache" in method.split("+") else image_media(448, 336, seed=1)
+    )
     session = ChatSession(
         adapter, SessionConfig(method=method, budget=budget, prefill=prefill, block_size=48, max_new_tokens=3)
     )

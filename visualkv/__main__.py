@@ -21,7 +21,7 @@ class _Parser(argparse.ArgumentParser):
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
     from visualkv.cli_args import DEVICES, DTYPES, HelpFormatter, positive_float, positive_int
-    from visualkv.methods import METHODS
+    from visualkv.methods import method_names
     from visualkv.models.registry import default_offline_model_name
 
     p.formatter_class = HelpFormatter
@@ -33,7 +33,13 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--media", help="image or video file")
     p.add_argument("--prompt", action="append", required=True, help="one turn; repeat for several turns")
-    p.add_argument("--method", default="full", choices=list(METHODS), help="compression method")
+    p.add_argument(
+        "--method",
+        default="full",
+        choices=method_names(),
+        metavar="METHOD",
+        help="compression method: " + ", ".join(method_names()) + " (stages joined with + compose)",
+    )
     p.add_argument("--budget", type=positive_int, help="visual KV entries kept per layer and KV head (M)")
     p.add_argument("--block-size", type=positive_int, help="visual tokens per block (default: model's)")
     p.add_argument("--prefill", choices=["hybrid", "blockwise", "bulk"], help="default: the method's")
@@ -50,6 +56,13 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fps", type=positive_float, default=1.0, help="video frames sampled per second")
     p.add_argument("--max-frames", type=positive_int, default=64, help="video frames sampled at most")
     p.add_argument(
+        "--skip-frames",
+        action="store_true",
+        help="skip redundant video frames before encoding (Sali-Cache's temporal filter) on top of --method, "
+        "e.g. --method blockwise-keydiff --skip-frames: blockwise-keydiff+salicache, every kept token at "
+        "full precision unless --tiers is given",
+    )
+    p.add_argument(
         "--flow-threshold",
         type=float,
         default=None,
@@ -61,7 +74,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="FP,INT8,INT4",
         help="salicache: fractions of tokens kept at full precision, INT8, INT4 by saliency; "
-        "the rest is pruned (default 0.43,0.10,0.29)",
+        "the rest is pruned (default 0.43,0.10,0.29); with another --method, stacks Sali-Cache's tiers on "
+        "it (e.g. blockwise-keydiff+salicache; no frame skipped unless --skip-frames)",
     )
     p.add_argument(
         "--lightkv-layers",
@@ -108,22 +122,31 @@ METHOD_FLAGS: dict[str, dict[str, str]] = {
 
 
 def _method_options(args: argparse.Namespace) -> dict:
-    """Method-specific flags as method options; refused when given for another method.
+    """Method-specific flags as method options (for a composed method, {stage: options}); refused when
+    given for a method without that stage. `--skip-frames` / `--tiers` stack Sali-Cache on the method
+    (`args.method` becomes the composed name, see `visualkv.methods.stacked_method`).
 
     The method is built once here so that bad values fail before any loading.
     """
+    from visualkv.methods import make_method, method_traits, stacked_method
+
+    stages = method_traits(args.method).stages
+    if args.skip_frames or (args.tiers is not None and "salicache" not in stages):
+        args.method, stacked = stacked_method(args.method, args.skip_frames, args.tiers, args.flow_threshold)
+        args.tiers, args.flow_threshold = stacked.get("tiers"), stacked.get("flow_threshold")
+    stages = method_traits(args.method).stages
     chosen: dict = {}
     for method, flags in METHOD_FLAGS.items():
         given = {opt: getattr(args, flag[2:].replace("-", "_")) for opt, flag in flags.items()}
         given = {k: v for k, v in given.items() if v is not None}
-        if given and args.method != method:
+        if given and method not in stages:
             names = " and ".join(flags[k] for k in given)
-            raise VisualKVError(f"{names} apply to --method {method} only")
-        if method == args.method:
-            chosen = given
+            raise VisualKVError(f"{names} apply to --method {method} (or a composition with it) only")
+        if given:
+            chosen[method] = given
+    if len(stages) == 1:
+        chosen = chosen.get(args.method, {})
     if chosen:
-        from visualkv.methods import make_method
-
         make_method(args.method, **chosen)
     return chosen
 
@@ -135,6 +158,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from visualkv.session import ChatSession, SessionConfig
     from visualkv.telemetry import write_json
 
+    method_options = _method_options(args)  # may stack Sali-Cache on args.method (--skip-frames, --tiers)
     config = SessionConfig(
         method=args.method,
         budget=args.budget,
@@ -145,7 +169,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         top_p=args.top_p,
         seed=args.seed,
         followup=args.followup,
-        method_options=_method_options(args),
+        method_options=method_options,
     )
     config.validate()
     for prompt in args.prompt:

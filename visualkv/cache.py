@@ -345,6 +345,13 @@ class CompressibleLayer(CacheLayerMixin):
             return 0
         return self.n_full + sum(s.rows.n for s in self._stores.values())
 
+    def visual_by_tier(self) -> dict[int, int]:
+        """Visual entries per head in each tier present (host ints, no device read): full precision from
+        `visual_entries`, packed tiers from their row counts (only visual tokens are ever quantized)."""
+        counts = {TIER_FULL: self.visual_entries}
+        counts.update({tier: s.rows.n for tier, s in sorted(self._stores.items()) if s.rows.n})
+        return counts
+
     def all_token_index(self) -> torch.Tensor:
         """(b, h, n) token indices of every entry, quantized ones first."""
         if not self.is_initialized:

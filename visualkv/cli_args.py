@@ -94,15 +94,23 @@ def comma_list(item: Callable[[str], T]) -> Callable[[str], list[T]]:
 
 
 def method_list(text: str) -> list[str]:
-    """Comma-separated method names (see `visualkv.methods.METHODS`), or "all"."""
-    from visualkv.methods import METHODS
+    """Comma-separated method names (see `visualkv.methods.method_names`, composed ones included), or "all"
+    (the single methods)."""
+    from visualkv.errors import ConfigError
+    from visualkv.methods import METHODS, method_traits
 
     if text.strip() == "all":
         return list(METHODS)
     names = [m.strip() for m in text.split(",") if m.strip()]
-    unknown = [m for m in names if m not in METHODS]
+    unknown = []
+    for name in names:
+        try:
+            method_traits(name)
+        except ConfigError:
+            unknown.append(name)
     if unknown or not names:
         raise argparse.ArgumentTypeError(
-            f"unknown method {', '.join(unknown) or text!r}; choose from {', '.join(METHODS)} or all"
+            f"unknown method {', '.join(unknown) or text!r}; choose from {', '.join(METHODS)} "
+            "(or compose with +, e.g. blockwise-keydiff+salicache) or all"
         )
     return names

@@ -42,7 +42,7 @@ import torch
 
 from visualkv.errors import VisualKVError
 from visualkv.layout import plan_blocks
-from visualkv.methods import METHODS
+from visualkv.methods import METHODS, method_traits
 
 
 class MemoryGuardError(VisualKVError):
@@ -101,7 +101,8 @@ def estimate_prefill(
     block_size: int | None,
     prefill_mode: str | None,
 ) -> MemoryEstimate:
-    """The estimate for prefilling `prepared` with `method_cls` (a class of visualkv.methods.METHODS)."""
+    """The estimate for prefilling `prepared` with `method_cls` (a class of visualkv.methods.METHODS, or
+    anything with its flags, such as `visualkv.methods.method_traits(name)` for a composed name)."""
     itemsize = torch.empty((), dtype=adapter.dtype).element_size()
     layers, kv_heads, head_dim = adapter.num_layers, adapter.num_kv_heads, adapter.head_dim
     entry_bytes = 2 * kv_heads * head_dim * itemsize  # K and V of one token at one layer
@@ -237,7 +238,7 @@ class MemoryGuard:
 
     def check(self, adapter, prepared, config) -> MemoryEstimate:
         """Raise MemoryGuardError (one line) when the prefill of `prepared` under `config` would not fit."""
-        method_cls = METHODS[config.method]
+        method_cls = method_traits(config.method)
         est = estimate_prefill(adapter, prepared, method_cls, config.budget, config.block_size, config.prefill)
         if not self.enabled:
             return est

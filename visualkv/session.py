@@ -30,7 +30,7 @@ from visualkv.engine import Engine, PrefillResult
 from visualkv.errors import ConfigError
 from visualkv.media import Media
 from visualkv.memory_guard import MemoryGuard
-from visualkv.methods import METHODS, make_method
+from visualkv.methods import make_method, method_traits
 from visualkv.models.base import ModelAdapter, PreparedInput
 from visualkv.telemetry import BlockEvent, TurnRecord, cuda_peak, peak_rss_bytes, reset_cuda_peak
 
@@ -39,7 +39,8 @@ from visualkv.telemetry import BlockEvent, TurnRecord, cuda_peak, peak_rss_bytes
 class SessionConfig:
     """Everything that decides how a conversation is compressed and decoded.
 
-    method: one of visualkv.methods.METHODS.
+    method: one of visualkv.methods.method_names(): a single method or a composition such as
+      "blockwise-keydiff+salicache" (stages joined with "+", see visualkv.methods.compose).
     budget: visual KV entries kept per layer and per KV head (M); required by
       eviction methods, ignored by `full`.
     block_size: visual tokens per block (b); None = the model's default
@@ -65,11 +66,10 @@ class SessionConfig:
     method_options: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
-        if self.method not in METHODS:
-            raise ConfigError(f"unknown method {self.method!r}; choose one of: {', '.join(METHODS)}")
+        traits = method_traits(self.method)  # ConfigError for an unknown name or a refused composition
         if self.budget is not None and self.budget < 1:
             raise ConfigError(f"budget must be a positive number of tokens, got {self.budget}")
-        if METHODS[self.method].needs_budget and self.budget is None:
+        if traits.needs_budget and self.budget is None:
             raise ConfigError(
                 f"method {self.method!r} needs a budget (visual entries kept per layer and KV head; --budget N)"
             )

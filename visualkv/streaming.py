@@ -48,7 +48,8 @@ import numpy as np
 from visualkv.errors import ConfigError, PrefillStopped, VisualKVError
 from visualkv.media import Media
 from visualkv.memory_guard import out_of_memory_caught
-from visualkv.methods import METHODS
+from visualkv.methods import METHODS, method_traits
+from visualkv.methods.compose import SEPARATOR
 from visualkv.session import ChatSession, SessionConfig
 
 log = logging.getLogger(__name__)
@@ -179,18 +180,15 @@ def compare_methods(
     names = list(dict.fromkeys(methods))
     if not names:
         raise ConfigError("choose at least one method to compare")
-    for name in names:
-        if name not in METHODS:
-            raise ConfigError(f"unknown method {name!r}; choose among: {', '.join(METHODS)}")
+    traits = {name: method_traits(name) for name in names}  # ConfigError for an unknown or refused name
     names.sort(key=lambda n: n != "full")
     for name in names:
         if stop is not None and stop.is_set():
             return
-        cls = METHODS[name]
         cfg = dataclasses.replace(
             base,
             method=name,
-            budget=base.budget if cls.needs_budget else None,
+            budget=base.budget if traits[name].needs_budget else None,
             method_options=dict((options or {}).get(name, {})),
         )
         try:
@@ -232,7 +230,12 @@ class Setting:
 def method_settings(name: str) -> list[Setting]:
     """The settings of method `name` a form can edit: its constructor arguments with defaults,
     and the fields of dataclass configs among them (one level of nesting inside them too).
-    Unknown kinds of value are left out (the method keeps its default)."""
+    Unknown kinds of value are left out (the method keeps its default).
+    A composed name ("blockwise-keydiff+salicache") lists each stage's settings, keys "stage:key"."""
+    if SEPARATOR in name:
+        return [
+            dataclasses.replace(s, key=f"{stage}:{s.key}") for stage in _stages(name) for s in method_settings(stage)
+        ]
     cls = METHODS.get(name)
     if cls is None:
         return []
@@ -260,7 +263,15 @@ def method_options(name: str, values: dict[str, Any]) -> dict[str, Any]:
     """Constructor keyword arguments for method `name` from {setting key: value}.
 
     Keys that are not settings of the method are ignored; values are coerced to the
-    setting's kind (ConfigError on a value that does not fit)."""
+    setting's kind (ConfigError on a value that does not fit). A composed name gives {stage: its options}."""
+    if SEPARATOR in name:
+        per_stage = {
+            stage: method_options(
+                stage, {k.split(":", 1)[1]: v for k, v in values.items() if k.startswith(stage + ":")}
+            )
+            for stage in _stages(name)
+        }
+        return {stage: opts for stage, opts in per_stage.items() if opts}
     cls = METHODS.get(name)
     if cls is None:
         return {}
@@ -283,6 +294,14 @@ def method_options(name: str, values: dict[str, Any]) -> dict[str, Any]:
         elif pname in given:
             kwargs[pname] = given[pname]
     return kwargs
+
+
+def _stages(name: str) -> tuple[str, ...]:
+    """The stage names of a composed method (none for a name that does not compose)."""
+    try:
+        return method_traits(name).stages
+    except ConfigError:
+        return ()
 
 
 def _hints(fn) -> dict[str, Any]:

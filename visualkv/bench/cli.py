@@ -55,7 +55,7 @@ DEFAULT_MODELS = {"needle": DEMO_MODEL, "gpu": "shape-qwen2.5-vl-7b"}
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
     from visualkv.bench.needle import DEFAULT_FRACTIONS, DEFAULT_LARGE_FRACTIONS, DEFAULT_NEEDLE_SIZES
-    from visualkv.methods import METHODS
+    from visualkv.methods import method_names
 
     p.formatter_class = HelpFormatter
     p.description = "Benchmarks; figures go to --out as JSON, HTML and PNG.\n" + "\n".join(
@@ -88,7 +88,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="(one) prefill mode (default: the method's)",
     )
-    p.add_argument("--method", choices=list(METHODS), default="full", help="(one) method")
+    p.add_argument("--method", choices=method_names(), default="full", metavar="METHOD", help="(one) method")
     p.add_argument(
         "--sizes",
         type=comma_list(positive_float),
@@ -121,7 +121,12 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="bench_out", help="output folder")
     p.add_argument("--json", dest="json_out", default=None, help="(one/needle) also write the result to this file")
     p.add_argument("--media", default="assets/example_video.mp4", help="(salicache) video or image file")
-    p.add_argument("--fps", type=positive_float, default=1.0, help="(salicache/gpu) video frames sampled per second")
+    p.add_argument(
+        "--fps",
+        type=positive_float,
+        default=1.0,
+        help="(salicache/gpu/memory --minutes/one) video frames sampled per second",
+    )
     # gpu: every method vs transformers' generate (visualkv/bench/gpu.py)
     p.add_argument("--image-size", type=scene_size, default=(3840, 2160), help="(gpu) WxH of the image input")
     p.add_argument("--video-seconds", type=positive_int, default=512, help="(gpu) length of the video input")
@@ -133,7 +138,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         default=["image", "video"],
         help="(gpu) which inputs: image, video or both",
     )
-    p.add_argument("--max-frames", type=positive_int, default=64, help="(salicache) video frames sampled at most")
+    p.add_argument("--max-frames", type=positive_int, default=64, help="(salicache/one) video frames sampled at most")
     p.add_argument(
         "--max-new-tokens", type=positive_int, default=16, help="(salicache) greedy tokens compared with full"
     )
@@ -144,6 +149,20 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         "quantization only (each against the same full run)",
     )
     p.add_argument("--media-file", default=None, help="(one) load this file instead of generating the input")
+    p.add_argument(
+        "--minutes",
+        type=comma_list(positive_float),
+        default=None,
+        help="(memory --video) lengths in minutes of generated hour-scale videos (e.g. 10,30,60), sampled at --fps; "
+        "each method x length in a fresh process (visualkv/bench/long_memory.py)",
+    )
+    p.add_argument(
+        "--video-kinds",
+        type=comma_list(_video_kind),
+        default=["mix", "moving"],
+        help="(memory --minutes) mix: static shots, pans, cuts and an event, like the example video; "
+        "moving: every frame moves",
+    )
     # needle: accuracy on held-out synthetic scenes (visualkv/bench/needle.py)
     p.add_argument(
         "--needle-sizes",
@@ -169,6 +188,14 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         default=list(DEFAULT_LARGE_FRACTIONS),
         help=f"(needle) budgets for sizes above 2 megapixels (default: {_csv(DEFAULT_LARGE_FRACTIONS)})",
     )
+
+
+def _video_kind(text: str) -> str:
+    from visualkv.bench.long_video import VIDEO_KINDS
+
+    if text not in VIDEO_KINDS:
+        raise argparse.ArgumentTypeError(f"a video kind is one of {', '.join(VIDEO_KINDS)}, got {text!r}")
+    return text
 
 
 def _gpu_input(text: str) -> str:
@@ -207,6 +234,8 @@ def run_bench(args: argparse.Namespace) -> int:
             args.device,
             args.dtype,
             args.media_file,
+            args.fps,
+            args.max_frames,
         )
         text = json.dumps(result)
         if args.json_out:
@@ -265,6 +294,8 @@ def measure_one(
     device: str = "cpu",
     dtype: str = "auto",
     media_file: str | None = None,
+    fps: float = 1.0,
+    max_frames: int = 64,
 ) -> dict[str, Any]:
     """Prefill one input and report memory and time (meant for a fresh process).
 
@@ -279,22 +310,22 @@ def measure_one(
 
     adapter = load_model(model, device=device, dtype=dtype)
     if media_file:
-        from visualkv.media import load_media
+        from visualkv.media import FrameSampling, load_media
 
-        media = load_media(media_file)
+        media = load_media(media_file, sampling=FrameSampling(fps=fps, max_frames=max_frames))
     else:
         media = _media(size, video)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     base_rss, base_peak = rss_bytes(), peak_rss_bytes()
     base_cuda = torch.cuda.memory_allocated() if torch.cuda.is_available() else None
-    from visualkv.methods import METHODS
+    from visualkv.methods import method_traits
 
     session = ChatSession(
         adapter,
         SessionConfig(
             method=method,
-            budget=budget if METHODS[method].needs_budget else None,
+            budget=budget if method_traits(method).needs_budget else None,
             block_size=block_size,
             prefill=prefill,
             max_new_tokens=1,
@@ -308,7 +339,7 @@ def measure_one(
     entry_bytes = a.num_layers * 2 * a.num_kv_heads * a.head_dim * torch.empty((), dtype=a.dtype).element_size()
     protected = report["prompt_tokens"] - report["visual_tokens"] + 1  # + the first decoded token
     bound = None
-    if METHODS[method].needs_budget and budget:
+    if method_traits(method).needs_budget and budget:
         bound = (budget + report["block_size"] + protected) * entry_bytes  # (M + b + protected) in every layer
     return {
         "model": model,
@@ -384,6 +415,10 @@ def _subprocess_one(args: argparse.Namespace, method: str, size: float) -> dict[
 
 
 def bench_memory(args: argparse.Namespace) -> int:
+    if args.minutes:
+        from visualkv.bench.long_memory import bench_long_video
+
+        return bench_long_video(args)
     from visualkv.viz import memory_sweep_figure, save_figure
 
     methods, sizes = args.methods, args.sizes
@@ -662,7 +697,7 @@ def bench_fidelity(args: argparse.Namespace) -> int:
     """
     import torch
 
-    from visualkv.methods import METHODS
+    from visualkv.methods import method_traits
     from visualkv.models.registry import load_model
     from visualkv.session import ChatSession, SessionConfig
 
@@ -675,7 +710,7 @@ def bench_fidelity(args: argparse.Namespace) -> int:
     rows = []
     methods = args.methods
     for method in methods:
-        budget = 10**7 if METHODS[method].needs_budget else None
+        budget = 10**7 if method_traits(method).needs_budget else None
         s = ChatSession(
             adapter,
             SessionConfig(

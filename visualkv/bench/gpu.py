@@ -36,7 +36,7 @@ import torch
 from visualkv.bench import provenance
 from visualkv.bench.synthetic import image_media, video_media
 from visualkv.media import Media
-from visualkv.methods import METHODS
+from visualkv.methods import METHODS, method_traits
 from visualkv.models.base import ModelAdapter, video_metadata
 from visualkv.models.registry import load_model
 from visualkv.session import ChatSession, SessionConfig
@@ -110,7 +110,7 @@ def _ignoring_eos(adapter: ModelAdapter) -> Iterator[None]:
 
 def run_method(adapter: ModelAdapter, media: Media, method: str, cfg: GpuBenchConfig) -> dict[str, Any]:
     base = _start_case()
-    budget = cfg.budget if METHODS[method].needs_budget else None
+    budget = cfg.budget if method_traits(method).needs_budget else None
     session = ChatSession(
         adapter, SessionConfig(method=method, budget=budget, block_size=cfg.block_size, max_new_tokens=cfg.new_tokens)
     )

@@ -131,12 +131,12 @@ def run_case(
     block_size: int | None,
     max_new_tokens: int,
 ) -> dict[str, Any]:
-    from visualkv.methods import METHODS
+    from visualkv.methods import method_traits
     from visualkv.session import ChatSession, SessionConfig
 
     n_visual = adapter_visual_tokens(adapter, media)
     budget = None
-    if METHODS[method].needs_budget:
+    if method_traits(method).needs_budget:
         budget = max(1, round((fraction or 1.0) * n_visual))
     cfg = SessionConfig(
         method=method, budget=budget, block_size=block_size, max_new_tokens=max_new_tokens, method_options=dict(options)
@@ -145,10 +145,13 @@ def run_case(
     t0 = time.perf_counter()
     r1 = session.ask(case.first.question, media)
     kept = float(session.retained().mean()) if n_visual else 1.0
+    first_report = session.report()  # KV held after the first turn: what the method kept of the media
     r2 = session.ask(case.second.question)
     return {
         "n_visual": n_visual,
         "kept_fraction": kept,
+        "final_kv_bytes": first_report["final_kv_bytes"],
+        "full_kv_bytes": first_report["full_kv_bytes"],
         "answers": [r1.answer, r2.answer],
         "correct": [answer_matches(r1.answer, case.first.answer), answer_matches(r2.answer, case.second.answer)],
         "seconds": time.perf_counter() - t0,
@@ -182,16 +185,15 @@ def run_needle(
     log=print,
 ) -> dict[str, Any]:
     """Run the benchmark and return ``{"results": [...], "cases": [...], ...}``."""
-    from visualkv.methods import METHODS
+    from visualkv.methods import METHODS, method_traits
     from visualkv.models.registry import load_model
 
     sizes = sizes or list(DEFAULT_NEEDLE_SIZES)
     fractions = fractions or list(DEFAULT_FRACTIONS)
     if methods is None:
         methods = ["full", *EVICTION_METHODS, *(m for m in ("salicache", "lightkv") if m in METHODS)]
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        raise ConfigError(f"unknown method {', '.join(unknown)}; choose from {', '.join(METHODS)}")
+    for m in methods:
+        method_traits(m)  # ConfigError (one line) for an unknown or refused name
     cases: list[NeedleCase] = []
     for size in sizes:
         n = n_large if size[0] * size[1] > LARGE_PIXELS else n_scenes
@@ -253,6 +255,7 @@ def run_needle(
 def aggregate(per_case: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Accuracy per (method, budget_fraction, setting, size)."""
     groups: dict[tuple, list[tuple[bool, str, float]]] = {}
+    kv_bytes: dict[tuple, list[int]] = {}
     for r in per_case:
         if r["video"]:
             turns = [(f"single ({r['kinds'][0]})", 0), (f"single ({r['kinds'][1]})", 1)]
@@ -261,6 +264,8 @@ def aggregate(per_case: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for setting, t in turns:
             key = (r["method"], r["budget_fraction"], setting, r["size"])
             groups.setdefault(key, []).append((r["correct"][t], r["kinds"][t], r["kept_fraction"]))
+            if "final_kv_bytes" in r:  # runs recorded before this field lack it
+                kv_bytes.setdefault(key, []).append(r["final_kv_bytes"])
     rows = []
     for (method, fraction, setting, size), items in groups.items():
         by_kind: dict[str, list[bool]] = {}
@@ -280,6 +285,9 @@ def aggregate(per_case: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "by_kind": {k: round(sum(v) / len(v), 3) for k, v in sorted(by_kind.items())},
             }
         )
+        held = kv_bytes.get((method, fraction, setting, size))
+        if held:
+            rows[-1]["mean_final_kv_bytes"] = round(float(np.mean(held)))
     rows.sort(key=lambda r: (r["size"], r["setting"], r["method"], r["budget_fraction"]))
     return rows
 

@@ -1,21 +1,87 @@
-"""Compression methods. Each is a small class the engine calls at fixed points."""
+"""Compression methods. Each is a small class the engine calls at fixed points; methods compose by name
+("blockwise-keydiff+salicache", see visualkv.methods.compose)."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from visualkv.errors import ConfigError
 from visualkv.methods.base import Method
 from visualkv.methods.blockwise import BlockwiseKeyDiff, BlockwiseSnapKV
+from visualkv.methods.compose import (
+    SEPARATOR,
+    MethodTraits,
+    combine_traits,
+    composed_names,
+    make_pipeline,
+    stage_classes,
+)
 from visualkv.methods.full import FullCache
 from visualkv.methods.lightkv import LightKV
 from visualkv.methods.post_prefill import PostPrefillSnapKV
 from visualkv.methods.salicache import SaliCache
 
+#: the single methods (classes); composed names are built from them
 METHODS: dict[str, type[Method]] = {
     cls.name: cls for cls in (FullCache, BlockwiseKeyDiff, BlockwiseSnapKV, PostPrefillSnapKV, SaliCache, LightKV)
 }
 
 
-def make_method(name: str, **options) -> Method:
-    """Instantiate a method by name; raises ValueError listing the known ones."""
+def method_names() -> list[str]:
+    """Every choosable method name: the single methods, then every valid composition (for menus, --method)."""
+    return [*METHODS, *composed_names(METHODS)]
+
+
+def method_traits(name: str) -> MethodTraits:
+    """The flags of method `name` (single or composed) without building it; ConfigError if unknown/refused."""
+    if SEPARATOR in name:
+        return combine_traits(stage_classes(name, METHODS))
     if name not in METHODS:
-        raise ValueError(f"unknown method {name!r}; choose one of: {', '.join(METHODS)}")
+        raise ConfigError(f"unknown method {name!r}; choose one of: {', '.join(METHODS)} (or compose with +)")
+    return combine_traits([METHODS[name]])
+
+
+def make_method(name: str, **options: Any) -> Method:
+    """Instantiate a method by name (single or composed with "+"); ConfigError (a ValueError for callers
+    that catch that too) listing the known ones."""
+    if SEPARATOR in name:
+        return make_pipeline(name, METHODS, options)
+    if name not in METHODS:
+        raise UnknownMethodError(f"unknown method {name!r}; choose one of: {', '.join(METHODS)} (or compose with +)")
     return METHODS[name](**options)
+
+
+def stacked_method(
+    method: str, skip_frames: bool = False, tiers: Any = None, flow_threshold: float | None = None
+) -> tuple[str, dict[str, Any]]:
+    """(method name, Sali-Cache options) for `method` with frame skipping and/or saliency tiers on top.
+
+    `--method blockwise-keydiff --skip-frames --tiers 0.43,0.10,0.29` is `blockwise-keydiff+salicache`
+    with those tiers. Skipping alone keeps every token at full precision (tiers 1,0,0); tiers alone skip
+    nothing (flow threshold 0). Nothing asked: (method, {}). ConfigError (one line) when the result does
+    not compose, `full` included (it means no compression: use `salicache` itself).
+    """
+    options: dict[str, Any] = {}
+    if tiers is not None:
+        options["tiers"] = tiers
+    if flow_threshold is not None:
+        options["flow_threshold"] = flow_threshold
+    if not (skip_frames or options):
+        return method, {}
+    has_entry = SaliCache.name in method.split(SEPARATOR)
+    if not skip_frames and "flow_threshold" not in options and not has_entry:
+        options["flow_threshold"] = 0.0  # tiers only: keep every frame
+    if skip_frames and "tiers" not in options and not has_entry:
+        options["tiers"] = (1.0, 0.0, 0.0)  # skipping only: every kept token at full precision
+    if method == FullCache.name:
+        stack_on = [n for n in method_names() if SEPARATOR not in n and f"{n}{SEPARATOR}salicache" in method_names()]
+        raise ConfigError(
+            "--skip-frames / --tiers / --flow-threshold apply to --method salicache only, or stack on a method "
+            f"that composes with it: {', '.join(stack_on)}"
+        )
+    name = method if has_entry else f"{method}{SEPARATOR}{SaliCache.name}"
+    return method_traits(name).name, options
+
+
+class UnknownMethodError(ConfigError, ValueError):
+    """An unknown method name."""

@@ -38,6 +38,9 @@ class PrefillContext:
     blocks: list[Block] = field(default_factory=list)
     block: Block | None = None
     tiers: torch.Tensor | None = None  # (L,) tier per prepared token, or None = all full precision
+    #: shares (full, int8, int4) of the stored visual tokens per tier, set by a method that assigns tiers;
+    #: an eviction method splits its budget M by them (`tier_budgets`), so every tier is bounded
+    tier_shares: tuple[float, float, float] | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # method scratch space and report fields
     encoded_frames: list[int] = field(default_factory=list)  # tiles/frames sent to the vision tower, in order
     #: the engine's text-pass service: text_pass(ids (n,), positions (P, n), observer) runs the tokens through
@@ -95,6 +98,12 @@ class Method:
     #: run the question as a block of its own after the media, so it reads the media from the cache as
     #: stored (a method that stores entries lossily wants its first answer token to see that loss)
     question_apart: ClassVar[bool] = False
+    #: what the method does in a composed pipeline (visualkv.methods.compose): "entry" (decides what enters
+    #: the LLM and how it is stored, in `begin`), "merge" (shrinks the block inside the forward), "evict"
+    #: (bounds each layer after every block); None = not composable
+    compose_role: ClassVar[str | None] = None
+    #: why a method with no role does not compose (the one-line refusal says it)
+    compose_refusal: ClassVar[str] = "it has no role in a pipeline"
     #: token ids of a question to use as proxy instead of the prompt's own (follow-up re-prefill)
     proxy_ids: torch.Tensor | None = None
 

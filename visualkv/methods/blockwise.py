@@ -4,6 +4,10 @@ After every block, each layer keeps at most `budget` visual entries per KV
 head, so the cache never holds more than budget + block + protected entries.
 Eviction happens right after the layer has processed the block (layer by
 layer), which is the earliest moment all scores are known.
+With Sali-Cache stacked on top (a composed pipeline, see compose.py) the
+cache also holds packed INT8 / INT4 entries: the budget then bounds every
+tier (`evict_tiers` splits M by the tier shares and scores packed keys
+dequantized, together with the full-precision ones).
 
 SnapKV needs queries from the user's question, which comes *after* the media.
 Our choice (the paper does not say): before the first visual block we run one
@@ -26,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from visualkv.methods.base import LayerState, Method, PrefillContext
-from visualkv.methods.eviction import evict_to_budget
+from visualkv.methods.eviction import evict_tiers
 from visualkv.scoring import keydiff_scores, keydiff_working_bytes, snapkv_scores, snapkv_working_bytes
 
 
@@ -42,12 +46,16 @@ class BlockwiseKeyDiff(Method):
     default_prefill = "hybrid"
     needs_budget = True
     evicts_per_block = True
+    compose_role = "evict"
 
-    def scores(self, ctx: PrefillContext, state: LayerState) -> torch.Tensor:
-        return keydiff_scores(ctx.cache.layers[state.layer_idx].keys)
+    def scores(
+        self, ctx: PrefillContext, layer_idx: int, keys: torch.Tensor, token_index: torch.Tensor
+    ) -> torch.Tensor:
+        """(b, h, n) keep scores of entries with `keys` (b, h, n, d) and `token_index` (b, h, n) at a layer."""
+        return keydiff_scores(keys)
 
-    def scratch_bytes(self, ctx: PrefillContext, state: LayerState) -> int:
-        return keydiff_working_bytes(ctx.cache.layers[state.layer_idx].keys)
+    def scratch_bytes(self, ctx: PrefillContext, layer_idx: int, keys: torch.Tensor) -> int:
+        return keydiff_working_bytes(keys)
 
     def capacity_hint(self, ctx: PrefillContext) -> int | None:
         if ctx.budget is None or not ctx.blocks:
@@ -57,7 +65,13 @@ class BlockwiseKeyDiff(Method):
 
     def after_layer(self, ctx: PrefillContext, state: LayerState) -> None:
         if ctx.budget is not None and ctx.block is not None and ctx.block.units:
-            evict_to_budget(ctx, state.layer_idx, self.scores(ctx, state), ctx.budget, self.scratch_bytes(ctx, state))
+            i = state.layer_idx
+
+            def scorer(keys: torch.Tensor, token_index: torch.Tensor) -> tuple[torch.Tensor, int]:
+                return self.scores(ctx, i, keys, token_index), self.scratch_bytes(ctx, i, keys)
+
+            # every precision tier held (Sali-Cache's packed INT8 / INT4 too) is bounded by the budget
+            evict_tiers(ctx, i, scorer, ctx.budget)
 
 
 class BlockwiseSnapKV(BlockwiseKeyDiff):
@@ -71,18 +85,19 @@ class BlockwiseSnapKV(BlockwiseKeyDiff):
     def begin(self, ctx: PrefillContext) -> None:
         ctx.extra["proxy_queries"] = proxy_queries(ctx, self.config.window, self.proxy_ids)
 
-    def scores(self, ctx: PrefillContext, state: LayerState) -> torch.Tensor:
-        queries = ctx.extra["proxy_queries"][state.layer_idx]
-        layer = ctx.cache.layers[state.layer_idx]
+    def scores(
+        self, ctx: PrefillContext, layer_idx: int, keys: torch.Tensor, token_index: torch.Tensor
+    ) -> torch.Tensor:
+        queries = ctx.extra["proxy_queries"][layer_idx]
         return snapkv_scores(
-            queries.to(layer.keys.device),
-            layer.keys,
+            queries.to(keys.device),
+            keys,
             kernel_size=self.config.kernel_size,
-            grid=grid_places(ctx, layer.token_index),
+            grid=grid_places(ctx, token_index),
         )
 
-    def scratch_bytes(self, ctx: PrefillContext, state: LayerState) -> int:
-        return snapkv_working_bytes(ctx.extra["proxy_queries"][state.layer_idx], ctx.cache.layers[state.layer_idx].keys)
+    def scratch_bytes(self, ctx: PrefillContext, layer_idx: int, keys: torch.Tensor) -> int:
+        return snapkv_working_bytes(ctx.extra["proxy_queries"][layer_idx], keys)
 
     def config_dict(self) -> dict:
         return {"method": self.name, **self.config.__dict__}

@@ -13,3 +13,4 @@ class FullCache(Method):
     name = "full"
     description = "No compression: the reference for memory, latency and answers."
     default_prefill = "bulk"
+    compose_refusal = "it keeps everything: leave it out"

@@ -529,6 +529,8 @@ class LightKV(Method):
             "tokens": torch.from_numpy(np.concatenate(tokens or [np.zeros(0, np.int64)])).long(),
             "positions": prepared.position_ids,
         }
+        if ctx.tiers is not None:  # set by a tiering stage's `begin`, which runs before this one
+            host["tiers"] = ctx.tiers
         devices = {ctx.adapter.layers[layer].input_layernorm.weight.device for layer, _, _ in self.stages}
         self._tables = {device: {k: _to(v, device) for k, v in host.items()} for device in devices}
         self._block_state: _BlockState | None = None
@@ -624,8 +626,8 @@ class LightKV(Method):
             token_index = cur.token_index.index_select(0, keep_idx)
             positions = self._tables[device]["positions"].index_select(1, token_index - ctx.seq_offset)
             tiers = None
-            if state.tiers is not None:  # no tiering method composes with LightKV today; this would read back
-                tiers = state.tiers.index_select(0, keep_idx.to(state.tiers.device))
+            if state.tiers is not None:  # a tiering stage (Sali-Cache) composed before this one
+                tiers = self._tables[device]["tiers"].index_select(0, token_index - ctx.seq_offset)
             new_state = LayerState(
                 layer_idx=state.layer_idx,
                 hidden_in=state.hidden_in,
@@ -635,6 +637,8 @@ class LightKV(Method):
                 cos=state.cos.index_select(1, keep_idx),
                 sin=state.sin.index_select(1, keep_idx),
                 tiers=tiers,
+                # with tiers the engine splits them on the host again (how many survive per tier depends on
+                # which tokens merged): a read per merge stage, open work
                 n_visual=n - m if tiers is None else None,
             )
             # Book-keeping: sizes and the final owner of every original visual token.

@@ -20,6 +20,9 @@ class PostPrefillSnapKV(Method):
     default_prefill = "bulk"
     needs_budget = True
     query_aware = True
+    compose_refusal = (
+        "it compresses once after a full prefill, so it bounds nothing per block; compose blockwise-snapkv"
+    )
 
     def __init__(self, config: SnapKVConfig | None = None) -> None:
         self.config = config or SnapKVConfig()

@@ -107,6 +107,7 @@ class SaliCache(Method):
     description = "Skip redundant video frames before encoding; keep tokens at FP / INT8 / INT4 / pruned by saliency."
     default_prefill = "bulk"
     question_apart = True  # the question reads the media as stored (packed tiers), see the module doc
+    compose_role = "entry"  # composes with block-wise eviction (visualkv.methods.compose)
 
     def __init__(self, config: SaliCacheConfig | None = None, **options: Any) -> None:
         """``options`` override ``config`` fields; ``tiers`` may be a string ``"0.43,0.1,0.29"``.
@@ -180,6 +181,7 @@ class SaliCache(Method):
             tiers[seq[quantized]] = codes[quantized]
         prepared.keep = keep
         ctx.tiers = tiers if bool((tiers != TIER_FULL).any()) else None
+        ctx.tier_shares = self.config.tiers  # an eviction stage splits its budget M by them (all tiers bounded)
         ctx.extra["salicache"] = {
             "decisions": decisions,
             "unit_skipped": unit_skipped,
