@@ -73,9 +73,11 @@ class BlockPlan:
         tiers: torch.Tensor | None,
         ctx: PrefillContext | None,
         n_visual: int | None = None,
+        tier_split: dict[int, torch.Tensor] | None = None,
     ) -> None:
         self.token_index = token_index
-        self.tier_split = split_tiers(tiers)
+        # a method that reshaped the block may hand its split over (made on the device, no host read)
+        self.tier_split = tier_split if tier_split is not None or n_visual is not None else split_tiers(tiers)
         self._on: dict = {}  # device -> token indices there; ("tiers", device) -> tier positions there
         if n_visual is not None or ctx is None:
             self.n_visual_full = n_visual or 0
@@ -184,7 +186,7 @@ class Engine:
                         new.sin,
                         new.tiers,
                     )
-                    plan = BlockPlan(token_index, tiers, ctx, new.n_visual)
+                    plan = BlockPlan(token_index, tiers, ctx, new.n_visual, new.tier_split)
             hidden = out
         cache.pending_token_index = cache.pending_tiers = None
         cache.pending_visual = 0

@@ -57,6 +57,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from visualkv.cache import TIER_FULL, TIER_INT4, TIER_INT8
 from visualkv.errors import ConfigError
 from visualkv.methods.base import LayerState, Method, PrefillContext
 
@@ -625,9 +626,10 @@ class LightKV(Method):
             hidden = state.hidden.index_copy(1, cur.vis_pos, res.x[None]).index_select(1, keep_idx)
             token_index = cur.token_index.index_select(0, keep_idx)
             positions = self._tables[device]["positions"].index_select(1, token_index - ctx.seq_offset)
-            tiers = None
+            tiers, tier_split, n_visual = None, None, n - m
             if state.tiers is not None:  # a tiering stage (Sali-Cache) composed before this one
                 tiers = self._tables[device]["tiers"].index_select(0, token_index - ctx.seq_offset)
+                tier_split, n_visual = self._split_tiers(ctx, tiers, token_index)
             new_state = LayerState(
                 layer_idx=state.layer_idx,
                 hidden_in=state.hidden_in,
@@ -637,9 +639,8 @@ class LightKV(Method):
                 cos=state.cos.index_select(1, keep_idx),
                 sin=state.sin.index_select(1, keep_idx),
                 tiers=tiers,
-                # with tiers the engine splits them on the host again (how many survive per tier depends on
-                # which tokens merged): a read per merge stage, open work
-                n_visual=n - m if tiers is None else None,
+                n_visual=n_visual,
+                tier_split=tier_split,
             )
             # Book-keeping: sizes and the final owner of every original visual token.
             src_v = _to(cur.vids.index_select(0, res.merged), self._size.device)
@@ -667,6 +668,21 @@ class LightKV(Method):
         self._overhead_flops += 2.0 * n * cfg.hidden_size * hq * hd + 2.0 * hq * n * n_text * hd  # q proj + scores
         self._overhead_flops += 2.0 * res.pairs * cfg.hidden_size  # cosine similarities
         return new_state
+
+    def _split_tiers(
+        self, ctx: PrefillContext, tiers: torch.Tensor, token_index: torch.Tensor
+    ) -> tuple[dict[int, torch.Tensor] | None, int]:
+        """The reduced block's {tier: positions} (None: all full precision) and its visual full-precision count.
+
+        A merge mixes tiers, so how many tokens of each tier survive depends on which merged: the counts are
+        read back, in one read per merge stage; the positions are then selected on the device.
+        """
+        visual = ctx.visual_mask_on(tiers.device).index_select(0, token_index - ctx.seq_offset)
+        codes = (TIER_FULL, TIER_INT8, TIER_INT4)
+        masks = [tiers == t for t in codes]
+        *counts, n_visual = torch.stack([mk.sum() for mk in masks] + [(masks[0] & visual).sum()]).tolist()
+        split = {t: torch.nonzero_static(mk, size=c)[:, 0] for t, mk, c in zip(codes, masks, counts) if c}
+        return (None if set(split) <= {TIER_FULL} else split), n_visual
 
     def _n_text(self, cur: _BlockState, layer_idx: int) -> int:
         if self._xi_source == "proxy":
