@@ -1,7 +1,7 @@
 """VisualKV app entry point (also the Hugging Face Space entry): `python app.py`.
 
 Flags: --model (offline alias, Hub id or local path; default: $VISUALKV_MODEL, else an offline model), --host, --port,
---share, --device, --public, --allow-model, --max-queue, --turn-time-limit. With no network the app starts on an offline model and says so on the page;
+--share, --device, --public, --allow-model, --max-queue, --turn-time-limit, --max-upload. With no network the app starts on an offline model and says so on the page;
 if --model cannot be loaded, it starts on the offline model and shows why.
 """
 
@@ -47,9 +47,21 @@ def main() -> None:
         metavar="SECONDS",
         help="a chat turn running longer is stopped like Stop (default 300; 0 = no limit)",
     )
+    parser.add_argument(
+        "--max-upload",
+        default="200MB",
+        metavar="SIZE",
+        help="largest file a user may upload, e.g. 500MB or 4GB for an hour of video (default 200MB, fit for a Space)",
+    )
     args = parser.parse_args()
     if args.max_queue < 1 or args.turn_time_limit < 0:
         parser.error("--max-queue must be >= 1 and --turn-time-limit >= 0")
+    from ui.size import parse_size
+
+    try:
+        max_upload = parse_size(args.max_upload)
+    except ValueError as exc:
+        parser.error(f"--max-upload: {exc}")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
@@ -64,6 +76,7 @@ def main() -> None:
         allow_models=tuple(args.allow_model),
         max_queue=args.max_queue,
         turn_time_limit=args.turn_time_limit or None,
+        max_upload_bytes=max_upload,
     )
     demo = build_app(default_model=args.model, device=device, serve=serve)
     mode = "shared mode: only listed models load" if serve.public else "local mode"

@@ -1,15 +1,26 @@
 #!/usr/bin/env bash
 # The GPU checks of issue 10, prepared for a session that has a GPU: the CUDA tests and `bench gpu`.
 #
-#   OUT=/tmp/out scripts/gpu_check.sh            # both steps (about 10 minutes on one H200, estimated)
+#   OUT=/tmp/out scripts/gpu_check.sh            # both steps (estimated, not yet measured: about 10 minutes
+#                                                # for the tests and one 7B shape on one H200, a few more per
+#                                                # further shape; in a 15-minute session run `tests` and
+#                                                # `bench` as separate calls, or lower STEP_TIMEOUT)
 #   OUT=/tmp/out scripts/gpu_check.sh tests      # only `pytest -m cuda`
-#   OUT=/tmp/out scripts/gpu_check.sh bench      # only `bench gpu` (7B shape, 4K image + 512-frame video)
-#   GPU_CHECK_SMALL=1 OUT=/tmp/out scripts/gpu_check.sh   # dry run anywhere (CPU too): tiny model, small inputs
+#   OUT=/tmp/out scripts/gpu_check.sh bench      # only `bench gpu` (shapes, 4K image + 512-frame video)
+#   GPU_CHECK_SMALL=1 OUT=/tmp/out scripts/gpu_check.sh   # dry run anywhere (CPU too): tiny models, small inputs
 #
-# Writes under $OUT: env.txt (versions, GPU), pytest_cuda.log (+ junit XML), bench_gpu.log, gpu_<model>.json
-# and .md (the README table). With transformers installed elsewhere (e.g. a carried wheel unpacked into
+# `bench gpu` runs once per shape model (each its own process: one model in GPU memory at a time). Which:
+#   GPU_CHECK_FAMILIES unset      shape-qwen2.5-vl-7b and shape-qwen3-vl-8b (the default)
+#   GPU_CHECK_FAMILIES=all        also shape-llava-onevision-7b and shape-internvl3.5-8b (and the 3B / SmolVLM2
+#                                 shapes); about twice the time: mind a 15-minute GPU session
+#   GPU_CHECK_FAMILIES="qwen3-vl-8b internvl3.5-8b"   any list of shape names without the "shape-" prefix
+# With GPU_CHECK_SMALL each shape is replaced by the tiny alias of its family.
+#
+# Writes under $OUT: env.txt (versions, GPU), pytest_cuda.log (+ junit XML), bench_gpu_<model>.log,
+# gpu_<model>.json and .md (the README table) per model. With transformers installed elsewhere (e.g. a carried wheel unpacked into
 # /tmp/site), run with PYTHONPATH=/tmp/site. Each step has its own time limit (STEP_TIMEOUT, seconds), so
-# one slow step cannot eat the other's log. Exit status: 0 when every step passed.
+# one slow step cannot eat the other's log (in the bench step each shape has its own STEP_TIMEOUT).
+# Exit status: 0 when every step passed.
 set -u
 OUT=${OUT:-gpu_check_out}
 mkdir -p "$OUT"
@@ -54,19 +65,35 @@ if [ "$STEPS" = all ] || [ "$STEPS" = tests ]; then
 fi
 
 if [ "$STEPS" = all ] || [ "$STEPS" = bench ]; then
-  if [ -n "${GPU_CHECK_SMALL:-}" ]; then
-    bench=(--model tiny-qwen2.5-vl --image-size 448x252 --video-seconds 6 --video-size 320x240 --new-tokens 4
-           --budget 64 --methods full,blockwise-keydiff)
-  else
-    bench=(--model shape-qwen2.5-vl-7b --image-size 3840x2160 --video-seconds 512 --video-size 640x360
-           --new-tokens 64 --budget 1024)
-  fi
-  echo "== bench gpu ${bench[*]}"
-  timeout "$STEP_TIMEOUT" "$PY" -m visualkv bench gpu "${bench[@]}" --out "$OUT" >"$OUT/bench_gpu.log" 2>&1
-  rc=$?
-  tail -n 30 "$OUT/bench_gpu.log"
-  echo "bench exit $rc"
-  [ $rc -eq 0 ] || status=1
+  case "${GPU_CHECK_FAMILIES:-}" in
+    "") shapes="qwen2.5-vl-7b qwen3-vl-8b" ;;
+    all) shapes="qwen2.5-vl-7b qwen3-vl-8b llava-onevision-7b internvl3.5-8b qwen2.5-vl-3b smolvlm2-2.2b" ;;
+    *) shapes="$GPU_CHECK_FAMILIES" ;;
+  esac
+  for shape in $shapes; do
+    if [ -n "${GPU_CHECK_SMALL:-}" ]; then
+      case "$shape" in  # the tiny alias of the shape's family
+        qwen2.5-vl-*) model=tiny-qwen2.5-vl ;;
+        qwen3-vl-*) model=tiny-qwen3-vl ;;
+        llava-onevision-*) model=tiny-llava-onevision ;;
+        internvl3.5-*) model=tiny-internvl3.5 ;;
+        smolvlm2-*) model=tiny-smolvlm2 ;;
+        *) echo "unknown shape $shape"; status=1; continue ;;
+      esac
+      bench=(--model "$model" --image-size 448x252 --video-seconds 6 --video-size 320x240 --new-tokens 4
+             --budget 64 --methods full,blockwise-keydiff)
+    else
+      model=shape-$shape
+      bench=(--model "$model" --image-size 3840x2160 --video-seconds 512 --video-size 640x360
+             --new-tokens 64 --budget 1024)
+    fi
+    echo "== bench gpu ${bench[*]}"
+    timeout "$STEP_TIMEOUT" "$PY" -m visualkv bench gpu "${bench[@]}" --out "$OUT" >"$OUT/bench_gpu_$model.log" 2>&1
+    rc=$?
+    tail -n 30 "$OUT/bench_gpu_$model.log"
+    echo "bench $model exit $rc"
+    [ $rc -eq 0 ] || status=1
+  done
   rm -f "$OUT"/*.html  # plotly is absent on the GPU box anyway; keep $OUT to the files that come back
 fi
 exit $status

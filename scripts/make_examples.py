@@ -9,6 +9,8 @@ Writes:
   example_video.mp4  64 s, 640x360, 4 fps, mp4v: static shot, slow pan, hard cut, static shot with a
                      1 s red-ball event, static to the end
   example_video.json the video's segments (start/end seconds, kind) and where the ball is
+  *.poster.png       a 320 px poster frame of every example video (here and in visualkv-demo/), shown
+                     on the app's example cards (`--posters-only` writes just these)
 
 Same output on every run. The generator functions are importable so that tests can make small
 variants in memory: ``make_still``, ``still_needles``, ``VideoTimeline``, ``iter_video_frames``,
@@ -389,6 +391,29 @@ def _decord_frame_count(path: Path) -> int | None:
     return count
 
 
+POSTER_WIDTH = 320
+
+
+def write_posters(folder: Path, at: float = 0.25) -> list[Path]:
+    """A poster frame (`at` of the way into the video, past a dark first frame) of every .mp4 under
+    `folder`, as <name>.poster.png, POSTER_WIDTH px wide: the app's example cards show it."""
+    written = []
+    for video in sorted(folder.rglob("*.mp4")):
+        cap = cv2.VideoCapture(str(video))
+        count = int(cap.get(cv2.CAP_PROP_FRAME_COUNT) or 0)
+        cap.set(cv2.CAP_PROP_POS_FRAMES, int(count * at))
+        ok, bgr = cap.read()
+        cap.release()
+        if not ok:
+            raise SystemExit(f"cannot read a poster frame from {video}")
+        height, width = bgr.shape[:2]
+        small = cv2.resize(bgr, (POSTER_WIDTH, round(height * POSTER_WIDTH / width)), interpolation=cv2.INTER_AREA)
+        path = video.with_suffix(".poster.png")
+        Image.fromarray(cv2.cvtColor(small, cv2.COLOR_BGR2RGB)).save(path, optimize=True)
+        written.append(path)
+    return written
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -397,9 +422,14 @@ def main(argv: list[str] | None = None) -> int:
         default=Path(__file__).resolve().parent.parent / "assets",
         help="output folder (default: assets/)",
     )
+    parser.add_argument("--posters-only", action="store_true", help="only (re)write the videos' poster frames")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    if args.posters_only:
+        for path in write_posters(args.out):
+            print(f"{path}: {path.stat().st_size / 1024:.0f} KiB")
+        return 0
     still = write_still(args.out)
     video = write_video(args.out)
     for name in (still["file"], "example_4k.json", video["file"], "example_video.json"):
@@ -411,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
 
     demo = write_examples(str(args.out / "visualkv-demo"))
     print(f"{args.out / 'visualkv-demo'}: {len(demo['examples'])} demo examples")
+    for path in write_posters(args.out):
+        print(f"{path}: {path.stat().st_size / 1024:.0f} KiB")
     print(f"done in {time.perf_counter() - started:.1f} s")
     return 0
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import struct
@@ -321,6 +322,25 @@ def test_offline_start_is_said_on_the_page(page):
     assert page.locator("button:has-text('video')").count() >= 1
 
 
+def test_example_cards_show_thumbnails_and_a_click_loads_the_video(page):
+    """Every example card is a picture (a video's poster frame), and clicking a video card attaches the video."""
+    cards = page.locator("#vkv-examples .thumbnail-item")
+    cards.first.wait_for(timeout=30_000)
+    n = cards.count()
+    assert n >= 2 and page.locator("#vkv-examples .thumbnail-item img").count() == n  # an <img> on every card
+    video_card = page.locator("#vkv-examples .thumbnail-item:has-text('video 64 s')").first
+    img = video_card.locator("img")
+    img.scroll_into_view_if_needed()
+    page.wait_for_function("(e) => e.complete && e.naturalWidth > 0", arg=img.element_handle(), timeout=30_000)
+    assert page.evaluate("(e) => e.naturalWidth", img.element_handle()) >= 160  # a real picture, not an icon
+    video_card.click()
+    page.wait_for_selector("#vkv-input .thumbnail-item", timeout=30_000)
+    assert page.input_value("#vkv-input textarea") == "What happens in this video?"
+    assert page.locator("#vkv-input .thumbnail-item .feather-video").count() == 1  # the video is attached
+    page.click("#vkv-new")  # leave the input empty for the next test
+    page.wait_for_function("() => document.querySelectorAll('#vkv-input .thumbnail-item').length === 0", timeout=10_000)
+
+
 def test_image_chat_live_memory_and_heatmap(page):
     watch(page)
     send(page, "Where is the small red star?", REPO / "assets" / "example_4k.png")
@@ -542,7 +562,11 @@ def test_video_frame_timeline(page):
     page.click("text=Video sampling")
     set_number(page, "#vkv-fps", 0.25)
     set_number(page, "#vkv-max-frames", 16)
+    watch(page)
     send(page, "What moves in this video?", REPO / "assets" / "example_video.mp4")
+    # while blocks arrived, the progress said how far into the 64 s video the prefill had read
+    seen = watched(page)
+    assert any(" of 1:04 read" in p for p in seen["progress"] if p.startswith("prefill block")), seen["progress"]
     numbers = numbers_panel(page, "video frames sampled")
     assert video_method in numbers
     open_tab(page, "Frames")
@@ -562,6 +586,52 @@ def test_video_frame_timeline(page):
         width = page.evaluate("() => document.querySelector('#vkv-tiers img').naturalWidth")
         assert width >= 360  # each frame large enough to read (the old strip had ~240 px tiles)
         shot(page, "04b_saliency_tiers")
+
+
+def _long_video(path: Path, seconds: int = 900) -> Path:
+    """A 15-minute 64x64 video at 1 fps: 30 s stretches that pan, then 30 s that stand still."""
+    import cv2
+    import numpy as np
+
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 1.0, (64, 64))
+    rng = np.random.default_rng(0)
+    frame = np.full((64, 64, 3), 120, np.uint8)
+    for t in range(seconds):
+        if (t // 30) % 2 == 0:
+            frame = np.roll(frame, 3, axis=1)
+            frame[:, :3] = rng.integers(0, 255, (64, 3, 3))
+        writer.write(frame)
+    writer.release()
+    return path
+
+
+def test_long_video_timeline_is_binned_zoomable_and_progress_is_in_time(page, tmp_path):
+    """Hundreds of sampled frames: the timeline shows bins with a range slider, the progress the video time."""
+    page.click("#vkv-new")
+    page.wait_for_function("() => document.querySelectorAll('#vkv-chat [data-testid=\"bot\"]').length === 0")
+    set_number(page, "#vkv-fps", 1)
+    set_number(page, "#vkv-max-frames", 900)
+    watch(page)
+    send(page, "What moves in this video?", _long_video(tmp_path / "long.mp4"))
+    seen = watched(page)
+    assert any(" of 15:00 read" in p for p in seen["progress"] if p.startswith("prefill block")), seen["progress"]
+    open_tab(page, "Frames")
+    page.wait_for_function(
+        "() => { const p = document.querySelector('#vkv-timeline .js-plotly-plot');"
+        " return p && p.data && p.data.some(t => (t.name || '').includes('per')); }",
+        timeout=60_000,
+    )
+    traces = plot_traces(page, "#vkv-timeline")
+    numbers = numbers_panel(page, "video frames sampled")
+    sampled = int(re.search(r"video frames sampled / skipped\D*(\d+)", numbers).group(1))
+    open_tab(page, "Frames")
+    assert sampled > 200, sampled  # many frames, so the timeline shows bins
+    binned = {name: n for name, n in traces.items() if "per" in name}
+    assert binned and all(n <= 201 for n in binned.values()) and len(traces) <= 6, traces
+    assert page.locator("#vkv-timeline .rangeslider-container").count() >= 1  # zoom on the time axis
+    page.locator("#vkv-thumbs img").first.wait_for(timeout=60_000)
+    shot(page, "04c_long_video_timeline")
+    set_number(page, "#vkv-max-frames", 16)
 
 
 def test_compare_tab(page, tmp_path):

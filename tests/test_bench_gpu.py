@@ -65,6 +65,30 @@ def test_blockwise_cache_peak_is_bounded_and_below_generate(result):
         assert bw["cache_final_bytes"] < ref["cache_final_bytes"]
 
 
+@pytest.mark.parametrize("model", ["tiny-qwen3-vl", "tiny-llava-onevision", "tiny-internvl3.5"])
+def test_newer_families_run_against_generate(model, tmp_path):
+    """Every family runs `bench gpu` (the shape-... aliases on a GPU share these code paths): generate on the
+    same input fills exactly our full cache, and block-wise stays below it."""
+    cfg = GpuBenchConfig(
+        model=model,
+        device="cpu",
+        methods=("full", "blockwise-keydiff"),
+        budget=64,
+        image_size=(448, 252),
+        video_seconds=4,
+        video_size=(320, 240),
+        new_tokens=3,
+        out=str(tmp_path),
+    )
+    res = run_gpu_bench(cfg, log=lambda line: None)
+    assert all("error" not in c for c in res["cases"]), [c.get("error") for c in res["cases"]]
+    for kind in ("image", "video"):
+        rows = {c["method"]: c for c in res["cases"] if c["input"] == kind}
+        assert rows["full"]["prompt_tokens"] == rows[REFERENCE]["prompt_tokens"]
+        assert rows["full"]["cache_peak_bytes"] == rows[REFERENCE]["cache_peak_bytes"] > 0
+        assert rows["blockwise-keydiff"]["cache_peak_bytes"] < rows[REFERENCE]["cache_peak_bytes"]
+
+
 def test_json_and_table_are_written_without_cuda_fields(result):
     with open(result["paths"][0]) as fh:
         saved = json.load(fh)

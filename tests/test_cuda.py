@@ -33,6 +33,8 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; this machine has none"),
 ]
 
+#: every family, the newer three included (conftest's FAMILIES are the two the CPU suites share)
+ALL_FAMILIES = [*FAMILIES, "tiny-qwen3-vl", "tiny-llava-onevision", "tiny-internvl3.5"]
 PROMPT = "What is in the picture?"
 LOGIT_TOLERANCE = 0.03  # bf16: of the reference's largest |logit|; see the module docstring
 FLOAT32_TOLERANCE = 1e-3  # float32: absolute
@@ -114,7 +116,7 @@ def _trusted_prefix(tokens, scores, tolerance) -> list[int]:
 
 # -- every method x family x media kind -------------------------------------------------------------------------------
 @pytest.mark.parametrize("method", list(METHODS))
-@pytest.mark.parametrize("alias", FAMILIES)
+@pytest.mark.parametrize("alias", ALL_FAMILIES)
 def test_every_method_runs_on_cuda(alias, method, small_image, small_video):
     adapter = cuda_adapter(alias)
     for media in (small_image, small_video):
@@ -148,7 +150,7 @@ def test_sampling_is_seeded_on_cuda(small_image):
 # -- exactness against transformers on the same device and dtype ------------------------------------------------------
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_full_bulk_matches_transformers_on_cuda(dtype, small_image, small_video, no_tf32):
-    for alias in FAMILIES:
+    for alias in ALL_FAMILIES:
         adapter = cuda_adapter(alias, dtype)
         for media in (small_image, small_video):
             ref_logits, ref_tokens, scores = _hf_reference(adapter, media)
@@ -163,10 +165,11 @@ def test_full_bulk_matches_transformers_on_cuda(dtype, small_image, small_video,
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("method", list(METHODS))
 def test_forced_blocks_without_eviction_match_transformers_on_cuda(method, dtype, small_image, small_video, no_tf32):
-    """Budget >= input, blocks forced: SmolVLM images and videos, Qwen videos (Qwen image strips are inexact)."""
+    """Budget >= input, blocks forced: SmolVLM, LLaVA-OneVision and InternVL images and videos, Qwen videos
+    (Qwen2.5-VL and Qwen3-VL image strips are inexact: tests/test_invariants.py, tests/test_new_families.py)."""
     cases = [
         (a, m)
-        for a in FAMILIES
+        for a in ALL_FAMILIES
         for m in (small_image, small_video)
         if not (a.startswith("tiny-qwen") and m.kind == "image")
     ]
@@ -194,7 +197,7 @@ def test_entries_never_exceed_budget_plus_block_on_cuda(method, small_image, sma
         return out
 
     monkeypatch.setattr(CompressibleLayer, "update", spy)
-    for alias in FAMILIES:
+    for alias in ALL_FAMILIES:
         for media in (small_image, small_video):
             seen.clear()
             budget = 48
@@ -224,7 +227,16 @@ def test_cuda_peak_is_reset_for_every_turn(small_image):
 
 
 # -- shape models on the GPU --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("alias", ["shape-qwen2.5-vl-7b", "shape-smolvlm2-2.2b"])
+@pytest.mark.parametrize(
+    "alias",
+    [
+        "shape-qwen2.5-vl-7b",
+        "shape-smolvlm2-2.2b",
+        "shape-qwen3-vl-8b",
+        "shape-llava-onevision-7b",
+        "shape-internvl3.5-8b",
+    ],
+)
 def test_shape_model_builds_on_cuda_in_bf16(alias, small_image):
     from visualkv.models.shapes import parameter_count
 

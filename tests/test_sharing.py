@@ -131,3 +131,52 @@ def test_release_frees_a_closed_session():
     release_state(st)
     assert st.session is None and st.history == [] and st.media_path is None and old_stop.is_set()
     release_state(None)  # a session that never chatted has no state
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("500MB", 500 * 1024**2),
+        ("4GB", 4 * 1024**3),
+        ("1.5 GiB", 1536 * 1024**2),
+        ("200mb", 200 * 1024**2),
+        ("4096", 4096),
+    ],
+)
+def test_upload_sizes_parse_like_gradio(text, expected):
+    from ui.size import parse_size
+
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["4XB", "-3GB", "0", "", "lots"])
+def test_a_bad_max_upload_is_one_line_and_exit_2(bad):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "app.py", f"--max-upload={bad}"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("app.py: error: --max-upload:"), done.stderr
+
+
+def test_max_upload_reaches_the_handlers_and_gradio(monkeypatch):
+    import ui.app as app_module
+    from ui.sharing import ServeOptions
+
+    seen = {}
+    demo = app_module.build_app("tiny-qwen2.5-vl", serve=ServeOptions(max_upload_bytes=4 * 1024**3))
+    monkeypatch.setattr(type(demo), "queue", lambda self, **kw: self)
+    monkeypatch.setattr(type(demo), "launch", lambda self, **kw: seen.update(kw))
+    app_module.launch(demo)
+    assert seen["max_file_size"] == 4 * 1024**3
+    handlers = next(fn.fn.__self__ for fn in demo.fns.values() if getattr(fn.fn, "__name__", "") == "chat")
+    assert handlers.max_file_bytes == 4 * 1024**3

@@ -332,3 +332,114 @@ def test_new_chat_takes_a_waiting_turn_out_of_the_queue():
     h.new_chat(alice, None, "full", "reuse")  # Alice gives up before her turn runs
     said = h.queued(bob, {"text": "second question"}, None)
     assert "starting" in str(said) and "position" not in str(said), said
+
+
+# -- an hour of video ------------------------------------------------------------------------------
+
+
+def _hour_report(motion: bool) -> dict:
+    """3,600 sampled frames at 1 fps with runs of skipped frames of every length (1 to 40 frames)."""
+    rng = np.random.default_rng(7)
+    skipped, k = np.zeros(3600, dtype=bool), 0
+    while k < 3600:
+        run = int(rng.integers(1, 41))
+        skipped[k : k + run] = rng.random() < 0.4
+        k += run
+    frames = [{"time": float(t), "skipped": bool(s)} for t, s in enumerate(skipped)]
+    if motion:
+        for f in frames:
+            f["motion"] = float(rng.random() * 3)
+    return {"frames": frames, "flow_threshold": 1.0 if motion else None}
+
+
+@pytest.mark.parametrize("motion", [True, False])
+def test_hour_long_timeline_is_binned_zoomable_and_shades_exactly_the_skipped_frames(motion):
+    report = _hour_report(motion)
+    fig = viz.frame_timeline_figure(report)
+    # legible and cheap: a handful of traces, no layout shapes, at most ~200 bins per series
+    assert len(fig.data) <= 6 and len(fig.layout.shapes) == 0
+    series = [t for t in fig.data if t.name != "skipped spans"]
+    assert all(len(t.x) <= 201 for t in series), [(t.name, len(t.x)) for t in series]
+    assert fig.layout.xaxis.rangeslider.visible  # zoom on the time axis
+    if not motion:  # every frame is in one bin, kept or skipped
+        per_bin = {t.name: sum(t.y) for t in series}
+        assert per_bin == {
+            "kept frames per bin": 3600 - sum(f["skipped"] for f in report["frames"]),
+            "skipped frames per bin": sum(f["skipped"] for f in report["frames"]),
+        }
+    # the shading: rectangles [a, b) read back from the one filled trace
+    shade = next(t for t in fig.data if t.name == "skipped spans")
+    xs = list(shade.x)
+    rects = [(xs[i], xs[i + 2]) for i in range(0, len(xs), 6)]
+    assert rects == viz.skipped_spans(report)
+    times = np.array([f["time"] for f in report["frames"]])
+    skipped = np.array([f["skipped"] for f in report["frames"]])
+    inside = np.zeros(len(times), dtype=bool)
+    for a, b in rects:
+        inside |= (times >= a) & (times < b)
+    assert (inside == skipped).all()  # every skipped time shaded, no kept time shaded
+    runs = int(np.sum(np.diff(np.concatenate([[0], skipped.astype(int)])) == 1))
+    assert len(rects) == runs  # one rectangle per run of skipped frames, not one per frame
+
+
+def test_a_short_video_keeps_one_bar_per_frame():
+    report = _hour_report(True)
+    report["frames"] = report["frames"][:100]
+    names = {t.name: len(t.x) for t in viz.frame_timeline_figure(report).data}
+    assert names["motion"] == 100 and names["skipped"] == sum(f["skipped"] for f in report["frames"])
+
+
+def test_blocks_say_how_far_into_the_video_the_prefill_has_read(adapter):
+    video = video_media(8, 112, 84, fps=1.0, seed=2)
+    session = ChatSession(adapter, _config("blockwise-keydiff", block_size=12, prefill="blockwise"))
+    blocks = [p for kind, p in stream_turn(session, PROMPT, video) if kind == "block"]
+    seconds = [b.media_seconds for b in blocks]
+    visual = [s for b, s in zip(blocks, seconds) if b.visual_tokens_in]
+    assert len(visual) >= 3 and all(s is not None for s in visual)
+    assert visual == sorted(visual) and len(set(visual)) >= 3  # moves forward block by block
+    last_frame = max(f.time for f in session.prepared.layout.frames)
+    assert seconds[-1] == last_frame  # the whole video read by the end
+    fig = viz.block_memory_figure(turn_report(session), media_duration=video.duration)
+    assert fig.layout.xaxis.title.text.endswith(f"{viz.clock(last_frame)} of 0:08 read")
+    assert any("of 0:08 read" in (h or "") for h in fig.data[0].hovertext)
+    image_blocks = [
+        p
+        for kind, p in stream_turn(
+            ChatSession(adapter, _config("blockwise-keydiff")), PROMPT, image_media(112, 84, seed=1)
+        )
+        if kind == "block"
+    ]
+    assert all(b.media_seconds is None for b in image_blocks)
+
+
+class _CountingFrames:
+    """A frame sequence that records which frames were read (a lazily decoded video stands in)."""
+
+    def __init__(self, frames):
+        self._frames, self.read = frames, set()
+
+    def __len__(self):
+        return len(self._frames)
+
+    def __getitem__(self, i):
+        self.read.add(i)
+        return self._frames[i]
+
+    def __iter__(self):
+        raise AssertionError("a view iterated over every frame")
+
+
+def test_long_video_views_read_only_the_frames_they_draw(adapter):
+    video = video_media(64, 56, 56, fps=1.0, seed=4)
+    session = ChatSession(adapter, _config("blockwise-keydiff"))
+    session.ask(PROMPT, video)
+    report = turn_report(session)
+    n_layout = len(report["layout"]["frames"])
+    assert n_layout > viz.MAX_FRAMES_SHOWN
+    frames = _CountingFrames(video.frames)
+    strip = viz.retained_view(frames, video.times, report)
+    assert 0 < len(frames.read) <= viz.MAX_FRAMES_SHOWN and strip.width > 0
+    thumbs = _CountingFrames(video.frames)
+    assert viz.frame_thumbnails(thumbs, report) is not None
+    assert len(thumbs.read) <= viz.MAX_FRAMES_SHOWN
+    assert viz.shown_frames(3600)[0] == 0 and viz.shown_frames(3600)[-1] == 3599

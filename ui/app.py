@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import gradio as gr
+from PIL import Image
 
 from visualkv.access import ModelPolicy, scrub_paths
 from visualkv.bench.demo_examples import DemoExample, load_demo_examples, question_forms
-from visualkv.methods import METHODS
 from visualkv.models.registry import HUB_MODELS, OFFLINE_MODELS, offline_aliases
 from visualkv.streaming import method_settings
 
@@ -23,8 +23,8 @@ GENERIC_EXAMPLES = [
     ("Where is the small red star?", ASSETS / "example_4k.png"),
     ("What happens in this video?", ASSETS / "example_video.mp4"),
 ]
-MAX_UPLOAD = "200mb"  # Gradio's upload limit (MediaLimits then checks pixels, duration, frames)
 DEFAULT_METHOD = "blockwise-snapkv"
+VIDEO_SUFFIXES = (".mp4", ".webm", ".mov", ".avi", ".mkv")
 
 CSS = """
 #vkv-error {color: #b00020; font-weight: 600;}
@@ -32,6 +32,13 @@ CSS = """
 #vkv-progress .vkv-bar {width: 100%; height: 14px;}
 #vkv-summary {font-weight: 600;}
 .vkv-small {font-size: 0.9em; opacity: 0.85;}
+/* example cards: a thumbnail with the whole question under it (Gradio would cut the caption to one line) */
+#vkv-examples .caption-label {white-space: normal !important; overflow: visible !important; max-width: 100% !important;
+  text-overflow: clip !important; position: static !important; font-size: 0.8em; line-height: 1.2;}
+#vkv-examples .thumbnail-item {flex-direction: column; aspect-ratio: auto !important; height: auto !important;}
+#vkv-examples .thumbnail-item img {height: 80px !important; object-fit: cover;}
+#vkv-examples .grid-wrap {min-height: 0 !important; height: auto !important; max-height: none !important;}
+#vkv-examples .grid-container {padding-top: 32px !important;}  /* below the gallery's floating label */
 #vkv-results button[role=tab] {padding: 4px 9px; font-size: 0.92em;}  /* all six result tabs fit in one row */
 /* a control the chosen method does not use looks switched off, not editable */
 #vkv-budget input:disabled {background: repeating-linear-gradient(45deg, #eee, #eee 6px, #e2e2e2 6px, #e2e2e2 12px);
@@ -48,6 +55,47 @@ def chat_examples(demo: list[DemoExample]) -> list[dict]:
 def example_labels(examples: list[dict]) -> list[str]:
     """One label per example card: what the media is (4K image, video, its size) and the question."""
     return [f"{text.media_label(e['files'][0])}: {e['text']}" for e in examples]
+
+
+THUMB_SIZE = (320, 180)
+
+
+def example_thumbnail(path: str | Path) -> Image.Image:
+    """A small picture of an example file for its card: the image itself, downscaled; for a video its
+    poster frame (<name>.poster.png, written by scripts/make_examples.py), else its first frame."""
+    path = Path(path)
+    poster = path.with_suffix(".poster.png")
+    if path.suffix.lower() in VIDEO_SUFFIXES:
+        if poster.is_file():
+            img = Image.open(poster).convert("RGB")
+        else:  # no poster (media added by hand): the first frame
+            import cv2
+
+            cap = cv2.VideoCapture(str(path))
+            ok, bgr = cap.read()
+            cap.release()
+            img = Image.fromarray(bgr[..., ::-1]) if ok else Image.new("RGB", THUMB_SIZE, (200, 200, 200))
+    else:
+        img = Image.open(path).convert("RGB")
+    img.thumbnail(THUMB_SIZE)
+    return img
+
+
+def example_cards(examples: list[dict]) -> list[tuple[Image.Image, str]]:
+    """The example cards: a thumbnail (a video's poster frame) and what the file is with the question."""
+    thumbs: dict[str, Image.Image] = {}  # a file with several questions is read once
+    cards = []
+    for example, label in zip(examples, example_labels(examples)):
+        path = example["files"][0]
+        if path not in thumbs:
+            thumbs[path] = example_thumbnail(path)
+        cards.append((thumbs[path], label))
+    return cards
+
+
+def method_choices() -> list[str]:
+    """The methods offered in the dropdowns (see `text.method_choices`, the one place the list comes from)."""
+    return text.method_choices()
 
 
 def model_choices(current: str) -> list[str]:
@@ -83,9 +131,10 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
         start_error = scrub_paths(start_error)
     h = Handlers(cache, model_name)
     h.turn_time_limit = serve.turn_time_limit
-    method_names = list(METHODS)
+    h.max_file_bytes = serve.max_upload_bytes
+    method_names = method_choices()
     demo_examples = load_demo_examples()
-    default_method = DEFAULT_METHOD if DEFAULT_METHOD in METHODS else method_names[0]
+    default_method = DEFAULT_METHOD if DEFAULT_METHOD in method_names else method_names[0]
 
     # delete_cache: uploads and served copies older than 6 h are removed every hour
     with gr.Blocks(title="VisualKV", analytics_enabled=False, delete_cache=(3600, 6 * 3600)) as demo:
@@ -124,7 +173,7 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
                     label="budget M",
                     info=text.budget_info(default_method),
                     elem_id="vkv-budget",
-                    interactive=METHODS[default_method].needs_budget,
+                    interactive=text.traits(default_method).needs_budget,
                 )
                 block_size = gr.Number(
                     0,
@@ -139,7 +188,7 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
                     if not settings:
                         continue
                     with gr.Accordion(f"{name} settings", open=False, visible=name == default_method) as group:
-                        gr.Markdown(METHODS[name].description or name, elem_classes="vkv-small")
+                        gr.Markdown(text.traits(name).description or name, elem_classes="vkv-small")
                         for s in settings:
                             method_inputs.append((name, s.key, _setting_component(s)))
                     groups[name] = group
@@ -164,7 +213,13 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
                     )
                 with gr.Accordion("Video sampling", open=False):
                     fps = gr.Number(1.0, label="frames per second sampled", elem_id="vkv-fps")
-                    max_frames = gr.Number(32, precision=0, label="frames sampled at most", elem_id="vkv-max-frames")
+                    max_frames = gr.Number(
+                        32,
+                        precision=0,
+                        label="frames sampled at most",
+                        info="an hour at 1 fps is 3600 frames (block-wise methods keep memory bounded)",
+                        elem_id="vkv-max-frames",
+                    )
             # ---- chat -------------------------------------------------------------------------
             with gr.Column(scale=5, min_width=420):
                 chatbot = gr.Chatbot(label="chat", height=340, elem_id="vkv-chat", buttons=["copy"])
@@ -189,12 +244,16 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
                     text.followup_note(default_method, "reuse"), elem_classes="vkv-small", elem_id="vkv-followup"
                 )
                 examples = chat_examples(demo_examples)
-                gr.Examples(
-                    examples=examples,
-                    inputs=[chat_input],
-                    example_labels=example_labels(examples),
-                    label="examples (the demo scenes first: visualkv-demo answers those)",
-                    examples_per_page=6,
+                # cards with a thumbnail (a video's poster frame) and the question; a click fills the input
+                example_gallery = gr.Gallery(
+                    example_cards(examples),
+                    label="examples (click one; the demo scenes first: visualkv-demo answers those)",
+                    columns=4,
+                    height="auto",
+                    allow_preview=False,
+                    object_fit="cover",
+                    elem_id="vkv-examples",
+                    buttons=[],
                 )
                 if demo_examples:
                     with gr.Accordion("What visualkv-demo can answer", open=False, elem_id="vkv-demo-help"):
@@ -335,6 +394,11 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
                 **compute,
             )
             turn_events += [turn, turn.then(h.views, [state, layer_dd, opacity], view_outputs, **light)]
+
+        def pick_example(evt: gr.SelectData):  # the annotation is how Gradio passes the clicked card
+            return examples[evt.index]
+
+        example_gallery.select(pick_example, None, [chat_input], queue=False, show_progress="hidden")
         stop_btn.click(h.stop, [state], [progress_html], queue=False, show_progress="hidden")
         new_btn.click(
             h.new_chat,
@@ -420,7 +484,7 @@ def launch(demo: gr.Blocks, host: str | None = None, port: int | None = None, sh
         server_name=host,
         server_port=port,
         share=share,
-        max_file_size=MAX_UPLOAD,
+        max_file_size=serve.max_upload_bytes,
         css=CSS,
         ssr_mode=False,
         allowed_paths=[str(ASSETS)],

@@ -23,7 +23,6 @@ import gradio as gr
 from visualkv import viz
 from visualkv.errors import ConfigError, VisualKVError
 from visualkv.media import FrameSampling, MediaLimits, load_media
-from visualkv.methods import METHODS
 from visualkv.session import ChatSession, SessionConfig
 from visualkv.streaming import (
     compare_methods,
@@ -48,7 +47,8 @@ except Exception:  # noqa: BLE001 - not on a Space (ImportError) or spaces unusa
         return fn
 
 
-MAX_FILE_BYTES = 200 * 1024**2
+MAX_FILE_BYTES = 200 * 1024**2  # default upload limit (a Space); `python app.py --max-upload 4GB` raises it
+MAX_SAMPLED_FRAMES = 10_800  # the "frames sampled at most" field's bound: 3 h at 1 fps (MediaLimits caps further)
 NOT_AVAILABLE = "_Not available for this method._"
 
 
@@ -96,6 +96,7 @@ class Handlers:
 
     compare_headers = viz.COMPARE_HEADERS
     turn_time_limit: float | None = None  # seconds; a longer turn is stopped like Stop (set by build_app)
+    max_file_bytes: int = MAX_FILE_BYTES  # largest upload accepted (set by build_app from --max-upload)
 
     def __init__(self, cache: ModelCache, default_model: str) -> None:
         self.cache = cache
@@ -117,9 +118,9 @@ class Handlers:
         self, method, budget, block_size, max_new, temperature, followup, prefill, method_values
     ) -> SessionConfig:
         """The session config from the form, checking every field first (one line naming the field)."""
-        if method not in METHODS:
-            raise ConfigError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
-        needs_budget = METHODS[method].needs_budget
+        if method not in text.method_choices():
+            raise ConfigError(f"unknown method {method!r}; choose one of: {', '.join(text.method_choices())}")
+        needs_budget = text.traits(method).needs_budget
         values = {key: v for (name, key), v in zip(self.method_keys, method_values) if name == method}
         cfg = SessionConfig(
             method=method,
@@ -139,7 +140,7 @@ class Handlers:
     @staticmethod
     def _sampling(fps, max_frames) -> FrameSampling:
         rate = _real(fps, "frames per second sampled", 0.0, 60.0, low_open=True)
-        count = _whole(max_frames, "frames sampled at most", 1, 1024)
+        count = _whole(max_frames, "frames sampled at most", 1, MAX_SAMPLED_FRAMES)
         try:
             return FrameSampling(fps=rate, max_frames=count)
         except (TypeError, ValueError) as exc:
@@ -268,7 +269,7 @@ class Handlers:
             if files:  # validate the file first, so its own problem is what the user reads
                 media = load_media(
                     files[0],
-                    limits=MediaLimits(max_file_bytes=MAX_FILE_BYTES),
+                    limits=MediaLimits(max_file_bytes=self.max_file_bytes),
                     sampling=self._sampling(fps, max_frames),
                 )
             session = st.session
@@ -318,6 +319,8 @@ class Handlers:
         answer = ""
         epoch = st.epoch
         t_prefill = time.monotonic()
+        video = media if media is not None else session.media  # a follow-up re-reads the chat's media
+        duration = video.duration if video is not None and video.kind == "video" else None
         for kind, payload in stream_turn(session, prompt, media, st.stop, time_limit=self.turn_time_limit):
             if st.epoch != epoch:  # New chat or another model was chosen meanwhile: drop this turn quietly
                 return
@@ -330,11 +333,14 @@ class Handlers:
                     # the remaining blocks at the mean pace of the blocks done so far
                     left = (time.monotonic() - t_prefill) / done * (total - done)
                     eta = f" · about {left:.0f} s left" if total > done else ""
+                    read = viz.video_read(payload.media_seconds, duration)
                     label = (
-                        f"prefill block {done}/{total} ({payload.kind}, +{payload.tokens_in} tokens) · "
-                        f"KV {payload.kv_bytes / viz.MIB:.2f} MiB{eta}"
+                        f"prefill block {done}/{total} ({payload.kind}, +{payload.tokens_in} tokens)"
+                        f"{' · video ' + read if read else ''} · KV {payload.kv_bytes / viz.MIB:.2f} MiB{eta}"
                     )
-                fig = viz.block_memory_figure(live_report(session, st.live_blocks), n_blocks=total)
+                fig = viz.block_memory_figure(
+                    live_report(session, st.live_blocks), n_blocks=total, media_duration=duration
+                )
                 yield (skip, skip, st, "", _progress(done, total, label), fig, skip, skip, skip)
             elif kind == "text":
                 answer += payload
@@ -446,29 +452,39 @@ class Handlers:
         if rep is None or st.session is None:
             return self._empty_views()
         media = st.session.media
+        # only len() and frames[i] are used (the views draw a few evenly spaced frames): a lazily decoded
+        # hour of video is never materialised here
         frames = media.frames if media is not None else []
         times = media.times if media is not None else None
+        has_frames = len(frames) > 0
         n_layers = len(rep.get("retained_per_layer") or [])
         layers = ["average", *(f"layer {i}" for i in range(n_layers))]
         layer_value = layer_choice if layer_choice in layers else "average"
         layer_dd = gr.update(choices=layers, value=layer_value)
+        n_layout = len((rep.get("layout") or {}).get("frames") or [])
+        sampled = (
+            f" A long video: {viz.MAX_FRAMES_SHOWN} of its {n_layout} frames are drawn, evenly spaced."
+            if viz.is_video(rep) and n_layout > viz.MAX_FRAMES_SHOWN
+            else ""
+        )
 
-        if frames and rep.get("visual_tokens"):
+        if has_frames and rep.get("visual_tokens"):
             heat = self._before_after(st, layer_value, opacity)
             kept = sum(rep.get("retained") or []) / max(rep["visual_tokens"], 1)
             heat_note = (
                 f"{rep['visual_tokens']} visual tokens, {kept:.1%} of their entries kept on average. "
                 "Left of the slider the media, right the keep map (yellow kept, dark purple evicted"
                 + ("; one tile per frame)." if viz.is_video(rep) else ").")
+                + sampled
             )
         else:
             heat, heat_note = None, "No image or video in this chat."
 
-        if frames and viz.has_saliency(rep):
+        if has_frames and viz.has_saliency(rep):
             sal, tiers = viz.saliency_gallery(frames, times, rep), viz.tier_gallery(frames, times, rep)
             sali_note = (
                 "Saliency (bright = salient) and the precision tier of each visual token, one image per "
-                "frame: click one to zoom."
+                "frame: click one to zoom." + sampled
             )
         else:
             sal, tiers, sali_note = None, None, NOT_AVAILABLE + " Saliency and tiers come from Sali-Cache."
@@ -476,15 +492,20 @@ class Handlers:
         if rep.get("frames"):
             timeline, thumbs = viz.frame_timeline_figure(rep), viz.frame_thumbnails(frames, rep)
             timeline_note = (
-                "Motion per sampled frame, the skip threshold, and skipped frames."
+                "Motion per sampled frame, the skip threshold, and skipped frames (shaded)."
                 if viz.has_motion(rep)
-                else "Sampled frames (this method skips none and measures no motion)."
+                else "Sampled frames (skipped spans shaded; without motion scores for this method)."
             )
+            if len(rep["frames"]) > viz.TIMELINE_MAX_FRAMES:
+                timeline_note += (
+                    f" {len(rep['frames'])} frames, grouped in bins: drag on the chart or use the range slider "
+                    "under it to zoom into a stretch of the video (double-click to zoom out)."
+                )
         else:
             timeline, thumbs, timeline_note = None, None, NOT_AVAILABLE + " The timeline is for videos."
 
         if viz.has_merge_map(rep):
-            merge = viz.merge_view(frames, times, rep) if frames else None
+            merge = viz.merge_view(frames, times, rep) if has_frames else None
             layer_fig, merge_note = (
                 viz.layer_tokens_figure(rep),
                 (
@@ -551,7 +572,7 @@ class Handlers:
     def method_changed(self, method, followup, state=None):
         """Method or follow-up choice changed: its help, the budget field, its settings group, and the
         follow-up note of the method the chat really runs (a started chat keeps its own)."""
-        cls = METHODS.get(method)
+        cls = text.traits(method)
         budget = gr.update(interactive=bool(cls and cls.needs_budget), info=text.budget_info(method))
         groups = [gr.update(visible=name == method) for name in self.group_names]
         chat = state.session.config if state is not None and state.session is not None else None
@@ -592,7 +613,7 @@ class Handlers:
                 vals = {key: v for (m, key), v in zip(self.method_keys, method_values) if m == name}
                 options[name] = method_options(name, vals)
             media = load_media(
-                path, limits=MediaLimits(max_file_bytes=MAX_FILE_BYTES), sampling=self._sampling(fps, max_frames)
+                path, limits=MediaLimits(max_file_bytes=self.max_file_bytes), sampling=self._sampling(fps, max_frames)
             )
             adapter = self.cache.get(st.model_name)
             results: dict[str, Any] = {}

@@ -28,12 +28,15 @@ class ServeOptions:
     allow_models: ids added to the allow-list (`--allow-model`).
     max_queue: events waiting at most; the next visitor is told the server is busy.
     turn_time_limit: seconds a chat turn may run before it is stopped like Stop (None: no limit).
+    max_upload_bytes: the largest file a user may upload (200 MiB, fit for a Space; raise it locally
+    for an hour of video with `--max-upload 4GB`).
     """
 
     public: bool = False
     allow_models: tuple[str, ...] = field(default_factory=tuple)
     max_queue: int = 16
     turn_time_limit: float | None = 300.0
+    max_upload_bytes: int = 200 * 1024**2  # Gradio's upload limit and MediaLimits.max_file_bytes (`--max-upload`)
 
 
 def _trim_heap() -> None:

@@ -6,7 +6,8 @@ import json
 import re
 from pathlib import Path
 
-from visualkv.methods import METHODS
+from visualkv.errors import ConfigError
+from visualkv.methods import MethodTraits, method_names, method_traits
 
 INTRO = (
     "## VisualKV: chat with 4K images and long videos while the model's KV cache is compressed\n"
@@ -35,6 +36,20 @@ SETTING_HELP = {
 }
 
 
+def method_choices() -> list[str]:
+    """Every method name the app offers (method dropdown, Compare, settings groups) and accepts: the one
+    place the app reads the list of choosable methods from."""
+    return method_names()
+
+
+def traits(name: str) -> MethodTraits | None:
+    """The flags of a single or composed method, or None for a name this installation does not know."""
+    try:
+        return method_traits(name)
+    except ConfigError:
+        return None
+
+
 def md_escape(text: str) -> str:
     """Show `text` literally inside Markdown (error messages carry paths, quotes, underscores)."""
     return re.sub(r"([\\`*_\[\]<>#|])", r"\\\1", text)
@@ -42,7 +57,7 @@ def md_escape(text: str) -> str:
 
 def method_line(name: str) -> str:
     """One line about a method, from its class (so new methods explain themselves)."""
-    cls = METHODS.get(name)
+    cls = traits(name)
     if cls is None:
         return f"`{name}` is not available in this installation."
     flags = []
@@ -53,7 +68,7 @@ def method_line(name: str) -> str:
 
 def followup_note(name: str, followup: str) -> str:
     """What a follow-up turn means for the chosen method."""
-    cls = METHODS.get(name)
+    cls = traits(name)
     if cls is None:
         return ""
     if name == "full":
@@ -76,7 +91,7 @@ def followup_note(name: str, followup: str) -> str:
 
 def budget_info(name: str) -> str:
     """The budget field's help: what it means, or that the chosen method does not use it."""
-    cls = METHODS.get(name)
+    cls = traits(name)
     if cls is not None and not cls.needs_budget:
         return f"not used by {name} (it keeps no fixed number of entries)"
     return "visual KV entries kept per layer and KV head (a whole number ≥ 1)"

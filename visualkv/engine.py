@@ -126,6 +126,13 @@ def attention_working_bytes(adapter: ModelAdapter, q: int, n: int, causal_flag: 
     return expand + scores + q * n  # + the bool mask
 
 
+def _latest_frame_time(frames, units, so_far: float | None) -> float | None:
+    """The time (s) of the latest video frame among a block's units (skipped frames count: the prefill
+    has read past them), else `so_far`; None while no video frame was reached. Host data only."""
+    times = [frames[u.frame].time for u in units if frames[u.frame].kind == "frame"]
+    return max(times) if times and (so_far is None or max(times) > so_far) else so_far
+
+
 class Engine:
     """Runs blocks of tokens through the LLM with a `CompressibleCache`."""
 
@@ -259,6 +266,7 @@ class Engine:
             ctx.visual_mask_on(device)  # copied once, before any layer needs it
         events: list[BlockEvent] = []
         last_hidden = None
+        media_seconds = None  # time of the latest video frame reached so far (None: no video frame yet)
         for block in ctx.blocks:
             if should_stop is not None and should_stop():
                 raise PrefillStopped()
@@ -272,6 +280,7 @@ class Engine:
                 hidden, prepared.position_ids[:, local], local + seq_offset, cache, method, ctx, tiers, layer_features
             )
             last_hidden = hidden
+            media_seconds = _latest_frame_time(prepared.layout.frames, block.units, media_seconds)
             per_layer = cache.entries_per_layer()
             event = BlockEvent(
                 index=len(events),
@@ -286,6 +295,7 @@ class Engine:
                 seconds=time.perf_counter() - t0,
                 cuda_allocated_bytes=cuda_allocated(),
                 n_blocks=len(ctx.blocks),
+                media_seconds=media_seconds,
             )
             events.append(event)
             if on_block is not None:

@@ -61,6 +61,8 @@ class BlockEvent:
     seconds: float
     cuda_allocated_bytes: int | None = None
     n_blocks: int = 0  # total blocks of this prefill (for progress bars)
+    # video: time (s) of the latest frame this prefill has reached (encoded or skipped); None for images / text
+    media_seconds: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -118,8 +118,19 @@ def block_axis(total: int) -> dict[str, Any]:
     }
 
 
+def video_read(seconds: float | None, duration: float | None) -> str:
+    """How far a prefill has read into a video: "12:30 of 1:00:00 read" ("12:30 read" without a duration)."""
+    if seconds is None:
+        return ""
+    return f"{clock(seconds)} of {clock(duration)} read" if duration else f"{clock(seconds)} read"
+
+
 def block_memory_figure(
-    report: dict[str, Any], budget_bytes: int | None = None, n_blocks: int | None = None, show_rss: bool = True
+    report: dict[str, Any],
+    budget_bytes: int | None = None,
+    n_blocks: int | None = None,
+    show_rss: bool = True,
+    media_duration: float | None = None,
 ) -> go.Figure:
     """KV MiB after each prefill block, in two panels so no series hides another.
 
@@ -133,6 +144,9 @@ def block_memory_figure(
     of the whole conversation, once `full_kv_bytes` is known), the held cache again, and
     "process RSS" (the whole process, same unit, so no second axis).
     `n_blocks` fixes the x range while blocks are still arriving.
+    For a video, the blocks' `media_seconds` say how far into it each block had read: shown in the hover
+    text of every point and in the x axis title ("video: 12:30 of 1:00:00 read"); `media_duration`
+    (default: the report's media duration) is the whole video's length.
     """
     from plotly.subplots import make_subplots
 
@@ -142,6 +156,9 @@ def block_memory_figure(
     span = [0.5, max(total, 1) + 0.5]
     single = len(blocks) <= 1  # one block: draw markers big enough to read, no line to draw
     held = [b["kv_bytes"] / MIB for b in blocks]
+    duration = media_duration or (report.get("media") or {}).get("duration")
+    read = [video_read(b.get("media_seconds"), duration) for b in blocks]
+    hover = [f"block {k}" + (f" · video {r}" if r else "") for k, r in zip(x, read)]
     fig = make_subplots(
         rows=1,
         cols=2,
@@ -246,6 +263,9 @@ def block_memory_figure(
             col=2,
         )
     axis = block_axis(total)
+    if any(read):  # a video: how far the prefill has read, in time as well as blocks
+        fig.update_traces(hovertext=hover, selector={"mode": "lines+markers"})
+        axis["title"] = f"prefill block · video: {next(r for r in reversed(read) if r)}"
     fig.update_xaxes(**axis)
     fig.update_yaxes(rangemode="tozero", row=1, col=1)
     left = [v for v in [*held, *(b["peak_kv_bytes"] / MIB for b in blocks), (budget_bytes or 0) / MIB] if v]
@@ -370,22 +390,37 @@ def retained_view(
     max_side: int = 960,
     opacity: float = 0.6,
     colour_bar: bool = True,
+    frame_ids: Sequence[int] | None = None,
 ) -> Image.Image:
     """Kept-token view for any media: the viridis overlay on an image; a strip of frame thumbnails for
-    video; a colour bar underneath. `opacity` 0 draws the media alone, with the same size and colour
-    bar (the "before" side of a before/after comparison)."""
+    video (`frame_ids`: which layout frames, default `shown_frames`); a colour bar underneath. `opacity`
+    0 draws the media alone, with the same size and colour bar (the "before" side of a before/after
+    comparison)."""
     values = _retained_values(report, layer)
     if _layout_is_video(report):
         body = _frame_strip(
-            frames, times, report, lambda img, f: _token_overlay(img, report, values, 240, {f}, alpha=opacity)
+            frames,
+            times,
+            report,
+            lambda img, f: _token_overlay(img, report, values, 240, {f}, alpha=opacity),
+            frame_ids,
         )
     else:
-        body = _token_overlay(frames[0], report, values, max_side, alpha=opacity)
+        body = _image_panels(
+            frames[0],
+            report,
+            lambda img, flt, side: _token_overlay(img, report, values, side, flt, alpha=opacity),
+            max_side,
+        )
     return _with_colour_bar(body, KEEP_CMAP, KEEP_BAR_TITLE) if colour_bar else body
 
 
 def saliency_view(
-    frames: Sequence[np.ndarray], times: Sequence[float] | None, report: dict[str, Any], max_side: int = 960
+    frames: Sequence[np.ndarray],
+    times: Sequence[float] | None,
+    report: dict[str, Any],
+    max_side: int = 960,
+    frame_ids: Sequence[int] | None = None,
 ) -> Image.Image | None:
     """Sali-Cache saliency per token (inferno: dark = background, bright = salient) with a colour bar;
     None without `saliency`."""
@@ -394,10 +429,19 @@ def saliency_view(
         return None
     if _layout_is_video(report):
         body = _frame_strip(
-            frames, times, report, lambda img, f: _token_overlay(img, report, values, 240, {f}, cmap=SALIENCY_CMAP)
+            frames,
+            times,
+            report,
+            lambda img, f: _token_overlay(img, report, values, 240, {f}, cmap=SALIENCY_CMAP),
+            frame_ids,
         )
     else:
-        body = _token_overlay(frames[0], report, values, max_side, cmap=SALIENCY_CMAP)
+        body = _image_panels(
+            frames[0],
+            report,
+            lambda img, flt, side: _token_overlay(img, report, values, side, flt, SALIENCY_CMAP),
+            max_side,
+        )
     return _with_colour_bar(body, SALIENCY_CMAP, "saliency (0 = background, 1 = most salient)", percent=False)
 
 
@@ -409,7 +453,11 @@ def _saliency_values(report: dict[str, Any]) -> np.ndarray | None:
 
 
 def tier_view(
-    frames: Sequence[np.ndarray], times: Sequence[float] | None, report: dict[str, Any], max_side: int = 960
+    frames: Sequence[np.ndarray],
+    times: Sequence[float] | None,
+    report: dict[str, Any],
+    max_side: int = 960,
+    frame_ids: Sequence[int] | None = None,
 ) -> Image.Image | None:
     """Sali-Cache tier per token (FP16 / INT8 / INT4 / pruned / skipped) with a legend; None without `tier`."""
     if not report.get("tier"):
@@ -417,9 +465,13 @@ def tier_view(
     names = _tier_names(report)
     colours = np.array([_tier_colour(n) for n in names], dtype=np.float32)
     if _layout_is_video(report):
-        body = _frame_strip(frames, times, report, lambda img, f: _token_paint(img, report, colours, 240, {f}))
+        body = _frame_strip(
+            frames, times, report, lambda img, f: _token_paint(img, report, colours, 240, {f}), frame_ids
+        )
     else:
-        body = _token_paint(frames[0], report, colours, max_side)
+        body = _image_panels(
+            frames[0], report, lambda img, flt, side: _token_paint(img, report, colours, side, flt), max_side
+        )
     counts = report.get("tiers") or {n: names.count(n) for n in dict.fromkeys(names)}
     return _with_legend(body, [(label, colour, counts.get(name)) for name, label, colour in TIERS])
 
@@ -446,21 +498,33 @@ def _frame_source(frames: Sequence[np.ndarray], times: Sequence[float] | None, i
 
 
 def saliency_gallery(
-    frames: Sequence[np.ndarray], times: Sequence[float] | None, report: dict[str, Any], max_side: int = 640
+    frames: Sequence[np.ndarray],
+    times: Sequence[float] | None,
+    report: dict[str, Any],
+    max_side: int = 640,
+    frame_ids: Sequence[int] | None = None,
 ) -> list[tuple[Image.Image, str]] | None:
     """Saliency per frame (one large, captioned image each, with its colour bar), for a zoomable
-    gallery; None without `saliency`."""
+    gallery of the layout frames `frame_ids` (default `shown_frames`); None without `saliency`."""
     values = _saliency_values(report)
     if values is None:
         return None
-    layout_frames = (report.get("layout") or {}).get("frames", [])
     token_frame = np.asarray((report.get("layout") or {}).get("token_frame", []), dtype=np.int64)
+    captions = _layout_frame_captions(report)
     items = []
-    for f, caption in enumerate(_layout_frame_captions(report)):
-        img = _token_overlay(
-            _frame_source(frames, times, layout_frames[f]), report, values, max_side, {f}, cmap=SALIENCY_CMAP
+    for f in _frame_ids(len(captions), frame_ids):
+        caption = captions[f]
+        img = _gallery_item(
+            frames,
+            times,
+            report,
+            f,
+            lambda im, flt, side: _token_overlay(im, report, values, side, flt, cmap=SALIENCY_CMAP),
+            max_side,
         )
-        mine = values[: len(token_frame)][token_frame[: len(values)] == f]
+        mine = values[: len(token_frame)]
+        if _layout_is_video(report):
+            mine = mine[token_frame[: len(values)] == f]
         mean = f" · mean saliency {float(mine.mean()):.2f}" if mine.size else ""
         items.append(
             (
@@ -472,23 +536,32 @@ def saliency_gallery(
 
 
 def tier_gallery(
-    frames: Sequence[np.ndarray], times: Sequence[float] | None, report: dict[str, Any], max_side: int = 640
+    frames: Sequence[np.ndarray],
+    times: Sequence[float] | None,
+    report: dict[str, Any],
+    max_side: int = 640,
+    frame_ids: Sequence[int] | None = None,
 ) -> list[tuple[Image.Image, str]] | None:
     """The precision tier of every token, one large image per frame with that frame's tier counts in
-    its legend and caption, for a zoomable gallery; None without `tier`."""
+    its legend and caption, for a zoomable gallery of the layout frames `frame_ids` (default
+    `shown_frames`); None without `tier`."""
     if not report.get("tier"):
         return None
     names = _tier_names(report)
     colours = np.array([_tier_colour(n) for n in names], dtype=np.float32)
-    layout_frames = (report.get("layout") or {}).get("frames", [])
-    token_frame = (report.get("layout") or {}).get("token_frame", [])
+    token_frame = np.asarray((report.get("layout") or {}).get("token_frame", []), dtype=np.int64)[: len(names)]
+    name_array = np.asarray(names[: len(token_frame)], dtype=object)
+    captions = _layout_frame_captions(report)
     items = []
-    for f, caption in enumerate(_layout_frame_captions(report)):
+    for f in _frame_ids(len(captions), frame_ids):
+        caption = captions[f]
         counts = {name: 0 for name, _, _ in TIERS}
-        for i, frame in enumerate(token_frame[: len(names)]):
-            if frame == f:
-                counts[names[i]] = counts.get(names[i], 0) + 1
-        img = _token_paint(_frame_source(frames, times, layout_frames[f]), report, colours, max_side, {f})
+        mask = token_frame == f if _layout_is_video(report) else slice(None)  # an image: all its tiles
+        mine, n = np.unique(name_array[mask].astype(str), return_counts=True)
+        counts.update({str(k): int(v) for k, v in zip(mine, n, strict=True)})
+        img = _gallery_item(
+            frames, times, report, f, lambda im, flt, side: _token_paint(im, report, colours, side, flt), max_side
+        )
         legend = [(label, colour, counts.get(name, 0)) for name, label, colour in TIERS]
         text = ", ".join(f"{label} {counts.get(name, 0)}" for name, label, _ in TIERS if counts.get(name))
         items.append((_with_legend(img, legend), f"{caption} · {text}"))
@@ -517,7 +590,11 @@ def _tier_colour(name: str) -> tuple[int, int, int]:
 
 
 def merge_view(
-    frames: Sequence[np.ndarray], times: Sequence[float] | None, report: dict[str, Any], max_side: int = 960
+    frames: Sequence[np.ndarray],
+    times: Sequence[float] | None,
+    report: dict[str, Any],
+    max_side: int = 960,
+    frame_ids: Sequence[int] | None = None,
 ) -> Image.Image | None:
     """LightKV merge map: tokens merged into a neighbour are darkened; the kept tokens that absorbed
     them are coloured by how many tokens they now stand for (yellow few, red many); tokens untouched
@@ -535,9 +612,13 @@ def merge_view(
     level = (sizes[absorbing] - 2) / max(biggest - 2, 1)  # 0 = a group of 2 (yellow), 1 = the largest (red)
     colours[absorbing] = np.stack([np.full_like(level, 255), 230 * (1 - level), np.zeros_like(level)], axis=1)
     if _layout_is_video(report):
-        body = _frame_strip(frames, times, report, lambda img, f: _token_paint(img, report, colours, 240, {f}))
+        body = _frame_strip(
+            frames, times, report, lambda img, f: _token_paint(img, report, colours, 240, {f}), frame_ids
+        )
     else:
-        body = _token_paint(frames[0], report, colours, max_side)
+        body = _image_panels(
+            frames[0], report, lambda img, flt, side: _token_paint(img, report, colours, side, flt), max_side
+        )
     return _with_legend(body, merge_legend(report))
 
 
@@ -563,34 +644,74 @@ def merge_legend(report: dict[str, Any]) -> list[tuple[str, tuple[int, int, int]
 MERGED_COLOUR = (40, 40, 40)
 
 
+def _image_panels(image: np.ndarray, report: dict[str, Any], draw, max_side: int) -> Image.Image:
+    """An image's token view, `draw(image, frame_filter, max_side)`: every tile's tokens over that tile's box.
+    A thumbnail frame ("global": SmolVLM's and InternVL's thumbnail, LLaVA-OneVision's base image) has tokens
+    of its own that cover the whole image; drawn on top they would hide the tiles' (a kept thumbnail token
+    over an evicted tile token), so they get a panel of their own beside, on a copy a third the size."""
+    frames = (report.get("layout") or {}).get("frames", [])
+    thumbs = {f for f, info in enumerate(frames) if info.get("kind") == "global"}
+    if not thumbs or len(thumbs) == len(frames):
+        return draw(image, None, max_side)
+    main = draw(image, set(range(len(frames))) - thumbs, max_side)
+    thumb = draw(image, thumbs, max(1, max(main.size) // 3))
+    return _grid([main, thumb], ["tiles", "thumbnail: its own tokens, whole image"])
+
+
+def _gallery_item(frames, times, report: dict[str, Any], f: int, draw, max_side: int) -> Image.Image:
+    """Layout frame `f` of a video on its media frame; an image as a whole (tiles + thumbnail panel)."""
+    if not _layout_is_video(report):
+        return _image_panels(frames[0], report, draw, max_side)
+    layout_frames = (report.get("layout") or {}).get("frames", [])
+    return draw(_frame_source(frames, times, layout_frames[f]), {f}, max_side)
+
+
+#: Frames drawn at most in a strip, gallery or thumbnail sheet (evenly spaced over a longer video).
+MAX_FRAMES_SHOWN = 24
+
+
+def shown_frames(n: int, limit: int = MAX_FRAMES_SHOWN) -> list[int]:
+    """Indices of at most `limit` of `n` frames, evenly spaced, the first and the last included."""
+    if n <= limit:
+        return list(range(n))
+    return sorted(set(np.linspace(0, n - 1, max(limit, 1)).round().astype(int).tolist()))
+
+
+def _frame_ids(n: int, frame_ids: Sequence[int] | None) -> list[int]:
+    return shown_frames(n) if frame_ids is None else [int(f) for f in frame_ids if 0 <= int(f) < n]
+
+
 def _layout_is_video(report: dict[str, Any]) -> bool:
     frames = (report.get("layout") or {}).get("frames", [])
     return any(f.get("kind") == "frame" for f in frames)
 
 
 def _token_boxes(report: dict[str, Any], scale: float, frame_filter: set[int] | None):
-    """Yield (visual token index, (row slice, col slice)) on the downscaled canvas."""
+    """Yield (visual token index, (row slice, col slice)) on the downscaled canvas.
+
+    Cell edges are the layout's own (`layout.grid_boxes`: linspace over the frame's box, rounded), so at
+    scale 1 a token covers exactly its layout box and neighbouring tokens (and tiles) share edges."""
     layout = report.get("layout") or {}
     frames = layout.get("frames", [])
-    token_frame = layout.get("token_frame", [])
+    token_frame = np.asarray(layout.get("token_frame", []), dtype=np.int64)
     rows, cols = layout.get("token_row", []), layout.get("token_col", [])
-    for i in range(len(token_frame)):
-        f = token_frame[i]
-        if frame_filter is not None and f not in frame_filter:
-            continue
-        x0, y0, x1, y1 = frames[f]["box"]
-        gr, gc = frames[f]["grid"]
-        bx0 = x0 + (x1 - x0) * cols[i] / gc
-        by0 = y0 + (y1 - y0) * rows[i] / gr
-        bx1 = x0 + (x1 - x0) * (cols[i] + 1) / gc
-        by1 = y0 + (y1 - y0) * (rows[i] + 1) / gr
-        yield (
-            i,
-            (
-                slice(int(by0 * scale), max(int(by0 * scale) + 1, int(by1 * scale))),
-                slice(int(bx0 * scale), max(int(bx0 * scale) + 1, int(bx1 * scale))),
-            ),
-        )
+    # the tokens of the wanted frames, found at once (a long video has ~10^5 tokens, a strip ~20 frames)
+    wanted = (
+        range(len(token_frame))
+        if frame_filter is None
+        else np.flatnonzero(np.isin(token_frame, list(frame_filter))).tolist()
+    )
+    edges: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # frame -> pixel edges of its columns and rows
+    for i in wanted:
+        f = int(token_frame[i])
+        if f not in edges:
+            x0, y0, x1, y1 = frames[f]["box"]
+            gr, gc = frames[f]["grid"]
+            xs, ys = np.linspace(x0, x1, gc + 1), np.linspace(y0, y1, gr + 1)
+            edges[f] = (np.round(np.round(xs) * scale).astype(int), np.round(np.round(ys) * scale).astype(int))
+        xs, ys = edges[f]
+        c, r = cols[i], rows[i]
+        yield i, (slice(ys[r], max(ys[r] + 1, ys[r + 1])), slice(xs[c], max(xs[c] + 1, xs[c + 1])))
 
 
 def _downscale(image: np.ndarray, max_side: int) -> tuple[Image.Image, float]:
@@ -702,13 +823,20 @@ def _grid(
 
 
 def _frame_strip(
-    frames: Sequence[np.ndarray], times: Sequence[float] | None, report: dict[str, Any], draw_frame
+    frames: Sequence[np.ndarray],
+    times: Sequence[float] | None,
+    report: dict[str, Any],
+    draw_frame,
+    frame_ids: Sequence[int] | None = None,
 ) -> Image.Image:
-    """One tile per layout frame (Qwen: per 2-frame temporal patch), drawn on the nearest media frame."""
+    """One tile per layout frame of `frame_ids` (default `shown_frames`; Qwen: per 2-frame temporal
+    patch), drawn on the nearest media frame. Only those media frames are read (`frames[i]`), so a lazily
+    decoded hour of video costs as many decodes as tiles."""
     layout_frames = (report.get("layout") or {}).get("frames", [])
     media_times = list(times) if times is not None and len(times) == len(frames) else list(range(len(frames)))
     tiles, captions = [], []
-    for f, info in enumerate(layout_frames):
+    for f in _frame_ids(len(layout_frames), frame_ids):
+        info = layout_frames[f]
         t = info.get("time") or 0.0
         sources = [i for i in info.get("source_frames") or [] if i < len(frames)]
         if sources:
@@ -737,15 +865,113 @@ def _with_legend(body: Image.Image, entries: list[tuple[str, tuple[int, int, int
 # -- video timeline -----------------------------------------------------------------------------
 
 
-def frame_timeline_figure(report: dict[str, Any]) -> go.Figure | None:
-    """Sampled frames over time: motion score per frame (where the method measures it), the
-    skip threshold, and skipped frames marked. None for an image."""
+#: More sampled frames than this and the timeline shows bins of frames instead of one bar per frame.
+TIMELINE_MAX_FRAMES = 200
+_BIN_SECONDS = (1, 2, 5, 10, 15, 20, 30, 60, 120, 300, 600, 900, 1200, 1800, 3600, 7200)
+
+
+def clock(seconds: float) -> str:
+    """Seconds as a clock: "7:05", "1:02:03"."""
+    whole = max(round(float(seconds)), 0)
+    h, m, s = whole // 3600, whole // 60 % 60, whole % 60
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def _frame_edges(times: np.ndarray) -> np.ndarray:
+    """len(times)+1 edges: frame k stands for [edges[k], edges[k+1]), from halfway to its previous
+    sampled frame to halfway to its next one (the first and last get half a typical step outward)."""
+    step = float(np.median(np.diff(times))) if len(times) > 1 else 1.0
+    step = step if step > 0 else 1.0
+    mids = (times[:-1] + times[1:]) / 2
+    return np.concatenate([[times[0] - step / 2], mids, [times[-1] + step / 2]])
+
+
+def skipped_spans(report: dict[str, Any]) -> list[tuple[float, float]]:
+    """(start, end) seconds of each run of consecutive skipped frames: the run covers its frames'
+    stretches of the video (see `_frame_edges`), so every skipped frame's time lies in one span and no
+    kept frame's time lies in any."""
+    frames = report.get("frames") or []
+    if not frames:
+        return []
+    times = np.array([f.get("time", i) for i, f in enumerate(frames)], dtype=np.float64)
+    skipped = np.array([bool(f.get("skipped")) for f in frames])
+    edges = _frame_edges(times)
+    flips = np.flatnonzero(np.diff(np.concatenate([[0], skipped.astype(np.int8), [0]])))
+    return [(float(edges[a]), float(edges[b])) for a, b in zip(flips[::2], flips[1::2])]
+
+
+def _span_trace(spans: list[tuple[float, float]]) -> go.Scatter:
+    """All skipped spans as ONE filled trace of rectangles (None between them), full height on a hidden
+    axis: a constant cost however many runs an hour of video has (thousands of layout shapes would not be)."""
+    x: list[float | None] = []
+    y: list[float | None] = []
+    for a, b in spans:
+        x += [a, a, b, b, a, None]
+        y += [0, 1, 1, 0, 0, None]
+    return go.Scatter(
+        x=x,
+        y=y,
+        yaxis="y2",
+        mode="lines",
+        fill="toself",
+        fillcolor="rgba(213, 94, 0, 0.18)",
+        line={"width": 0},
+        hoveron="fills",
+        name="skipped spans",
+        connectgaps=False,
+    )
+
+
+def _bin_seconds(t0: float, t1: float, max_bins: int) -> int:
+    return next((w for w in _BIN_SECONDS if (t1 - t0) / w <= max_bins), _BIN_SECONDS[-1])
+
+
+def frame_timeline_figure(report: dict[str, Any], max_frames: int = TIMELINE_MAX_FRAMES) -> go.Figure | None:
+    """Sampled frames over time, zoomable (range slider on the x axis, in seconds), skipped spans shaded.
+
+    Up to `max_frames` sampled frames: motion per frame (where the method measures it), the skip
+    threshold, skipped frames marked. More (an hour of video): frames grouped into at most ~`max_frames`
+    bins of a round number of seconds, motion as the mean and max per bin (or kept / skipped frames per
+    bin), so the figure stays a handful of traces whatever the length. None for an image."""
     frames = report.get("frames") or []
     if not frames:
         return None
     times = [f.get("time", i) for i, f in enumerate(frames)]
     skipped = [bool(f.get("skipped")) for f in frames]
     fig = go.Figure()
+    spans = skipped_spans(report)
+    if spans:  # first, so the bars and markers draw over the shading
+        fig.add_trace(_span_trace(spans))
+    if len(frames) > max_frames:
+        title, y_title = _binned_timeline(
+            fig, report, np.asarray(times, dtype=np.float64), np.asarray(skipped), max_frames
+        )
+    else:
+        title, y_title = _per_frame_timeline(fig, report, times, skipped)
+    encoded = report.get("vision_encoder_frames")
+    if encoded is not None:
+        title += f"<br>{len(frames)} sampled, {sum(skipped)} skipped, {encoded} sent to the vision encoder"
+    fig.update_layout(
+        title={"text": title, "font": {"size": 13}, "y": 0.97, "yanchor": "top"},
+        xaxis={
+            "title": "time (s) · drag to zoom, or use the range slider",
+            "rangeslider": {"visible": True, "thickness": 0.1},
+            "tickformat": "d",
+        },
+        yaxis_title=y_title,
+        yaxis2={"overlaying": "y", "range": [0, 1], "visible": False, "fixedrange": True},
+        height=380,
+        margin={"l": 50, "r": 10, "t": 90, "b": 40},
+        legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 0},  # above the plot, clear of the slider
+        yaxis={"showticklabels": has_motion(report)},
+        barmode="stack",
+    )
+    return fig
+
+
+def _per_frame_timeline(fig: go.Figure, report: dict[str, Any], times: list[float], skipped: list[bool]):
+    """One bar (motion) or marker per sampled frame; returns (title, y axis title)."""
+    frames = report["frames"]
     if has_motion(report):
         motion = [f.get("motion") or 0.0 for f in frames]
         fig.add_trace(
@@ -756,16 +982,7 @@ def frame_timeline_figure(report: dict[str, Any]) -> go.Figure | None:
                 marker_color=[_hex(SKIPPED_COLOUR) if s else _hex(KEPT_COLOUR) for s in skipped],
             )
         )
-        if report.get("flow_threshold") is not None:
-            fig.add_trace(
-                go.Scatter(
-                    x=[min(times), max(times)],
-                    y=[report["flow_threshold"]] * 2,
-                    mode="lines",
-                    name="threshold",
-                    line={"dash": "dash", "color": "black"},
-                )
-            )
+        _threshold(fig, report, times)
         y_skip = [m for m, s in zip(motion, skipped) if s]
         title, y_title = "motion per sampled frame (orange-red: skipped)", "motion (px, downscaled frame)"
     else:
@@ -789,30 +1006,81 @@ def frame_timeline_figure(report: dict[str, Any]) -> go.Figure | None:
             marker={"symbol": "x", "size": 11, "color": _hex(SKIPPED_COLOUR)},
         )
     )
-    encoded = report.get("vision_encoder_frames")
-    if encoded is not None:
-        title += f" | {len(frames)} sampled, {sum(skipped)} skipped, {encoded} sent to the vision encoder"
-    fig.update_layout(
-        title={"text": title, "font": {"size": 13}},
-        xaxis_title="time (s)",
-        yaxis_title=y_title,
-        height=280,
-        margin={"l": 50, "r": 10, "t": 40, "b": 40},
-        legend={"orientation": "h"},
-        yaxis={"showticklabels": has_motion(report)},
-    )
-    return fig
+    return title, y_title
+
+
+def _threshold(fig: go.Figure, report: dict[str, Any], times) -> None:
+    if report.get("flow_threshold") is not None:
+        fig.add_trace(
+            go.Scatter(
+                x=[min(times), max(times)],
+                y=[report["flow_threshold"]] * 2,
+                mode="lines",
+                name="threshold",
+                line={"dash": "dash", "color": "black"},
+            )
+        )
+
+
+def _binned_timeline(fig: go.Figure, report: dict[str, Any], times: np.ndarray, skipped: np.ndarray, max_bins: int):
+    """Frames grouped into bins of a round number of seconds; returns (title, y axis title)."""
+    width = _bin_seconds(float(times.min()), float(times.max()), max_bins)
+    index = np.floor(times / width).astype(np.int64)
+    bins, inverse, counts = np.unique(index, return_inverse=True, return_counts=True)
+    n_skipped = np.bincount(inverse, weights=skipped.astype(np.float64)).astype(np.int64)
+    # plain lists: Plotly would send numpy arrays as typed-array blobs, which the page's `data` does not decode
+    centres = ((bins + 0.5) * width).tolist()
+    hover = [
+        f"{clock(b * width)}–{clock((b + 1) * width)}: {n} frames, {k} skipped"
+        for b, n, k in zip(bins, counts, n_skipped)
+    ]
+    bar = {"x": centres, "width": width * 0.9, "hovertext": hover, "hoverinfo": "text+y"}
+    if has_motion(report):
+        motion = np.array([f.get("motion") or 0.0 for f in report["frames"]], dtype=np.float64)
+        mean = (np.bincount(inverse, weights=motion) / counts).tolist()
+        peak = np.full(len(bins), -np.inf)
+        np.maximum.at(peak, inverse, motion)
+        peak = peak.tolist()
+        fig.add_trace(go.Bar(y=mean, name=f"motion (mean per {width} s)", marker_color=_hex(KEPT_COLOUR), **bar))
+        fig.add_trace(
+            go.Scatter(
+                x=centres,
+                y=peak,
+                mode="lines",
+                name=f"motion (max per {width} s)",
+                line={"color": _hex(KEPT_COLOUR), "width": 1, "dash": "dot"},
+                hovertext=hover,
+            )
+        )
+        _threshold(fig, report, times.tolist())
+        title, y_title = f"motion in bins of {width} s (shaded: skipped frames)", "motion (px, downscaled frame)"
+    else:
+        fig.add_trace(
+            go.Bar(y=(counts - n_skipped).tolist(), name="kept frames per bin", marker_color=_hex(KEPT_COLOUR), **bar)
+        )
+        fig.add_trace(
+            go.Bar(y=n_skipped.tolist(), name="skipped frames per bin", marker_color=_hex(SKIPPED_COLOUR), **bar)
+        )
+        title, y_title = f"sampled frames in bins of {width} s (shaded: skipped)", "frames per bin"
+    return title, y_title
 
 
 def frame_thumbnails(
-    frames: Sequence[np.ndarray], report: dict[str, Any], thumb_width: int = 160, per_row: int = 8
+    frames: Sequence[np.ndarray],
+    report: dict[str, Any],
+    thumb_width: int = 160,
+    per_row: int = 8,
+    frame_ids: Sequence[int] | None = None,
 ) -> Image.Image | None:
-    """Thumbnails of the sampled frames: blue border kept, vermillion border, dimmed and captioned skipped."""
+    """Thumbnails of the sampled frames `frame_ids` (indices into `frames`; default `shown_frames`, so
+    an hour of video gives one sheet of evenly spaced frames): blue border kept, vermillion border,
+    dimmed and captioned skipped."""
     info = report.get("frames") or []
-    if not info or not frames:
+    if not info or not len(frames):
         return None
     tiles, captions, borders = [], [], []
-    for k, frame in enumerate(frames):
+    for k in _frame_ids(len(frames), frame_ids):
+        frame = frames[k]
         meta = info[k] if k < len(info) else {}
         small, _ = _downscale(frame, thumb_width)
         skipped = bool(meta.get("skipped"))

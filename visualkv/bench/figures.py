@@ -165,10 +165,6 @@ def table_fidelity(results: Path) -> str:
     return _fidelity(results, ["fidelity_image_bench-qwen2.5-vl.json", "fidelity_video_bench-qwen2.5-vl.json"])
 
 
-def table_fidelity_qwen3(results: Path) -> str:
-    return _fidelity(results, ["fidelity_image_tiny-qwen3-vl.json"])
-
-
 def table_memory_video(results: Path) -> str:
     name = "memory_video_tiny-qwen2.5-vl.json"
     d = load(name, results)
@@ -684,6 +680,61 @@ def table_families_4k(results: Path) -> str:
     return _render([*header, "full / block-wise, final"], body, sources)
 
 
+def table_families_fidelity(results: Path) -> str:
+    """Block-by-block prefill with nothing evicted against one whole prefill, per newer family (tiny aliases):
+    the worst over the methods the JSON holds."""
+    body, sources = [], []
+    for alias in FAMILY_ALIASES:
+        for kind in ("image", "video"):
+            name = f"fidelity_{kind}_{alias}.json"
+            if not (results / name).exists():
+                continue
+            d = load(name, results)
+            sources.append((name, d))
+            rows = d["rows"]
+            size = format(d["size"], "g")
+            body.append(
+                [
+                    alias,
+                    f"video, {size} frames" if d["video"] else f"image, {size} MP",
+                    str(max(r["blocks"] for r in rows)),
+                    f"{max(r['max_abs_logit_diff'] for r in rows):.2g}",
+                    f"{rows[0]['ref_logit_range']:.2f}",
+                    f"{min(r['cosine'] for r in rows):.5f}",
+                    "yes" if all(r["same_top1"] for r in rows) else "no",
+                    f"{min(r['greedy_token_agreement'] for r in rows) * 100:.0f} %",
+                    ", ".join(r["method"] for r in rows),
+                ]
+            )
+    header = ["tiny alias", "input", "blocks", "max \\|Δlogit\\|", "logit range", "cosine (min)", "same top-1"]
+    return _render([*header, "greedy tokens equal (min)", "methods"], body, sources)
+
+
+def table_families_latency(results: Path) -> str:
+    """TTFT of full, forced block-wise and hybrid prefill at 4K per newer family (tiny aliases)."""
+    body, sources = [], []
+    for alias in FAMILY_ALIASES:
+        name = f"latency_image_{alias}.json"
+        if not (results / name).exists():
+            continue
+        d = load(name, results)
+        sources.append((name, d))
+        t = d["ttft_seconds"]
+        body.append(
+            [
+                alias,
+                machine_label(d.get("provenance")),
+                f"{t['full']:.2f} s",
+                f"{t['blockwise']:.2f} s",
+                f"{t['hybrid']:.2f} s",
+                f"{d['ratios']['blockwise/full']:.2f} / {d['ratios']['hybrid/full']:.2f}",
+                f"{d['paired_median_ratios']['blockwise/full']:.2f} / {d['paired_median_ratios']['hybrid/full']:.2f}",
+            ]
+        )
+    header = ["tiny alias", "run", "TTFT full", "forced block-wise", "hybrid"]
+    return _render([*header, "block-wise / full, hybrid / full (min)", "(paired median)"], body, sources)
+
+
 def table_memory_guard(results: Path) -> str:
     """The memory guard's estimate against measured memory (scripts/guard_check.py)."""
     name = "memory_guard_cpu.json"
@@ -769,7 +820,6 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "memory-image": table_memory_image,
     "latency-image": table_latency_image,
     "fidelity": table_fidelity,
-    "fidelity-qwen3": table_fidelity_qwen3,
     "memory-video": table_memory_video,
     "salicache": table_salicache,
     "salicache-variants": table_salicache_variants,
@@ -786,6 +836,8 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "speed-issue11": table_speed_issue11,
     "speed-issue11-memory": table_speed_issue11_memory,
     "families-4k": table_families_4k,
+    "families-fidelity": table_families_fidelity,
+    "families-latency": table_families_latency,
     "memory-guard": table_memory_guard,
     "load": table_load,
 }

@@ -129,7 +129,9 @@ class Qwen3VLAdapter(Qwen25VLAdapter):
             self._image_grid = None
 
     def _run_visual(self, pixels: torch.Tensor, grid: torch.Tensor, row_offset: int = 0) -> torch.Tensor:
-        """Packed [embedding | deepstack...] (n, d * (1 + k)) of the patches in `pixels`."""
+        """Packed [embedding | deepstack...] (n, d * (1 + k)) of the patches in `pixels`; the processor's host
+        tensors (pixels, grid, strip positions) move to the tower's own device (may differ under device_map)."""
+        device = self.visual.patch_embed.proj.weight.device
         kwargs: dict[str, Any] = {}
         whole = self._image_grid
         if whole is not None and not torch.equal(grid, whole):
@@ -146,9 +148,9 @@ class Qwen3VLAdapter(Qwen25VLAdapter):
             start = row_offset * int(whole[0, 2]) * self.merge
             rows = slice(start, start + pixels.shape[0])
             kwargs = {
-                "position_ids": get_vision_position_ids(whole, self.merge)[rows],
-                "interp_indices": idx[rows],
-                "interp_weights": weights[rows],
+                "position_ids": get_vision_position_ids(whole, self.merge)[rows].to(device),
+                "interp_indices": idx[rows].to(device),
+                "interp_weights": weights[rows].to(device),
             }
-        out = self.visual(pixels.to(self.visual.dtype), grid_thw=grid, **kwargs)
-        return torch.cat([out.pooler_output, *out.deepstack_features], dim=-1).to(self.dtype)
+        out = self.visual(pixels.to(device, self.visual.dtype), grid_thw=grid.to(device), **kwargs)
+        return torch.cat([out.pooler_output, *out.deepstack_features], dim=-1).to(self.device, self.dtype)

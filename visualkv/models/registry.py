@@ -59,6 +59,17 @@ OFFLINE_MODELS = (
     ModelChoice(
         "shape-smolvlm2-2.2b", True, "SmolVLM2-2.2B shape; memory and speed only: random weights, answers are noise"
     ),
+    ModelChoice(
+        "shape-qwen3-vl-8b", True, "Qwen3-VL-8B shape; memory and speed only: random weights, answers are noise"
+    ),
+    ModelChoice(
+        "shape-llava-onevision-7b",
+        True,
+        "LLaVA-OneVision-7B shape; memory and speed only: random weights, answers are noise",
+    ),
+    ModelChoice(
+        "shape-internvl3.5-8b", True, "InternVL3.5-8B shape; memory and speed only: random weights, answers are noise"
+    ),
 )
 # Bundled checkpoints: alias -> folder (loaded with AutoModelForImageTextToText / AutoProcessor).
 BUNDLED_MODELS = {

@@ -19,6 +19,10 @@ def qwen3_vl_8b_instruct_config(attn_implementation: str = "sdpa") -> Qwen3VLCon
     fixtures of TensorRT-LLM and mlx-swift ports, found with the code search): LLM 36 x 4096, 32 query /
     8 KV heads of 128, MLP 12288, interleaved M-RoPE [24, 20, 20], theta 5e6; vision 27 x 1152, 16 heads,
     patch 16, merge 2, DeepStack from vision blocks 8, 16, 24, 2304 learned positions.
+    Cross-checked value by value (2026-11-30) against two verbatim copies of the config.json: TensorRT-LLM's
+    Qwen3-VL-8B-Instruct test config (`_name_or_path` .../Qwen3-VL-8B-Instruct; 4 layers there "for
+    testing, 36 layers for full model") and a Swift port's test fixture: every number above and every token
+    id (151643/151645, 151652/151653, 151655/151656), vocab 151936, untied, all agree.
     """
     return Qwen3VLConfig(
         text_config={
@@ -72,6 +76,13 @@ def llava_onevision_qwen2_7b_ov_config(attn_implementation: str = "sdpa") -> Lla
     it: SigLIP-so400m tower cut to 26 layers, 384 px / 14, "full" features of the last kept layer,
     anyres_max_9, token ids 151646 / 151647, the 36 grid pinpoints), and the Qwen2-7B LLM of the checkpoint:
     28 x 3584, 28 query / 4 KV heads, MLP 18944, vocabulary 152128, RoPE theta 1e6.
+    Cross-checked (2026-11-30, no copy of the -hf config.json itself was found in the code index) against
+    (a) transformers' conversion script that made the -hf checkpoint
+    (models/llava_onevision/convert_llava_onevision_weights_to_hf.py): text config = Qwen/Qwen2-7B-Instruct's,
+    SiglipVisionConfig(1152, 384 px, MLP 4304, 16 heads, 26 layers "drop the last layer", patch 14, no head),
+    vocabulary resized to 152064 + 2 (<image>, <video>) padded to a multiple of 64 = 152128; and (b) the
+    original lmms-lab/llava-onevision-qwen2-7b-ov config.json quoted in PaddleMIX's tests: 28 layers, hidden
+    3584, 28 / 4 heads, MLP 18944, 32768 positions, theta 1e6, untied, image token 151646, anyres_max_9.
     """
     return LlavaOnevisionConfig(
         text_config={
@@ -101,8 +112,14 @@ def internvl3_5_8b_config(attn_implementation: str = "sdpa") -> InternVLConfig:
 
     Source: the InternVL3.5-8B model card (vision part InternViT-300M-448px-V2.5, language part Qwen3-8B)
     and those two models' published configs; transformers' `InternVLVisionConfig` defaults are
-    InternViT-300M's. Not checked against the -HF config.json itself (not reachable offline); the image
-    token id is the family default (a shape model measures memory and speed, never answers).
+    InternViT-300M's except the attention bias. No copy of the -HF config.json itself was found, so it is
+    assembled; cross-checked (2026-11-30) against xtuner's `InternVL3P5Dense8BConfig` (the trainer that
+    writes these checkpoints; model/compose/internvl/internvl_config.py): InternViT 24 x 1024, 16 heads, MLP
+    4096, 448 px / 14, qkv bias on (`attention_bias: True`; also visible in InternVL3's model print,
+    `qkv: Linear(1024, 3072, bias=True)`), layer norm, GELU, downsample 0.5, image token 151671 (also in an
+    InternVL3.5 -HF config.json quoted by a C++ port's test), 1..12 tiles + thumbnail; and its
+    `Qwen3Dense8BConfig`: 36 x 4096, 32 / 8 heads of 128, MLP 12288, vocab 151936, 40960 positions, theta
+    1e6, untied.
     """
     return InternVLConfig(
         text_config={
@@ -127,7 +144,9 @@ def internvl3_5_8b_config(attn_implementation: str = "sdpa") -> InternVLConfig:
             "intermediate_size": 4096,
             "image_size": [448, 448],
             "patch_size": [14, 14],
+            "attention_bias": True,
         },
+        image_token_id=151671,
         downsample_ratio=0.5,
         image_seq_length=256,
         tie_word_embeddings=False,

@@ -27,6 +27,12 @@ public copies, since this machine has no network):
   heads), MLP 8192, vocab 49280 (mlx-vlm's test of this config), rope_theta 130000, 8192 positions; SigLIP
   so400m vision tower: 27 layers, hidden 1152, 16 heads, MLP 4304, 384-px input, patch 14; pixel shuffle 3
   (81 tokens per 384-px tile); images resized to a longest edge of 4 x 384 = 1536 px before tiling.
+- Qwen/Qwen3-VL-8B-Instruct, llava-hf/llava-onevision-qwen2-7b-ov-hf, OpenGVLab/InternVL3_5-8B-HF: the
+  configs are written out in visualkv/models/released.py (sources cited there, per checkpoint); the
+  processors are the tiny aliases' (tiny-qwen3-vl, tiny-llava-onevision, tiny-internvl3.5), whose settings
+  are the released ones (tiny.py). The released configs carry the released tokenizer's ids (image token
+  151655 / 151646 / 151671, ...); a shape model is paired with the small offline tokenizer, so those ids are
+  replaced by the tokenizer's own (`_patch_token_ids`): the model then finds its image tokens in the prompt.
 """
 
 from __future__ import annotations
@@ -47,7 +53,15 @@ from transformers import (
 )
 
 from visualkv.errors import ModelLoadError
-from visualkv.models.tiny import SMOLVLM_PROCESSOR_SETTINGS, TinySpec, build_tiny_processor, qwen_config
+from visualkv.models.released import RELEASED_CONFIGS
+from visualkv.models.tiny import (
+    _MODEL_CLASSES,
+    SMOLVLM_PROCESSOR_SETTINGS,
+    TINY_SPECS,
+    TinySpec,
+    build_tiny_processor,
+    qwen_config,
+)
 from visualkv.models.tokenizer_build import SMOLVLM_CHAT_TEMPLATE, build_smolvlm_tokenizer
 
 SHAPE_NOTE = "memory and speed only: random weights, answers are noise"
@@ -55,19 +69,22 @@ SHAPE_NOTE = "memory and speed only: random weights, answers are noise"
 
 @dataclass(frozen=True)
 class ShapeSpec:
-    """One released configuration. `sizes` reuses TinySpec's fields at full size."""
+    """One released configuration. `sizes` reuses TinySpec's fields at full size; the newer families
+    (`released` set) take their whole config from visualkv/models/released.py instead (`sizes` None)."""
 
     hub_id: str
-    sizes: TinySpec
+    sizes: TinySpec | None
     vocab_size: int
     tie_word_embeddings: bool
     #: SmolVLM only: vision input side, patch size, pixel-shuffle factor, image longest edge before tiling
     vision: dict = field(default_factory=dict)
     max_position_embeddings: int = 128000
+    #: the tiny alias whose processor (released settings) a released.py shape pairs with; "" otherwise
+    released: str = ""
 
     @property
     def family(self) -> str:
-        return self.sizes.family
+        return TINY_SPECS[self.released].family if self.released else self.sizes.family
 
 
 _QWEN_VISION = {
@@ -102,6 +119,19 @@ SHAPE_SPECS: dict[str, ShapeSpec] = {
         vision={"image_size": 384, "patch_size": 14, "scale_factor": 3, "longest_edge": 4 * 384},
     ),
 }
+# Qwen3-VL-8B, LLaVA-OneVision-7B, InternVL3.5-8B: configs in released.py (vocabulary and tying copied here
+# so that every shape answers the same questions)
+for _alias, (_hub_id, _builder, _tiny) in RELEASED_CONFIGS.items():
+    _cfg = _builder()
+    _text = _cfg.text_config
+    SHAPE_SPECS[_alias] = ShapeSpec(
+        _hub_id,
+        None,
+        vocab_size=_text.vocab_size,
+        tie_word_embeddings=bool(_cfg.tie_word_embeddings),
+        max_position_embeddings=_text.max_position_embeddings,
+        released=_tiny,
+    )
 
 
 def shape_spec(alias: str) -> ShapeSpec:
@@ -115,6 +145,8 @@ def shape_spec(alias: str) -> ShapeSpec:
 def build_shape_processor(alias: str) -> ProcessorMixin:
     """The family's processor class with the released pixel / tile settings and the offline tokenizer."""
     spec = shape_spec(alias)
+    if spec.released:
+        return build_tiny_processor(spec.released)  # tiny.py's processor settings are the released ones
     if spec.family == "qwen2_5_vl":
         return build_tiny_processor("tiny-qwen2.5-vl")  # tiny.py's Qwen settings are the released ones
     v = spec.vision
@@ -144,6 +176,8 @@ def build_shape_config(alias: str, processor: ProcessorMixin, num_layers: int | 
     """The released configuration; `num_layers` (scaled-down tests) sets both the LLM's and the vision tower's
     depth (full attention then in the vision tower's last block), every width stays as released."""
     spec = shape_spec(alias)
+    if spec.released:
+        return _released_shape_config(alias, processor, num_layers)
     sizes = spec.sizes
     if num_layers is not None:
         sizes = TinySpec(
@@ -201,7 +235,48 @@ def build_shape_config(alias: str, processor: ProcessorMixin, num_layers: int | 
     )
 
 
+def _released_shape_config(alias: str, processor: ProcessorMixin, num_layers: int | None):
+    """released.py's config with the offline tokenizer's token ids; `num_layers` scales both depths down
+    (DeepStack then taps the vision blocks that remain)."""
+    cfg = RELEASED_CONFIGS[alias][1]()
+    _patch_token_ids(cfg, processor)
+    if num_layers is not None:
+        cfg.text_config.num_hidden_layers = num_layers
+        vision = cfg.vision_config
+        if hasattr(vision, "depth"):  # Qwen3-VL
+            vision.depth = num_layers
+            taps = [i for i in vision.deepstack_visual_indexes if i < num_layers]
+            vision.deepstack_visual_indexes = taps or [num_layers - 1]
+        else:
+            vision.num_hidden_layers = num_layers
+    return cfg
+
+
+def _patch_token_ids(cfg, processor: ProcessorMixin) -> None:
+    """Replace the released tokenizer's ids in `cfg` by the offline tokenizer's (same tokens, other ids)."""
+    tok = processor.tokenizer
+    ids = tok.convert_tokens_to_ids
+    text = cfg.text_config
+    text.bos_token_id, text.eos_token_id, text.pad_token_id = (
+        ids("<|endoftext|>"),
+        ids("<|im_end|>"),
+        ids("<|endoftext|>"),
+    )
+    family = cfg.model_type
+    if family == "qwen3_vl":
+        cfg.image_token_id, cfg.video_token_id = ids("<|image_pad|>"), ids("<|video_pad|>")
+        cfg.vision_start_token_id, cfg.vision_end_token_id = ids("<|vision_start|>"), ids("<|vision_end|>")
+    elif family == "llava_onevision":
+        cfg.image_token_id, cfg.video_token_id = ids("<image>"), ids("<video>")
+    elif family == "internvl":
+        cfg.image_token_id = processor.image_token_id
+    else:
+        raise ValueError(f"no token ids to patch for {family!r}")
+
+
 def _model_class(spec: ShapeSpec) -> type[PreTrainedModel]:
+    if spec.released:
+        return _MODEL_CLASSES[spec.family]
     return Qwen2_5_VLForConditionalGeneration if spec.family == "qwen2_5_vl" else SmolVLMForConditionalGeneration
 
 
@@ -257,7 +332,7 @@ def build_shape(
     model.config.dtype = dtype
     model.config.name_or_path = f"{alias} ({spec.hub_id} configuration, random weights)"
     tok, gen = processor.tokenizer, model.generation_config
-    if spec.family == "qwen2_5_vl":
+    if spec.family != "smolvlm":  # the Qwen chat tokens (all but SmolVLM have a Qwen LLM)
         end = [tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")]
         gen.bos_token_id, gen.eos_token_id, gen.pad_token_id = end[1], end, end[1]
     else:
