@@ -47,8 +47,23 @@ def test_a_hand_edited_table_makes_the_check_fail(tmp_path):
 def test_every_table_names_its_json_command_and_machine():
     for name, build in figures.TABLES.items():
         table = build(figures.RESULTS)
+        if name in figures.COMPUTED:
+            assert "Source: computed from `" in table and "(not measured)" in table, name
+            continue
         assert "Source: [`" in table and "`python " in table, name
         assert "command not recorded" not in table and "machine not recorded" not in table, name
+
+
+def test_computed_schedule_table_follows_the_code(monkeypatch):
+    """The LightKV schedule table is the code's schedule: change the paper schedule and the table changes."""
+    from visualkv.methods import lightkv
+
+    before = figures.table_lightkv_schedule(figures.RESULTS)
+    assert "| Qwen2.5-VL-7B (28) | 11, 16, 21 | 6, 4, 2 | 0.589 |" in before
+    schedules = dict(lightkv.PAPER_SCHEDULES)
+    schedules["qwen2_5_vl"] = lightkv.PaperSchedule(28, (10, 17, 22), (6, 4, 2), (0.5, 0.5, 0.5))
+    monkeypatch.setattr(lightkv, "PAPER_SCHEDULES", schedules)
+    assert "| Qwen2.5-VL-7B (28) | 9, 16, 21 | 6, 4, 2 |" in figures.table_lightkv_schedule(figures.RESULTS)
 
 
 def test_provenance_says_idle_or_loaded_from_the_load_average():

@@ -206,6 +206,20 @@ def test_stage_counts_follow_the_formula(models, image, case):
     assert sum(report["retained"]) < layout.n_visual * 0.75
 
 
+@pytest.mark.parametrize("ratios", [(0.5, 0.0, 0.0), (0.5, 0.0, 0.5), (0.0, 0.5, 0.5)])
+def test_stages_without_merging_keep_the_counts(models, image, ratios):
+    """A stage that merges nothing (P = 0) between stages whose windows cut each other (6 -> 4 -> 2 on Qwen's
+    13 x 23 grid): later stages still follow the formula on the tokens that reach them."""
+    session = _run(models["qwen4"], image, layers=(0, 1, 2), windows=(6, 4, 2), ratios=ratios)
+    stages = session.report()["lightkv"]["stages"]
+    previous = _visual_ids(session, 0)
+    for k, stage in enumerate(stages):
+        survivors = _visual_ids(session, k + 1)
+        expected = _expected_survivors(session, previous, stage["windows"], ratios[k])
+        assert stage["tokens_in"] == previous.numel() and survivors.numel() == expected == stage["tokens_out"]
+        previous = survivors
+
+
 def test_single_stage_windows_stay_inside_their_window(models, image):
     session = _run(models["smol"], image)  # 2 layers: default schedule = one stage after layer 0, 4 x 4 windows
     layout = session.prepared.layout
@@ -355,3 +369,14 @@ def test_report_fields(models, image):
     assert info["overhead_seconds"]["xi"] > 0 and info["overhead_seconds"]["merge"] > 0
     assert 0.3 < info["flops"]["reduction"] < 0.8
     assert info["flops"]["llm_lightkv"] < info["flops"]["llm_full"]
+
+
+def test_question_apart_takes_xi_from_the_proxy_pass(models, image):
+    """Composed with Sali-Cache the question is a block of its own (`question_apart`), so it is not in the media's
+    forward even in bulk: ξ must come from the proxy pass (LightKV reads the engine's blocks, `ctx.blocks`)."""
+    session = ChatSession(models["qwen"], SessionConfig(method="lightkv+salicache", max_new_tokens=1))
+    session.ask("What is shown here?", image)
+    blocks = session.prefill_result.context.blocks
+    assert [b.kind for b in blocks] == ["bulk", "text"]
+    lk = session.report()["lightkv"]
+    assert lk["xi_source"] == "proxy" and lk["overhead_seconds"]["proxy_pass"] > 0

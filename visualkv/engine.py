@@ -73,9 +73,11 @@ class BlockPlan:
         tiers: torch.Tensor | None,
         ctx: PrefillContext | None,
         n_visual: int | None = None,
+        tier_split: dict[int, torch.Tensor] | None = None,
     ) -> None:
         self.token_index = token_index
-        self.tier_split = split_tiers(tiers)
+        # a method that reshaped the block may hand its split over (made on the device, no host read)
+        self.tier_split = tier_split if tier_split is not None or n_visual is not None else split_tiers(tiers)
         self._on: dict = {}  # device -> token indices there; ("tiers", device) -> tier positions there
         if n_visual is not None or ctx is None:
             self.n_visual_full = n_visual or 0
@@ -191,7 +193,7 @@ class Engine:
                         new.sin,
                         new.tiers,
                     )
-                    plan = BlockPlan(token_index, tiers, ctx, new.n_visual)
+                    plan = BlockPlan(token_index, tiers, ctx, new.n_visual, new.tier_split)
             hidden = out
         cache.pending_token_index = cache.pending_tiers = None
         cache.pending_visual = 0
@@ -255,10 +257,10 @@ class Engine:
         ctx = PrefillContext(self.adapter, cache, prepared, budget, block_size, mode, seq_offset)
         ctx.text_pass = lambda ids, positions, observer: self.text_pass(ids, positions, observer, ctx)
         self.adapter.reset_stream()
-        method.begin(ctx)
-        ctx.blocks = plan_blocks(
+        ctx.blocks = plan_blocks(  # before `begin`, so a method can plan per block (LightKV's windows)
             prepared.seq_len, prepared.layout.units, mode, block_size, budget, question_apart=method.question_apart
         )
+        method.begin(ctx)
         cache.set_capacity_hint(method.capacity_hint(ctx))
         for device in {layer.input_layernorm.weight.device for layer in self.adapter.layers}:
             ctx.visual_mask_on(device)  # copied once, before any layer needs it

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from visualkv.bench.provenance import machine_label
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -50,6 +52,11 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return lines
+
+
+def _render(header: list[str], rows: list[list[str]], sources: list[tuple[str, dict]], *notes: str) -> str:
+    """A table, then each note as its own paragraph, then the source line of `sources`."""
+    return "\n\n".join(["\n".join(_table(header, rows)), *notes, source_line(*sources)])
 
 
 def _mib(n: float) -> str:
@@ -103,10 +110,8 @@ def table_memory_image(results: Path) -> str:
         ("process peak RSS growth over the sweep: full / block-wise (KeyDiff … SnapKV)", "rss"),
         ("sizes (megapixels)", "sizes"),
     ]
-    lines = _table(
-        ["figure", data[0]["model"], data[1]["model"]], [[label, cols[0][key], cols[1][key]] for label, key in labels]
-    )
-    return "\n".join(lines + ["", source_line(*zip(names, data))])
+    rows = [[label, cols[0][key], cols[1][key]] for label, key in labels]
+    return _render(["figure", data[0]["model"], data[1]["model"]], rows, list(zip(names, data)))
 
 
 def table_latency_image(results: Path) -> str:
@@ -129,53 +134,35 @@ def table_latency_image(results: Path) -> str:
             ]
         )
         sources.append((name, d))
-    lines = _table(
-        [
-            "run",
-            "TTFT full",
-            "hybrid",
-            "forced block-wise",
-            "hybrid / full",
-            "block-wise / full",
-            "CPU-time ratios (hybrid / block-wise)",
-        ],
-        rows,
-    )
-    return "\n".join(lines + ["", source_line(*sources)])
+    header = ["run", "TTFT full", "hybrid", "forced block-wise", "hybrid / full", "block-wise / full"]
+    return _render([*header, "CPU-time ratios (hybrid / block-wise)"], rows, sources)
 
 
-def table_fidelity(results: Path) -> str:
-    names = ["fidelity_image_bench-qwen2.5-vl.json", "fidelity_video_bench-qwen2.5-vl.json"]
+def _fidelity(results: Path, names: list[str]) -> str:
+    """Block-wise against one forward with nothing evicted (`bench fidelity`), one row per JSON."""
     rows, sources = [], []
     for name in names:
         d = load(name, results)
         r = next(r for r in d["rows"] if r["method"] == "full")
-        what = f"{'video, ' + format(d['size'], 'g') + ' frames' if d['video'] else 'image, ' + format(d['size'], 'g') + ' MP'}"
+        what = f"video, {d['size']:g} frames" if d["video"] else f"image, {d['size']:g} MP"
         rows.append(
             [
                 what,
                 str(r["blocks"]),
                 f"{r['max_abs_logit_diff']:.2g}",
                 f"{r['ref_logit_range']:.2f}",
-                f"{r['cosine']:.4f}",
+                f"{r['cosine']:.5f}",
                 "yes" if r["same_top1"] else "no",
                 f"{r['greedy_token_agreement'] * 100:.0f} %",
             ]
         )
         sources.append((name, d))
-    lines = _table(
-        [
-            "input (bench-qwen2.5-vl, nothing evicted)",
-            "blocks",
-            "max \\|Δlogit\\|",
-            "logit range",
-            "cosine",
-            "same top-1",
-            "greedy tokens equal",
-        ],
-        rows,
-    )
-    return "\n".join(lines + ["", source_line(*sources)])
+    header = [f"input ({sources[0][1]['model']}, nothing evicted)", "blocks", "max \\|Δlogit\\|", "logit range"]
+    return _render([*header, "cosine", "same top-1", "greedy tokens equal"], rows, sources)
+
+
+def table_fidelity(results: Path) -> str:
+    return _fidelity(results, ["fidelity_image_bench-qwen2.5-vl.json", "fidelity_video_bench-qwen2.5-vl.json"])
 
 
 def table_memory_video(results: Path) -> str:
@@ -201,12 +188,11 @@ def table_memory_video(results: Path) -> str:
         f"block-wise +{s[bw_name]['peak_rss_growth_bytes'] / MIB:.0f} MiB "
         f"({s[bw_name]['rss_growth_over_full_growth']:.2f} of full's)."
     )
-    lines = _table(
-        ["frames (1 fps)", "visual tokens", "full peak KV", "block-wise peak KV", "block-wise final KV"], rows
-    )
-    return "\n".join(lines + ["", note, "", source_line((name, d))])
+    header = ["frames (1 fps)", "visual tokens", "full peak KV", "block-wise peak KV", "block-wise final KV"]
+    return _render(header, rows, [(name, d)], note)
 
 
+TIER_KEYS = ("skipped", "pruned", "int4", "int8", "full")
 SALICACHE_RESULTS = (
     "salicache_tiny-qwen2.5-vl.json",
     "salicache_bench-qwen2.5-vl.json",
@@ -227,7 +213,7 @@ def table_salicache(results: Path) -> str:
 
     def split(d):
         f = d["tier_fractions"]
-        return " / ".join(f"{f[k] * 100:.1f}" for k in ("skipped", "pruned", "int4", "int8", "full"))
+        return " / ".join(f"{f[k] * 100:.1f}" for k in TIER_KEYS)
 
     labels = [
         ("**final KV bytes, full / salicache**", lambda d: f"**{d['kv_ratio_full_over_salicache']:.2f}×**"),
@@ -251,18 +237,13 @@ def table_salicache(results: Path) -> str:
         ("run", lambda d: machine_label(d.get("provenance"))),
     ]
     paper = data[0]["paper_tier_fractions"] if data else {}
-    lines = _table(["figure", *(d["model"] for d in data)], [[label, *(f(d) for d in data)] for label, f in labels])
-    tail = (
-        [
-            "",
-            "Paper's split (LLaVA-1.6-Mistral-7B): "
-            + " / ".join(f"{paper[k] * 100:.1f}" for k in ("skipped", "pruned", "int4", "int8", "full"))
-            + ".",
-        ]
+    rows = [[label, *(f(d) for d in data)] for label, f in labels]
+    notes = (
+        ["Paper's split (LLaVA-1.6-Mistral-7B): " + " / ".join(f"{paper[k] * 100:.1f}" for k in TIER_KEYS) + "."]
         if paper
         else []
     )
-    return "\n".join(lines + tail + ["", source_line(*zip(names, data))])
+    return _render(["figure", *(d["model"] for d in data)], rows, list(zip(names, data)), *notes)
 
 
 def table_salicache_variants(results: Path) -> str:
@@ -277,8 +258,8 @@ def table_salicache_variants(results: Path) -> str:
         ]
         for v in d.get("variants", [])
     ]
-    lines = _table(["variant", "KV full / salicache", "first-token logits cosine", "greedy tokens equal"], rows)
-    return "\n".join(lines + ["", source_line((name, d))])
+    header = ["variant", "KV full / salicache", "first-token logits cosine", "greedy tokens equal"]
+    return _render(header, rows, [(name, d)])
 
 
 def table_lightkv(results: Path) -> str:
@@ -305,8 +286,121 @@ def table_lightkv(results: Path) -> str:
         f"Visual tokens per stage {tokens}; ξ + merging overhead {lk['overhead_seconds']['total']:.2f} s "
         f"({lk['overhead_seconds']['total'] / t['lightkv'] * 100:.0f} % of TTFT), measured inside the method."
     )
-    lines = _table(["figure", "full", "LightKV", "LightKV / full"], rows)
-    return "\n".join(lines + ["", note, "", source_line((name, d))])
+    return _render(["figure", "full", "LightKV", "LightKV / full"], rows, [(name, d)], note)
+
+
+#: (label, dtype, head_dim) of the Sali-Cache bytes table (the 7B's head_dim from its config.json)
+SALICACHE_BYTES_MODELS = (("tiny-*", "float32", "tiny-qwen2.5-vl"), ("bench-*", "float32", "bench-qwen2.5-vl"))
+
+
+def table_salicache_bytes(results: Path) -> str:
+    """Bytes per token and KV head of each Sali-Cache tier, and the KV shrink of a tier split: computed."""
+    import torch
+
+    from visualkv.methods.salicache import PAPER_TIER_FRACTIONS
+    from visualkv.models.tiny import TINY_SPECS
+    from visualkv.quant import QuantSpec, packed_bytes_per_token
+    from visualkv.saliency import TierSpec
+
+    models = [
+        (label, getattr(torch, dtype), TINY_SPECS[alias].head_dim) for label, dtype, alias in SALICACHE_BYTES_MODELS
+    ]
+    models.append(("Qwen2.5-VL-7B", torch.bfloat16, 128))
+    body, bf16 = [], {}
+    for label, dtype, head_dim in models:
+        full = head_dim * torch.empty((), dtype=dtype).element_size()
+        cells = {bits: packed_bytes_per_token(head_dim, QuantSpec(bits=bits), dtype) for bits in (8, 4)}
+        group = QuantSpec(bits=8).resolved(head_dim).group_size
+        name = f"{label} ({str(dtype).removeprefix('torch.').replace('float32', 'fp32').replace('bfloat16', 'bf16')}, "
+        body.append(
+            [
+                f"{name}{head_dim}, {group})",
+                f"{full} B",
+                *(f"{cells[b]} B ({cells[b] / full:.3g}×)" for b in (8, 4)),
+            ]
+        )
+        bf16 = {b: cells[b] / full for b in (8, 4)}  # the last row: the real model
+    paper = PAPER_TIER_FRACTIONS
+
+    def shrink(full: float, int8: float, int4: float, r8: float, r4: float) -> float:
+        return 1 / (full + int8 * r8 + int4 * r4)
+
+    ours = TierSpec().fractions
+    note = (
+        f"Projection to {body[-1][0]}: at the paper's split the KV of the visual "
+        f"tokens shrinks 1 / ({paper['full']:g} + {paper['int8']:g} · {bf16[8]:g} + {paper['int4']:g} · {bf16[4]:g}) "
+        f"= **{shrink(paper['full'], paper['int8'], paper['int4'], bf16[8], bf16[4]):.2f}×** (the paper's bit count "
+        f"says {shrink(paper['full'], paper['int8'], paper['int4'], 0.5, 0.25):.2f}×; scales and zero points cost "
+        f"the difference); on a video with nothing to skip our default tiers ({' / '.join(f'{f:g}' for f in ours)} "
+        f"FP / INT8 / INT4) give {shrink(*ours, bf16[8], bf16[4]):.2f}×."
+    )
+    header = ["model (dtype, head_dim, group)", "full", "INT8", "INT4"]
+    source = (
+        "Source: computed from `packed_bytes_per_token` (`visualkv/quant.py`), `PAPER_TIER_FRACTIONS` and "
+        "`TierSpec` (not measured)."
+    )
+    return "\n\n".join(["\n".join(_table(header, body)), note, source])
+
+
+#: (label, family, depth): depths from each model's config.json (Hub) or its `TinySpec` (offline aliases)
+LIGHTKV_SCHEDULE_MODELS = (
+    ("Qwen2.5-VL-7B", "qwen2_5_vl", 28),
+    ("Qwen2.5-VL-3B", "qwen2_5_vl", 36),
+    ("bench-qwen2.5-vl", "qwen2_5_vl", None),
+    ("an 8-layer Qwen", "qwen2_5_vl", 8),
+    ("tiny-qwen2.5-vl", "qwen2_5_vl", None),
+    ("SmolVLM2-500M", "smolvlm", 32),
+    ("SmolVLM2-2.2B", "smolvlm", 24),
+    ("tiny-smolvlm2", "smolvlm", None),
+)
+
+
+def table_lightkv_schedule(results: Path) -> str:
+    """LightKV's default schedule per model depth: computed from the code, not measured."""
+    from visualkv.methods.lightkv import LightKVConfig, merge_counts
+    from visualkv.models.tiny import TINY_SPECS
+
+    body = []
+    for label, family, depth in LIGHTKV_SCHEDULE_MODELS:
+        depth = depth or TINY_SPECS[label].text_num_layers
+        stages = LightKVConfig().resolve(family, depth)
+        # visual KV kept, averaged over layers, if every stage keeps exactly (1 - P) of the visual tokens
+        kept, fraction, previous = 0.0, 1.0, -1
+        for layer, _, ratio in stages:
+            kept += fraction * (layer - previous)
+            fraction, previous = fraction * (1 - ratio), layer
+        kept += fraction * (depth - 1 - previous)
+        name = f"{label} ({depth})" if "layer" not in label else label
+        body.append(
+            [
+                name,
+                ", ".join(str(s[0]) for s in stages),
+                ", ".join(str(s[1]) for s in stages),
+                f"{kept / depth:.3g}",
+            ]
+        )
+    # SmolVLM's 8 x 8 tiles under its default windows (they nest there, so the counts are exact)
+    rows, cols = np.divmod(np.arange(64), 8)
+    tile, sides, survivors, previous_ids = [64], [], None, None
+    smol = LightKVConfig().resolve("smolvlm", 32)
+    for _, windows, ratio in smol:
+        ids = (rows * windows // 8) * windows + cols * windows // 8
+        if survivors is None:
+            counts = np.bincount(ids, minlength=windows * windows)
+        else:
+            parent = np.zeros(len(survivors), dtype=np.int64)
+            parent[previous_ids] = ids
+            counts = np.bincount(parent, weights=survivors, minlength=windows * windows).astype(np.int64)
+        survivors, previous_ids = counts - merge_counts(counts, ratio), ids
+        tile.append(int(survivors.sum()))
+        sides.append(f"{8 // windows}×{8 // windows}")
+    note = (
+        f"On SmolVLM's 8×8 tiles the default windows are {', then '.join(sides)} tokens (the last is the whole "
+        f"tile), P = {', '.join(f'{p:g}' for _, _, p in smol)}: {' → '.join(str(t) for t in tile)} tokens per tile."
+    )
+    header = ["model (depth)", "merge after layers", "windows", "visual KV kept (each stage keeps 1 − P)"]
+    source = "Source: computed from `LightKVConfig().resolve(family, depth)` in `visualkv/methods/lightkv.py` (not measured)."
+    return "\n\n".join(["\n".join(_table(header, body)), note, source])
 
 
 def _needle_acc(results: list[dict], method: str, size: str, setting: str, fraction: float | None) -> dict | None:
@@ -363,8 +457,7 @@ def table_needle(results: Path) -> str:
                     f"{size.replace('x', '×')} {'single question' if setting == 'single' else 'follow-up'} (n = {n})"
                 )
                 rows.append([label, *cells])
-    lines = _table(["held-out accuracy", *(c[0] for c in columns)], rows)
-    return "\n".join(lines + ["", source_line(*zip(names, data))])
+    return _render(["held-out accuracy", *(c[0] for c in columns)], rows, list(zip(names, data)))
 
 
 # -- docs/DEMO.md: the needle tables in full ---------------------------------------------------------
@@ -406,8 +499,7 @@ def table_needle_eviction(results: Path) -> str:
                     *(_pct(_needle_acc(rows, m, size, setting, f)) for _, m, f in cols),
                 ]
             )
-    lines = _table(["size", "setting", *(c[0] for c in cols)], body)
-    return "\n".join(lines + ["", source_line(*data)])
+    return _render(["size", "setting", *(c[0] for c in cols)], body, data)
 
 
 def table_needle_video(results: Path) -> str:
@@ -434,8 +526,7 @@ def table_needle_video(results: Path) -> str:
     ]
     n = video[0]["n"]
     body = [[q, *(cell(m, q) for _, m in methods)] for q in ("color", "when")]
-    lines = _table([f"{size} (n = {n})", *(label for label, _ in methods)], body)
-    return "\n".join(lines + ["", source_line(*data)])
+    return _render([f"{size} (n = {n})", *(label for label, _ in methods)], body, data)
 
 
 def table_needle_salicache_lightkv(results: Path) -> str:
@@ -457,17 +548,8 @@ def table_needle_salicache_lightkv(results: Path) -> str:
                     f"{_pct(light)} ({light['kept_fraction']:.2f})" if light else "",
                 ]
             )
-    lines = _table(
-        [
-            "size",
-            "setting",
-            "full",
-            "Sali-Cache (nominal fraction of FP bytes: entries kept)",
-            "LightKV (entries kept)",
-        ],
-        body,
-    )
-    return "\n".join(lines + ["", source_line(*data)])
+    header = ["size", "setting", "full", "Sali-Cache (nominal fraction of FP bytes: entries kept)"]
+    return _render([*header, "LightKV (entries kept)"], body, data)
 
 
 def table_needle_by_kind(results: Path) -> str:
@@ -483,8 +565,7 @@ def table_needle_by_kind(results: Path) -> str:
             ]
             cells.append(" / ".join("—" if v is None else f"{v * 100:.0f} %" for v in vals))
         body.append([size, *cells])
-    lines = _table(["full cache, single / follow-up", *kinds], body)
-    return "\n".join(lines + ["", source_line(*data)])
+    return _render(["full cache, single / follow-up", *kinds], body, data)
 
 
 def table_needle_before_after(results: Path) -> str:
@@ -508,8 +589,8 @@ def table_needle_before_after(results: Path) -> str:
                     for s in ("single", "followup")
                 ]
                 body.append([f"{label} {fraction * 100:g} %", size, *cells])
-    lines = _table(["method", "size", "single: before → after", "follow-up: before → after"], body)
-    return "\n".join(lines + ["", source_line((before_name, before), (after_name, after))])
+    header = ["method", "size", "single: before → after", "follow-up: before → after"]
+    return _render(header, body, [(before_name, before), (after_name, after)])
 
 
 def table_speed_issue11(results: Path) -> str:
@@ -540,19 +621,34 @@ def table_speed_issue11(results: Path) -> str:
                     _mib(a["allocated_bytes"]),
                 ]
             )
-    lines = _table(
-        [
-            "input",
-            "method",
-            "prefill CPU s before → after",
-            "decode CPU ms / token before → after",
-            "decode after / before",
-            "KV held after",
-            "allocated after",
-        ],
-        body,
-    )
-    return "\n".join(lines + ["", source_line(*sources)])
+    header = ["input", "method", "prefill CPU s before → after", "decode CPU ms / token before → after"]
+    return _render([*header, "decode after / before", "KV held after", "allocated after"], body, sources)
+
+
+def table_speed_issue11_memory(results: Path) -> str:
+    """What each method holds and allocates after the 3 MP "after" run of `table_speed_issue11`."""
+    name = "speed_issue11_3mp_after.json"
+    d = load(name, results)
+    rows = d["rows"]
+
+    def mib(n: int) -> str:
+        return f"{n / MIB:.1f}"
+
+    parts = []
+    for method, r in rows.items():
+        view = f" plus a {mib(r['dequant_bytes'])} dequantized view" if r.get("dequant_bytes") else ""
+        parts.append(
+            f"`{method}` ({r['kv_entries_layer0']:,} entries in layer 0) holds {mib(r['final_kv_bytes'])} of KV{view} "
+            f"in {mib(r['allocated_bytes'])} allocated, peak with transients {mib(r['peak_device_bytes'])}"
+        )
+    text = f'Memory, {d["size_mp"]:g} MP "after" (MiB): ' + "; ".join(parts) + "."
+    if "salicache" in rows and "full" in rows:
+        sc, full = rows["salicache"], rows["full"]
+        text += (
+            f" Sali-Cache allocates {sc['allocated_bytes'] / full['allocated_bytes']:.2f}× of full's, against "
+            f"{sc['final_kv_bytes'] / full['final_kv_bytes']:.2f}× without the dequantized view."
+        )
+    return "\n\n".join([text, source_line((name, d))])
 
 
 FAMILY_ALIASES = ("tiny-qwen3-vl", "tiny-llava-onevision", "tiny-internvl3.5")
@@ -580,17 +676,8 @@ def table_families_4k(results: Path) -> str:
                 _x(full["final_kv_bytes"] / bw["final_kv_bytes"]),
             ]
         )
-    lines = _table(
-        [
-            "tiny alias",
-            "visual tokens",
-            "peak KV full / post-snapkv / block-wise",
-            "full / block-wise, peak",
-            "full / block-wise, final",
-        ],
-        body,
-    )
-    return "\n".join(lines + ["", source_line(*sources)])
+    header = ["tiny alias", "visual tokens", "peak KV full / post-snapkv / block-wise", "full / block-wise, peak"]
+    return _render([*header, "full / block-wise, final"], body, sources)
 
 
 def table_families_fidelity(results: Path) -> str:
@@ -619,21 +706,8 @@ def table_families_fidelity(results: Path) -> str:
                     ", ".join(r["method"] for r in rows),
                 ]
             )
-    lines = _table(
-        [
-            "tiny alias",
-            "input",
-            "blocks",
-            "max \\|Δlogit\\|",
-            "logit range",
-            "cosine (min)",
-            "same top-1",
-            "greedy tokens equal (min)",
-            "methods",
-        ],
-        body,
-    )
-    return "\n".join(lines + ["", source_line(*sources)])
+    header = ["tiny alias", "input", "blocks", "max \\|Δlogit\\|", "logit range", "cosine (min)", "same top-1"]
+    return _render([*header, "greedy tokens equal (min)", "methods"], body, sources)
 
 
 def table_families_latency(results: Path) -> str:
@@ -657,19 +731,8 @@ def table_families_latency(results: Path) -> str:
                 f"{d['paired_median_ratios']['blockwise/full']:.2f} / {d['paired_median_ratios']['hybrid/full']:.2f}",
             ]
         )
-    lines = _table(
-        [
-            "tiny alias",
-            "run",
-            "TTFT full",
-            "forced block-wise",
-            "hybrid",
-            "block-wise / full, hybrid / full (min)",
-            "(paired median)",
-        ],
-        body,
-    )
-    return "\n".join(lines + ["", source_line(*sources)])
+    header = ["tiny alias", "run", "TTFT full", "forced block-wise", "hybrid"]
+    return _render([*header, "block-wise / full, hybrid / full (min)", "(paired median)"], body, sources)
 
 
 def table_memory_guard(results: Path) -> str:
@@ -687,10 +750,8 @@ def table_memory_guard(results: Path) -> str:
                 f"{r['whole_ratio']:.2f}",
             ]
         )
-    lines = _table(
-        ["method", "estimate, KV / whole", "measured, `peak_kv_bytes` / RSS growth", "whole: estimate / measured"], body
-    )
-    return "\n".join(lines + ["", source_line((name, d))])
+    header = ["method", "estimate, KV / whole", "measured, `peak_kv_bytes` / RSS growth", "whole: estimate / measured"]
+    return _render(header, body, [(name, d)])
 
 
 def table_load(results: Path) -> str:
@@ -707,11 +768,53 @@ def table_load(results: Path) -> str:
             f"{d['after_over_before']:.3f}×",
         ]
     ]
-    lines = _table(
-        ["sessions × turns", "wall", "server RSS before", "peak", "after every session closed", "after / before"], body
-    )
-    return "\n".join(lines + ["", source_line((name, d))])
+    header = ["sessions × turns", "wall", "server RSS before", "peak", "after every session closed", "after / before"]
+    return _render(header, body, [(name, d)])
 
+
+DEMO_TRAINING = ROOT / "assets" / "visualkv-demo" / "training.json"
+
+
+def table_demo_training(results: Path) -> str:
+    """The demo model's training phases, from the log the training script wrote (scripts/train_demo.py)."""
+    with open(DEMO_TRAINING) as fh:
+        d = json.load(fh)
+    phases = [k for k in d if k.startswith("phase")]
+    kinds = ("color", "count", "presence", "quadrant", "when")
+    body = []
+    for phase in phases:
+        p = d[phase]
+        last = p["history"][-1]
+        acc = last.get("tf_acc", {})
+        body.append(
+            [
+                phase.removeprefix("phase"),
+                str(p.get("stop_at_step") or last["step"]),
+                f"{p['seconds'] / 60:.0f}",
+                f"{last['loss']:.3f}",
+                *(f"{acc[k] * 100:.0f} %" if k in acc else "—" for k in kinds),
+            ]
+        )
+    params = {p["params"] for p in (d[k] for k in phases)}
+    minutes = sum(d[k]["seconds"] for k in phases if k[len("phase")] in "123") / 60
+    note = (
+        f"{', '.join(f'{n:,}' for n in sorted(params))} parameters; phases 1-3 took {minutes:.0f} min and phase 4 "
+        f"{sum(d[k]['seconds'] for k in phases if k.startswith('phase4')) / 60:.0f} min of wall-clock, one thread "
+        f"per run (`threads` {', '.join(sorted({str(d[k]['args']['threads']) for k in phases}))}) on shared CPU "
+        "cores. Accuracy per answer kind: teacher-forced answer tokens at the last log of each phase, on fresh training "
+        "samples (not held out); phases 1-2 logged it with a bug that overstates it (the log's own note)."
+    )
+    header = ["phase", "steps", "minutes", "loss", *kinds]
+    rel = DEMO_TRAINING.relative_to(ROOT)
+    source = (
+        f"Source: [`{rel.name}`]({rel}): `python scripts/train_demo.py` with each phase's arguments (stored in the "
+        "file), one thread per run on shared CPU cores."
+    )
+    return "\n\n".join(["\n".join(_table(header, body)), note, source])
+
+
+#: tables computed from the code (no benchmark JSON): their source line says so
+COMPUTED = {"lightkv-schedule", "salicache-bytes"}
 
 TABLES: dict[str, Callable[[Path], str]] = {
     "memory-image": table_memory_image,
@@ -720,7 +823,10 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "memory-video": table_memory_video,
     "salicache": table_salicache,
     "salicache-variants": table_salicache_variants,
+    "salicache-bytes": table_salicache_bytes,
     "lightkv": table_lightkv,
+    "lightkv-schedule": table_lightkv_schedule,
+    "demo-training": table_demo_training,
     "needle": table_needle,
     "needle-eviction": table_needle_eviction,
     "needle-video": table_needle_video,
@@ -728,6 +834,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "needle-by-kind": table_needle_by_kind,
     "needle-before-after": table_needle_before_after,
     "speed-issue11": table_speed_issue11,
+    "speed-issue11-memory": table_speed_issue11_memory,
     "families-4k": table_families_4k,
     "families-fidelity": table_families_fidelity,
     "families-latency": table_families_latency,
@@ -745,7 +852,7 @@ def render_document(text: str, results: Path = RESULTS, in_docs: bool = False) -
     def sub(m: re.Match) -> str:
         table = TABLES[m.group(2)](results)
         if in_docs:
-            table = table.replace("](docs/results/", "](results/")
+            table = table.replace("](docs/results/", "](results/").replace("](assets/", "](../assets/")
         return f"{m.group(1)}{table}\n{m.group(4)}"
 
     return _BLOCK.sub(sub, text)

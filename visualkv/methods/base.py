@@ -79,7 +79,11 @@ class LayerState:
     cos: torch.Tensor
     sin: torch.Tensor
     tiers: torch.Tensor | None = None  # (q,) tiers of the block's tokens
-    n_visual: int | None = None  # visual tokens among them, when a method that changes the block knows it
+    #: visual full-precision tokens among them, when a method that changes the block knows it
+    n_visual: int | None = None
+    #: {tier: positions} of the block's tiers, when a method that changes the block made it (else the engine
+    #: splits `tiers` on the host); None with `tiers` set means all full precision
+    tier_split: dict[int, torch.Tensor] | None = None
 
 
 class Method:

@@ -37,6 +37,11 @@ the question and the assistant prompt). ξ comes from where the question is:
   Merging then happens per block, on the block's visual tokens: windows are intersected with blocks (exact
   for SmolVLM tiles and video frames, which are whole units; Qwen image blocks of grid rows cut windows).
 
+No host reads in the layer loop: `begin` plans every block's windows per stage on the host (the engine plans
+the blocks first), so every merge count is known there and the merge runs on fixed-size ops. The exception is
+a stage whose windows cut the previous stage's (Qwen's 6 -> 4): its window sizes depend on which tokens
+merged, and are read back once per block (`_window_counts`).
+
 Limits: merged tokens attend and are attended like one token (no size-proportional attention, so the rest
 of the model keeps its normal attention kernel); the merge map records where every original token went but
 merged KV cannot be "un-merged" for a follow-up about a region that was merged away.
@@ -49,10 +54,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
+from visualkv.cache import TIER_FULL, TIER_INT4, TIER_INT8
 from visualkv.errors import ConfigError
-from visualkv.layout import plan_blocks
 from visualkv.methods.base import LayerState, Method, PrefillContext
 
 
@@ -192,58 +198,75 @@ class MergeResult:
     x: torch.Tensor  # (n, d) hidden states; kept rows that absorbed tokens hold the weighted average
     weight: torch.Tensor  # (n,) weights after the merge (kept: ω_b + Σ ω_a)
     pairs: int  # A x B similarity entries computed (for the FLOPs estimate)
-    touched: torch.Tensor  # (t,) indices of the kept tokens that absorbed others (their rows of x changed)
+    merged: torch.Tensor  # (m,) indices of the merged-away tokens (m = Σ r, known on the host)
+
+    @property
+    def touched(self) -> torch.Tensor:
+        """Indices of the kept tokens that absorbed others (reads the device: for inspection, not the prefill)."""
+        return torch.unique(self.dest[self.merged])
 
 
 def _segment_sum(values: torch.Tensor, segment: torch.Tensor, n_segments: int) -> torch.Tensor:
-    """Sum the rows of `values` (m, d) per `segment` id in [0, n_segments) (every id present), float32.
+    """Sum the rows of `values` (m, d) per `segment` id in [0, n_segments) (empty segments sum to 0), float32.
 
-    A stable sort and a float64 prefix sum: much faster on CPU than index_add / scatter_add (which run a
-    scalar loop there), and exact to float32 precision.
+    A stable sort and a float64 prefix sum: much faster on CPU than index_add / scatter_add of float rows
+    (which run a scalar loop there), exact to float32 precision, and fixed-size (no host synchronisation).
     """
     order = torch.sort(segment, stable=True).indices
-    counts = torch.bincount(segment, minlength=n_segments)
+    counts = torch.zeros(n_segments, dtype=torch.long, device=segment.device)
+    counts.index_add_(0, segment, torch.ones_like(segment))  # not bincount: on CUDA that reads the max back
     prefix = values.index_select(0, order).double().cumsum(0)
-    ends = torch.cumsum(counts, 0) - 1
-    totals = prefix.index_select(0, ends)
-    totals[1:] -= totals[:-1].clone()
-    return totals.float()
+    prefix = torch.cat([prefix.new_zeros(1, prefix.shape[1]), prefix])
+    ends = torch.cumsum(counts, 0)
+    return (prefix.index_select(0, ends) - prefix.index_select(0, ends - counts)).float()
 
 
-def window_merge(
-    x: torch.Tensor, weight: torch.Tensor, group: torch.Tensor, ratio: float, max_elements: int = 1 << 25
+def merge_counts(counts: np.ndarray, ratio: float) -> np.ndarray:
+    """r per window: min(⌊P·n⌋, ⌊n/2⌋) for window sizes `counts` (host integers)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    return np.minimum(np.floor(counts.astype(np.float64) * ratio).astype(np.int64), counts // 2)
+
+
+def merge_in_windows(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    group: torch.Tensor,
+    counts: np.ndarray,
+    ratio: float,
+    max_elements: int = 1 << 25,
 ) -> MergeResult:
-    """ToMe-style bipartite merge inside each group (window), weighted by `weight`.
+    """ToMe-style bipartite merge inside each group (window), weighted by `weight`, with no host read.
 
     x: (n, d) hidden states in sequence order; weight: (n,) positive weights (ω = ξ · size); group: (n,)
-    window id. Within a group, tokens alternate A, B, A, B, ... in sequence order; every a ∈ A picks the
-    b ∈ B of highest cosine similarity; the r = min(⌊ratio·n⌋, ⌊n/2⌋) A tokens with the highest similarity
-    merge into their b: x_b ← (ω_b x_b + Σ ω_a x_a) / (ω_b + Σ ω_a). Rows nothing merged into are returned
-    untouched (bit for bit). `max_elements` bounds the A x B similarity block computed at once.
+    window id in [0, G); counts: (G,) host integers, the number of tokens of each window (the caller knows
+    them from the layout, so every shape below is known on the host). Within a group, tokens alternate
+    A, B, A, B, ... in sequence order; every a ∈ A picks the b ∈ B of highest cosine similarity; the
+    r = min(⌊ratio·n⌋, ⌊n/2⌋) A tokens with the highest similarity merge into their b:
+    x_b ← (ω_b x_b + Σ ω_a x_a) / (ω_b + Σ ω_a). Rows nothing merged into are returned untouched (bit for
+    bit). `max_elements` bounds the A x B similarity block computed at once.
     """
     n, d = x.shape
     device = x.device
     keep = torch.ones(n, dtype=torch.bool, device=device)
     dest = torch.arange(n, device=device)
-    if n < 2 or ratio <= 0:
+    counts = np.asarray(counts, dtype=np.int64)
+    r_host = merge_counts(counts, ratio)
+    m = int(r_host.sum())
+    max_c = int(counts.max()) if counts.size else 0
+    max_a, max_b = (max_c + 1) // 2, max_c // 2
+    if n < 2 or ratio <= 0 or max_b == 0 or m == 0:
         return MergeResult(keep, dest, x, weight, 0, dest[:0])
+    n_groups = int(counts.shape[0])
     order = torch.sort(group, stable=True).indices  # grouped; sequence order inside a group
-    _, counts = torch.unique_consecutive(group[order], return_counts=True)
-    n_groups = counts.shape[0]
-    starts = torch.cumsum(counts, 0) - counts
-    gidx = torch.repeat_interleave(torch.arange(n_groups, device=device), counts)  # compact group per sorted slot
-    rank = torch.arange(n, device=device) - starts[gidx]
-    is_a = rank % 2 == 0
-    slot = torch.div(rank, 2, rounding_mode="floor")
-    n_a, n_b = (counts + 1) // 2, counts // 2
-    r = torch.minimum(torch.floor(counts.double() * ratio).long(), n_b)
-    max_a, max_b = int(n_a.max()), int(n_b.max())
-    if max_b == 0 or int(r.max()) == 0:
-        return MergeResult(keep, dest, x, weight, 0, dest[:0])
-    a_idx = torch.full((n_groups, max_a), -1, dtype=torch.long, device=device)
-    b_idx = torch.full((n_groups, max_b), -1, dtype=torch.long, device=device)
-    a_idx[gidx[is_a], slot[is_a]] = order[is_a]
-    b_idx[gidx[~is_a], slot[~is_a]] = order[~is_a]
+    n_in = torch.zeros(n_groups, dtype=torch.long, device=device)
+    n_in.index_add_(0, group, torch.ones_like(group))  # = counts, made on the device (no copy)
+    starts = torch.cumsum(n_in, 0) - n_in
+    g_sorted = group.index_select(0, order)
+    rank = torch.arange(n, device=device) - starts.index_select(0, g_sorted)
+    members = torch.full((n_groups, 2 * max_a), -1, dtype=torch.long, device=device)
+    members[g_sorted, rank] = order  # row g: the window's tokens in sequence order, -1 after them
+    a_idx, b_idx = members[:, 0::2].contiguous(), members[:, 1::2][:, :max_b].contiguous()  # even / odd ranks
+    r = torch.minimum(torch.floor(n_in.double() * ratio).long(), torch.div(n_in, 2, rounding_mode="floor"))
 
     xn = torch.nn.functional.normalize(x.float(), dim=-1)
     best_sim = torch.full((n_groups, max_a), -math.inf, device=device)
@@ -262,23 +285,40 @@ def window_merge(
     a_rank_order = torch.sort(best_sim, dim=1, descending=True, stable=True).indices
     a_rank = torch.empty_like(a_rank_order)
     a_rank.scatter_(1, a_rank_order, torch.arange(max_a, device=device).expand(n_groups, max_a).contiguous())
-    merge = (a_rank < r[:, None]) & (a_idx >= 0)
-    src = a_idx[merge]  # (m,) merged-away tokens
-    dst = b_idx.gather(1, best_b)[merge]  # (m,) their partners
+    merge = (a_rank < r[:, None]) & (a_idx >= 0)  # exactly m entries: Σ r, known on the host
+    flat = torch.nonzero_static(merge.flatten(), size=m)[:, 0]  # row-major, like a_idx[merge]
+    src = a_idx.flatten().index_select(0, flat)  # (m,) merged-away tokens
+    slot = (flat // max_a) * max_b + best_b.flatten().index_select(0, flat)  # their partners' (group, B) slots
+    b_tok = b_idx.flatten()  # (G·max_b,) token of each B slot, -1 for padding
+    dst = b_tok.index_select(0, slot)  # (m,) their partners
     keep[src] = False
     dest[src] = dst
 
     w = weight.float().clamp_min(1e-30)
-    touched, slot_of = torch.unique(dst, return_inverse=True)  # partners that absorb something
-    den = w[touched] + _segment_sum(w[src, None], slot_of, touched.shape[0])[:, 0]  # ω_b + Σ ω_a
+    n_slots = b_tok.shape[0]
+    absorbed = torch.zeros(n_slots, dtype=torch.long, device=device)
+    absorbed = absorbed.index_add_(0, slot, torch.ones_like(slot)) > 0  # B slots that absorb something
+    b_row = torch.where(b_tok >= 0, b_tok, n)  # padding slots write to a scratch row n
+    b_safe = b_tok.clamp(min=0)
+    w_b = w.index_select(0, b_safe)
+    den = w_b + _segment_sum(w[src, None], slot, n_slots)[:, 0]  # ω_b + Σ ω_a
     x_src = x.index_select(0, src).float() * w[src, None]
-    num = x.index_select(0, touched).float() * w[touched, None] + _segment_sum(x_src, slot_of, touched.shape[0])
-    out = x.clone()
-    out[touched] = (num / den[:, None]).to(x.dtype)
-    new_weight = w.clone()
-    new_weight[touched] = den
-    pairs = int((n_a * n_b).sum())
-    return MergeResult(keep, dest, out, new_weight, pairs, touched)
+    num = x.index_select(0, b_safe).float() * w_b[:, None] + _segment_sum(x_src, slot, n_slots)
+    x_b = x.index_select(0, b_safe)
+    out = torch.cat([x, x[:1]])  # a copy, plus the scratch row
+    out.index_copy_(0, b_row, torch.where(absorbed[:, None], (num / den[:, None]).to(x.dtype), x_b))
+    new_weight = torch.cat([w, w[:1]])
+    new_weight.index_copy_(0, b_row, torch.where(absorbed, den, w_b))
+    pairs = int((((counts + 1) // 2) * (counts // 2)).sum())
+    return MergeResult(keep, dest, out[:n], new_weight[:n], pairs, src)
+
+
+def window_merge(
+    x: torch.Tensor, weight: torch.Tensor, group: torch.Tensor, ratio: float, max_elements: int = 1 << 25
+) -> MergeResult:
+    """`merge_in_windows` for any window ids (reads the window sizes back: a convenience outside the prefill)."""
+    _, compact, counts = torch.unique(group, return_inverse=True, return_counts=True)
+    return merge_in_windows(x, weight, compact, counts.cpu().numpy(), ratio, max_elements)
 
 
 def prompt_attention(queries: torch.Tensor, keys: torch.Tensor, scale: float) -> torch.Tensor:
@@ -309,6 +349,44 @@ class _TextCapture(Method):
                 state.cos[:, -n:].detach(),
                 state.sin[:, -n:].detach(),
             )
+
+
+@dataclass
+class _BlockWindows:
+    """Host-side window plan of one prefill block (from the layout, before the prefill)."""
+
+    vis_start: int  # the block's visual tokens: [vis_start, vis_start + n_visual) of the concatenated tables
+    n_visual: int
+    tok_start: int  # the block's tokens: [tok_start, tok_start + n_tokens) of the concatenated token table
+    n_tokens: int
+    n_text: int  # question tokens in the block (a contiguous tail: they follow every visual token)
+    counts: np.ndarray  # (G0,) tokens per stage-0 window (compact window ids of this block)
+    n_windows: list[int]  # G_k: stage-k windows this block's tokens fall in
+    #: per stage k >= 1: stage-(k-1) window -> the stage-k window holding all of it, or None when stage k's
+    #: windows cut stage k-1's (then how many survivors each stage-k window holds is data-dependent)
+    parents: list[np.ndarray | None]
+
+
+@dataclass
+class _BlockState:
+    """The block's visual tokens as the merge stages leave them (device tensors, host counts)."""
+
+    block: int
+    n: int  # visual tokens in the block now (host)
+    vis_pos: torch.Tensor  # (n,) their rows in the block's hidden states
+    vids: torch.Tensor  # (n,) their visual ids
+    token_index: torch.Tensor  # (q,) the block's token indices (device copy)
+    stage: int = -1  # last stage run
+    survivors: np.ndarray | None = None  # tokens per window of `stage` after it (None: not known on the host)
+
+
+def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Copy to `device` without a stream synchronisation (host tensors are pinned first on CUDA)."""
+    if t.device == device:
+        return t
+    if device.type == "cuda" and t.device.type == "cpu":
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
 
 
 #: synchronise CUDA around each merge stage so the report's xi/merge seconds are device times; off by default
@@ -346,17 +424,10 @@ class LightKV(Method):
         adapter, prepared = ctx.adapter, ctx.prepared
         self.stages = self.config.resolve(adapter.family, adapter.num_layers)
         self._stage_at = {layer: i for i, (layer, _, _) in enumerate(self.stages)}
-        layout = prepared.layout
-        n_vis = layout.n_visual
-        self._vid_of_local = torch.from_numpy(layout.visual_id_of_seq(prepared.seq_len))
-        self._frame = torch.from_numpy(layout.frame).long()
-        self._row = torch.from_numpy(layout.row).long()
-        self._col = torch.from_numpy(layout.col).long()
-        grids = torch.tensor([f.grid for f in layout.frames], dtype=torch.long).view(-1, 2)
-        self._grid_rows = grids[self._frame, 0] if n_vis else self._frame
-        self._grid_cols = grids[self._frame, 1] if n_vis else self._frame
-        self._size = torch.ones(n_vis, dtype=torch.float64)
-        self._owner = torch.arange(n_vis)
+        n_vis = prepared.layout.n_visual
+        # running size of every visual token and the token it ended in, kept where the merges run
+        self._size = torch.ones(n_vis, dtype=torch.float64, device=adapter.device)
+        self._owner = torch.arange(n_vis, device=adapter.device)
         self._stage_log = [
             {
                 "layer": layer,
@@ -374,9 +445,9 @@ class LightKV(Method):
         self._overhead_flops = 0.0
         self.last_xi: dict[int, torch.Tensor] = {}  # stage layer -> ξ of the last merged block (for inspection)
         self._layer_tokens: list[dict[str, int]] = []
+        self._plan_windows(ctx)
         # Where ξ's text keys come from: the question inside the forward (bulk), or a text-only proxy pass.
-        blocks = plan_blocks(prepared.seq_len, layout.units, ctx.prefill_mode, ctx.block_size, ctx.budget)
-        whole = len(blocks) == 1
+        whole = len(ctx.blocks) == 1  # the engine plans the blocks before `begin`
         self._xi_source = "inline" if whole and self.proxy_ids is None else "proxy"
         self._proxy: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         if self._xi_source == "proxy" and any(p > 0 for _, _, p in self.stages) and n_vis:
@@ -410,6 +481,107 @@ class LightKV(Method):
         ctx.text_pass(ids, positions, capture)
         return capture.states
 
+    def _plan_windows(self, ctx: PrefillContext) -> None:
+        """Which tokens share a window at every stage of every block, planned on the host from the layout.
+
+        Window ids are compacted per block and stage (0..G-1 over the windows the block's tokens fall in),
+        so the layer loop only gathers them. The tables go to the merge layers' devices once, here.
+        """
+        prepared, layout = ctx.prepared, ctx.prepared.layout
+        n_vis = layout.n_visual
+        vid_of_seq = layout.visual_id_of_seq(prepared.seq_len)
+        frame = torch.from_numpy(layout.frame).long()
+        grids = torch.tensor([f.grid for f in layout.frames], dtype=torch.long).view(-1, 2)
+        grid_rows = grids[frame, 0] if n_vis else frame
+        grid_cols = grids[frame, 1] if n_vis else frame
+        row, col = torch.from_numpy(layout.row).long(), torch.from_numpy(layout.col).long()
+        wins = [window_ids(frame, row, col, grid_rows, grid_cols, w).numpy() for _, w, _ in self.stages]
+        gid = np.zeros((len(self.stages), n_vis), dtype=np.int64)
+        keep, visual = prepared.keep.numpy(), prepared.visual_mask.numpy()
+        self._plans: dict[int, _BlockWindows] = {}
+        vis_pos, vids_all, tokens = [], [], []
+        n_v = n_t = 0
+        for block in ctx.blocks:
+            local = np.arange(block.start, block.end)[keep[block.start : block.end]]
+            is_vis = visual[local]
+            vids = vid_of_seq[local[is_vis]]
+            n_windows = []
+            for k, win in enumerate(wins):
+                uniq, gid[k, vids] = np.unique(win[vids], return_inverse=True)
+                n_windows.append(int(uniq.shape[0]))
+            parents: list[np.ndarray | None] = [None]
+            for k in range(1, len(wins)):
+                parent = np.zeros(n_windows[k - 1], dtype=np.int64)
+                parent[gid[k - 1, vids]] = gid[k, vids]
+                parents.append(parent if np.array_equal(parent[gid[k - 1, vids]], gid[k, vids]) else None)
+            counts = np.bincount(gid[0, vids], minlength=n_windows[0]) if wins else np.zeros(0, np.int64)
+            n_text = int((local >= prepared.suffix_start).sum())
+            self._plans[block.index] = _BlockWindows(
+                n_v, len(vids), n_t, len(local), n_text, counts, n_windows, parents
+            )
+            vis_pos.append(np.flatnonzero(is_vis))
+            vids_all.append(vids)
+            tokens.append(local + ctx.seq_offset)
+            n_v, n_t = n_v + len(vids), n_t + len(local)
+        host = {
+            "gid": torch.from_numpy(gid),
+            "vis_pos": torch.from_numpy(np.concatenate(vis_pos or [np.zeros(0, np.int64)])).long(),
+            "vids": torch.from_numpy(np.concatenate(vids_all or [np.zeros(0, np.int64)])).long(),
+            "tokens": torch.from_numpy(np.concatenate(tokens or [np.zeros(0, np.int64)])).long(),
+            "positions": prepared.position_ids,
+        }
+        if ctx.tiers is not None:  # set by a tiering stage's `begin`, which runs before this one
+            host["tiers"] = ctx.tiers
+        devices = {ctx.adapter.layers[layer].input_layernorm.weight.device for layer, _, _ in self.stages}
+        self._tables = {device: {k: _to(v, device) for k, v in host.items()} for device in devices}
+        self._block_state: _BlockState | None = None
+
+    def _state_for(self, ctx: PrefillContext, device: torch.device) -> _BlockState:
+        """The current block's merge state, started from the plan at the block's first merge stage."""
+        cur = self._block_state
+        if cur is None or cur.block != ctx.block.index:
+            p, t = self._plans[ctx.block.index], self._tables[device]
+            cur = _BlockState(
+                ctx.block.index,
+                p.n_visual,
+                t["vis_pos"][p.vis_start : p.vis_start + p.n_visual],
+                t["vids"][p.vis_start : p.vis_start + p.n_visual],
+                t["tokens"][p.tok_start : p.tok_start + p.n_tokens],
+            )
+            self._block_state = cur
+        elif cur.vis_pos.device != device:  # the stages' layers sit on different devices
+            cur.vis_pos, cur.vids, cur.token_index = (_to(t, device) for t in (cur.vis_pos, cur.vids, cur.token_index))
+        return cur
+
+    def _known_counts(self, cur: _BlockState, stage: int) -> np.ndarray | None:
+        """Tokens per window at `stage` if the host knows them, else None.
+
+        Known at the first stage (from the layout), and at a later stage whose windows each hold whole windows
+        of the previous one (SmolVLM's 4-2-1, Qwen's 4 -> 2): r per window is known, so the survivors are.
+        Where a stage's windows cut the previous stage's (Qwen's 6 -> 4), how many survivors each holds
+        depends on which tokens merged.
+        """
+        plan = self._plans[cur.block]
+        if stage == 0:
+            return plan.counts
+        parent = plan.parents[stage]
+        if cur.stage != stage - 1 or cur.survivors is None or parent is None:
+            return None
+        return np.bincount(parent, weights=cur.survivors, minlength=plan.n_windows[stage]).astype(np.int64)
+
+    def _window_counts(self, cur: _BlockState, stage: int, group: torch.Tensor) -> np.ndarray:
+        """Tokens per window at `stage` (host integers): known on the host, or read once from the device.
+
+        The read happens only where `_known_counts` cannot say: every shape after the merge depends on the
+        counts, so they must be on the host; one small read per such stage and block.
+        """
+        counts = self._known_counts(cur, stage)
+        if counts is not None:
+            return counts
+        on_device = torch.zeros(self._plans[cur.block].n_windows[stage], dtype=torch.long, device=group.device)
+        on_device.index_add_(0, group, torch.ones_like(group))
+        return np.array(on_device.tolist(), dtype=np.int64)  # the one host read of this stage (see above)
+
     def after_layer(self, ctx: PrefillContext, state: LayerState) -> LayerState | None:
         q_len = state.hidden_in.shape[1]
         n_total = ctx.cache.layers[state.layer_idx].get_seq_length()
@@ -419,100 +591,133 @@ class LightKV(Method):
         stage = self._stage_at.get(state.layer_idx)
         if stage is None:
             return None
-        layer_idx, windows, ratio = self.stages[stage]
+        layer_idx, _, ratio = self.stages[stage]
         log = self._stage_log[stage]
-        is_vis = ctx.is_visual(state.token_index)
-        vis_pos = is_vis.nonzero().flatten()
-        n = int(vis_pos.numel())
+        device = state.hidden.device
+        cur = self._state_for(ctx, device)
+        n = cur.n
         log["tokens_in"] += n
         if ratio <= 0 or n < 2:
             log["tokens_out"] += n
+            cur.survivors = self._known_counts(cur, stage)  # nothing merged: the windows' sizes, if known
+            cur.stage = stage
             return None
-        device = state.hidden.device
-        local = (state.token_index[vis_pos].long() - ctx.seq_offset).cpu()
-        vids = self._vid_of_local[local]
+        group = self._tables[device]["gid"][stage].index_select(0, cur.vids)
+        counts = self._window_counts(cur, stage, group)
 
         # ξ: visual queries of this layer x the question's keys.
         _sync(device)
         t0 = time.perf_counter()
-        xi = self._xi(ctx, state, vis_pos)
+        xi = self._xi(ctx, state, cur)
         _sync(device)
         t1 = time.perf_counter()
 
-        group = window_ids(
-            self._frame[vids], self._row[vids], self._col[vids], self._grid_rows[vids], self._grid_cols[vids], windows
-        ).to(device)
-        weight = xi * self._size[vids].to(device, torch.float32)
-        hidden_vis = state.hidden[0, vis_pos]
-        res = window_merge(hidden_vis, weight, group, ratio)
-        keep_block = torch.ones(q_len, dtype=torch.bool, device=device)
-        vis_pos_dev = vis_pos.to(device)  # vis_pos follows token_index (host); the merge result lives on `device`
-        keep_block[vis_pos_dev[~res.keep]] = False
-        hidden = state.hidden[:, keep_block]  # a copy; kept rows that absorbed others get their average
-        new_place = torch.cumsum(keep_block, 0) - 1  # index of each kept token in the reduced block
-        hidden[0, new_place[vis_pos_dev[res.touched]]] = res.x[res.touched]
-        keep_cpu = keep_block.cpu()
-        new_state = LayerState(
-            layer_idx=state.layer_idx,
-            hidden_in=state.hidden_in,
-            hidden=hidden,
-            positions=state.positions[:, keep_cpu.to(state.positions.device)],
-            token_index=state.token_index[keep_block.to(state.token_index.device)],
-            cos=state.cos[:, keep_block.to(state.cos.device)],
-            sin=state.sin[:, keep_block.to(state.sin.device)],
-            tiers=state.tiers[keep_block.to(state.tiers.device)] if state.tiers is not None else None,
-        )
-        # Book-keeping: sizes and the final owner of every original visual token.
-        merged = (~res.keep).nonzero().flatten().cpu()
-        dest = res.dest.cpu()
-        src_v, dst_v = vids[merged], vids[dest[merged]]
-        self._size.index_add_(0, dst_v, self._size[src_v])
-        self._size[src_v] = 0
-        remap = torch.arange(self._owner.shape[0])
-        remap[src_v] = dst_v
-        self._owner = remap[self._owner]
+        size = self._size.index_select(0, _to(cur.vids, self._size.device))
+        weight = xi * _to(size, device).to(torch.float32)
+        res = merge_in_windows(state.hidden[0].index_select(0, cur.vis_pos), weight, group, counts, ratio)
+        m = int(res.merged.shape[0])  # Σ r over the windows: a host integer
+        cur.survivors, cur.stage = counts - merge_counts(counts, ratio), stage
+        new_state = None
+        if m:
+            keep_block = torch.ones(q_len, dtype=torch.bool, device=device)
+            keep_block[cur.vis_pos.index_select(0, res.merged)] = False
+            keep_idx = torch.nonzero_static(keep_block, size=q_len - m)[:, 0]  # kept rows, in order
+            # every visual row takes its merge result (rows nothing merged into are unchanged), then kept rows
+            hidden = state.hidden.index_copy(1, cur.vis_pos, res.x[None]).index_select(1, keep_idx)
+            token_index = cur.token_index.index_select(0, keep_idx)
+            positions = self._tables[device]["positions"].index_select(1, token_index - ctx.seq_offset)
+            tiers, tier_split, n_visual = None, None, n - m
+            if state.tiers is not None:  # a tiering stage (Sali-Cache) composed before this one
+                tiers = self._tables[device]["tiers"].index_select(0, token_index - ctx.seq_offset)
+                tier_split, n_visual = self._split_tiers(ctx, tiers, token_index)
+            new_state = LayerState(
+                layer_idx=state.layer_idx,
+                hidden_in=state.hidden_in,
+                hidden=hidden,
+                positions=positions,
+                token_index=token_index,
+                cos=state.cos.index_select(1, keep_idx),
+                sin=state.sin.index_select(1, keep_idx),
+                tiers=tiers,
+                n_visual=n_visual,
+                tier_split=tier_split,
+            )
+            # Book-keeping: sizes and the final owner of every original visual token.
+            src_v = _to(cur.vids.index_select(0, res.merged), self._size.device)
+            dst_v = _to(cur.vids.index_select(0, res.dest.index_select(0, res.merged)), self._size.device)
+            self._size.index_add_(0, dst_v, self._size.index_select(0, src_v))
+            self._size.index_fill_(0, src_v, 0)
+            remap = torch.arange(self._owner.shape[0], device=self._owner.device)
+            remap[src_v] = dst_v
+            self._owner = remap.index_select(0, self._owner)
+            kept_vis = torch.nonzero_static(res.keep, size=n - m)[:, 0]
+            new_place = torch.cumsum(keep_block, 0) - 1  # row of each kept token in the reduced block
+            cur.vis_pos = new_place.index_select(0, cur.vis_pos.index_select(0, kept_vis))
+            cur.vids, cur.token_index, cur.n = cur.vids.index_select(0, kept_vis), token_index, n - m
         _sync(device)
         t2 = time.perf_counter()
 
-        self.last_xi[layer_idx] = xi.detach().cpu()
-        log["tokens_out"] += int(res.keep.sum())
-        log["windows_used"] += int(torch.unique(group).numel())
+        self.last_xi[layer_idx] = xi.detach()
+        log["tokens_out"] += n - m
+        log["windows_used"] += int((counts > 0).sum())
         log["xi_seconds"] += t1 - t0
         log["merge_seconds"] += t2 - t1
         cfg = ctx.adapter.text_config
         hq, hd = cfg.num_attention_heads, ctx.adapter.head_dim
-        n_text = self._n_text(ctx, state)
+        n_text = self._n_text(cur, state.layer_idx)
         self._overhead_flops += 2.0 * n * cfg.hidden_size * hq * hd + 2.0 * hq * n * n_text * hd  # q proj + scores
         self._overhead_flops += 2.0 * res.pairs * cfg.hidden_size  # cosine similarities
         return new_state
 
-    def _n_text(self, ctx: PrefillContext, state: LayerState) -> int:
-        if self._xi_source == "proxy":
-            st = self._proxy.get(state.layer_idx)
-            return int(st[0].shape[1]) if st is not None else 0
-        return int((state.token_index.long() - ctx.seq_offset >= ctx.prepared.suffix_start).sum())
+    def _split_tiers(
+        self, ctx: PrefillContext, tiers: torch.Tensor, token_index: torch.Tensor
+    ) -> tuple[dict[int, torch.Tensor] | None, int]:
+        """The reduced block's {tier: positions} (None: all full precision) and its visual full-precision count.
 
-    def _xi(self, ctx: PrefillContext, state: LayerState, vis_pos: torch.Tensor) -> torch.Tensor:
+        A merge mixes tiers, so how many tokens of each tier survive depends on which merged: the counts are
+        read back, in one read per merge stage; the positions are then selected on the device.
+        """
+        visual = ctx.visual_mask_on(tiers.device).index_select(0, token_index - ctx.seq_offset)
+        codes = (TIER_FULL, TIER_INT8, TIER_INT4)
+        masks = [tiers == t for t in codes]
+        *counts, n_visual = torch.stack([mk.sum() for mk in masks] + [(masks[0] & visual).sum()]).tolist()
+        split = {t: torch.nonzero_static(mk, size=c)[:, 0] for t, mk, c in zip(codes, masks, counts) if c}
+        return (None if set(split) <= {TIER_FULL} else split), n_visual
+
+    def _n_text(self, cur: _BlockState, layer_idx: int) -> int:
+        if self._xi_source == "proxy":
+            st = self._proxy.get(layer_idx)
+            return int(st[0].shape[1]) if st is not None else 0
+        return self._plans[cur.block].n_text
+
+    def _xi(self, ctx: PrefillContext, state: LayerState, cur: _BlockState) -> torch.Tensor:
         """ξ (n,) float32 for the block's visual tokens at this layer (uniform if there is no question)."""
-        adapter, layer_idx = ctx.adapter, state.layer_idx
+        adapter, layer_idx, device = ctx.adapter, state.layer_idx, state.hidden.device
         if self._xi_source == "proxy":
             st = self._proxy.get(layer_idx)
             if st is None:
-                return torch.ones(int(vis_pos.numel()), device=state.hidden.device)
-            h_text, cos_t, sin_t = (t.to(state.hidden.device) for t in st)
+                return torch.ones(cur.n, device=device)
+            h_text, cos_t, sin_t = (t.to(device) for t in st)
         else:
-            text_pos = (state.token_index.long() - ctx.seq_offset >= ctx.prepared.suffix_start).nonzero().flatten()
-            if text_pos.numel() == 0:
-                return torch.ones(int(vis_pos.numel()), device=state.hidden.device)
-            h_text, cos_t, sin_t = state.hidden_in[:, text_pos], state.cos[:, text_pos], state.sin[:, text_pos]
+            n_text = self._n_text(cur, layer_idx)
+            if n_text == 0:
+                return torch.ones(cur.n, device=device)
+            # the question is the block's tail (it follows every visual token; merging removes none of it)
+            h_text, cos_t, sin_t = (t[:, -n_text:] for t in (state.hidden_in, state.cos, state.sin))
         keys = adapter.key_states(layer_idx, h_text, cos_t, sin_t)
+        vis = cur.vis_pos
         queries = adapter.query_states(
-            layer_idx, state.hidden_in[:, vis_pos], state.cos[:, vis_pos], state.sin[:, vis_pos]
+            layer_idx,
+            state.hidden_in.index_select(1, vis),
+            state.cos.index_select(1, vis),
+            state.sin.index_select(1, vis),
         )
         scale = getattr(adapter.layers[layer_idx].self_attn, "scaling", adapter.head_dim**-0.5)
         return prompt_attention(queries, keys, scale)
 
     def end(self, ctx: PrefillContext) -> None:
+        self.last_xi = {layer: xi.cpu() for layer, xi in self.last_xi.items()}  # after the layer loop
+        self._block_state = None
         # Snapshot of the media prefill (follow-up turns append text later).
         self._layer_tokens = []
         for i, layer in enumerate(ctx.cache.layers):
