@@ -1,7 +1,8 @@
 """`bench memory --video --minutes 10,30,60`: bounded memory over hour-long videos.
 
 For each video kind (``--video-kinds mix,moving``, see visualkv/bench/long_video.py) and length, the
-video is written to ``--out``/inputs (generated, never committed) and every method prefills it in a
+video is written once to the system's temporary folder (``visualkv-long-videos``; generated, never
+committed, reused by later runs) and every method prefills it in a
 fresh process (`bench one --media-file`, loaded like an upload, frames decoded lazily), because a
 process's peak RSS never goes down. A method that refuses the input (``full`` past its frame cap)
 is recorded with its one-line message instead of a measurement.
@@ -17,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from typing import Any
 
 from visualkv.bench import provenance
@@ -67,7 +69,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def bench_long_video(args: argparse.Namespace) -> int:
-    inputs = os.path.join(args.out, "inputs")
+    inputs = os.path.join(tempfile.gettempdir(), "visualkv-long-videos")
     rows: list[dict[str, Any]] = []
     for kind in args.video_kinds:
         for minutes in args.minutes:
