@@ -107,10 +107,17 @@ def load_video_lazily(path: Path, backend: str):
 def test_decord_failing_on_a_frame_falls_back_to_opencv_lazily(video: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     eager = load_media(video, NO_CAP, ALL, lazy=False)
     original = media_module._DecordReader._read_one
-    monkeypatch.setattr(media_module._DecordReader, "_read_one", lambda self, i: None if i == 30 else original(self, i))
+    tried: list[int] = []
+
+    def failing_on_60(self, i):
+        tried.append(i)
+        return None if i == 60 else original(self, i)
+
+    monkeypatch.setattr(media_module._DecordReader, "_read_one", failing_on_60)
     lazy = load_media(video, NO_CAP, ALL)
-    assert np.abs(lazy.frames[30].astype(int) - eager.frames[30].astype(int)).mean() < 2
-    assert lazy.frames.backends_used == {"decord", "opencv"} and not lazy.warnings
+    # frame 60 is a jump from OpenCV's last read (frame 0, at load): decord first, which fails on it
+    assert np.abs(lazy.frames[60].astype(int) - eager.frames[60].astype(int)).mean() < 2
+    assert tried == [60] and lazy.frames.backends_used == {"opencv"} and not lazy.warnings
 
 
 # --------------------------------------------------------------------------------------------
