@@ -104,20 +104,19 @@ def load_video_lazily(path: Path, backend: str):
     return load_media(path, sampling=FrameSampling(fps=4.0, max_frames=None), backend=backend)
 
 
-def test_decord_failing_on_a_frame_falls_back_to_opencv_lazily(video: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_opencv_failing_on_a_frame_falls_back_to_decord_lazily(video: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     eager = load_media(video, NO_CAP, ALL, lazy=False)
-    original = media_module._DecordReader._read_one
+    original = media_module._OpenCVReader.read
     tried: list[int] = []
 
     def failing_on_60(self, i):
         tried.append(i)
         return None if i == 60 else original(self, i)
 
-    monkeypatch.setattr(media_module._DecordReader, "_read_one", failing_on_60)
+    monkeypatch.setattr(media_module._OpenCVReader, "read", failing_on_60)
     lazy = load_media(video, NO_CAP, ALL)
-    # frame 60 is a jump from OpenCV's last read (frame 0, at load): decord first, which fails on it
     assert np.abs(lazy.frames[60].astype(int) - eager.frames[60].astype(int)).mean() < 2
-    assert tried == [60] and lazy.frames.backends_used == {"opencv"} and not lazy.warnings
+    assert tried == [0, 60] and lazy.frames.backends_used == {"decord", "opencv"} and not lazy.warnings
 
 
 # --------------------------------------------------------------------------------------------

@@ -11,9 +11,11 @@ Limits, stated honestly:
   16-bit images are scaled to 8 bits. Other formats Pillow knows (PSD, ICO, ...) are refused.
 * The pixel limit is checked from the header before any pixel is decoded, so an image bomb costs
   nothing. Pillow's own bomb check is bypassed only for that header read.
-* Videos are decoded by decord, with OpenCV (FFmpeg) as the fallback when decord is missing, cannot
-  open the file, or fails on a frame. A frame neither can decode is skipped with a warning in
-  :attr:`Media.warnings`. Which codecs work depends on the FFmpeg those wheels bundle.
+* Eager loading (``lazy=False``) decodes with decord, with OpenCV (FFmpeg) as the fallback when decord
+  is missing, cannot open the file, or fails on a frame; lazy loading (the default) reads with OpenCV
+  first and decord as the fallback (see :class:`_FrameDecoder`: decord's memory grew with the frames
+  read). A frame neither can decode is handled as described below. Which codecs work depends on the
+  FFmpeg those wheels bundle.
   decord ignores rotation metadata (phone videos) and mis-decodes such files, so in ``auto``
   mode a rotated video is decoded by OpenCV, which shows it upright.
 * The duration limit is checked from container metadata (OpenCV header probe, else decord's
@@ -22,8 +24,8 @@ Limits, stated honestly:
 * Frame times are ``index / average fps``: exact for constant-frame-rate video, approximate for
   variable frame rate.
 * Video frames are decoded lazily (``load_media(..., lazy=True)``, the default): ``Media.frames``
-  is a :class:`LazyFrames` sequence that decodes a frame when it is indexed (decord random access;
-  OpenCV reads forward sequentially, the common case since blocks run in order) and keeps only
+  is a :class:`LazyFrames` sequence that decodes a frame when it is indexed (OpenCV, reading forward
+  sequentially, the common case since blocks run in order, and seeking for a jump) and keeps only
   the last ``LazyFrames.cache_size`` (4) decoded frames, so memory does not grow with the video:
   an hour at 1 fps is 3,600 sampled frames, of which a block-wise prefill holds a few at a time.
   Only the first sampled frame is decoded when loading (it proves the file decodes and gives the
@@ -731,10 +733,6 @@ class _OpenCVReader:
         """Grabbing up to ~4 s forward is cheaper than a seek (which decodes from a keyframe)."""
         return max(16, int(4 * fps))
 
-    @property
-    def last(self) -> int:
-        return self._last
-
     def read(self, index: int) -> np.ndarray | None:
         if not (self._last < index <= self._last + self._max_gap):
             self._capture.set(self._cv2.CAP_PROP_POS_FRAMES, index)
@@ -928,12 +926,11 @@ def resize_to_width(frame: np.ndarray, width: int) -> np.ndarray:
 
 
 class _FrameDecoder:
-    """Decodes one frame by source index. With both backends, a read a short step forward of the
-    last OpenCV read (every in-order pass: the prefill's blocks, Sali-Cache's motion and saliency
-    passes) goes to OpenCV's sequential reader, and a jump (backward, or far ahead) to decord's random
-    access; either falls back to the other on a frame it cannot decode. Why not decord for everything:
-    over a 30-minute video, reading every frame in order through decord grew the process by 0.1 to
-    1 GB from run to run (its decoder threads' buffers), OpenCV by under 20 MB, and faster."""
+    """Decodes one frame by source index: OpenCV first (sequential reads forward, a seek for a jump),
+    decord where OpenCV is missing or fails on that frame. Why OpenCV first, although decord's random
+    access is the faster seek: over a 30-minute video (1,800 frames) a composed prefill reading frames
+    through decord grew the process by 0.1 to 1 GB from run to run (its decoder's buffers), through
+    OpenCV by under 20 MB, so only OpenCV keeps an hour of video in bounded memory."""
 
     def __init__(self, file: Path, fps: float, decord_reader: _DecordReader | None, use_cv2: bool) -> None:
         self._file, self._fps = file, fps
@@ -943,20 +940,13 @@ class _FrameDecoder:
         self.used: set[str] = set()  # backends that produced a frame
 
     def read(self, index: int) -> np.ndarray | None:
-        if self._decord is not None and self._use_cv2 and self._in_order(index):
-            frame = self._read_cv2(index)
-            if frame is not None:
-                return frame
-        if self._decord is not None:
-            frame = self._decord._read_one(index)
-            if frame is not None:
-                self.used.add("decord")
-                return frame
-        return self._read_cv2(index)
-
-    def _in_order(self, index: int) -> bool:
-        last = self._opencv.last if self._opencv is not None else -1
-        return last < index <= last + _OpenCVReader.max_gap_for(self._fps)
+        frame = self._read_cv2(index)
+        if frame is not None or self._decord is None:
+            return frame
+        frame = self._decord._read_one(index)
+        if frame is not None:
+            self.used.add("decord")
+        return frame
 
     def _read_cv2(self, index: int) -> np.ndarray | None:
         if not self._use_cv2:
