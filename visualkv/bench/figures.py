@@ -813,6 +813,131 @@ def table_demo_training(results: Path) -> str:
     return "\n\n".join(["\n".join(_table(header, body)), note, source])
 
 
+LONG_VIDEO_RESULTS = "memory_long_video_tiny-qwen2.5-vl.json"
+
+
+def _clock_minutes(minutes: float) -> str:
+    return f"{minutes:g} min"
+
+
+def table_long_video(results: Path) -> str:
+    """Hour-scale generated videos (`bench memory --video --minutes`): memory per length, each run in its own
+    process; a refused run shows its reason."""
+    d = load(LONG_VIDEO_RESULTS, results)
+    lengths = sorted({r["minutes"] for r in d["rows"]})
+    body = []
+    for key, summary in d["summary"].items():
+        kind, method = key.split("/", 1)
+        rows = {r["minutes"]: r for r in d["rows"] if r["video_kind"] == kind and r["method"] == method}
+        cells = []
+        for m in lengths:
+            r = rows.get(m)
+            if r is None:
+                cells.append("")
+            elif "refused" in r:
+                cells.append(f"refused ({r['frames']} frames)")
+            else:
+                cells.append(f"{_mib(r['peak_kv_bytes'])} / {r['peak_rss_bytes'] / MIB:.0f} MiB")
+        measured = bool(summary.get("measured_minutes"))
+        longest = rows[max(summary["measured_minutes"])] if measured else None
+        body.append(
+            [
+                kind,
+                f"`{method}`",
+                *cells,
+                f"{summary['peak_rss_growth'] * 100:+.1f} %" if measured else "",
+                f"{summary['peak_kv_spread'] * 100:.1f} %" if measured else "",
+                _mib(longest["final_kv_bytes"]) if longest else "",
+                f"{longest['visual_tokens']:,}" if longest else "",
+                f"{summary['ttft_seconds_per_hour']:.0f} s" if measured else "",
+            ]
+        )
+    header = ["video", "method", *(f"{_clock_minutes(m)}: peak KV / peak RSS" for m in lengths)]
+    header += [
+        f"peak RSS growth {_clock_minutes(lengths[0])} → {_clock_minutes(lengths[-1])}",
+        "peak KV spread",
+        "final KV (longest)",
+        "visual tokens (longest)",
+        "TTFT per hour of video",
+    ]
+    note = (
+        f"Model `{d['model']}`, M = {d['budget']}, {d['fps']:g} frame per second of 640x360 video; `mix`: static "
+        "shots, pans, cuts and a one-second event every two minutes, `moving`: every frame moves (nothing to skip)."
+    )
+    return _render(header, body, [(LONG_VIDEO_RESULTS, d)], note)
+
+
+COMPOSE_RATIO_RESULTS = ("compose_ratio_tiny-qwen2.5-vl.json", "compose_ratio_bench-qwen2.5-vl.json")
+
+
+def table_compose_ratio(results: Path) -> str:
+    """Final KV of block-wise KeyDiff + Sali-Cache against block-wise KeyDiff alone at the same M
+    (scripts/compose_ratio.py, the example video)."""
+    body, sources = [], []
+    for name in COMPOSE_RATIO_RESULTS:
+        if not (results / name).exists():
+            continue
+        d = load(name, results)
+        sources.append((name, d))
+        for r in d["rows"]:
+            tiers = r["composed"].get("tiers") or {}
+            body.append(
+                [
+                    f"`{d['model']}`",
+                    f"{r['fraction'] * 100:.0f} % ({r['budget']:,})",
+                    _mib(r["alone"]["final_kv_bytes"]),
+                    _mib(r["composed"]["final_kv_bytes"]),
+                    f"{r['final_ratio']:.2f}×",
+                    f"{r['peak_ratio']:.2f}×",
+                    f"{tiers.get('skipped', 0):,} / {tiers.get('pruned', 0):,}",
+                ]
+            )
+    first = load(sources[0][0], results) if sources else {}
+    header = ["model", "M (share of the visual tokens)", "block-wise KeyDiff alone: final KV", "composed: final KV"]
+    header += ["final ratio", "peak ratio", "tokens skipped / pruned"]
+    note = (
+        f"`{first.get('composed', '')}` with tiers {first.get('composed_options', {}).get('tiers', '')} on "
+        f"{first.get('media', '')}: {first.get('visual_tokens', 0):,} visual tokens."
+    )
+    return _render(header, body, sources, note)
+
+
+NEEDLE_COMPOSE_RESULTS = "needle_compose/needle.json"
+
+
+def table_needle_compose(results: Path) -> str:
+    """Needle-video accuracy (demo model) and KV held: block-wise KeyDiff alone against composed with Sali-Cache."""
+    d = load(NEEDLE_COMPOSE_RESULTS, results)
+    alone, composed = d["methods"][0], d["methods"][-1]
+    body = []
+    fractions = sorted({r["budget_fraction"] for r in d["results"] if r["method"] == alone})
+    for fraction in fractions:
+        for question in sorted({r["question"] for r in d["results"]}):
+            a = next(
+                r
+                for r in d["results"]
+                if r["method"] == alone and r["budget_fraction"] == fraction and r["question"] == question
+            )
+            c = next(
+                r
+                for r in d["results"]
+                if r["method"] == composed and r["budget_fraction"] == fraction and r["question"] == question
+            )
+            body.append(
+                [
+                    f"{fraction * 100:.0f} %",
+                    question,
+                    f"{a['accuracy'] * 100:.0f} %",
+                    f"{c['accuracy'] * 100:.0f} %",
+                    f"{(c['accuracy'] - a['accuracy']) * 100:+.0f}",
+                    f"{c['mean_final_kv_bytes'] / a['mean_final_kv_bytes']:.2f}×",
+                ]
+            )
+    n = d["results"][0]["n"]
+    header = ["M", "question", f"`{alone}`", f"`{composed}`", "points", "final KV ratio (composed / alone)"]
+    return _render(header, body, [(NEEDLE_COMPOSE_RESULTS, d)], f"n = {n} held-out needle videos per row.")
+
+
 #: tables computed from the code (no benchmark JSON): their source line says so
 COMPUTED = {"lightkv-schedule", "salicache-bytes"}
 
@@ -840,6 +965,9 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "families-latency": table_families_latency,
     "memory-guard": table_memory_guard,
     "load": table_load,
+    "long-video": table_long_video,
+    "compose-ratio": table_compose_ratio,
+    "needle-compose": table_needle_compose,
 }
 
 
