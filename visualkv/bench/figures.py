@@ -654,15 +654,21 @@ def table_speed_issue11_memory(results: Path) -> str:
 FAMILY_ALIASES = ("tiny-qwen3-vl", "tiny-llava-onevision", "tiny-internvl3.5")
 
 
+def _family_results(results: Path, pattern: str, sources: list[tuple[str, dict]]):
+    """(alias, JSON) for each newer family whose `pattern.format(alias=...)` file exists; each is added to
+    `sources` for the table's source line."""
+    for alias in FAMILY_ALIASES:
+        name = pattern.format(alias=alias)
+        if (results / name).exists():
+            d = load(name, results)
+            sources.append((name, d))
+            yield alias, d
+
+
 def table_families_4k(results: Path) -> str:
     """Peak and final KV at 4K per newer family (tiny aliases), full against block-wise."""
     body, sources = [], []
-    for alias in FAMILY_ALIASES:
-        name = f"memory_image_{alias}.json"
-        if not (results / name).exists():
-            continue
-        d = load(name, results)
-        sources.append((name, d))
+    for alias, d in _family_results(results, "memory_image_{alias}.json", sources):
         at = {r["method"]: r for r in d["rows"] if r["size"] == max(x["size"] for x in d["rows"])}
         full, bw = at["full"], at["blockwise-snapkv"]
         post = at.get("post-snapkv")
@@ -713,12 +719,7 @@ def table_families_fidelity(results: Path) -> str:
 def table_families_latency(results: Path) -> str:
     """TTFT of full, forced block-wise and hybrid prefill at 4K per newer family (tiny aliases)."""
     body, sources = [], []
-    for alias in FAMILY_ALIASES:
-        name = f"latency_image_{alias}.json"
-        if not (results / name).exists():
-            continue
-        d = load(name, results)
-        sources.append((name, d))
+    for alias, d in _family_results(results, "latency_image_{alias}.json", sources):
         t = d["ttft_seconds"]
         body.append(
             [
