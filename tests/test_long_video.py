@@ -74,3 +74,7 @@ def test_summary_growth_spread_and_refusals():
     assert bw["ttft_seconds_per_hour"] == pytest.approx(36.0)
     assert s["mix/full"]["refused_minutes"] == [60]
     assert s["mix/full"]["measured_minutes"] == [10]
+    assert "peak_rss_growth" not in s["mix/full"]  # one length: no growth to speak of
+    rows.insert(0, row("blockwise-keydiff", 5, 500, 100))
+    assert summarize(rows)["mix/blockwise-keydiff"]["peak_rss_growth"] == pytest.approx(1.1)
+    assert summarize(rows, growth_from=10)["mix/blockwise-keydiff"]["peak_rss_growth"] == pytest.approx(0.05)

@@ -839,24 +839,25 @@ def table_long_video(results: Path) -> str:
                 cells.append(f"refused ({r['frames']} frames)")
             else:
                 cells.append(f"{_mib(r['peak_kv_bytes'])} / {r['peak_rss_bytes'] / MIB:.0f} MiB")
-        measured = bool(summary.get("measured_minutes"))
-        longest = rows[max(summary["measured_minutes"])] if measured else None
+        longest = rows[max(summary["measured_minutes"])] if summary.get("measured_minutes") else None
+        growth = summary.get("growth_minutes")
         body.append(
             [
                 kind,
                 f"`{method}`",
                 *cells,
-                f"{summary['peak_rss_growth'] * 100:+.1f} %" if measured else "",
-                f"{summary['peak_kv_spread'] * 100:.1f} %" if measured else "",
+                f"{summary['peak_rss_growth'] * 100:+.1f} %" if growth else "",
+                f"{summary['peak_kv_spread'] * 100:.1f} %" if growth else "",
                 _mib(longest["final_kv_bytes"]) if longest else "",
                 f"{longest['visual_tokens']:,}" if longest else "",
-                f"{summary['ttft_seconds_per_hour']:.0f} s" if measured else "",
+                f"{summary['ttft_seconds_per_hour']:.0f} s" if longest else "",
             ]
         )
+    growth_from = d.get("growth_from_minutes") or lengths[0]
     header = ["video", "method", *(f"{_clock_minutes(m)}: peak KV / peak RSS" for m in lengths)]
     header += [
-        f"peak RSS growth {_clock_minutes(lengths[0])} → {_clock_minutes(lengths[-1])}",
-        "peak KV spread",
+        f"peak RSS growth {_clock_minutes(growth_from)} → {_clock_minutes(lengths[-1])}",
+        f"peak KV spread ({_clock_minutes(growth_from)} on)",
         "final KV (longest)",
         "visual tokens (longest)",
         "TTFT per hour of video",

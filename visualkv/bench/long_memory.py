@@ -40,8 +40,9 @@ def _run_one(args: argparse.Namespace, method: str, path: str, frames: int) -> d
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per kind and method: how memory and time change from the shortest to the longest video."""
+def summarize(rows: list[dict[str, Any]], growth_from: float | None = None) -> dict[str, Any]:
+    """Per kind and method: how memory and time change from the shortest (or the `growth_from` minutes)
+    to the longest video."""
     out: dict[str, Any] = {}
     for kind in dict.fromkeys(r["video_kind"] for r in rows):
         for method in dict.fromkeys(r["method"] for r in rows):
@@ -53,17 +54,17 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 r["minutes"] for r in rows if r["video_kind"] == kind and r["method"] == method and "refused" in r
             ]
             entry: dict[str, Any] = {"measured_minutes": [r["minutes"] for r in rs], "refused_minutes": refused}
+            growth = [r for r in rs if growth_from is None or r["minutes"] >= growth_from]
             if rs:
-                first, last = rs[0], rs[-1]
-                peaks = [r["peak_kv_bytes"] for r in rs]
-                entry.update(
-                    {
-                        "peak_rss_growth": (last["peak_rss_bytes"] - first["peak_rss_bytes"]) / first["peak_rss_bytes"],
-                        "peak_kv_spread": (max(peaks) - min(peaks)) / max(peaks),
-                        "final_kv_bytes_longest": last["final_kv_bytes"],
-                        "ttft_seconds_per_hour": last["ttft_seconds"] * 60 / last["minutes"],
-                    }
-                )
+                longest = rs[-1]
+                entry["final_kv_bytes_longest"] = longest["final_kv_bytes"]
+                entry["ttft_seconds_per_hour"] = longest["ttft_seconds"] * 60 / longest["minutes"]
+            if len(growth) >= 2:
+                first, last = growth[0], growth[-1]
+                peaks = [r["peak_kv_bytes"] for r in growth]
+                entry["growth_minutes"] = [first["minutes"], last["minutes"]]
+                entry["peak_rss_growth"] = (last["peak_rss_bytes"] - first["peak_rss_bytes"]) / first["peak_rss_bytes"]
+                entry["peak_kv_spread"] = (max(peaks) - min(peaks)) / max(peaks)
             out[f"{kind}/{method}"] = entry
     return out
 
@@ -96,7 +97,8 @@ def bench_long_video(args: argparse.Namespace) -> int:
         "minutes": list(args.minutes),
         "video_kinds": list(args.video_kinds),
         "rows": rows,
-        "summary": summarize(rows),
+        "growth_from_minutes": args.growth_from,
+        "summary": summarize(rows, args.growth_from),
     }
     path = os.path.join(args.out, f"memory_long_video_{args.model}.json")
     provenance.save_json(out, path, args.provenance)
