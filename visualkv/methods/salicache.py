@@ -271,7 +271,9 @@ def _token_saliency(frames: Sequence[np.ndarray], layout, edge_weight: float, ac
     out = np.full(layout.n_visual, np.nan, dtype=np.float32)
     if token_ids_all.size == 0:
         return out
-    values = token_saliency(frames, layout.box[token_ids_all], np.concatenate(frame_ids), edge_weight=edge_weight)
+    values = token_saliency(
+        frames, layout.box, np.concatenate(frame_ids), edge_weight=edge_weight, box_index=token_ids_all
+    )
     out[active] = 0.0
     np.maximum.at(out, token_ids_all, values)
     return out
