@@ -635,7 +635,6 @@ def test_long_video_timeline_is_binned_zoomable_and_progress_is_in_time(page, tm
     page.locator("#vkv-thumbs img").first.wait_for(timeout=60_000)
     shot(page, "04c_long_video_timeline")
     set_number(page, "#vkv-max-frames", 16)
-    choose(page, "#vkv-method", "salicache")
 
 
 def test_compare_tab(page, tmp_path):
