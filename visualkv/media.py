@@ -892,17 +892,32 @@ def _video_media(
             seconds = index / info.fps
             notes.append(f"frame {index} (t={seconds:.2f} s) could not be decoded; skipped")
     frames = [np.ascontiguousarray(decoded[i], dtype=np.uint8) for i in kept]
-    height, width = frames[0].shape[:2]
+    return _sampled_video(frames, frames[0].shape, name, limits, info, kept, notes, backend)
+
+
+def _sampled_video(
+    frames: Sequence[np.ndarray],
+    frame_shape: tuple[int, ...],
+    name: str,
+    limits: MediaLimits,
+    info: _VideoInfo,
+    indices: list[int],
+    notes: list[str],
+    backend: str,
+) -> Media:
+    """The video Media of sampled source frames `indices` (eager list or lazy sequence), its frame size
+    checked against the pixel limit."""
+    height, width = frame_shape[:2]
     _check_pixels((width, height), name, limits, "video frame")
     return Media(
         kind="video",
         frames=frames,
-        times=[i / info.fps for i in kept],
+        times=[i / info.fps for i in indices],
         source_fps=info.fps,
         duration=info.frame_count / info.fps,
         path=name,
         warnings=notes,
-        frame_indices=kept,
+        frame_indices=list(indices),
         backend=backend,
     )
 
@@ -1151,16 +1166,5 @@ def _lazy_video_media(
         raise _no_decodable_frame(name, 0)
     decoder = _FrameDecoder(file, info.fps, decord_reader, use_cv2)
     frames = LazyFrames(decoder, indices, info.fps, notes, name)
-    height, width = frames.frame_shape[:2]
-    _check_pixels((width, height), name, limits, "video frame")
-    return Media(
-        kind="video",
-        frames=frames,
-        times=[i / info.fps for i in indices],
-        source_fps=info.fps,
-        duration=info.frame_count / info.fps,
-        path=name,
-        warnings=notes,
-        frame_indices=list(indices),
-        backend="+".join(b for b in ("decord", "opencv") if b in decoder.used),
-    )
+    backend = "+".join(b for b in ("decord", "opencv") if b in decoder.used)
+    return _sampled_video(frames, frames.frame_shape, name, limits, info, indices, notes, backend)

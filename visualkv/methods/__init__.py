@@ -36,9 +36,7 @@ def method_traits(name: str) -> MethodTraits:
     """The flags of method `name` (single or composed) without building it; ConfigError if unknown/refused."""
     if SEPARATOR in name:
         return combine_traits(stage_classes(name, METHODS))
-    if name not in METHODS:
-        raise ConfigError(f"unknown method {name!r}; choose one of: {', '.join(METHODS)} (or compose with +)")
-    return combine_traits([METHODS[name]])
+    return combine_traits([_single(name)])
 
 
 def make_method(name: str, **options: Any) -> Method:
@@ -46,9 +44,14 @@ def make_method(name: str, **options: Any) -> Method:
     that catch that too) listing the known ones."""
     if SEPARATOR in name:
         return make_pipeline(name, METHODS, options)
+    return _single(name)(**options)
+
+
+def _single(name: str) -> type[Method]:
+    """The class of single method `name`; UnknownMethodError (one line, listing the known ones) otherwise."""
     if name not in METHODS:
         raise UnknownMethodError(f"unknown method {name!r}; choose one of: {', '.join(METHODS)} (or compose with +)")
-    return METHODS[name](**options)
+    return METHODS[name]
 
 
 def stacked_method(
