@@ -66,6 +66,7 @@ def test_bad_media_exits_2_with_one_line(tmp_path, capsys, kind, words):
         (["--prompt", "hi", "--model", "no-such-org/no-such-model-xyz"], ["cannot load model", "no-such-model-xyz"]),
         (["--prompt", "hi", "--model", "./missing/folder"], ["does not exist"]),
         (["--prompt", "hi", "--method", "magic"], ["invalid choice"]),
+        (["--prompt", "hi", "--decode", "graph"], ["decode 'graph' is not possible", "CUDA", "static"]),
     ],
 )
 def test_bad_options_exit_2_with_one_line(image_file, capsys, args, words):

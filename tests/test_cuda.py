@@ -250,3 +250,38 @@ def test_shape_model_builds_on_cuda_in_bf16(alias, small_image):
     finally:
         del adapter
         torch.cuda.empty_cache()
+
+
+# -- CUDA-graph decoding (visualkv.static_decode) -----------------------------------------------------------------------
+@pytest.mark.parametrize("method", ["full", "blockwise-keydiff", "salicache", "lightkv", "blockwise-keydiff+salicache"])
+@pytest.mark.parametrize("alias", ALL_FAMILIES)
+def test_graph_decode_matches_eager_on_cuda(alias, method, small_image, small_video, no_tf32):
+    """float32 (TF32 off): the replayed graph gives the plain decode's tokens over two turns, and `auto` picks it."""
+    adapter = cuda_adapter(alias, "float32")
+    media = small_video if "salicache" in method else small_image
+    budget = 48 if method.startswith("blockwise") else None
+    turns = {}
+    for decode in ("eager", "auto"):
+        s = ChatSession(adapter, SessionConfig(method=method, budget=budget, max_new_tokens=12, decode=decode))
+        s.ask(PROMPT, media)
+        s.ask("And what else?")
+        turns[decode] = (s.turns, s.cache.entries_per_layer())
+    (graph, graph_entries), (eager, eager_entries) = turns["auto"], turns["eager"]
+    assert [t.decode_mode for t in graph] == ["graph", "graph"]
+    assert [t.token_ids for t in graph] == [t.token_ids for t in eager] and graph_entries == eager_entries
+
+
+def test_graph_decode_in_bf16_on_cuda(small_image):
+    """bf16, the dtype users run: graph decoding is chosen, every turn, and stopping mid-answer keeps the chat going."""
+    import threading
+
+    adapter = cuda_adapter(FAMILIES[0])
+    s = _session(adapter, "blockwise-keydiff", max_new_tokens=32)
+    stop = threading.Event()
+    for _ in s.stream(PROMPT, small_image, stop=stop):
+        if len(s.turns[-1].token_ids) == 5:
+            stop.set()
+    s.ask("And what else?")
+    assert [t.decode_mode for t in s.turns] == ["graph", "graph"]
+    assert s.turns[0].stopped == "stopped" and len(s.turns[1].token_ids) > 0
+    assert s.turns[1].decode_tokens_per_second > 0

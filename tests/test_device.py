@@ -50,9 +50,10 @@ def test_every_method_runs_on_cuda(alias, method, small_image, small_video):
     adapter = _fake_cuda_adapter(alias)
     with fake_cuda():
         assert adapter.device == CUDA
-        # greedy on the image, sampled on the video (the sampler's generator must be on the logits' device)
-        for media, temperature in ((small_image, 0.0), (small_video, 0.8)):
-            s = ChatSession(adapter, _config(method, temperature))
+        # greedy on the image, sampled on the video (the sampler's generator must be on the logits' device);
+        # the image's answers run the fixed-shape step a CUDA graph would capture, the video's plain steps
+        for media, temperature, decode in ((small_image, 0.0, "static"), (small_video, 0.8, "eager")):
+            s = ChatSession(adapter, _config(method, temperature, decode=decode))
             s.ask("What is in it?", media)
             s.ask("And what else?")  # a follow-up turn on the same cache
             _assert_cache_on_cuda(s)
@@ -64,10 +65,24 @@ def test_every_method_runs_on_cuda(alias, method, small_image, small_video):
 def test_followup_reprefill_runs_on_cuda(method, small_image):
     adapter = _fake_cuda_adapter(FAMILIES[0])
     with fake_cuda():
-        s = ChatSession(adapter, _config(method, 0.0, followup="reprefill"))
+        s = ChatSession(adapter, _config(method, 0.0, followup="reprefill", decode="static"))
         s.ask("What is in it?", small_image)
         s.ask("Where is the red part?")
         _assert_cache_on_cuda(s)
+
+
+def test_failed_graph_capture_falls_back_to_plain_decoding(small_image):
+    """`auto` on a CUDA device tries a CUDA graph; when capture fails (here: no driver behind the pretend GPU) the
+    answer is decoded with plain steps, the reason is recorded and warned once, and later turns do not retry."""
+    adapter = _fake_cuda_adapter(FAMILIES[0])
+    with fake_cuda():
+        s = ChatSession(adapter, _config("blockwise-keydiff", 0.0))
+        with pytest.warns(UserWarning, match="CUDA graph decoding unavailable"):
+            s.ask("What is in it?", small_image)
+        s.ask("And what else?")
+        modes = [t.decode_mode for t in s.turns]
+        assert all(m.startswith("eager (graph capture failed: ") for m in modes) and len(modes) == 2
+        assert all(len(t.token_ids) == 3 for t in s.turns)
 
 
 def test_fake_cuda_catches_a_host_tensor_mixed_in():

@@ -53,6 +53,13 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         default="reuse",
         help="query-aware methods: reuse the compressed cache or rebuild it per question",
     )
+    p.add_argument(
+        "--decode",
+        choices=["auto", "eager", "static", "graph"],
+        default="auto",
+        help="how answer tokens run: auto (a CUDA graph per answer on one CUDA device, else eager), graph, "
+        "static (the graph's fixed-shape step without a graph) or eager (plain steps)",
+    )
     p.add_argument("--fps", type=positive_float, default=1.0, help="video frames sampled per second")
     p.add_argument(
         "--max-frames",
@@ -177,6 +184,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         seed=args.seed,
         followup=args.followup,
         method_options=method_options,
+        decode=args.decode,
     )
     config.validate()
     for prompt in args.prompt:
@@ -205,6 +213,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             for _ in session.stream(prompt, media if i == 0 else None, on_block=on_block):
                 pass  # streamed pieces; the CLI prints whole answers
         print(session.turns[-1].answer)
+        turn = session.turns[-1]
+        if not args.quiet and turn.decode_mode:
+            print(
+                f"  ttft {turn.ttft_seconds:.2f} s, decode {turn.decode_tokens_per_second:.1f} tok/s ({turn.decode_mode})",
+                file=sys.stderr,
+            )
     report = session.report()
     if not args.quiet:
         print(

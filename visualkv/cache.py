@@ -322,6 +322,44 @@ class CompressibleLayer(CacheLayerMixin):
             rows.buffers[i][:, :, front : front + n_full].copy_(t)
         rows.n, self._front = front + n_full, front
 
+    # -- fixed-shape decoding (visualkv.static_decode) ----------------------------------
+    def static_window(self, steps: int) -> int:
+        """Prepare for `steps` fixed-shape decode steps; returns the entries the window holds (held + steps).
+
+        Rebuilds a stale dequantized view and reserves the room now: during fixed-shape decoding nothing
+        may reallocate, as a CUDA graph keeps the buffers' addresses.
+        """
+        self._refresh_dequantized()
+        self.reserve(steps)
+        if self._rows.capacity < self._rows.n + steps:
+            raise RuntimeError("cache has no room reserved for fixed-shape decoding")
+        for buf in self._rows.buffers[:2]:  # masked slots still meet the values (0 x NaN garbage = NaN): zero them
+            buf[:, :, self._rows.n : self._rows.n + steps].zero_()
+        return self._rows.n + steps
+
+    def write_slot(
+        self,
+        key_states: torch.Tensor,
+        value_states: torch.Tensor,
+        token_index: torch.Tensor,
+        slot: torch.Tensor,
+        window: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write one entry at device index `slot` (1,) and return the first `window` entries of K / V.
+
+        Fixed shapes, no host read: the caller masks the slots not yet written. The host count is
+        advanced afterwards by `commit_slots`.
+        """
+        keys, values, index = self._rows.buffers[:3]
+        keys.index_copy_(2, slot, key_states)
+        values.index_copy_(2, slot, value_states)
+        index.index_copy_(2, slot, token_index.to(torch.int32).view(1, 1, 1).expand(*index.shape[:2], 1))
+        return keys[:, :, :window], values[:, :, :window]
+
+    def commit_slots(self, n: int) -> None:
+        """Count `n` entries written by `write_slot` as held (they follow the held ones, in order)."""
+        self._rows.n += n
+
     # -- compression -------------------------------------------------------------------
     def keep_full(self, index: torch.Tensor) -> None:
         """Keep only full-precision entries `index` (b, h, m), per head, in place (sorted first)."""
@@ -432,6 +470,7 @@ class CompressibleCache(Cache):
         self.pending_token_index: torch.Tensor | None = None
         self.pending_tiers: dict[int, torch.Tensor] | None = None
         self.pending_visual = 0  # visual tokens among the pending ones (host int)
+        self.static = None  # a `StaticDecoder` while it decodes: it routes `update` to `write_slot`
         self.peak_kv_bytes = 0
         self.peak_device_bytes = 0
         self._layer_bytes = [0] * num_layers
@@ -441,6 +480,8 @@ class CompressibleCache(Cache):
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor]:
         layer = self.layers[layer_idx]
+        if self.static is not None:  # fixed-shape decoding: no host bookkeeping per step (see static_decode)
+            return self.static.update(layer, layer_idx, key_states, value_states)
         out = layer.update(key_states, value_states, self.pending_token_index, self.pending_tiers)
         layer.visual_entries += self.pending_visual
         self.refresh_bytes(layer_idx, layer.working_bytes)

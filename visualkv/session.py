@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -32,6 +33,7 @@ from visualkv.media import Media
 from visualkv.memory_guard import MemoryGuard
 from visualkv.methods import make_method, media_limits, method_traits
 from visualkv.models.base import ModelAdapter, PreparedInput
+from visualkv.static_decode import DECODE_MODES, StaticDecoder, graph_unsupported
 from visualkv.telemetry import BlockEvent, TurnRecord, cuda_peak, peak_rss_bytes, reset_cuda_peak
 
 
@@ -52,6 +54,8 @@ class SessionConfig:
     followup: "reuse" (keep the compressed cache) or "reprefill" (rebuild the
       media cache for each new question; only matters for query-aware methods).
     method_options: extra keyword arguments for the method's constructor.
+    decode: how answer tokens run through the model (see visualkv.static_decode): "auto" (a CUDA graph per
+      answer where it applies, else "eager"), "graph", "static" (fixed shapes without a graph) or "eager".
     """
 
     method: str = "full"
@@ -64,6 +68,7 @@ class SessionConfig:
     seed: int = 0
     followup: str = "reuse"
     method_options: dict[str, Any] = field(default_factory=dict)
+    decode: str = "auto"
 
     def validate(self) -> None:
         traits = method_traits(self.method)  # ConfigError for an unknown name or a refused composition
@@ -83,6 +88,8 @@ class SessionConfig:
             raise ConfigError("temperature must be >= 0 and top_p in (0, 1]")
         if self.followup not in ("reuse", "reprefill"):
             raise ConfigError("followup must be 'reuse' or 'reprefill'")
+        if self.decode not in DECODE_MODES:
+            raise ConfigError(f"decode must be one of {', '.join(DECODE_MODES)}, got {self.decode!r}")
 
 
 #: most (layer, visual token) keep fractions written to the JSON report (~14 MB of JSON); beyond it only the
@@ -99,6 +106,9 @@ class ChatSession:
         self.adapter = adapter
         self.config = config or SessionConfig()
         self.config.validate()
+        if self.config.decode == "graph" and (why := graph_unsupported(adapter)):
+            raise ConfigError(f"decode 'graph' is not possible here: {why}; use 'static', 'eager' or 'auto'")
+        self._graph_failure: str | None = None  # why a CUDA graph capture failed once (then "auto" stays eager)
         self.guard = guard or MemoryGuard()  # refuses a prefill that would not fit in memory
         self.engine = Engine(adapter)
         self.reset()
@@ -280,35 +290,66 @@ class ChatSession:
         t_first = None
         record.stopped = "max_new_tokens"
         self.cache.reserve(self.config.max_new_tokens + 1)  # one growth now, none while decoding
-        for step in range(self.config.max_new_tokens):
-            token = self._sample(logits, generator)  # the one host sync per token: EOS and text need it
-            if t_first is None:
-                t_first = time.perf_counter()
-                record.ttft_seconds = t_first - t0
-            if token in eos:
-                record.stopped = "eos"
-                break
-            record.token_ids.append(token)
-            piece = detok.push(token)
-            if piece:
-                record.answer = detok.text
-                yield piece
-            if stop is not None and stop.is_set():
-                record.stopped = "stopped"
-            if step == self.config.max_new_tokens - 1 or record.stopped == "stopped":
-                self._pending = token
-                break
-            ids = torch.tensor([token])
-            logits = self.engine.extend(ids, self._next_position, self._seq_len, self.cache)
-            self._history_ids.append(ids)
-            self._seq_len += 1
-            self._next_position += 1
+        decoder: StaticDecoder | None = None
+        try:
+            for step in range(self.config.max_new_tokens):
+                token = self._sample(logits, generator)  # the one host sync per token: EOS and text need it
+                if t_first is None:
+                    t_first = time.perf_counter()
+                    record.ttft_seconds = t_first - t0
+                if token in eos:
+                    record.stopped = "eos"
+                    break
+                record.token_ids.append(token)
+                piece = detok.push(token)
+                if piece:
+                    record.answer = detok.text
+                    yield piece
+                if stop is not None and stop.is_set():
+                    record.stopped = "stopped"
+                if step == self.config.max_new_tokens - 1 or record.stopped == "stopped":
+                    self._pending = token
+                    break
+                if step == 0:  # built after the first token: its time counts in decoding, not in TTFT
+                    decoder = self._static_decoder(record, self.config.max_new_tokens - 1)
+                ids = torch.tensor([token])
+                if decoder is not None:
+                    logits = decoder.step(token)
+                else:
+                    logits = self.engine.extend(ids, self._next_position, self._seq_len, self.cache)
+                self._history_ids.append(ids)
+                self._seq_len += 1
+                self._next_position += 1
+        finally:  # also when the caller stops iterating: the entries written so far are counted
+            if decoder is not None:
+                decoder.finish()
         # a token cut inside a UTF-8 sequence decodes to U+FFFD: never end an answer on one
         record.answer = self.adapter.tokenizer.decode(record.token_ids, skip_special_tokens=True).rstrip("\ufffd")
         n = len(record.token_ids)
         if t_first is not None and n > 1:
             record.decode_tokens_per_second = (n - 1) / max(time.perf_counter() - t_first, 1e-9)
         record.kv_bytes_after = self.cache.kv_bytes()
+
+    def _static_decoder(self, record: TurnRecord, steps: int) -> StaticDecoder | None:
+        """The fixed-shape decoder for this answer, or None for plain steps; sets `record.decode_mode`."""
+        mode = self.config.decode
+        if mode == "auto":
+            mode = "eager" if self._graph_failure or graph_unsupported(self.adapter) else "graph"
+        record.decode_mode = mode
+        if mode == "eager":
+            if self._graph_failure:
+                record.decode_mode = f"eager (graph capture failed: {self._graph_failure})"
+            return None
+        args = (self.adapter, self.cache, steps, self._next_position, self._seq_len)
+        if mode == "static":
+            return StaticDecoder(*args, graph=False)
+        try:
+            return StaticDecoder(*args, graph=True)
+        except Exception as exc:  # noqa: BLE001 - a kernel that cannot be captured: decode this turn eagerly
+            self._graph_failure = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+            warnings.warn(f"CUDA graph decoding unavailable, decoding eagerly: {self._graph_failure}", stacklevel=2)
+            record.decode_mode = f"eager (graph capture failed: {self._graph_failure})"
+            return None
 
     def _sample(self, logits: torch.Tensor, generator: torch.Generator) -> int:
         """Greedy or top-p sampling of one token; `generator` lives on the logits' device.

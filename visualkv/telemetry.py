@@ -79,6 +79,7 @@ class TurnRecord:
     kv_bytes_after: int = 0
     stopped: str = ""  # "eos", "max_new_tokens" or "stopped"
     cuda_peak_bytes: int | None = None  # CUDA peak of this turn (reset when the turn starts); None without CUDA
+    decode_mode: str = ""  # "graph", "static" or "eager" (visualkv.static_decode); "" when one token was made
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,0 +1,179 @@
+"""Decoding with fixed shapes, replayed as one CUDA graph per token.
+
+A decode step through `Engine.extend` is launch-bound on a GPU: a 7B model runs ~300 small kernels per token
+with Python between them, so the GPU idles most of the time (issue 11 measured ~40 tokens/s on an H200, where
+reading the weights once per token allows ~330). Fixing every shape of a step lets the whole step be captured
+once per answer and replayed per token:
+
+- each layer gets a fixed *window*: the entries it holds when the answer starts plus room for the answer,
+  reserved before decoding, so no buffer moves while the graph holds its address;
+- the new entry of step `s` is written at slot `held + s` (`CompressibleLayer.write_slot`), with `s` a device
+  tensor the step itself increments, and attention reads the whole window while a mask hides the slots not
+  written yet: the same entries a plain step attends to, in the same order;
+- the token to feed is written into a device buffer before each replay (`fill_`, no host read).
+
+The host reads one value per token, the sampled id (for EOS and the streamed text), as the plain path does.
+The entries written are counted on the host once, when the answer ends (`finish`).
+
+Modes (`SessionConfig.decode`):
+- "graph": the step is captured as a CUDA graph (CUDA only, one device, SDPA or eager attention);
+- "static": the same fixed-shape step run as plain PyTorch: on any device (the CPU tests compare it with "eager");
+- "eager": `Engine.extend` per token, the shapes growing by one entry per token;
+- "auto": "graph" where it applies, else "eager".
+"""
+
+from __future__ import annotations
+
+import torch
+
+from visualkv.cache import CompressibleCache, CompressibleLayer
+from visualkv.engine import attention_working_bytes
+from visualkv.models.base import ModelAdapter
+
+DECODE_MODES = ("auto", "eager", "static", "graph")
+GRAPH_ATTENTION = ("sdpa", "eager")  # kernels that take an explicit mask (flash attention does not)
+
+
+def graph_unsupported(adapter: ModelAdapter) -> str | None:
+    """Why a CUDA graph cannot decode on this model, or None when it can."""
+    devices = {layer.input_layernorm.weight.device for layer in adapter.layers} | {adapter.device}
+    if any(d.type != "cuda" for d in devices):
+        return "CUDA graphs need the model on a CUDA device"
+    if len(devices) > 1:
+        return "the model is split over several devices"
+    if adapter.attn_implementation not in GRAPH_ATTENTION:
+        return f"attention {adapter.attn_implementation!r} takes no mask (use sdpa or eager)"
+    if not torch.cuda.is_available() or not hasattr(torch.cuda, "CUDAGraph"):
+        return "this PyTorch build has no CUDA graphs"
+    return None
+
+
+class StaticDecoder:
+    """Runs the decode steps of one answer with fixed shapes (see the module docstring).
+
+    Use: `logits = decoder.step(token)` per fed token, then `finish()` (always, also when the answer
+    stops early): it counts the written entries as held and detaches from the cache.
+    """
+
+    def __init__(
+        self,
+        adapter: ModelAdapter,
+        cache: CompressibleCache,
+        steps: int,
+        start_position: int,
+        seq_offset: int,
+        graph: bool,
+    ) -> None:
+        self.adapter, self.cache, self.steps = adapter, cache, steps
+        device = adapter.device
+        self.held = [layer.static_window(steps) - steps for layer in cache.layers]  # host ints
+        for i, layer in enumerate(cache.layers):  # reserving may have grown a buffer: count it once, now
+            cache.refresh_bytes(i, layer.working_bytes)
+        self.windows = [n + steps for n in self.held]
+        self.ids = torch.zeros(1, dtype=torch.long, device=device)  # the token fed at the next step
+        self.step_index = torch.zeros(1, dtype=torch.long, device=device)  # steps run so far, on the device
+        self.start_position = start_position
+        self.seq_offset = seq_offset
+        self.done = 0  # steps run (host count)
+        # attention's transient over the widest window (the grouped-query expansion), as the plain path notes it
+        cache.note_working(attention_working_bytes(adapter, 1, max(self.windows), True, adapter.dtype))
+        # one slot arange per distinct window (layers of one model usually share it)
+        self._slots = {w: torch.arange(w, device=device) for w in set(self.windows)}
+        self._masks: dict[tuple[int, int], torch.Tensor] = {}
+        self._slot_of: dict[int, torch.Tensor] = {}
+        self._graph = None
+        self._out: torch.Tensor | None = None
+        self._eager_mask = adapter.attn_implementation == "eager"
+        cache.static = self
+        if graph:
+            try:
+                self._capture()
+            except Exception:
+                cache.static = None
+                raise
+
+    # -- one step ----------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _run(self) -> torch.Tensor:
+        """One decode step on device tensors only (what the graph captures)."""
+        adapter = self.adapter
+        hidden = adapter.embed(self.ids)
+        positions = (self.step_index + self.start_position).view(1, 1).expand(adapter.position_axes, 1)
+        cos, sin = adapter.rotary(hidden, positions)
+        self._slot_of = {n: self.step_index + n for n in set(self.held)}
+        self._masks = {}
+        for layer_idx, layer in enumerate(adapter.layers):
+            key = (self.held[layer_idx], self.windows[layer_idx])
+            if key not in self._masks:
+                self._masks[key] = self._mask(*key, hidden.dtype)
+            hidden = layer(
+                hidden,
+                attention_mask=self._masks[key],
+                position_embeddings=(cos, sin),
+                past_key_values=self.cache,
+                use_cache=True,
+            )
+        logits = adapter.final_hidden_to_logits(hidden[:, -1:])[0, -1]
+        self.step_index += 1
+        return logits
+
+    def _mask(self, held: int, window: int, dtype: torch.dtype) -> torch.Tensor:
+        """(1, 1, 1, window): the held entries and those written by this answer so far, this step's included."""
+        visible = (self._slots[window] <= self._slot_of[held]).view(1, 1, 1, window)
+        if self._eager_mask:  # eager attention adds its mask to the scores
+            return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(
+                ~visible, torch.finfo(dtype).min
+            )
+        return visible
+
+    def update(
+        self, layer: CompressibleLayer, layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cache's `update` during a step: write the new entry in place, return the layer's window."""
+        slot = self._slot_of[self.held[layer_idx]]
+        token_index = self.step_index + self.seq_offset
+        return layer.write_slot(key_states, value_states, token_index, slot, self.windows[layer_idx])
+
+    # -- CUDA graph --------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _capture(self) -> None:
+        device = self.adapter.device
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            # warm-up outside the graph (lazy cuBLAS / kernel setup); it writes slot `held`, which step 0
+            # writes again, and its step count is undone below
+            self._run()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        self.step_index.zero_()
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: the app serves several chats from threads; another thread's CUDA calls during this
+        # capture must not invalidate it (they are not captured: only this thread's stream is)
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            self._out = self._run()
+        self._graph = graph
+
+    # -- driving ---------------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, token: int) -> torch.Tensor:
+        """Feed `token` (the answer's latest); returns the next logits (valid until the next step)."""
+        if self.done >= self.steps:
+            raise RuntimeError(f"fixed-shape decoder sized for {self.steps} steps")
+        self.ids.fill_(token)  # an async fill on the device: no host read
+        self.done += 1
+        if self._graph is not None:
+            self._graph.replay()
+            return self._out
+        return self._run()
+
+    @property
+    def mode(self) -> str:
+        return "graph" if self._graph is not None else "static"
+
+    def finish(self) -> None:
+        """Count the entries written as held, and give the cache back its plain `update`."""
+        self.cache.static = None
+        for i, layer in enumerate(self.cache.layers):
+            layer.commit_slots(self.done)
+            self.cache.refresh_bytes(i)
+        self._graph = self._out = None
