@@ -225,6 +225,8 @@ def test_summary_rows_name_the_key_numbers(snap):
     assert line.startswith("192 visual tokens") and f"{ratio:.1f}× less at peak" in line and "TTFT" in line
     assert viz.decode_speed({"decode_tokens_per_second": 0.0, "token_ids": [5]}) == "n/a"
     assert viz.decode_speed({"decode_tokens_per_second": 3.0, "token_ids": [5, 6]}) == "3.0 tokens/s"
+    graph = {"decode_tokens_per_second": 3.0, "token_ids": [5, 6], "decode_mode": "graph"}
+    assert viz.decode_speed(graph) == "3.0 tokens/s (CUDA graph)"
 
 
 def test_views_of_absent_method_fields_are_none(snap):

@@ -1135,9 +1135,12 @@ def _mib(n: float | None) -> str:
 
 
 def decode_speed(turn: dict[str, Any]) -> str:
-    """Tokens per second of a turn's answer, "n/a" when it had fewer than two tokens (no rate to measure)."""
+    """Tokens per second of a turn's answer, "n/a" when it had fewer than two tokens (no rate to measure);
+    "(CUDA graph)" when its steps were replayed as one (visualkv.static_decode)."""
     speed = turn.get("decode_tokens_per_second") or 0
-    return f"{speed:.1f} tokens/s" if speed > 0 and len(turn.get("token_ids") or []) > 1 else "n/a"
+    if not (speed > 0 and len(turn.get("token_ids") or []) > 1):
+        return "n/a"
+    return f"{speed:.1f} tokens/s" + (" (CUDA graph)" if turn.get("decode_mode") == "graph" else "")
 
 
 def summary_line(report: dict[str, Any]) -> str:
