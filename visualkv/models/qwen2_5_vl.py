@@ -28,6 +28,7 @@ from transformers.vision_utils import get_vision_position_ids
 from visualkv.layout import FrameInfo, VisualLayout, VisualUnit, grid_boxes
 from visualkv.media import Media
 from visualkv.models.base import ModelAdapter, PreparedInput, splice_runs, text_positions, video_metadata
+from visualkv.models.vision_attention import batch_vision_chunks
 
 
 class Qwen25VLAdapter(ModelAdapter):
@@ -44,6 +45,7 @@ class Qwen25VLAdapter(ModelAdapter):
         window = getattr(vcfg, "window_size", None)
         self.window_rows = max(1, window // vcfg.patch_size // self.merge) if window else 1
         self._strip: tuple[int, int, torch.Tensor] | None = None  # (row0, row1, embeddings)
+        batch_vision_chunks(self.visual)  # one attention call per window length, not per window
 
     @property
     def language_model(self) -> torch.nn.Module:

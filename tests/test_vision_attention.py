@@ -1,0 +1,64 @@
+"""Batched chunk attention in the Qwen vision towers (visualkv.models.vision_attention).
+
+Same output as transformers' per-chunk loop (images with interior and edge windows, videos of several
+temporal patches, SDPA and eager attention), in far fewer attention calls.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.conftest import get_adapter
+from visualkv.bench.synthetic import image_media, video_media
+from visualkv.models.vision_attention import stock_vision_attention
+
+
+@pytest.fixture
+def sdpa_calls(monkeypatch):
+    calls = []
+    original = F.scaled_dot_product_attention
+
+    def counting(*args, **kwargs):
+        calls.append(args[0].shape)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", counting)
+    return calls
+
+
+def _encode(adapter, media, stock: bool, calls: list) -> tuple[torch.Tensor, int]:
+    prepared = adapter.prepare(media, "What is in it?")
+    adapter.reset_stream()
+    calls.clear()
+    with torch.no_grad(), stock_vision_attention(adapter.visual) if stock else torch.no_grad():
+        out, per_layer = adapter.encode_units_with_layer_features(prepared, prepared.layout.units)
+    adapter.reset_stream()
+    return torch.cat([out, *per_layer]) if per_layer else out, len(calls)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("kind", ["image", "video"])
+@pytest.mark.parametrize("alias", ["tiny-qwen2.5-vl", "tiny-qwen3-vl"])
+def test_batched_chunks_match_transformers_loop(alias, kind, attention, sdpa_calls, monkeypatch):
+    adapter = get_adapter(alias)
+    monkeypatch.setattr(adapter.visual.config, "_attn_implementation", attention)
+    # 1000 x 700: interior windows and narrower edge windows (several chunk lengths in one layer)
+    media = image_media(1000, 700, seed=1) if kind == "image" else video_media(8, 320, 240, fps=1.0, seed=2)
+    batched, batched_calls = _encode(adapter, media, stock=False, calls=sdpa_calls)
+    stock, stock_calls = _encode(adapter, media, stock=True, calls=sdpa_calls)
+    assert batched.shape == stock.shape
+    torch.testing.assert_close(batched, stock, rtol=0, atol=1e-6)  # float32: the same sums per chunk
+    if attention == "sdpa":
+        assert batched_calls <= stock_calls
+        if alias == "tiny-qwen2.5-vl" or kind == "video":  # several chunks per layer: one call per chunk length
+            assert batched_calls * 4 <= stock_calls
+
+
+def test_stock_switch_restores_the_batched_path(sdpa_calls):
+    adapter = get_adapter("tiny-qwen2.5-vl")
+    media = image_media(1000, 700, seed=1)
+    before = _encode(adapter, media, stock=False, calls=sdpa_calls)[1]
+    _encode(adapter, media, stock=True, calls=sdpa_calls)
+    assert _encode(adapter, media, stock=False, calls=sdpa_calls)[1] == before

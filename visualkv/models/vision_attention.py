@@ -1,0 +1,114 @@
+"""One attention call per chunk length in the Qwen vision towers, instead of one per chunk.
+
+Qwen2.5-VL's vision tower attends inside 112-px windows in most layers, Qwen3-VL's (and the full-attention layers
+of both) inside each image or temporal patch: `cu_seqlens` lists the chunks. Under SDPA or eager attention
+transformers splits q / k / v per chunk and calls attention once per chunk in a Python loop (with a
+`tolist()` of the chunk lengths per layer): a 4K image is ~660 windows x 28 windowed layers, some 20,000
+attention calls and four times as many small copies, which leaves a GPU idle most of the time (issue 11's
+profile). Here the chunks of one length are gathered into a batch and attended in one call: a handful of
+calls per layer (interior windows share one length, edge windows a few others), the same arithmetic per
+chunk (scores never cross a chunk), and the chunk lengths read on the host once per distinct `cu_seqlens`
+tensor (the tower passes the same two tensors to every layer) instead of once per layer.
+
+`batch_vision_chunks(visual)` installs this on a tower's attention modules (idempotent). Flash attention
+(varlen kernels) keeps transformers' own path, and `stock_vision_attention(visual)` switches back temporarily
+(the GPU bench's `generate` reference measures transformers as users get it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import sys
+from collections.abc import Iterator
+from types import MethodType
+
+import torch
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+ATTENTION_CLASSES = ("Qwen2_5_VLVisionAttention", "Qwen3VLVisionAttention")
+_FLAG = "_visualkv_batched"  # on the tower: False runs transformers' own per-chunk loop
+_GROUPS = "_visualkv_chunk_groups"  # on the tower: {id(cu_seqlens): (cu_seqlens, groups)}, the last few
+
+
+def _chunk_groups(cu_seqlens: torch.Tensor, cache: dict) -> list[tuple[int, torch.Tensor | None]]:
+    """[(length, starts on the device, or None when the chunks tile the sequence in order)], one per length.
+
+    Reads the boundaries once per tensor: the tower builds two (windows, whole images) per forward and passes
+    the same objects to every layer. The cache keeps the tensor alive, so its id is not reused while cached.
+    """
+    hit = cache.get(id(cu_seqlens))
+    if hit is not None and hit[0] is cu_seqlens:
+        return hit[1]
+    bounds = cu_seqlens.tolist()  # one host read per distinct tensor (transformers' loop reads per layer)
+    starts_by_length: dict[int, list[int]] = {}
+    for start, end in itertools.pairwise(bounds):
+        if end > start:
+            starts_by_length.setdefault(end - start, []).append(start)
+    groups: list[tuple[int, torch.Tensor | None]] = []
+    for length, starts in starts_by_length.items():
+        tiled = len(starts_by_length) == 1 and starts[0] == 0  # equal chunks in order: a reshape, no gather
+        groups.append((length, None if tiled else torch.tensor(starts).to(cu_seqlens.device, non_blocking=True)))
+    if len(cache) >= 4:
+        cache.pop(next(iter(cache)))
+    cache[id(cu_seqlens)] = (cu_seqlens, groups)
+    return groups
+
+
+def _attend_chunks(module, q, k, v, groups) -> torch.Tensor:
+    """q / k / v (seq, heads, dim); attention inside each chunk, one call per group; returns (seq, heads, dim)."""
+    own = sys.modules[type(module).__module__]  # the class's modeling module: its eager attention is the default
+    interface = ALL_ATTENTION_FUNCTIONS.get_interface(module.config._attn_implementation, own.eager_attention_forward)
+    out = None
+    for length, starts in groups:
+        if starts is None:
+            n = q.shape[0] // length
+            batch = [t.view(n, length, *t.shape[1:]).transpose(1, 2) for t in (q, k, v)]
+        else:
+            index = (starts[:, None] + torch.arange(length, device=starts.device)).flatten()
+            batch = [t[index].view(-1, length, *t.shape[1:]).transpose(1, 2) for t in (q, k, v)]
+        # (chunks, heads, length, dim) -> (chunks, length, heads, dim), as transformers' interfaces return
+        res = interface(module, *batch, attention_mask=None, scaling=module.scaling, dropout=0.0, is_causal=False)[0]
+        if starts is None:
+            return res.reshape(q.shape)
+        if out is None:
+            out = q.new_empty(q.shape)
+        out[index] = res.reshape(-1, *q.shape[1:])
+    return out
+
+
+def _forward(self, hidden_states, cu_seqlens, position_embeddings=None, max_seqlen=None, **kwargs):
+    """The vision attention's forward with chunks batched by length (transformers' own where it does not apply)."""
+    tower = self._visualkv_tower
+    if not getattr(tower, _FLAG, False) or "flash" in (self.config._attn_implementation or ""):
+        return type(self).forward(self, hidden_states, cu_seqlens, position_embeddings, max_seqlen, **kwargs)
+    apply_rotary = sys.modules[type(self).__module__].apply_rotary_pos_emb_vision  # the class's own module
+    seq_length = hidden_states.shape[0]
+    q, k, v = self.qkv(hidden_states).reshape(seq_length, 3, self.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
+    cos, sin = position_embeddings
+    q, k = apply_rotary(q, k, cos, sin)
+    out = _attend_chunks(self, q, k, v, _chunk_groups(cu_seqlens, getattr(tower, _GROUPS)))
+    return self.proj(out.reshape(seq_length, -1).contiguous())
+
+
+def batch_vision_chunks(visual: torch.nn.Module) -> int:
+    """Install the batched forward on a vision tower's attention modules; returns how many (0: none found)."""
+    modules = [m for m in visual.modules() if type(m).__name__ in ATTENTION_CLASSES]
+    for module in modules:
+        object.__setattr__(module, "_visualkv_tower", visual)  # not a submodule: no cycle in modules()
+        module.forward = MethodType(_forward, module)
+    if modules:
+        object.__setattr__(visual, _GROUPS, {})
+        object.__setattr__(visual, _FLAG, True)
+    return len(modules)
+
+
+@contextlib.contextmanager
+def stock_vision_attention(visual: torch.nn.Module) -> Iterator[None]:
+    """Run transformers' own per-chunk loop inside the block (a reference measured as users get it)."""
+    before = getattr(visual, _FLAG, False)
+    object.__setattr__(visual, _FLAG, False)
+    try:
+        yield
+    finally:
+        object.__setattr__(visual, _FLAG, before)
