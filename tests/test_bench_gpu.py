@@ -47,6 +47,7 @@ def test_every_case_ran_and_decoded_every_token(result):
     assert all("error" not in c for c in cases), [c.get("error") for c in cases]
     assert all(c["new_tokens"] == 5 for c in cases)  # EOS ignored: every case decodes as many tokens
     assert all(c["ttft_seconds"] > 0 and c["decode_tokens_per_second"] > 0 for c in cases)
+    assert all(c["process_peak_rss_bytes"] > 0 for c in cases)  # host memory, the reference's too
 
 
 def test_partial_results_are_handed_over_after_every_case(result):

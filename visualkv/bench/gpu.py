@@ -53,6 +53,7 @@ from visualkv.methods import FULL_FRAME_CAP, METHODS, is_bounded, media_limits, 
 from visualkv.models.base import ModelAdapter, video_metadata
 from visualkv.models.registry import load_model
 from visualkv.session import ChatSession, SessionConfig
+from visualkv.telemetry import peak_rss_bytes
 
 REFERENCE = "transformers-generate"
 PROMPT = "Describe what you see in detail."
@@ -210,6 +211,7 @@ def run_generate(adapter: ModelAdapter, media: Media, cfg: GpuBenchConfig) -> di
         "cache_peak_bytes": cache_bytes,
         "cache_final_bytes": cache_bytes,
         "prompt_tokens": int(enc["input_ids"].shape[1]),
+        "process_peak_rss_bytes": peak_rss_bytes(),
     }
 
 
