@@ -14,18 +14,22 @@
 #   bench  about 3-4 min per shape (4K image + 512-frame video x transformers generate and 6 methods; issue 10/11:
 #          generate 14.7 s and block-wise KeyDiff 24.2 s on the 512-frame video, ~2 s per 4K case); twice that
 #          with the default two shapes.
-#   hour   about 4-6 min: an hour at 1 fps is 3,600 frames, ~540k visual tokens, 7x issue 10's 76,544 tokens
-#          (512 frames) on which block-wise KeyDiff took 24.2 s TTFT, so ~170 s for block-wise KeyDiff (linear:
-#          its cache is bounded) and at most as much for blockwise-keydiff+salicache on the mix video (on CPU
-#          with the tiny model it took 0.69x block-wise alone: frames skipped), plus ~30 s to start and build
-#          the model. The reference (transformers generate) and `full` are refused rows past 512 frames (no
-#          time). Writing the hour-long mix video took 3.6 s on this repo's 2-core CPU machine (4.6 s the
-#          moving one; 4 MB): it is generated on the GPU box, nothing to carry.
-# A 15-minute session fits two of the steps, not three, each as its own call (one call may run 10 min):
-#   call 1: `hour` (HOUR_STEP_TIMEOUT=420 leaves room for call 2; its JSON is rewritten after every case,
-#           so a timeout keeps the finished cases), call 2: `bench` with GPU_CHECK_FAMILIES=qwen2.5-vl-7b
-#           (STEP_TIMEOUT=300); `tests` in a session of their own (or `tests` + `bench` in one session, as
-#           before, and `hour` alone in another).
+#   hour   about 4-7 min: an hour at 1 fps is 3,600 frames, ~540k visual tokens (538,200 on Qwen2.5-VL at
+#          640x360), 7x issue 10's 76,544 tokens (512 frames) on which block-wise KeyDiff took 24.2 s TTFT, so
+#          ~170 s for block-wise KeyDiff (linear: its cache is bounded) and at most as much for
+#          blockwise-keydiff+salicache on the mix video (0.69x block-wise alone on CPU with the tiny model:
+#          frames skipped; docs/results/memory_long_video_tiny-qwen2.5-vl.json), plus ~30 s to start and build
+#          the model and a few seconds per case for the 540k-token report and the decode. The reference (transformers
+#          generate) and `full` are refused rows past 512 frames (no time). Writing the hour-long mix video took
+#          3.6 s on the 2-core CPU machine this was prepared on (4.6 s the moving one; 4 MB): it is generated
+#          on the GPU box, nothing to carry. On that CPU machine the whole step with tiny-qwen2.5-vl at full
+#          size took 2 min 48 s (block-wise 105 s TTFT, composed 53 s; loaded; not committed).
+# A 15-minute session (the machine's start included) fits two of the steps, not three, each its own call
+# (one call may run 10 min at most):
+#   call 1: `hour` with HOUR_STEP_TIMEOUT=450; call 2: `bench` with GPU_CHECK_FAMILIES=qwen2.5-vl-7b and
+#   STEP_TIMEOUT set to what `status` says is left, less a minute. `bench gpu` rewrites its JSON after every
+#   case, so a step stopped by its timeout keeps the cases it finished. `tests` in a session of their own
+#   (or `tests` + `bench` in one session, as before, and `hour` alone in another).
 #
 # `bench gpu` runs once per shape model (each its own process: one model in GPU memory at a time). Which:
 #   GPU_CHECK_FAMILIES unset      shape-qwen2.5-vl-7b and shape-qwen3-vl-8b (the default)
