@@ -303,15 +303,15 @@ def run_gpu_bench(
         "cases": [],
     }
     log(f"{cfg.model}: {weights / 2**30:.2f} GiB of weights, built/loaded in {load_seconds:.1f} s on {machine()}")
-    inputs: list[tuple[str, Media | VideoInput]] = []
+    sources: list[Media | VideoInput] = []  # the image in memory; a video as a file each case loads
     if "image" in cfg.inputs:
-        inputs.append(("image", image_media(*cfg.image_size, seed=7)))
+        sources.append(image_media(*cfg.image_size, seed=7))
     if "video" in cfg.inputs:
         for kind in cfg.video_kinds:
             video = video_input(cfg, kind, log)
             result["videos"].append(asdict(video))
-            inputs.append(("video", video))
-    for kind, source in inputs:
+            sources.append(video)
+    for source in sources:
         rows = []
         for method in (REFERENCE, *cfg.methods):
             row = _one_case(adapter, source, method, cfg)
@@ -331,7 +331,7 @@ def _one_case(adapter: ModelAdapter, source: Media | VideoInput, method: str, cf
         head.update(video_kind=source.kind, video_frames=source.frames, video_seconds=source.seconds)
     try:
         media = source if isinstance(source, Media) else load_case_media(method, source, cfg)
-    except MediaError as exc:  # past the case's frame cap: refused before anything is decoded
+    except MediaError as exc:  # past the case's frame cap (or the video-length limit): nothing decoded yet
         return {**head, "refused": str(exc).splitlines()[0]}
     try:
         row = run_case(adapter, media, method, cfg)
