@@ -1,32 +1,57 @@
 #!/usr/bin/env bash
-# The GPU checks of issue 10, prepared for a session that has a GPU: the CUDA tests and `bench gpu`.
+# The GPU checks of issues 10, 11 and 14, prepared for a session that has a GPU: the CUDA tests, `bench gpu`
+# on the shapes, and `bench gpu` on an hour of video.
 #
-#   OUT=/tmp/out scripts/gpu_check.sh            # both steps (estimated, not yet measured: about 10 minutes
-#                                                # for the tests and one 7B shape on one H200, a few more per
-#                                                # further shape; in a 15-minute session run `tests` and
-#                                                # `bench` as separate calls, or lower STEP_TIMEOUT)
 #   OUT=/tmp/out scripts/gpu_check.sh tests      # only `pytest -m cuda`
-#   OUT=/tmp/out scripts/gpu_check.sh bench      # only `bench gpu` (shapes, 4K image + 512-frame video)
-#   GPU_CHECK_SMALL=1 OUT=/tmp/out scripts/gpu_check.sh   # dry run anywhere (CPU too): tiny models, small inputs
+#   OUT=/tmp/out scripts/gpu_check.sh bench      # only `bench gpu` (shapes, 4K image + 512-s mix video)
+#   OUT=/tmp/out scripts/gpu_check.sh hour       # only `bench gpu` on shape-qwen2.5-vl-7b, one hour of video
+#   OUT=/tmp/out scripts/gpu_check.sh            # all three, one after the other (does not fit one call: below)
+#   GPU_CHECK_SMALL=1 OUT=/tmp/out scripts/gpu_check.sh [step]   # dry run anywhere (CPU too): tiny models, small inputs
+#
+# Time on one H200 (estimates, not measured: nothing here has run on a GPU yet). The machine's start (a few
+# minutes) counts against the session's device time too.
+#   tests  about 6 min (the earlier estimate, ~10 min for tests + the bench of one 7B shape, less that bench).
+#   bench  about 3-4 min per shape (4K image + 512-frame video x transformers generate and 6 methods; issue 10/11:
+#          generate 14.7 s and block-wise KeyDiff 24.2 s on the 512-frame video, ~2 s per 4K case); twice that
+#          with the default two shapes.
+#   hour   about 4-7 min: an hour at 1 fps is 3,600 frames, ~540k visual tokens (538,200 on Qwen2.5-VL at
+#          640x360), 7x issue 10's 76,544 tokens (512 frames) on which block-wise KeyDiff took 24.2 s TTFT, so
+#          ~170 s for block-wise KeyDiff (linear: its cache is bounded) and at most as much for
+#          blockwise-keydiff+salicache on the mix video (0.69x block-wise alone on CPU with the tiny model:
+#          frames skipped; docs/results/memory_long_video_tiny-qwen2.5-vl.json), plus ~30 s to start and build
+#          the model and a few seconds per case for the 540k-token report and the decode. The reference (transformers
+#          generate) and `full` are refused rows past 512 frames (no time). Writing the hour-long mix video took
+#          3.6 s on the 2-core CPU machine this was prepared on (4.6 s the moving one; 4 MB): it is generated
+#          on the GPU box, nothing to carry. On that CPU machine the whole step with tiny-qwen2.5-vl at full
+#          size took 2 min 48 s (block-wise 105 s TTFT, composed 53 s; loaded; not committed).
+# A 15-minute session (the machine's start included) fits two of the steps, not three, each its own call
+# (one call may run 10 min at most):
+#   call 1: `hour` with HOUR_STEP_TIMEOUT=450; call 2: `bench` with GPU_CHECK_FAMILIES=qwen2.5-vl-7b and
+#   STEP_TIMEOUT set to what `status` says is left, less a minute. `bench gpu` rewrites its JSON after every
+#   case, so a step stopped by its timeout keeps the cases it finished. `tests` in a session of their own
+#   (or `tests` + `bench` in one session, as before, and `hour` alone in another).
 #
 # `bench gpu` runs once per shape model (each its own process: one model in GPU memory at a time). Which:
 #   GPU_CHECK_FAMILIES unset      shape-qwen2.5-vl-7b and shape-qwen3-vl-8b (the default)
 #   GPU_CHECK_FAMILIES=all        also shape-llava-onevision-7b and shape-internvl3.5-8b (and the 3B / SmolVLM2
 #                                 shapes); about twice the time: mind a 15-minute GPU session
 #   GPU_CHECK_FAMILIES="qwen3-vl-8b internvl3.5-8b"   any list of shape names without the "shape-" prefix
-# With GPU_CHECK_SMALL each shape is replaced by the tiny alias of its family.
+# With GPU_CHECK_SMALL each shape is replaced by the tiny alias of its family. The `hour` step always runs
+# shape-qwen2.5-vl-7b (tiny-qwen2.5-vl with GPU_CHECK_SMALL: 540 s of 384x216 video, past the 512-frame cap).
 #
 # Writes under $OUT: env.txt (versions, GPU), pytest_cuda.log (+ junit XML), bench_gpu_<model>.log,
-# gpu_<model>.json and .md (the README table) per model. With transformers installed elsewhere (e.g. a carried wheel unpacked into
-# /tmp/site), run with PYTHONPATH=/tmp/site. Each step has its own time limit (STEP_TIMEOUT, seconds), so
-# one slow step cannot eat the other's log (in the bench step each shape has its own STEP_TIMEOUT).
-# Exit status: 0 when every step passed.
+# gpu_<model>.json and .md (the README table) per model; the hour step writes bench_gpu_hour_<model>.log and
+# hour/gpu_<model>.json and .md. With transformers installed elsewhere (e.g. a carried wheel unpacked into
+# /tmp/site), run with PYTHONPATH=/tmp/site. Each step has its own time limit (STEP_TIMEOUT, seconds; the hour
+# step HOUR_STEP_TIMEOUT), so one slow step cannot eat the other's log (in the bench step each shape has its
+# own STEP_TIMEOUT). Exit status: 0 when every step passed.
 set -u
 OUT=${OUT:-gpu_check_out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python}
 STEPS=${1:-all}
 STEP_TIMEOUT=${STEP_TIMEOUT:-540}
+HOUR_STEP_TIMEOUT=${HOUR_STEP_TIMEOUT:-540}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 cd "$(dirname "$0")/.."
 
@@ -95,5 +120,28 @@ if [ "$STEPS" = all ] || [ "$STEPS" = bench ]; then
     [ $rc -eq 0 ] || status=1
   done
   rm -f "$OUT"/*.html  # plotly is absent on the GPU box anyway; keep $OUT to the files that come back
+fi
+
+if [ "$STEPS" = all ] || [ "$STEPS" = hour ]; then
+  # issue 14: peak over weights <= 1 GiB for block-wise and composed on an hour of video; TTFT per hour.
+  # The mix video (static shots, pans, cuts, like the example) is generated once and read lazily per case;
+  # transformers generate and full are refused rows past 512 frames.
+  if [ -n "${GPU_CHECK_SMALL:-}" ]; then
+    model=tiny-qwen2.5-vl
+    hour=(--video-seconds 540 --video-size 384x216 --new-tokens 4 --budget 64)
+  else
+    model=shape-qwen2.5-vl-7b
+    hour=(--video-seconds 3600 --video-size 640x360 --new-tokens 64 --budget 1024)
+  fi
+  hour=(--model "$model" --inputs video --video-kinds mix --fps 1 "${hour[@]}"
+        --methods full,blockwise-keydiff,blockwise-keydiff+salicache)
+  echo "== bench gpu ${hour[*]}"
+  timeout "$HOUR_STEP_TIMEOUT" "$PY" -m visualkv bench gpu "${hour[@]}" --out "$OUT/hour" \
+    >"$OUT/bench_gpu_hour_$model.log" 2>&1
+  rc=$?
+  tail -n 30 "$OUT/bench_gpu_hour_$model.log"
+  echo "hour $model exit $rc"
+  [ $rc -eq 0 ] || status=1
+  rm -f "$OUT"/hour/*.html
 fi
 exit $status

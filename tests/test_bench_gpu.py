@@ -1,4 +1,6 @@
-"""`bench gpu` end to end on CPU with a tiny model and small inputs: the JSON's relations hold."""
+"""`bench gpu` end to end on CPU with a tiny model and small inputs: the JSON's relations hold, and a video
+past the 512-frame cap (read lazily from a generated file) gives refused rows for the reference and `full` and
+measured rows for the bounded methods."""
 
 from __future__ import annotations
 
@@ -9,8 +11,10 @@ import sys
 import pytest
 
 from visualkv.bench.gpu import REFERENCE, GpuBenchConfig, run_gpu_bench, save
+from visualkv.methods import FULL_FRAME_CAP
 
 METHODS = ("full", "blockwise-keydiff", "lightkv")
+COMPOSED = "blockwise-keydiff+salicache"
 
 
 @pytest.fixture(scope="module")
@@ -26,9 +30,12 @@ def result(tmp_path_factory):
         video_size=(320, 240),
         new_tokens=5,
         out=str(tmp_path_factory.mktemp("bench_gpu")),
+        video_dir=str(tmp_path_factory.mktemp("videos")),
     )
-    res = run_gpu_bench(cfg, log=lambda line: None)
+    seen = []  # (cases so far, complete) at every on_case call
+    res = run_gpu_bench(cfg, log=lambda line: None, on_case=lambda r: seen.append((len(r["cases"]), r["complete"])))
     res["paths"] = save(res, cfg.out)
+    res["seen"] = seen
     return res
 
 
@@ -40,6 +47,14 @@ def test_every_case_ran_and_decoded_every_token(result):
     assert all("error" not in c for c in cases), [c.get("error") for c in cases]
     assert all(c["new_tokens"] == 5 for c in cases)  # EOS ignored: every case decodes as many tokens
     assert all(c["ttft_seconds"] > 0 and c["decode_tokens_per_second"] > 0 for c in cases)
+    assert all(c["process_peak_rss_bytes"] > 0 for c in cases)  # host memory, the reference's too
+
+
+def test_partial_results_are_handed_over_after_every_case(result):
+    """bench gpu saves after each case, so a run cut short by a time limit keeps what it measured."""
+    n = len(result["cases"])
+    assert result["seen"] == [(k, False) for k in range(1, n + 1)]
+    assert result["complete"] is True
 
 
 def test_full_cache_equals_generates_cache(result):
@@ -119,3 +134,58 @@ def test_cli_refuses_a_bad_input_kind(capsys):
 
     code, _, err = _run(capsys, "bench", "gpu", "--inputs", "image,audio")
     _assert_one_line_error(code, err, "audio")
+
+
+# -- a video past the frame cap of full and of the reference (the hour-long run of scripts/gpu_check.sh, small) --
+PAST_CAP_SECONDS = FULL_FRAME_CAP + 8  # at 1 fps: 520 frames, 8 past the cap
+
+
+@pytest.fixture(scope="module")
+def past_cap(tmp_path_factory):
+    """`bench gpu --inputs video --video-seconds 520` through the CLI (default video kind: mix), 208x208 frames (the smallest --video-size)."""
+    from visualkv.__main__ import main
+
+    out = tmp_path_factory.mktemp("bench_gpu_past_cap")
+    code = main(
+        ["bench", "gpu", "--model", "tiny-qwen2.5-vl", "--device", "cpu", "--inputs", "video"]
+        + ["--video-seconds", str(PAST_CAP_SECONDS), "--video-size", "208x208", "--video-dir", str(out / "videos")]
+        + ["--methods", f"full,blockwise-keydiff,{COMPOSED}", "--budget", "48", "--block-size", "32"]
+        + ["--new-tokens", "3", "--out", str(out)]
+    )
+    with open(out / "gpu_tiny-qwen2.5-vl.json") as fh:
+        saved = json.load(fh)
+    return code, saved, (out / "gpu_tiny-qwen2.5-vl.md").read_text()
+
+
+def test_past_the_cap_reference_and_full_are_refused_rows(past_cap):
+    code, saved, table = past_cap
+    assert code == 0  # refusals are rows, not failures
+    rows = {c["method"]: c for c in saved["cases"]}
+    assert list(rows) == [REFERENCE, "full", "blockwise-keydiff", COMPOSED]
+    for method in (REFERENCE, "full"):
+        row = rows[method]
+        assert "ttft_seconds" not in row and "error" not in row
+        reason = row["refused"]
+        assert "\n" not in reason and f"{PAST_CAP_SECONDS} frames" in reason and f"{FULL_FRAME_CAP} frames" in reason
+        assert "blockwise-keydiff" in reason  # names the bounded methods
+        assert f"| {method} | refused: " in table
+
+
+def test_past_the_cap_bounded_methods_are_measured_per_hour(past_cap):
+    _, saved, table = past_cap
+    assert saved["complete"] is True and saved["config"]["video_kinds"] == ["mix"]
+    (video,) = saved["videos"]
+    assert video["kind"] == "mix" and video["frames"] == PAST_CAP_SECONDS and video["generation_seconds"] > 0
+    info = saved["model_info"]
+    entry = info["layers"] * 2 * info["kv_heads"] * info["head_dim"] * 4  # float32 on CPU
+    for method in ("blockwise-keydiff", COMPOSED):
+        row = next(c for c in saved["cases"] if c["method"] == method)
+        assert "refused" not in row and "error" not in row, row
+        assert (row["video_kind"], row["video_frames"], row["video_seconds"]) == ("mix", 520, 520)
+        assert row["new_tokens"] == 3 and row["ttft_seconds"] > 0
+        assert row["ttft_seconds_per_hour"] == pytest.approx(row["ttft_seconds"] * 3600 / PAST_CAP_SECONDS)
+        assert "peak_over_weights_bytes" in row and row["peak_over_weights_bytes"] is None  # no CUDA here
+        assert row["process_peak_rss_bytes"] > 0 and row["visual_tokens"] > FULL_FRAME_CAP
+        protected = row["prompt_tokens"] - row["visual_tokens"] + 3
+        assert 0 < row["cache_peak_bytes"] <= (48 + 32 + protected) * entry  # M + b: bounded over 520 frames
+        assert f"| {method} | {row['ttft_seconds']:.2f} | {row['ttft_seconds_per_hour']:,.0f} |" in table

@@ -129,7 +129,13 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     )
     # gpu: every method vs transformers' generate (visualkv/bench/gpu.py)
     p.add_argument("--image-size", type=scene_size, default=(3840, 2160), help="(gpu) WxH of the image input")
-    p.add_argument("--video-seconds", type=positive_int, default=512, help="(gpu) length of the video input")
+    p.add_argument(
+        "--video-seconds",
+        type=positive_int,
+        default=512,
+        help="(gpu) seconds of the generated video input (read lazily; 3600: an hour, past the frame cap of full "
+        "and of transformers' generate, whose cases are then recorded as refused)",
+    )
     p.add_argument(
         "--video-size", type=scene_size, default=(640, 360), help="(gpu, memory --video) WxH of the video frames"
     )
@@ -173,9 +179,15 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--video-kinds",
         type=comma_list(_video_kind),
-        default=["mix", "moving"],
-        help="(memory --minutes) mix: static shots, pans, cuts and an event, like the example video; "
-        "moving: every frame moves",
+        default=None,
+        help="(memory --minutes, gpu) generated videos: mix: static shots, pans, cuts and an event, like the "
+        "example video; moving: every frame moves (default: mix,moving for memory, mix for gpu)",
+    )
+    p.add_argument(
+        "--video-dir",
+        default=None,
+        help="(memory --minutes, gpu) folder where generated videos are cached between runs "
+        "(default: <tmp>/visualkv-long-videos)",
     )
     # needle: accuracy on held-out synthetic scenes (visualkv/bench/needle.py)
     p.add_argument(
@@ -234,6 +246,8 @@ def run_bench(args: argparse.Namespace) -> int:
         from visualkv.methods import METHODS
 
         args.methods = list(METHODS)
+    if args.video_kinds is None and args.kind == "memory":
+        args.video_kinds = ["mix", "moving"]
     if args.methods is None and args.kind != "needle":  # needle's default: every registered method
         args.methods = DEFAULT_METHODS.split(",")
     if args.kind == "one":

@@ -9,40 +9,55 @@ otherwise run. Per case the CUDA peak is reset and the case reports:
   (the weights and nothing else: inputs are built on the host),
 - `cache_peak_bytes`: the KV cache's own high-water mark (ours: `peak_kv_bytes`; generate: the bytes of
   the returned cache, which only grows),
-- `ttft_seconds`: from the raw media (processor included, for both) to the first new token,
+- `ttft_seconds`: from the raw media (processor included, for both) to the first new token; on a video
+  also `ttft_seconds_per_hour` (scaled to an hour of video),
 - `decode_tokens_per_second` over `new_tokens` tokens (EOS is ignored so every case decodes as many),
 - ratios of each to `generate` on the same input.
 
+The video is a generated file (`visualkv.bench.long_video`: ``mix``, static shots, pans and cuts like the
+example video, or ``moving``, every frame moves; cached under `video_dir`) loaded like a user's upload, so
+its frames are decoded lazily, per block, for every case. Each case loads it with its own frame cap: none
+for a method whose memory is bounded (`visualkv.methods.media_limits`); `FULL_FRAME_CAP` (512 frames) for
+`full` and the other bulk methods, and `reference_max_frames` (the same 512 by default) for transformers'
+`generate`, which stacks every frame in host memory and encodes them in one vision call. A case past its
+cap is a row with `refused` (the one-line reason) instead of figures: an hour of video (3,600 frames,
+~540k visual tokens on Qwen2.5-VL) runs the bounded methods and shows the others refused.
+
 Memory needs CUDA; on CPU (the test, or a dry run) the same code runs with small sizes and the memory
 fields are null. GPU code paths import neither plotly, gradio, decord nor kaleido: the chart is written
-only when plotly imports.
+only when plotly imports. The JSON and the table are rewritten after every case, so a run cut short by a
+time limit keeps what it measured (`complete` is false until the last case).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import platform
 import sys
 import time
 import traceback
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
 from visualkv.bench import provenance
-from visualkv.bench.synthetic import image_media, video_media
-from visualkv.media import Media
-from visualkv.methods import METHODS, method_traits
+from visualkv.bench.synthetic import image_media
+from visualkv.errors import MediaError
+from visualkv.media import FrameSampling, Media, MediaLimits, load_media
+from visualkv.methods import FULL_FRAME_CAP, METHODS, is_bounded, media_limits, method_traits
 from visualkv.models.base import ModelAdapter, video_metadata
 from visualkv.models.registry import load_model
 from visualkv.session import ChatSession, SessionConfig
+from visualkv.telemetry import peak_rss_bytes
 
 REFERENCE = "transformers-generate"
 PROMPT = "Describe what you see in detail."
+HOUR = 3600.0  # seconds of video `ttft_seconds_per_hour` is scaled to
 
 
 @dataclass
@@ -59,9 +74,15 @@ class GpuBenchConfig:
     video_seconds: int = 512
     video_fps: float = 1.0
     video_size: tuple[int, int] = (640, 360)
+    video_kinds: tuple[str, ...] = ("mix",)  # visualkv.bench.long_video.VIDEO_KINDS; one video input each
+    video_dir: str | None = None  # where generated videos are cached; None: long_video.default_video_dir()
+    # transformers' generate stacks every frame and encodes them at once: refused past this many frames
+    reference_max_frames: int = FULL_FRAME_CAP
     new_tokens: int = 64
     inputs: tuple[str, ...] = ("image", "video")
     out: str = "bench_out"
+    # SessionConfig fields set for every method case (not the reference), e.g. {"prefill": "blockwise"}
+    session_overrides: dict[str, Any] = field(default_factory=dict)
 
 
 def machine() -> str:
@@ -111,9 +132,8 @@ def _ignoring_eos(adapter: ModelAdapter) -> Iterator[None]:
 def run_method(adapter: ModelAdapter, media: Media, method: str, cfg: GpuBenchConfig) -> dict[str, Any]:
     base = _start_case()
     budget = cfg.budget if method_traits(method).needs_budget else None
-    session = ChatSession(
-        adapter, SessionConfig(method=method, budget=budget, block_size=cfg.block_size, max_new_tokens=cfg.new_tokens)
-    )
+    options = {"method": method, "budget": budget, "block_size": cfg.block_size, "max_new_tokens": cfg.new_tokens}
+    session = ChatSession(adapter, SessionConfig(**{**options, **cfg.session_overrides}))
     with _ignoring_eos(adapter):
         record = session.ask(PROMPT, media)
     _sync()
@@ -130,6 +150,8 @@ def run_method(adapter: ModelAdapter, media: Media, method: str, cfg: GpuBenchCo
         "prompt_tokens": report["prompt_tokens"],
         "prefill": report["prefill"],
         "block_size": report["block_size"],
+        # the process's high-water mark so far: it never goes down, so a case includes the ones before it
+        "process_peak_rss_bytes": report["peak_rss_bytes"],
     }
 
 
@@ -160,7 +182,7 @@ def run_generate(adapter: ModelAdapter, media: Media, cfg: GpuBenchConfig) -> di
     else:
         enc = proc(
             text=[text],
-            videos=[np.stack(media.frames)],
+            videos=[np.stack(list(media.frames))],  # decodes every frame of a lazy video: hence its frame cap
             video_metadata=[video_metadata(media)],
             do_sample_frames=False,
             return_tensors="pt",
@@ -189,6 +211,7 @@ def run_generate(adapter: ModelAdapter, media: Media, cfg: GpuBenchConfig) -> di
         "cache_peak_bytes": cache_bytes,
         "cache_final_bytes": cache_bytes,
         "prompt_tokens": int(enc["input_ids"].shape[1]),
+        "process_peak_rss_bytes": peak_rss_bytes(),
     }
 
 
@@ -204,18 +227,62 @@ def _cache_bytes(cache) -> int:
 
 
 # -- the benchmark -----------------------------------------------------------------------------------------------------
-def bench_inputs(cfg: GpuBenchConfig) -> dict[str, Media]:
-    media = {}
-    if "image" in cfg.inputs:
-        media["image"] = image_media(*cfg.image_size, seed=7)
-    if "video" in cfg.inputs:
-        n_frames = max(2, round(cfg.video_seconds * cfg.video_fps))
-        media["video"] = video_media(n_frames, *cfg.video_size, fps=cfg.video_fps, seed=8)
-    return media
+@dataclass(frozen=True)
+class VideoInput:
+    """A generated video file every case loads for itself (lazily, with its own frame cap)."""
+
+    kind: str  # "mix" or "moving"
+    path: str
+    frames: int  # sampled frames (the file holds exactly these: its fps is the sampling fps)
+    seconds: float  # of video
+    generation_seconds: float  # writing the file in this run (0.0: it was already cached)
 
 
-def run_gpu_bench(cfg: GpuBenchConfig, log=print) -> dict[str, Any]:
-    """Run every case; a case that fails is recorded with its one-line error and the rest go on."""
+def video_input(cfg: GpuBenchConfig, kind: str, log: Callable[[str], None] = print) -> VideoInput:
+    """Write (once; later runs reuse the cached file) the `kind` video of `cfg.video_seconds` seconds."""
+    # imported here: writing needs OpenCV, which an image-only run (and importing this module) does not
+    from visualkv.bench.long_video import LongVideoSpec, default_video_dir, write_long_video
+
+    width, height = cfg.video_size
+    # the default seed: the cached file is shared with `bench memory --minutes` (its name omits the seed)
+    spec = LongVideoSpec(cfg.video_seconds / 60, kind, width, height, fps=cfg.video_fps)
+    folder = cfg.video_dir or default_video_dir()
+    cached = os.path.exists(os.path.join(folder, spec.file_name()))
+    t0 = time.perf_counter()
+    path = write_long_video(spec, folder)
+    took = 0.0 if cached else time.perf_counter() - t0
+    how = "cached" if cached else f"written in {took:.1f} s"
+    log(f"video {kind}: {spec.frame_count} frames {width}x{height} at {cfg.video_fps:g} fps, {how}: {path}")
+    return VideoInput(kind, path, spec.frame_count, spec.frame_count / cfg.video_fps, took)
+
+
+def case_limits(method: str, cfg: GpuBenchConfig) -> MediaLimits:
+    """The frame cap a case loads the video with: the method's (none if bounded), or the reference's."""
+    if method != REFERENCE:
+        return media_limits(method)
+    bounded = tuple(n for n in METHODS if is_bounded(n))
+    return dataclasses.replace(
+        MediaLimits(), max_frames=cfg.reference_max_frames, cap_method=REFERENCE, bounded_methods=bounded
+    )
+
+
+def load_case_media(method: str, video: VideoInput, cfg: GpuBenchConfig) -> Media:
+    """The video as `method` gets it: decoded lazily; MediaError (one line) past the case's frame cap."""
+    sampling = FrameSampling(fps=cfg.video_fps, max_frames=None)
+    return load_media(video.path, case_limits(method, cfg), sampling)
+
+
+def run_case(adapter: ModelAdapter, media: Media, method: str, cfg: GpuBenchConfig) -> dict[str, Any]:
+    if method == REFERENCE:
+        return run_generate(adapter, media, cfg)
+    return run_method(adapter, media, method, cfg)
+
+
+def run_gpu_bench(
+    cfg: GpuBenchConfig, log: Callable[[str], None] = print, on_case: Callable[[dict[str, Any]], None] | None = None
+) -> dict[str, Any]:
+    """Run every case; a case past its frame cap is a `refused` row, one that fails is recorded with its
+    one-line error, and the rest go on. `on_case(result)` after each case (to save partial results)."""
     t_load = time.perf_counter()
     adapter = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
     _sync()
@@ -231,27 +298,49 @@ def run_gpu_bench(cfg: GpuBenchConfig, log=print) -> dict[str, Any]:
         "model_info": adapter.describe(),
         "weights_bytes": weights,
         "load_seconds": load_seconds,
+        "videos": [],
+        "complete": False,
         "cases": [],
     }
     log(f"{cfg.model}: {weights / 2**30:.2f} GiB of weights, built/loaded in {load_seconds:.1f} s on {machine()}")
-    for kind, media in bench_inputs(cfg).items():
+    sources: list[Media | VideoInput] = []  # the image in memory; a video as a file each case loads
+    if "image" in cfg.inputs:
+        sources.append(image_media(*cfg.image_size, seed=7))
+    if "video" in cfg.inputs:
+        for kind in cfg.video_kinds:
+            video = video_input(cfg, kind, log)
+            result["videos"].append(asdict(video))
+            sources.append(video)
+    for source in sources:
         rows = []
         for method in (REFERENCE, *cfg.methods):
-            try:
-                row = (
-                    run_generate(adapter, media, cfg)
-                    if method == REFERENCE
-                    else run_method(adapter, media, method, cfg)
-                )
-            except Exception as exc:  # noqa: BLE001 - one failed case must not lose the others
-                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-                row = {"error": f"{type(exc).__name__}: {first}", "traceback": traceback.format_exc()[-2000:]}
-            row = {"input": kind, "method": method, **row}
+            row = _one_case(adapter, source, method, cfg)
             rows.append(row)
+            result["cases"].append(row)
+            _add_ratios(rows)
             log(_line(row))
-        _add_ratios(rows)
-        result["cases"].extend(rows)
+            if on_case is not None:
+                on_case(result)
+    result["complete"] = True
     return result
+
+
+def _one_case(adapter: ModelAdapter, source: Media | VideoInput, method: str, cfg: GpuBenchConfig) -> dict[str, Any]:
+    head: dict[str, Any] = {"input": "image" if isinstance(source, Media) else "video", "method": method}
+    if isinstance(source, VideoInput):
+        head.update(video_kind=source.kind, video_frames=source.frames, video_seconds=source.seconds)
+    try:
+        media = source if isinstance(source, Media) else load_case_media(method, source, cfg)
+    except MediaError as exc:  # past the case's frame cap (or the video-length limit): nothing decoded yet
+        return {**head, "refused": str(exc).splitlines()[0]}
+    try:
+        row = run_case(adapter, media, method, cfg)
+    except Exception as exc:  # noqa: BLE001 - one failed case must not lose the others
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        return {**head, "error": f"{type(exc).__name__}: {first}", "traceback": traceback.format_exc()[-2000:]}
+    if isinstance(source, VideoInput):
+        row["ttft_seconds_per_hour"] = row["ttft_seconds"] * HOUR / source.seconds
+    return {**head, **row}
 
 
 def _transformers_version() -> str:
@@ -261,12 +350,13 @@ def _transformers_version() -> str:
 
 
 def _add_ratios(rows: list[dict[str, Any]]) -> None:
-    """Each case's figures over the reference's on the same input."""
-    ref = next((r for r in rows if r["method"] == REFERENCE and "error" not in r), None)
+    """Each case's figures over the reference's on the same input (refused and failed rows have none)."""
+    ref = next((r for r in rows if r["method"] == REFERENCE and _measured(r)), None)
     visual = next((r.get("visual_tokens") for r in rows if r.get("visual_tokens")), None)
     for row in rows:
-        row.setdefault("visual_tokens", visual)
-        if ref is None or "error" in row:
+        if not row.get("visual_tokens"):
+            row["visual_tokens"] = visual
+        if ref is None or not _measured(row):
             continue
         ratios = {}
         for key in ("ttft_seconds", "decode_tokens_per_second", "peak_over_weights_bytes", "cache_peak_bytes"):
@@ -275,40 +365,59 @@ def _add_ratios(rows: list[dict[str, Any]]) -> None:
         row["vs_generate"] = ratios
 
 
+def _measured(row: dict[str, Any]) -> bool:
+    return "error" not in row and "refused" not in row
+
+
+def input_label(row: dict[str, Any]) -> str:
+    """ "image", or "video mix, 3600 s" for a video row."""
+    if row["input"] != "video":
+        return row["input"]
+    return f"video {row['video_kind']}, {row['video_seconds']:g} s"
+
+
 def _line(row: dict[str, Any]) -> str:
+    head = f"  {input_label(row):18s} {row['method']:28s}"
+    if "refused" in row:
+        return f"{head} refused: {row['refused']}"
     if "error" in row:
-        return f"  {row['input']:5s} {row['method']:22s} FAILED {row['error']}"
+        return f"{head} FAILED {row['error']}"
     peak = row["peak_over_weights_bytes"]
     peak_txt = f"{peak / 2**20:9.0f} MiB over weights" if peak is not None else "  (no CUDA peak)"
+    per_hour = row.get("ttft_seconds_per_hour")
     return (
-        f"  {row['input']:5s} {row['method']:22s} TTFT {row['ttft_seconds']:7.2f} s  "
-        f"decode {row['decode_tokens_per_second']:7.1f} tok/s  {peak_txt}  "
+        f"{head} TTFT {row['ttft_seconds']:7.2f} s"
+        + (f" ({per_hour:.0f} s per hour of video)" if per_hour is not None else "")
+        + f"  decode {row['decode_tokens_per_second']:7.1f} tok/s  {peak_txt}  "
         f"cache peak {row['cache_peak_bytes'] / 2**20:9.1f} MiB"
     )
 
 
 def markdown_table(result: dict[str, Any]) -> str:
-    """The README table: one row per (input, method)."""
-    lines = [
-        "| input | method | TTFT s | decode tok/s | peak over weights MiB | cache peak MiB | peak / generate |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    """The README table: one row per (input, method); refused and failed cases say why."""
+    columns = ["input", "method", "TTFT s", "TTFT s per hour of video", "decode tok/s", "peak over weights MiB"]
+    columns += ["cache peak MiB", "peak / generate"]
+    lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
     for r in result["cases"]:
-        if "error" in r:
-            lines.append(f"| {r['input']} | {r['method']} | failed: {r['error']} | | | | |")
+        label = f"{input_label(r)} ({r.get('visual_tokens') or '?'} visual tokens)"
+        if "refused" in r or "error" in r:
+            why = f"refused: {r['refused']}" if "refused" in r else f"failed: {r['error']}"
+            lines.append(f"| {label} | {r['method']} | {why.replace('|', '/')} | | | | | |")
             continue
         peak = r["peak_over_weights_bytes"]
         ratio = (r.get("vs_generate") or {}).get("peak_over_weights_bytes")
+        per_hour = r.get("ttft_seconds_per_hour")
         lines.append(
-            f"| {r['input']} ({r.get('visual_tokens') or '?'} visual tokens) | {r['method']} | {r['ttft_seconds']:.2f} | "
+            f"| {label} | {r['method']} | {r['ttft_seconds']:.2f} | {'' if per_hour is None else f'{per_hour:,.0f}'} | "
             f"{r['decode_tokens_per_second']:.1f} | {'' if peak is None else f'{peak / 2**20:,.0f}'} | "
             f"{r['cache_peak_bytes'] / 2**20:,.1f} | {'' if ratio is None else f'{ratio:.3f}'} |"
         )
     return "\n".join(lines)
 
 
-def save(result: dict[str, Any], out: str, prov: dict[str, Any] | None = None) -> list[str]:
-    """JSON (always) and a Plotly chart (HTML, when plotly imports) under `out`."""
+def save(result: dict[str, Any], out: str, prov: dict[str, Any] | None = None, chart: bool = True) -> list[str]:
+    """JSON and the Markdown table (always) and a Plotly chart (HTML, with `chart` when plotly imports) under
+    `out`, named after the model (runs of one model on other inputs need another `out`)."""
     os.makedirs(out, exist_ok=True)
     stem = os.path.join(out, f"gpu_{result['config']['model']}")
     paths = [stem + ".json"]
@@ -316,14 +425,16 @@ def save(result: dict[str, Any], out: str, prov: dict[str, Any] | None = None) -
     with open(stem + ".md", "w") as fh:
         fh.write(markdown_table(result) + "\n")
     paths.append(stem + ".md")
+    if not chart:
+        return paths
     try:
         from plotly.subplots import make_subplots
     except ImportError:
         return paths  # the GPU box has no plotly: JSON + table only
-    ok = [r for r in result["cases"] if "error" not in r]
+    ok = [r for r in result["cases"] if _measured(r)]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("CUDA peak over weights (MiB; cache peak on CPU)", "TTFT (s)"))
-    for kind in dict.fromkeys(r["input"] for r in ok):
-        rows = [r for r in ok if r["input"] == kind]
+    for kind in dict.fromkeys(input_label(r) for r in ok):
+        rows = [r for r in ok if input_label(r) == kind]
         names = [r["method"] for r in rows]
         mem = [
             (r["peak_over_weights_bytes"] if r["peak_over_weights_bytes"] is not None else r["cache_peak_bytes"])
@@ -336,6 +447,15 @@ def save(result: dict[str, Any], out: str, prov: dict[str, Any] | None = None) -
     fig.write_html(stem + ".html", include_plotlyjs="cdn")
     paths.append(stem + ".html")
     return paths
+
+
+#: `bench` CLI options handed to SessionConfig as they are, when given (a SessionConfig field of the same name);
+#: exposing another session option to `bench gpu` is one name here plus its argparse option
+SESSION_OPTIONS: tuple[str, ...] = ()
+
+
+def session_overrides(args) -> dict[str, Any]:
+    return {name: getattr(args, name) for name in SESSION_OPTIONS if getattr(args, name, None) is not None}
 
 
 def bench_gpu(args) -> int:
@@ -351,12 +471,17 @@ def bench_gpu(args) -> int:
         video_seconds=args.video_seconds,
         video_fps=args.fps,
         video_size=tuple(args.video_size),
+        video_kinds=tuple(args.video_kinds or GpuBenchConfig.video_kinds),
+        video_dir=getattr(args, "video_dir", None),
         new_tokens=args.new_tokens,
         inputs=tuple(args.inputs),
         out=args.out,
+        session_overrides=session_overrides(args),
     )
-    result = run_gpu_bench(cfg)
-    for path in save(result, cfg.out, getattr(args, "provenance", None)):
+    prov = getattr(args, "provenance", None)
+    # rewritten after every case: a run stopped by a time limit keeps what it measured
+    result = run_gpu_bench(cfg, on_case=lambda partial: save(partial, cfg.out, prov, chart=False))
+    for path in save(result, cfg.out, prov):
         print(f"wrote {path}")
     print(markdown_table(result))
     return 0 if all("error" not in r for r in result["cases"]) else 1

@@ -1,8 +1,8 @@
 """`bench memory --video --minutes 10,30,60`: bounded memory over hour-long videos.
 
 For each video kind (``--video-kinds mix,moving``, see visualkv/bench/long_video.py) and length, the
-video is written once to the system's temporary folder (``visualkv-long-videos``; generated, never
-committed, reused by later runs) and every method prefills it in a
+video is written once to the system's temporary folder (``visualkv-long-videos``, or ``--video-dir``;
+generated, never committed, reused by later runs) and every method prefills it in a
 fresh process (`bench one --media-file`, loaded like an upload, frames decoded lazily), because a
 process's peak RSS never goes down. A method that refuses the input (``full`` past its frame cap)
 is recorded with its one-line message instead of a measurement.
@@ -18,11 +18,10 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from typing import Any
 
 from visualkv.bench import provenance
-from visualkv.bench.long_video import LongVideoSpec, write_long_video
+from visualkv.bench.long_video import LongVideoSpec, default_video_dir, write_long_video
 
 MIB = 2**20
 
@@ -70,7 +69,7 @@ def summarize(rows: list[dict[str, Any]], growth_from: float | None = None) -> d
 
 
 def bench_long_video(args: argparse.Namespace) -> int:
-    inputs = os.path.join(tempfile.gettempdir(), "visualkv-long-videos")
+    inputs = getattr(args, "video_dir", None) or default_video_dir()
     rows: list[dict[str, Any]] = []
     for kind in args.video_kinds:
         for minutes in args.minutes:

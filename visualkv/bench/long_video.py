@@ -16,6 +16,7 @@ takes every frame.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -85,6 +86,11 @@ def iter_frames(spec: LongVideoSpec) -> Iterator[np.ndarray]:
                 other = other.copy()
                 cv2.circle(other, ball[:2], ball[2], (230, 20, 20), -1, cv2.LINE_AA)
             yield other
+
+
+def default_video_dir() -> str:
+    """Where generated videos are cached between runs (shared by `bench memory --minutes` and `bench gpu`)."""
+    return os.path.join(tempfile.gettempdir(), "visualkv-long-videos")
 
 
 def write_long_video(spec: LongVideoSpec, folder: str) -> str:
