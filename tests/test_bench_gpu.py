@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from visualkv.bench.gpu import REFERENCE, GpuBenchConfig, run_gpu_bench, save
+from visualkv.bench.gpu import REFERENCE, GpuBenchConfig, markdown_table, run_gpu_bench, save
 from visualkv.methods import FULL_FRAME_CAP
 
 METHODS = ("full", "blockwise-keydiff", "lightkv")
@@ -31,6 +31,7 @@ def result(tmp_path_factory):
         new_tokens=5,
         out=str(tmp_path_factory.mktemp("bench_gpu")),
         video_dir=str(tmp_path_factory.mktemp("videos")),
+        session_overrides={"decode": "static"},  # `--decode static`: the CUDA graph's step, without the graph
     )
     seen = []  # (cases so far, complete) at every on_case call
     res = run_gpu_bench(cfg, log=lambda line: None, on_case=lambda r: seen.append((len(r["cases"]), r["complete"])))
@@ -48,6 +49,29 @@ def test_every_case_ran_and_decoded_every_token(result):
     assert all(c["new_tokens"] == 5 for c in cases)  # EOS ignored: every case decodes as many tokens
     assert all(c["ttft_seconds"] > 0 and c["decode_tokens_per_second"] > 0 for c in cases)
     assert all(c["process_peak_rss_bytes"] > 0 for c in cases)  # host memory, the reference's too
+    ours = [c for c in cases if c["method"] != REFERENCE]
+    assert all(c["decode_mode"] == "static" for c in ours) and all("decode_mode" not in c for c in cases[:1])
+    table = markdown_table(result).splitlines()
+    assert sum("(static) |" in line for line in table) == len(ours)
+
+
+def test_generate_reference_runs_transformers_own_vision_attention(monkeypatch):
+    """The reference is transformers as users get it: the batched vision chunks are off during `generate`."""
+    from tests.conftest import get_adapter
+    from visualkv.bench.gpu import run_generate
+    from visualkv.bench.synthetic import image_media
+
+    adapter = get_adapter("tiny-qwen2.5-vl")
+    seen = []
+    original = adapter.model.generate
+
+    def generate(*args, **kwargs):
+        seen.append(adapter.visual._visualkv_batched)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(adapter.model, "generate", generate)
+    run_generate(adapter, image_media(448, 252, seed=1), GpuBenchConfig(device="cpu", new_tokens=2))
+    assert seen == [False] and adapter.visual._visualkv_batched is True
 
 
 def test_partial_results_are_handed_over_after_every_case(result):

@@ -141,6 +141,12 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--new-tokens", type=positive_int, default=64, help="(gpu) tokens decoded per case (EOS ignored)")
     p.add_argument(
+        "--decode",
+        choices=["auto", "eager", "static", "graph"],
+        default=None,
+        help="(gpu) how the methods decode (SessionConfig.decode; default auto: a CUDA graph per answer on one GPU)",
+    )
+    p.add_argument(
         "--inputs",
         type=comma_list(_gpu_input),
         default=["image", "video"],

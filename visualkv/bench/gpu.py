@@ -52,6 +52,7 @@ from visualkv.media import FrameSampling, Media, MediaLimits, load_media
 from visualkv.methods import FULL_FRAME_CAP, METHODS, is_bounded, media_limits, method_traits
 from visualkv.models.base import ModelAdapter, video_metadata
 from visualkv.models.registry import load_model
+from visualkv.models.vision_attention import stock_vision_attention
 from visualkv.session import ChatSession, SessionConfig
 from visualkv.telemetry import peak_rss_bytes
 
@@ -141,6 +142,7 @@ def run_method(adapter: ModelAdapter, media: Media, method: str, cfg: GpuBenchCo
     return {
         "ttft_seconds": record.ttft_seconds,
         "decode_tokens_per_second": record.decode_tokens_per_second,
+        "decode_mode": record.decode_mode,  # graph / static / eager (visualkv.static_decode)
         "new_tokens": len(record.token_ids),
         "peak_over_weights_bytes": _peak_over(base),
         "cache_peak_bytes": report["peak_kv_bytes"],
@@ -170,6 +172,11 @@ class _Clock:
 
 def run_generate(adapter: ModelAdapter, media: Media, cfg: GpuBenchConfig) -> dict[str, Any]:
     """transformers' own processor + `generate` on the same media, device and dtype."""
+    with stock_vision_attention(adapter.visual) if hasattr(adapter, "visual") else contextlib.nullcontext():
+        return _run_generate(adapter, media, cfg)  # the vision tower as transformers ships it (no batched chunks)
+
+
+def _run_generate(adapter: ModelAdapter, media: Media, cfg: GpuBenchConfig) -> dict[str, Any]:
     base = _start_case()
     t0 = time.perf_counter()
     proc = adapter.processor
@@ -388,7 +395,7 @@ def _line(row: dict[str, Any]) -> str:
     return (
         f"{head} TTFT {row['ttft_seconds']:7.2f} s"
         + (f" ({per_hour:.0f} s per hour of video)" if per_hour is not None else "")
-        + f"  decode {row['decode_tokens_per_second']:7.1f} tok/s  {peak_txt}  "
+        + f"  decode {row['decode_tokens_per_second']:7.1f} tok/s ({row.get('decode_mode') or 'generate'})  {peak_txt}  "
         f"cache peak {row['cache_peak_bytes'] / 2**20:9.1f} MiB"
     )
 
@@ -407,9 +414,10 @@ def markdown_table(result: dict[str, Any]) -> str:
         peak = r["peak_over_weights_bytes"]
         ratio = (r.get("vs_generate") or {}).get("peak_over_weights_bytes")
         per_hour = r.get("ttft_seconds_per_hour")
+        mode = f" ({r['decode_mode']})" if r.get("decode_mode") else ""
         lines.append(
             f"| {label} | {r['method']} | {r['ttft_seconds']:.2f} | {'' if per_hour is None else f'{per_hour:,.0f}'} | "
-            f"{r['decode_tokens_per_second']:.1f} | {'' if peak is None else f'{peak / 2**20:,.0f}'} | "
+            f"{r['decode_tokens_per_second']:.1f}{mode} | {'' if peak is None else f'{peak / 2**20:,.0f}'} | "
             f"{r['cache_peak_bytes'] / 2**20:,.1f} | {'' if ratio is None else f'{ratio:.3f}'} |"
         )
     return "\n".join(lines)
@@ -451,7 +459,7 @@ def save(result: dict[str, Any], out: str, prov: dict[str, Any] | None = None, c
 
 #: `bench` CLI options handed to SessionConfig as they are, when given (a SessionConfig field of the same name);
 #: exposing another session option to `bench gpu` is one name here plus its argparse option
-SESSION_OPTIONS: tuple[str, ...] = ()
+SESSION_OPTIONS: tuple[str, ...] = ("decode",)
 
 
 def session_overrides(args) -> dict[str, Any]:
