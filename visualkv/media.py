@@ -54,8 +54,8 @@ import threading
 import warnings
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
@@ -218,6 +218,21 @@ class Media:
         if isinstance(self.frames, LazyFrames):
             return self.frames.cached_bytes
         return sum(int(f.nbytes) for f in self.frames)
+
+    def resized_at_decode(self, size: tuple[int, int], resize: Callable[[np.ndarray], np.ndarray]) -> Media:
+        """This video with each frame resized to ``size`` (height, width) by ``resize`` right after it is
+        decoded (:meth:`LazyFrames.resized`): what a model adapter gives its vision side, so the frames held
+        while blocks run are the size the processor needs, not the decoded size. ``self`` is returned
+        unchanged where that would not shrink the frames: an image or an eager video (their frames are
+        already held), or a ``size`` of no fewer pixels than the decoded frames. The full-size frames this
+        Media had cached are released (decoded again if something asks for them)."""
+        if not isinstance(self.frames, LazyFrames) or self.frames.is_resized:
+            return self
+        height, width = self.frame_shape[:2]
+        if size[0] * size[1] >= height * width:
+            return self
+        self.frames.clear_cache()
+        return replace(self, frames=self.frames.resized(size, resize))
 
     def iter_small(self, width: int) -> Iterator[np.ndarray]:
         """Every frame in order, resized to ``width`` px wide (aspect kept; INTER_AREA when shrinking,
@@ -1032,7 +1047,10 @@ class LazyFrames(Sequence[np.ndarray]):
         self._lock = threading.RLock()
         self._live = _LiveCount()
         self.decoded = 0
-        self._shape: tuple[int, ...] | None = None
+        self._source_shape: tuple[int, ...] | None = None  # decoded size (first decodable frame)
+        self._shape: tuple[int, ...] | None = None  # size of the frames given out (== source unless resized)
+        self._resize: Callable[[np.ndarray], np.ndarray] | None = None
+        self._base: LazyFrames | None = None  # the sequence a resized view shares its decoder with
         weakref.finalize(self, decoder.close)
         first = next((k for k in range(len(self._indices)) if self._fetch(k, remember=True) is not None), None)
         if first is None:
@@ -1061,8 +1079,39 @@ class LazyFrames(Sequence[np.ndarray]):
     # -- metadata and statistics -------------------------------------------------------------
     @property
     def frame_shape(self) -> tuple[int, ...]:
+        """(height, width, 3) of the frames this sequence gives (a resized view: the resized size)."""
         assert self._shape is not None
         return self._shape
+
+    @property
+    def source_shape(self) -> tuple[int, ...]:
+        """(height, width, 3) of the frames as decoded."""
+        assert self._source_shape is not None
+        return self._source_shape
+
+    @property
+    def is_resized(self) -> bool:
+        return self._resize is not None
+
+    def resized(self, size: tuple[int, int], resize: Callable[[np.ndarray], np.ndarray]) -> LazyFrames:
+        """A view of the same frames at ``size`` (height, width): each frame goes through ``resize`` (an
+        (H, W, 3) uint8 frame -> (height, width, 3) uint8) right after it is decoded, before it is cached, so
+        this view holds small frames only (one full-size frame is alive while it is being resized). It
+        shares this sequence's decoder, lock, undecodable-frame stand-ins and warnings, and has its own
+        cache and statistics. Nothing is decoded here."""
+        view = object.__new__(LazyFrames)
+        view._decoder, view._indices, view._fps, view._notes = self._decoder, self._indices, self._fps, self._notes
+        view.cache_size = self.cache_size
+        view._cache = OrderedDict()
+        view._stand_ins = self._stand_ins  # shared: an undecodable frame is looked for (and reported) once
+        view._lock = self._lock
+        view._live = _LiveCount()
+        view.decoded = 0
+        view._source_shape = self._source_shape
+        view._shape = (int(size[0]), int(size[1]), *self.source_shape[2:])
+        view._resize = resize
+        view._base = self._base or self  # keeps the decoder open (it is closed when the base is collected)
+        return view
 
     @property
     def cached_bytes(self) -> int:
@@ -1124,10 +1173,14 @@ class LazyFrames(Sequence[np.ndarray]):
         if frame is None:
             return None
         frame = np.ascontiguousarray(frame, dtype=np.uint8)
-        if self._shape is None:
-            self._shape = tuple(frame.shape)
-        elif tuple(frame.shape) != self._shape:  # a mid-stream size change: keep one frame size
-            frame = np.ascontiguousarray(_resize_to(frame, self._shape))
+        if self._source_shape is None:
+            self._source_shape = self._shape = tuple(frame.shape)
+        elif tuple(frame.shape) != self._source_shape:  # a mid-stream size change: keep one frame size
+            frame = np.ascontiguousarray(_resize_to(frame, self._source_shape))
+        if self._resize is not None:  # resized before it is cached: the full-size frame dies here
+            frame = np.ascontiguousarray(self._resize(frame), dtype=np.uint8)
+            if tuple(frame.shape) != self._shape:
+                raise AssertionError(f"frame resized to {frame.shape}, expected {self._shape}")
         self._live.born()
         weakref.finalize(frame, self._live.died)
         if remember:
