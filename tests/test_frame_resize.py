@@ -19,15 +19,21 @@ from tests.conftest import get_adapter
 from tests.test_media import corrupt_mjpeg, noise_frames, write_video
 from visualkv.bench.synthetic import write_video_file
 from visualkv.media import FrameSampling, LazyFrames, MediaLimits, load_media
+from visualkv.memory_guard import estimate_prefill
+from visualkv.methods import METHODS
 
 ALL = FrameSampling(fps=1.0, max_frames=None)
 NO_CAP = MediaLimits(max_frames=None)
 FAMILIES = ["tiny-qwen2.5-vl", "tiny-qwen3-vl", "tiny-smolvlm2", "tiny-llava-onevision", "tiny-internvl3.5"]
 # Qwen2.5-VL's released processor keeps frames up to 12.8 MP (4K included) at about their size: nothing
 # to shrink. These tests give its video processor a per-frame cap of 300 tokens (Qwen2-VL's default video
-# processor has 768) so that its resize path runs; tests/test_frame_resize.py::test_qwen25_released_settings
-# checks the released settings leave the frames alone.
-QWEN25_SMALL = {"shortest_edge": 3136, "longest_edge": 28 * 28 * 300}
+# processor has 768) so that its resize path runs; test_qwen_released_settings_on_short_clips checks the
+# released settings leave the frames alone. Qwen3-VL's budget is a total over the clip (25 MP: a 5-frame
+# 720p clip fits whole); it gets 300 tokens' worth per frame of this 5-frame clip, as a long video would.
+SMALL_SIZES = {
+    "tiny-qwen2.5-vl": {"shortest_edge": 3136, "longest_edge": 28 * 28 * 300},
+    "tiny-qwen3-vl": {"shortest_edge": 4096, "longest_edge": 5 * 32 * 32 * 300},
+}
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +45,8 @@ def hd_video(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def family(request, monkeypatch: pytest.MonkeyPatch):
     adapter = get_adapter(request.param)
-    if request.param == "tiny-qwen2.5-vl":
-        monkeypatch.setattr(adapter.processor.video_processor, "size", dict(QWEN25_SMALL))
+    if request.param in SMALL_SIZES:
+        monkeypatch.setattr(adapter.processor.video_processor, "size", dict(SMALL_SIZES[request.param]))
     return adapter
 
 
@@ -111,15 +117,22 @@ def test_decoded_frames_held_are_the_small_ones(family, hd_video: Path) -> None:
     # nothing full-size is held: the first frame decoded at load was released, and none decoded since
     assert media.frames.cached_bytes == 0 and media.resident_frame_bytes == 0
     assert frames.live_frames <= frames.cache_size
+    # the memory guard counts the frames at the size they are held (plus one full-size frame being resized)
+    estimate = estimate_prefill(adapter, prepared, METHODS["blockwise-keydiff"], 64, None, None)
+    assert media.frame_bytes < estimate.media_bytes < (frames.cache_size + 1) * media.frame_bytes
 
 
-def test_qwen25_released_settings_leave_hd_frames_alone(hd_video: Path) -> None:
+def test_qwen_released_settings_on_short_clips(hd_video: Path) -> None:
     """Qwen2.5-VL's released video processor (12.8 MP per frame) makes a 1080p frame 1092x1932 and a 720p
-    one 728x1288: larger than decoded, so frames are not resized (nothing would be saved)."""
-    adapter = get_adapter("tiny-qwen2.5-vl")
-    assert adapter.video_frame_size(1080, 1920, 3600) == (1092, 1932)
+    one 728x1288: larger than decoded, so frames are not resized (nothing would be saved). Qwen3-VL's 25 MP
+    total keeps a 5-frame 720p clip at 704x1280 (not worth resizing at decode) and shrinks an hour's frames."""
+    qwen25, qwen3 = get_adapter("tiny-qwen2.5-vl"), get_adapter("tiny-qwen3-vl")
+    assert qwen25.video_frame_size(1080, 1920, 3600) == (1092, 1932)
     media = load_media(hd_video, NO_CAP, ALL)
-    assert adapter.video_for_encoding(media) is media
+    assert qwen25.video_for_encoding(media) is media
+    assert qwen3.video_frame_size(720, 1280, 5) == (704, 1280) and qwen3.video_for_encoding(media) is media
+    height, width = qwen3.video_frame_size(1080, 1920, 3600)
+    assert height * width < 1920 * 1080 / 100
 
 
 def test_resized_view_decodes_once_and_shares_stand_ins(tmp_path: Path) -> None:

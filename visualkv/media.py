@@ -96,6 +96,8 @@ IMAGE_FORMATS: tuple[str, ...] = (
 )
 _SUPPORTED = "use a PNG/JPEG/WebP/BMP/GIF/TIFF image or an MP4/WebM/AVI/MKV/MOV video"
 _FALLBACK_FPS = 25.0
+#: `Media.resized_at_decode` resizes only to at most this share of the decoded pixels
+RESIZE_AT_DECODE_BELOW = 0.75
 _MAX_MESSAGE_DETAIL = 160
 
 
@@ -223,13 +225,14 @@ class Media:
         """This video with each frame resized to ``size`` (height, width) by ``resize`` right after it is
         decoded (:meth:`LazyFrames.resized`): what a model adapter gives its vision side, so the frames held
         while blocks run are the size the processor needs, not the decoded size. ``self`` is returned
-        unchanged where that would not shrink the frames: an image or an eager video (their frames are
-        already held), or a ``size`` of no fewer pixels than the decoded frames. The full-size frames this
-        Media had cached are released (decoded again if something asks for them)."""
+        unchanged where that would not pay: an image or an eager video (their frames are already held), or a
+        ``size`` of more than ``RESIZE_AT_DECODE_BELOW`` (3/4) of the decoded pixels (each decode then holds
+        one full-size frame besides the small ones, so a slight shrink saves nothing). The full-size frames
+        this Media had cached are released (decoded again if something asks for them)."""
         if not isinstance(self.frames, LazyFrames) or self.frames.is_resized:
             return self
         height, width = self.frame_shape[:2]
-        if size[0] * size[1] >= height * width:
+        if size[0] * size[1] > RESIZE_AT_DECODE_BELOW * height * width:
             return self
         self.frames.clear_cache()
         return replace(self, frames=self.frames.resized(size, resize))
