@@ -157,3 +157,21 @@ def test_resized_view_decodes_once_and_shares_stand_ins(tmp_path: Path) -> None:
     assert media.resized_at_decode((64, 96), halve) is media
     eager = load_media(path, NO_CAP, FrameSampling(fps=4.0, max_frames=None), lazy=False)
     assert eager.resized_at_decode((32, 48), halve) is eager
+
+
+@pytest.mark.parametrize("alias", ["tiny-qwen2.5-vl", "tiny-smolvlm2"])
+def test_per_token_tables_are_int32(alias: str, small_video) -> None:
+    """The prepared input's ids and positions and the layout's per-token arrays are int32, masks bool: ~51 B per
+    visual token on Qwen2.5-VL (3 position axes) and ~45 B on SmolVLM, against ~100 B / ~87 B in int64."""
+    adapter = get_adapter(alias)
+    prepared = adapter.prepare(small_video, "What happens?")
+    layout = prepared.layout
+    tensors = [prepared.input_ids, prepared.position_ids, prepared.visual_mask, prepared.keep]
+    arrays = [layout.seq_index, layout.frame, layout.row, layout.col, layout.box]
+    assert [t.dtype for t in tensors] == [torch.int32, torch.int32, torch.bool, torch.bool]
+    assert all(a.dtype == np.int32 for a in arrays)
+    per_token = (sum(t.numel() * t.element_size() for t in tensors) + sum(a.nbytes for a in arrays)) / layout.n_visual
+    axes = prepared.position_ids.shape[0]
+    text_share = prepared.seq_len / layout.n_visual  # text tokens carry ids, positions and masks too
+    assert per_token == pytest.approx((4 + 4 * axes + 2) * text_share + 32)
+    assert per_token < 0.55 * ((8 + 8 * axes + 2) * text_share + 64)  # the same tables in int64

@@ -52,12 +52,26 @@ class PreparedInput:
     media: Media | None = None
 
     def __post_init__(self) -> None:
+        # per-token tables as int32 (4 + 4 x P bytes per token instead of 8 + 8 x P: an hour of video is
+        # ~540k tokens); torch indexes, embeds and takes rotary angles from int32 as from int64
+        self.input_ids = compact_ids(self.input_ids)
+        self.position_ids = compact_ids(self.position_ids)
         if self.keep is None:
             self.keep = torch.ones_like(self.input_ids, dtype=torch.bool)
 
     @property
     def seq_len(self) -> int:
         return int(self.input_ids.shape[0])
+
+
+def compact_ids(values: torch.Tensor) -> torch.Tensor:
+    """An int64 tensor of token ids or positions as int32 where its values fit (else unchanged)."""
+    if values.dtype != torch.int64 or values.numel() == 0:
+        return values
+    info = torch.iinfo(torch.int32)
+    if int(values.min()) < info.min or int(values.max()) > info.max:
+        return values
+    return values.to(torch.int32)
 
 
 class ModelAdapter:
