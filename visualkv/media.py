@@ -33,7 +33,10 @@ Limits, stated honestly:
   decodable frame, with a warning appended to :attr:`Media.warnings` (a long prefill is never lost
   at frame 3,000); if even the first sampled frame is undecodable, later ones are tried at load.
   ``Media.iter_small(width)`` streams all frames downscaled (Sali-Cache's motion pass) with one
-  full-size frame alive at a time. ``lazy=False`` decodes every sampled frame up front at full
+  full-size frame alive at a time. ``Media.resized_at_decode(size, resize)`` gives a view whose frames
+  are resized right after decoding, before caching (:meth:`LazyFrames.resized`): a model adapter reads a
+  video through it at the size its processor needs (``ModelAdapter.video_for_encoding``), while the
+  Media itself keeps giving decoded frames (layout boxes, saliency and the app are in decoded pixels). ``lazy=False`` decodes every sampled frame up front at full
   resolution (RGB uint8: 64 frames of 1080p take ~400 MB) and leaves undecodable ones out, with a
   warning. Images are always decoded eagerly. Video frames obey the same pixel limit as images.
 * Frame caps: ``FrameSampling.max_frames`` is the caller's own cap (uniform resampling over the
