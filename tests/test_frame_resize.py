@@ -175,3 +175,16 @@ def test_per_token_tables_are_int32(alias: str, small_video) -> None:
     text_share = prepared.seq_len / layout.n_visual  # text tokens carry ids, positions and masks too
     assert per_token == pytest.approx((4 + 4 * axes + 2) * text_share + 32)
     assert per_token < 0.55 * ((8 + 8 * axes + 2) * text_share + 64)  # the same tables in int64
+
+
+def test_composed_prefill_holds_no_full_size_frame_after_saliency(hd_video: Path) -> None:
+    """Sali-Cache's saliency reads the decoded (full-size) frames; it releases the ones it cached, so a
+    composed prefill whose vision side reads resized frames holds no full-size frame while blocks run."""
+    from visualkv.session import ChatSession, SessionConfig
+
+    adapter = get_adapter("tiny-llava-onevision")
+    media = load_media(hd_video, NO_CAP, ALL)
+    config = SessionConfig(method="blockwise-keydiff+salicache", budget=256, max_new_tokens=1)
+    ChatSession(adapter, config).ask("What happens?", media)
+    assert media.frames.decoded >= media.num_frames  # the saliency pass read every decoded frame
+    assert media.frames.cached_bytes == 0
