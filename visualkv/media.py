@@ -36,9 +36,9 @@ Limits, stated honestly:
   full-size frame alive at a time. ``Media.resized_at_decode(size, resize)`` gives a view whose frames
   are resized right after decoding, before caching (:meth:`LazyFrames.resized`): a model adapter reads a
   video through it at the size its processor needs (``ModelAdapter.video_for_encoding``), while the
-  Media itself keeps giving decoded frames (layout boxes, saliency and the app are in decoded pixels). ``lazy=False`` decodes every sampled frame up front at full
-  resolution (RGB uint8: 64 frames of 1080p take ~400 MB) and leaves undecodable ones out, with a
-  warning. Images are always decoded eagerly. Video frames obey the same pixel limit as images.
+  Media itself keeps giving decoded frames (layout boxes, saliency and the app are in decoded pixels).
+  ``lazy=False`` decodes every sampled frame up front at full resolution (RGB uint8: 64 frames of 1080p
+  take ~400 MB) and leaves undecodable ones out, with a warning. Images are always decoded eagerly. Video frames obey the same pixel limit as images.
 * Frame caps: ``FrameSampling.max_frames`` is the caller's own cap (uniform resampling over the
   whole video; ``None`` = no cap of its own). ``MediaLimits.max_frames`` is a hard limit that is
   refused, not resampled: more sampled frames than that raise a one-line MediaError. It is meant
