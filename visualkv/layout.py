@@ -52,6 +52,8 @@ class VisualLayout:
     seq_index: position of the token in the full sequence;
     frame: index into `frames`; row/col: place in that frame's token grid;
     box: (x0, y0, x1, y1) pixel box in the original media (ints).
+    They are stored as int32 (16 + 16 bytes per token, half of int64: an hour of video is ~540k tokens);
+    consumers that index torch tensors convert them (`.long()`).
     """
 
     seq_index: np.ndarray
@@ -64,6 +66,10 @@ class VisualLayout:
     media_size: tuple[int, int] = (0, 0)  # (width, height) of the original media
     media_kind: str = "image"
     extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("seq_index", "frame", "row", "col", "box"):
+            setattr(self, name, compact_index(getattr(self, name)))
 
     @property
     def n_visual(self) -> int:
@@ -79,6 +85,17 @@ class VisualLayout:
     def empty() -> VisualLayout:
         z = np.zeros(0, dtype=np.int64)
         return VisualLayout(z, z, z, z, np.zeros((0, 4), dtype=np.int64), [], [])
+
+
+def compact_index(values: np.ndarray) -> np.ndarray:
+    """Integer array as int32 where its values fit (they always do for token indices, grids and pixel
+    boxes: a sequence or an image side beyond 2**31 is refused long before), else unchanged."""
+    values = np.asarray(values)
+    if values.dtype == np.int32 or values.dtype.kind not in "iu":
+        return values
+    if values.size and (values.min() < np.iinfo(np.int32).min or values.max() > np.iinfo(np.int32).max):
+        return values
+    return values.astype(np.int32)
 
 
 def grid_boxes(rows: int, cols: int, region: tuple[float, float, float, float]) -> np.ndarray:

@@ -33,9 +33,12 @@ Limits, stated honestly:
   decodable frame, with a warning appended to :attr:`Media.warnings` (a long prefill is never lost
   at frame 3,000); if even the first sampled frame is undecodable, later ones are tried at load.
   ``Media.iter_small(width)`` streams all frames downscaled (Sali-Cache's motion pass) with one
-  full-size frame alive at a time. ``lazy=False`` decodes every sampled frame up front at full
-  resolution (RGB uint8: 64 frames of 1080p take ~400 MB) and leaves undecodable ones out, with a
-  warning. Images are always decoded eagerly. Video frames obey the same pixel limit as images.
+  full-size frame alive at a time. ``Media.resized_at_decode(size, resize)`` gives a view whose frames
+  are resized right after decoding, before caching (:meth:`LazyFrames.resized`): a model adapter reads a
+  video through it at the size its processor needs (``ModelAdapter.video_for_encoding``), while the
+  Media itself keeps giving decoded frames (layout boxes, saliency and the app are in decoded pixels).
+  ``lazy=False`` decodes every sampled frame up front at full resolution (RGB uint8: 64 frames of 1080p
+  take ~400 MB) and leaves undecodable ones out, with a warning. Images are always decoded eagerly. Video frames obey the same pixel limit as images.
 * Frame caps: ``FrameSampling.max_frames`` is the caller's own cap (uniform resampling over the
   whole video; ``None`` = no cap of its own). ``MediaLimits.max_frames`` is a hard limit that is
   refused, not resampled: more sampled frames than that raise a one-line MediaError. It is meant
@@ -54,8 +57,8 @@ import threading
 import warnings
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
@@ -96,6 +99,8 @@ IMAGE_FORMATS: tuple[str, ...] = (
 )
 _SUPPORTED = "use a PNG/JPEG/WebP/BMP/GIF/TIFF image or an MP4/WebM/AVI/MKV/MOV video"
 _FALLBACK_FPS = 25.0
+#: `Media.resized_at_decode` resizes only to at most this share of the decoded pixels
+RESIZE_AT_DECODE_BELOW = 0.75
 _MAX_MESSAGE_DETAIL = 160
 
 
@@ -218,6 +223,22 @@ class Media:
         if isinstance(self.frames, LazyFrames):
             return self.frames.cached_bytes
         return sum(int(f.nbytes) for f in self.frames)
+
+    def resized_at_decode(self, size: tuple[int, int], resize: Callable[[np.ndarray], np.ndarray]) -> Media:
+        """This video with each frame resized to ``size`` (height, width) by ``resize`` right after it is
+        decoded (:meth:`LazyFrames.resized`): what a model adapter gives its vision side, so the frames held
+        while blocks run are the size the processor needs, not the decoded size. ``self`` is returned
+        unchanged where that would not pay: an image or an eager video (their frames are already held), or a
+        ``size`` of more than ``RESIZE_AT_DECODE_BELOW`` (3/4) of the decoded pixels (each decode then holds
+        one full-size frame besides the small ones, so a slight shrink saves nothing). The full-size frames
+        this Media had cached are released (decoded again if something asks for them)."""
+        if not isinstance(self.frames, LazyFrames) or self.frames.is_resized:
+            return self
+        height, width = self.frame_shape[:2]
+        if size[0] * size[1] > RESIZE_AT_DECODE_BELOW * height * width:
+            return self
+        self.frames.clear_cache()
+        return replace(self, frames=self.frames.resized(size, resize))
 
     def iter_small(self, width: int) -> Iterator[np.ndarray]:
         """Every frame in order, resized to ``width`` px wide (aspect kept; INTER_AREA when shrinking,
@@ -1032,7 +1053,10 @@ class LazyFrames(Sequence[np.ndarray]):
         self._lock = threading.RLock()
         self._live = _LiveCount()
         self.decoded = 0
-        self._shape: tuple[int, ...] | None = None
+        self._source_shape: tuple[int, ...] | None = None  # decoded size (first decodable frame)
+        self._shape: tuple[int, ...] | None = None  # size of the frames given out (== source unless resized)
+        self._resize: Callable[[np.ndarray], np.ndarray] | None = None
+        self._base: LazyFrames | None = None  # the sequence a resized view shares its decoder with
         weakref.finalize(self, decoder.close)
         first = next((k for k in range(len(self._indices)) if self._fetch(k, remember=True) is not None), None)
         if first is None:
@@ -1061,8 +1085,39 @@ class LazyFrames(Sequence[np.ndarray]):
     # -- metadata and statistics -------------------------------------------------------------
     @property
     def frame_shape(self) -> tuple[int, ...]:
+        """(height, width, 3) of the frames this sequence gives (a resized view: the resized size)."""
         assert self._shape is not None
         return self._shape
+
+    @property
+    def source_shape(self) -> tuple[int, ...]:
+        """(height, width, 3) of the frames as decoded."""
+        assert self._source_shape is not None
+        return self._source_shape
+
+    @property
+    def is_resized(self) -> bool:
+        return self._resize is not None
+
+    def resized(self, size: tuple[int, int], resize: Callable[[np.ndarray], np.ndarray]) -> LazyFrames:
+        """A view of the same frames at ``size`` (height, width): each frame goes through ``resize`` (an
+        (H, W, 3) uint8 frame -> (height, width, 3) uint8) right after it is decoded, before it is cached, so
+        this view holds small frames only (one full-size frame is alive while it is being resized). It
+        shares this sequence's decoder, lock, undecodable-frame stand-ins and warnings, and has its own
+        cache and statistics. Nothing is decoded here."""
+        view = object.__new__(LazyFrames)
+        view._decoder, view._indices, view._fps, view._notes = self._decoder, self._indices, self._fps, self._notes
+        view.cache_size = self.cache_size
+        view._cache = OrderedDict()
+        view._stand_ins = self._stand_ins  # shared: an undecodable frame is looked for (and reported) once
+        view._lock = self._lock
+        view._live = _LiveCount()
+        view.decoded = 0
+        view._source_shape = self._source_shape
+        view._shape = (int(size[0]), int(size[1]), *self.source_shape[2:])
+        view._resize = resize
+        view._base = self._base or self  # keeps the decoder open (it is closed when the base is collected)
+        return view
 
     @property
     def cached_bytes(self) -> int:
@@ -1124,10 +1179,14 @@ class LazyFrames(Sequence[np.ndarray]):
         if frame is None:
             return None
         frame = np.ascontiguousarray(frame, dtype=np.uint8)
-        if self._shape is None:
-            self._shape = tuple(frame.shape)
-        elif tuple(frame.shape) != self._shape:  # a mid-stream size change: keep one frame size
-            frame = np.ascontiguousarray(_resize_to(frame, self._shape))
+        if self._source_shape is None:
+            self._source_shape = self._shape = tuple(frame.shape)
+        elif tuple(frame.shape) != self._source_shape:  # a mid-stream size change: keep one frame size
+            frame = np.ascontiguousarray(_resize_to(frame, self._source_shape))
+        if self._resize is not None:  # resized before it is cached: the full-size frame dies here
+            frame = np.ascontiguousarray(self._resize(frame), dtype=np.uint8)
+            if tuple(frame.shape) != self._shape:
+                raise AssertionError(f"frame resized to {frame.shape}, expected {self._shape}")
         self._live.born()
         weakref.finalize(frame, self._live.died)
         if remember:

@@ -43,6 +43,7 @@ import torch
 
 from visualkv.errors import VisualKVError
 from visualkv.layout import plan_blocks
+from visualkv.media import Media
 from visualkv.methods import METHODS, method_traits
 
 
@@ -154,7 +155,8 @@ def estimate_prefill(
 def _media_bytes(prepared, blocks) -> int:
     """Decoded frames held at the peak, from metadata (nothing is decoded): an eager Media holds every
     frame; a lazy video its small cache plus one block's frames, twice (the list and the processor's
-    stacked copy)."""
+    stacked copy), at the size the vision side reads them (resized at decode: see
+    `ModelAdapter.video_for_encoding`; then plus the one full-size frame being resized)."""
     media = prepared.media
     if media is None:
         return 0
@@ -165,6 +167,9 @@ def _media_bytes(prepared, blocks) -> int:
         (len({s for u in b.units if u.frame < len(frames) for s in frames[u.frame].source_frames}) for b in blocks),
         default=0,
     )
+    read = prepared.vision_inputs.get("video")
+    if isinstance(read, Media) and read.is_lazy and read.frames.is_resized:
+        return (read.frames.cache_size + 2 * per_block) * read.frame_bytes + media.frame_bytes
     return (media.frames.cache_size + 2 * per_block) * media.frame_bytes
 
 

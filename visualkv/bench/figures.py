@@ -969,6 +969,44 @@ def table_vision_launches(results: Path) -> str:
         "the CPU time is compute, not dispatch, and does not show the saving; launches are what a GPU pays for."
     )
     return _render(header, body, sources, note)
+FRAME_RESIZE_RESULTS = "frame_resize_memory.json"
+
+
+def table_frame_resize(results: Path) -> str:
+    """Peak RSS of a block-wise prefill of a 1080p video: the commit before, frames at their decoded size, and
+    frames resized at decode (scripts/frame_resize_memory.py, one fresh process per run)."""
+    d = load(FRAME_RESIZE_RESULTS, results)
+    body = []
+    for model in dict.fromkeys(r["model"] for r in d["rows"]):
+        runs = {r["run"]: r for r in d["rows"] if r["model"] == model}
+        base, plain, resized = runs.get("baseline"), runs["decoded size"], runs["resized at decode"]
+        first = base or plain
+        read = resized["frame_read_by_vision"]
+        body.append(
+            [
+                f"`{model}`",
+                f"{read[1]}×{read[0]}" + ("" if read != resized["decoded_frame"] else " (not resized)"),
+                f"{resized['visual_tokens']:,}",
+                " → ".join(f"{r['per_token_table_bytes_per_visual_token']:.0f} B" for r in (base, resized) if r),
+                " / ".join(f"{r['peak_growth_bytes'] / MIB:.0f} MiB" for r in (base, plain, resized) if r),
+                f"{(resized['peak_growth_bytes'] - first['peak_growth_bytes']) / first['peak_growth_bytes'] * 100:+.0f} %",
+            ]
+        )
+    v = d["video"]
+    header = ["model", "frame the vision side reads", "visual tokens", "per-token tables (before → now)"]
+    header += [
+        "peak RSS growth: "
+        + ("before / " if any(r["run"] == "baseline" for r in d["rows"]) else "")
+        + "decoded size / resized at decode",
+        "change",
+    ]
+    note = (
+        f"`{d['method']}`, M = {d['budget']}, {v['seconds']} s of {v['width']}x{v['height']} video ({v['kind']}: every "
+        f"frame pans) at {v['fps']:g} fps, decoded lazily; peak RSS growth over the prefill and the first token, after "
+        "a warm-up, in a fresh process per run. *Before*: the commit before this change (int64 per-token tables, no "
+        "resize); *decoded size*: this code with `resize_video_at_decode` off."
+    )
+    return _render(header, body, [(FRAME_RESIZE_RESULTS, d)], note)
 
 
 #: tables computed from the code (no benchmark JSON): their source line says so
@@ -1002,6 +1040,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "compose-ratio": table_compose_ratio,
     "needle-compose": table_needle_compose,
     "vision-launches": table_vision_launches,
+    "frame-resize": table_frame_resize,
 }
 
 

@@ -175,6 +175,8 @@ class SaliCache(Method):
             token_skipped = unit_skipped[layout.frame]
             active = np.flatnonzero(~token_skipped)
             saliency = _token_saliency(media.frames, layout, self.config.edge_weight, active)
+            if media.is_lazy:  # the last decoded frames it cached (full size) are not what the blocks read first
+                media.frames.clear_cache()
             tier_of_token[token_skipped] = TIER_SKIPPED
             tier_of_token[active] = assign_tiers(saliency[active], self.tier_spec)
             seq = torch.from_numpy(layout.seq_index.astype(np.int64))

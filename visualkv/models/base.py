@@ -15,7 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
+from transformers.image_utils import SizeDict
 from transformers.video_utils import VideoMetadata
 
 from visualkv.layout import VisualLayout, VisualUnit
@@ -50,12 +52,26 @@ class PreparedInput:
     media: Media | None = None
 
     def __post_init__(self) -> None:
+        # per-token tables as int32 (4 + 4 x P bytes per token instead of 8 + 8 x P: an hour of video is
+        # ~540k tokens); torch indexes, embeds and takes rotary angles from int32 as from int64
+        self.input_ids = compact_ids(self.input_ids)
+        self.position_ids = compact_ids(self.position_ids)
         if self.keep is None:
             self.keep = torch.ones_like(self.input_ids, dtype=torch.bool)
 
     @property
     def seq_len(self) -> int:
         return int(self.input_ids.shape[0])
+
+
+def compact_ids(values: torch.Tensor) -> torch.Tensor:
+    """An int64 tensor of token ids or positions as int32 where its values fit (else unchanged)."""
+    if values.dtype != torch.int64 or values.numel() == 0:
+        return values
+    info = torch.iinfo(torch.int32)
+    if int(values.min()) < info.min or int(values.max()) > info.max:
+        return values
+    return values.to(torch.int32)
 
 
 class ModelAdapter:
@@ -163,6 +179,35 @@ class ModelAdapter:
         """Token ids that close the previous answer and open a new user turn."""
         raise NotImplementedError
 
+    # -- video frames resized at decode ---------------------------------------------
+    #: resize a lazy video's frames right after decoding them (see `video_for_encoding`); off: frames
+    #: reach the processor at their decoded size (the memory benchmark's "before")
+    resize_video_at_decode: bool = True
+
+    def video_frame_size(self, height: int, width: int, num_frames: int) -> tuple[int, int] | None:
+        """(height, width) the video processor resizes every frame of a `num_frames`-frame video of
+        `height` x `width` px to, where `resize_video_frame` reproduces that resize exactly (so the processor,
+        given the resized frame, leaves it as is); None where unknown (frames stay at their decoded size)."""
+        return None
+
+    def resize_video_frame(self, frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+        """One (H, W, 3) uint8 frame resized to `size` (height, width) by the video processor's own resize
+        (same call, same interpolation, uint8 out), so encoding it gives the same pixel values."""
+        raise NotImplementedError
+
+    def video_for_encoding(self, media: Media) -> Media:
+        """The video the vision side reads frames from: a lazy video's frames resized at decode to what the
+        processor needs (`Media.resized_at_decode`), so a block holds small frames; `media` itself where the
+        family gives no size, the frames would not shrink, or the video is eager. The layout and the report
+        keep using `media` (boxes in decoded pixels)."""
+        if not self.resize_video_at_decode or media.kind != "video" or not media.is_lazy:
+            return media
+        width, height = media.size
+        size = self.video_frame_size(height, width, media.num_frames)
+        if size is None:
+            return media
+        return media.resized_at_decode(size, lambda frame: self.resize_video_frame(frame, size))
+
     def encode_units(self, prepared: PreparedInput, units: list[VisualUnit]) -> torch.Tensor:
         """Visual embeddings (n, hidden) for consecutive units, in sequence order."""
         raise NotImplementedError
@@ -237,7 +282,7 @@ def video_metadata(media: Media) -> VideoMetadata:
     n = len(media.frames)
     span = media.times[-1] - media.times[0] if n > 1 else 0.0
     fps = (n - 1) / span if span > 0 else 1.0
-    h, w = media.frames[0].shape[:2]
+    w, h = media.size  # from metadata: a lazy video decodes nothing here
     return VideoMetadata(
         total_num_frames=n, fps=fps, width=w, height=h, duration=media.duration or 0.0, frames_indices=list(range(n))
     )
@@ -271,3 +316,28 @@ def tokenize_runs(tokenizer: Any, text: str, token: str) -> torch.Tensor:
 def text_positions(start: int, n: int, axes: int) -> torch.Tensor:
     """(axes, n) position ids for plain text starting at `start`."""
     return (torch.arange(n) + start).view(1, n).expand(axes, n).clone()
+
+
+def frame_as_video(frame: np.ndarray) -> torch.Tensor:
+    """(1, 1, 3, H, W) uint8 tensor of one (H, W, 3) frame: the layout a video processor resizes (one video of
+    one frame, channels first), so its resize runs the same kernel as on a block's frames."""
+    return torch.from_numpy(np.ascontiguousarray(frame)).permute(2, 0, 1).contiguous()[None, None]
+
+
+def video_as_frame(video: torch.Tensor) -> np.ndarray:
+    """(H, W, 3) uint8 array of a (1, 1, 3, H, W) tensor (inverse of `frame_as_video`)."""
+    return np.ascontiguousarray(video[0, 0].permute(1, 2, 0).numpy())
+
+
+def processor_size(processor: Any) -> SizeDict:
+    """A video or image processor's `size` as the SizeDict its own calls see."""
+    size = processor.size
+    return size if isinstance(size, SizeDict) else SizeDict(**dict(size))
+
+
+def resize_like_processor(video_processor: Any, frame: np.ndarray, **kwargs: Any) -> np.ndarray:
+    """One (H, W, 3) uint8 frame through the video processor's own `resize`, with the size and resample its
+    call uses by default (plus `kwargs`, the family's extra arguments): uint8 in and out."""
+    vp = video_processor
+    out = vp.resize(frame_as_video(frame), size=processor_size(vp), resample=vp.resample, **kwargs)
+    return video_as_frame(out)

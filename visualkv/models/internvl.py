@@ -21,7 +21,14 @@ from transformers.models.got_ocr2.image_processing_got_ocr2 import get_optimal_t
 
 from visualkv.layout import FrameInfo, VisualLayout, VisualUnit, grid_boxes
 from visualkv.media import Media
-from visualkv.models.base import ModelAdapter, PreparedInput, text_positions, tokenize_runs
+from visualkv.models.base import (
+    ModelAdapter,
+    PreparedInput,
+    processor_size,
+    resize_like_processor,
+    text_positions,
+    tokenize_runs,
+)
 
 
 class InternVLAdapter(ModelAdapter):
@@ -40,6 +47,16 @@ class InternVLAdapter(ModelAdapter):
     def tokens_per_tile(self) -> int:
         return int(self.model.config.image_seq_length)
 
+    # -- video frames resized at decode -------------------------------------------
+    def video_frame_size(self, height: int, width: int, num_frames: int) -> tuple[int, int] | None:
+        """Every frame is resized to the video processor's fixed height x width (one tile)."""
+        vp = self.processor.video_processor
+        size = processor_size(vp)
+        return (size.height, size.width) if vp.do_resize and size.height and size.width else None
+
+    def resize_video_frame(self, frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+        return resize_like_processor(self.processor.video_processor, frame)
+
     # -- tokenization -------------------------------------------------------------
     def prepare(self, media: Media | None, prompt: str) -> PreparedInput:
         text = self.chat_text(media, prompt)
@@ -55,7 +72,7 @@ class InternVLAdapter(ModelAdapter):
             placeholder = {"pixel_values_videos": [torch.empty(len(media.frames), 0)]}
             text = text.replace(self.processor.video_token, self.processor.replace_video_token(placeholder, 0), 1)
             ids = tokenize_runs(self.tokenizer, text, self.processor.image_token)  # pad runs spliced in as ids
-            vision = {"video": media}
+            vision = {"video": self.video_for_encoding(media)}  # frames resized at decode
         visual_mask = ids == self.model.config.image_token_id
         layout = self._layout(media, visual_mask) if media is not None else VisualLayout.empty()
         visual_idx = visual_mask.nonzero().flatten()

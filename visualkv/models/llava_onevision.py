@@ -35,7 +35,14 @@ from transformers.image_processing_utils import select_best_resolution
 
 from visualkv.layout import FrameInfo, VisualLayout, VisualUnit, grid_boxes
 from visualkv.media import Media
-from visualkv.models.base import ModelAdapter, PreparedInput, text_positions, tokenize_runs
+from visualkv.models.base import (
+    ModelAdapter,
+    PreparedInput,
+    processor_size,
+    resize_like_processor,
+    text_positions,
+    tokenize_runs,
+)
 
 
 @dataclass(frozen=True)
@@ -110,6 +117,16 @@ class LlavaOnevisionAdapter(ModelAdapter):
     def rotary(self, hidden, positions):
         return self.language_model.rotary_emb(hidden, positions[:1].to(hidden.device))
 
+    # -- video frames resized at decode -------------------------------------------
+    def video_frame_size(self, height: int, width: int, num_frames: int) -> tuple[int, int] | None:
+        """Every frame is resized to the video processor's fixed height x width (one tile)."""
+        vp = self.processor.video_processor
+        size = processor_size(vp)
+        return (size.height, size.width) if vp.do_resize and size.height and size.width else None
+
+    def resize_video_frame(self, frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+        return resize_like_processor(self.processor.video_processor, frame)
+
     # -- tokenization -------------------------------------------------------------
     def prepare(self, media: Media | None, prompt: str) -> PreparedInput:
         text = self.chat_text(media, prompt)
@@ -131,7 +148,7 @@ class LlavaOnevisionAdapter(ModelAdapter):
             placeholder = {"pixel_values_videos": [[None] * len(media.frames)]}
             text = text.replace(self.processor.video_token, self.processor.replace_video_token(placeholder, 0), 1)
             ids = tokenize_runs(self.tokenizer, text, self.processor.video_token)  # pad runs spliced in as ids
-            vision = {"video": media}
+            vision = {"video": self.video_for_encoding(media)}  # frames resized at decode
         cfg = self.model.config
         visual_mask = (ids == cfg.image_token_id) | (ids == cfg.video_token_id)
         layout = self._layout(media, visual_mask, vision) if media is not None else VisualLayout.empty()

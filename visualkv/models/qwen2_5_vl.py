@@ -23,11 +23,19 @@ from typing import Any
 import numpy as np
 import torch
 from transformers.image_utils import SizeDict
+from transformers.models.qwen2_vl.video_processing_qwen2_vl import smart_resize
 from transformers.vision_utils import get_vision_position_ids
 
 from visualkv.layout import FrameInfo, VisualLayout, VisualUnit, grid_boxes
 from visualkv.media import Media
-from visualkv.models.base import ModelAdapter, PreparedInput, splice_runs, text_positions, video_metadata
+from visualkv.models.base import (
+    ModelAdapter,
+    PreparedInput,
+    resize_like_processor,
+    splice_runs,
+    text_positions,
+    video_metadata,
+)
 from visualkv.models.vision_attention import batch_vision_chunks
 
 
@@ -129,7 +137,10 @@ class Qwen25VLAdapter(ModelAdapter):
         Here only the first patch is processed, for the grid.
         """
         vp = self.processor.video_processor
-        first = self._pixels_frames({"media": media}, 0, 1, with_grid=True)
+        # the vision side reads frames resized at decode (where they shrink); the processor gives them the
+        # same grid and pixels as the decoded frames (tests/test_frame_resize.py)
+        frames = self.video_for_encoding(media)
+        first = self._pixels_frames({"media": frames}, 0, 1, with_grid=True)
         _, gh, gw = (int(x) for x in first["video_grid_thw"][0])
         t = -(-len(media.frames) // vp.temporal_patch_size)
         n_tokens = t * gh * gw // (vp.merge_size**2)
@@ -138,10 +149,28 @@ class Qwen25VLAdapter(ModelAdapter):
         fps = video_metadata(media).sampled_fps
         return {
             "input_ids": ids,
-            "video": media,
+            "video": frames,
             "video_grid_thw": torch.tensor([[t, gh, gw]]),
             "second_per_grid_ts": torch.tensor([vp.temporal_patch_size / fps]),
         }
+
+    def video_frame_size(self, height: int, width: int, num_frames: int) -> tuple[int, int] | None:
+        """The processor's `smart_resize` of one frame (its per-frame pixel cap; the total cap is off, see
+        `_pixels_frames`)."""
+        vp = self.processor.video_processor
+        if not vp.do_resize:
+            return None
+        size = _size_dict(vp)
+        factor = vp.patch_size * vp.merge_size
+        return smart_resize(height, width, factor=factor, min_pixels=size.shortest_edge, max_pixels=size.longest_edge)
+
+    def resize_video_frame(self, frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+        vp = self.processor.video_processor
+        # the processor's resize computes `size` again from the frame (smart_resize) and resizes with
+        # torchvision (uint8 in and out); the same call on one frame gives the same uint8 pixels
+        no_total_cap = {"cap_pixels_per_frame": False} if hasattr(vp, "cap_pixels_per_frame") else {}
+        factor = vp.patch_size * vp.merge_size
+        return resize_like_processor(vp, frame, factor=factor, temporal_factor=vp.temporal_patch_size, **no_total_cap)
 
     def _pixels_frames(self, vision: dict, t0: int, t1: int, with_grid: bool = False):
         """Pixel patches of temporal patches [t0, t1), through the processor's own video pipeline."""

@@ -36,7 +36,7 @@ from transformers.vision_utils import get_vision_interpolation_indices_and_weigh
 
 from visualkv.layout import VisualUnit
 from visualkv.media import Media
-from visualkv.models.base import PreparedInput, tokenize_runs, video_metadata
+from visualkv.models.base import PreparedInput, frame_as_video, tokenize_runs, video_as_frame, video_metadata
 from visualkv.models.qwen2_5_vl import Qwen25VLAdapter
 
 
@@ -59,18 +59,8 @@ class Qwen3VLAdapter(Qwen25VLAdapter):
         over all frames, per-frame cap off), so it is computed here once; the grid carries it to the blocks.
         """
         vp = self.processor.video_processor
-        h, w = media.frames[0].shape[:2]
-        size = vp.size if isinstance(vp.size, SizeDict) else SizeDict(**dict(vp.size))
-        factor = vp.patch_size * vp.merge_size
-        rh, rw = smart_resize(
-            num_frames=len(media.frames),
-            height=h,
-            width=w,
-            temporal_factor=vp.temporal_patch_size,
-            factor=factor,
-            min_pixels=size.shortest_edge,
-            max_pixels=size.longest_edge,
-        )
+        w, h = media.size
+        rh, rw = self._clip_frame_size(h, w, len(media.frames))
         t = -(-len(media.frames) // vp.temporal_patch_size)
         grid = torch.tensor([[t, rh // vp.patch_size, rw // vp.patch_size]])
         expansion = self.processor.replace_video_token(
@@ -80,7 +70,33 @@ class Qwen3VLAdapter(Qwen25VLAdapter):
         ids = tokenize_runs(
             self.tokenizer, text.replace(self.processor.video_token, expansion, 1), self.processor.video_token
         )[None]
-        return {"input_ids": ids, "video": media, "video_grid_thw": grid}
+        # the vision side reads frames resized at decode to that size (where they shrink)
+        return {"input_ids": ids, "video": self.video_for_encoding(media), "video_grid_thw": grid}
+
+    def _clip_frame_size(self, height: int, width: int, num_frames: int) -> tuple[int, int]:
+        """(height, width) of every frame of the clip: the processor's `smart_resize` over all its frames."""
+        vp = self.processor.video_processor
+        size = vp.size if isinstance(vp.size, SizeDict) else SizeDict(**dict(vp.size))
+        return smart_resize(
+            num_frames=num_frames,
+            height=height,
+            width=width,
+            temporal_factor=vp.temporal_patch_size,
+            factor=vp.patch_size * vp.merge_size,
+            min_pixels=size.shortest_edge,
+            max_pixels=size.longest_edge,
+        )
+
+    def video_frame_size(self, height: int, width: int, num_frames: int) -> tuple[int, int] | None:
+        return self._clip_frame_size(height, width, num_frames)
+
+    def resize_video_frame(self, frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+        # the resize `_pixels_frames` applies to a block's frames, on one frame (uint8 in and out)
+        vp = self.processor.video_processor
+        out = super(type(vp), vp).resize(
+            frame_as_video(frame), size=SizeDict(height=size[0], width=size[1]), resample=vp.resample
+        )
+        return video_as_frame(out)
 
     def _pixels_frames(self, vision: dict, t0: int, t1: int, with_grid: bool = False):
         """Pixel patches of temporal patches [t0, t1): resized to the whole clip's size, then the processor."""

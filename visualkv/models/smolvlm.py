@@ -22,7 +22,14 @@ from PIL import Image
 
 from visualkv.layout import FrameInfo, VisualLayout, VisualUnit, grid_boxes
 from visualkv.media import Media
-from visualkv.models.base import ModelAdapter, PreparedInput, text_positions, tokenize_runs, video_metadata
+from visualkv.models.base import (
+    ModelAdapter,
+    PreparedInput,
+    resize_like_processor,
+    text_positions,
+    tokenize_runs,
+    video_metadata,
+)
 
 _ROW_COL = re.compile(r"<row_(\d+)_col_(\d+)>")
 
@@ -43,7 +50,7 @@ class SmolVLMAdapter(ModelAdapter):
         text = self.chat_text(media, prompt)
         if media is not None and media.kind == "video":
             ids = self._video_ids(text, media)
-            vision: dict[str, Any] = {"video": media}
+            vision: dict[str, Any] = {"video": self.video_for_encoding(media)}  # frames resized at decode
         else:
             images = [[Image.fromarray(media.frames[0])]] if media is not None else None
             enc = self.processor(text=[text], images=images, return_tensors="pt")
@@ -64,6 +71,16 @@ class SmolVLMAdapter(ModelAdapter):
             vision_inputs=vision,
             media=media,
         )
+
+    def video_frame_size(self, height: int, width: int, num_frames: int) -> tuple[int, int] | None:
+        """Video frames end square: resized to `size` (longest edge, aspect kept), then to the encoder's
+        `max_image_size` square (the processor's two resizes; frames are never split into tiles)."""
+        vp = self.processor.video_processor
+        side = dict(vp.max_image_size).get("longest_edge")
+        return (side, side) if vp.do_resize and side else None
+
+    def resize_video_frame(self, frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+        return resize_like_processor(self.processor.video_processor, frame)  # both resizes, as the processor
 
     def _video_ids(self, text: str, media: Media) -> torch.Tensor:
         """Token ids of a video prompt, written by the processor's own `replace_video_token`.
