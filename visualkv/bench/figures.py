@@ -969,6 +969,8 @@ def table_vision_launches(results: Path) -> str:
         "the CPU time is compute, not dispatch, and does not show the saving; launches are what a GPU pays for."
     )
     return _render(header, body, sources, note)
+
+
 FRAME_RESIZE_RESULTS = "frame_resize_memory.json"
 
 
