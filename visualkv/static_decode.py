@@ -138,19 +138,23 @@ class StaticDecoder:
     @torch.no_grad()
     def _capture(self) -> None:
         device = self.adapter.device
-        stream = torch.cuda.Stream(device)
+        stream = torch.cuda.Stream(device)  # captures need a stream other than the default one
         stream.wait_stream(torch.cuda.current_stream(device))
+        graph = torch.cuda.CUDAGraph()
         with torch.cuda.stream(stream):
             # warm-up outside the graph (lazy cuBLAS / kernel setup); it writes slot `held`, which step 0
             # writes again, and its step count is undone below
             self._run()
+            self.step_index.zero_()
+            # capture_begin / capture_end rather than `torch.cuda.graph(...)`, whose entry synchronises and
+            # empties the allocator's cache (the next prefill would then allocate everything anew); thread_local:
+            # the app serves several chats from threads, and another thread's CUDA calls must not void this capture
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                self._out = self._run()
+            finally:
+                graph.capture_end()
         torch.cuda.current_stream(device).wait_stream(stream)
-        self.step_index.zero_()
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: the app serves several chats from threads; another thread's CUDA calls during this
-        # capture must not invalidate it (they are not captured: only this thread's stream is)
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            self._out = self._run()
         self._graph = graph
 
     # -- driving ---------------------------------------------------------------------------------------------------
