@@ -83,8 +83,8 @@ def _inputs(processor, image: tuple[int, int], frames: int, video_size: tuple[in
     out[f"image {image[0]}x{image[1]}"] = (enc["pixel_values"], enc["image_grid_thw"])
     if frames:
         vid = video_media(frames, *video_size, fps=1.0, seed=2)
-        frames = torch.from_numpy(np.stack(list(vid.frames)))
-        enc = processor.video_processor(videos=[frames], do_sample_frames=False, return_tensors="pt")
+        stacked = torch.from_numpy(np.stack(list(vid.frames)))
+        enc = processor.video_processor(videos=[stacked], do_sample_frames=False, return_tensors="pt")
         out[f"video {frames} frames {video_size[0]}x{video_size[1]}"] = (
             enc["pixel_values_videos"],
             enc["video_grid_thw"],
