@@ -36,6 +36,8 @@
 #   GPU_CHECK_FAMILIES=all        also shape-llava-onevision-7b and shape-internvl3.5-8b (and the 3B / SmolVLM2
 #                                 shapes); about twice the time: mind a 15-minute GPU session
 #   GPU_CHECK_FAMILIES="qwen3-vl-8b internvl3.5-8b"   any list of shape names without the "shape-" prefix
+#   GPU_CHECK_VIDEO_KINDS=mix,moving   the bench's video inputs (default mix; moving: nothing can be skipped)
+#   GPU_CHECK_DECODE=eager        how the methods decode (default auto: one CUDA graph per answer)
 # With GPU_CHECK_SMALL each shape is replaced by the tiny alias of its family. The `hour` step always runs
 # shape-qwen2.5-vl-7b (tiny-qwen2.5-vl with GPU_CHECK_SMALL: 540 s of 384x216 video, past the 512-frame cap).
 #
@@ -112,6 +114,10 @@ if [ "$STEPS" = all ] || [ "$STEPS" = bench ]; then
       bench=(--model "$model" --image-size 3840x2160 --video-seconds 512 --video-size 640x360
              --new-tokens 64 --budget 1024)
     fi
+    # GPU_CHECK_VIDEO_KINDS=mix,moving adds a video where every frame moves (issue 11's Sali-Cache target with
+    # nothing to skip; about 2 more minutes per shape); GPU_CHECK_DECODE=eager runs the methods without CUDA graphs
+    [ -n "${GPU_CHECK_VIDEO_KINDS:-}" ] && bench+=(--video-kinds "$GPU_CHECK_VIDEO_KINDS")
+    [ -n "${GPU_CHECK_DECODE:-}" ] && bench+=(--decode "$GPU_CHECK_DECODE")
     echo "== bench gpu ${bench[*]}"
     timeout "$STEP_TIMEOUT" "$PY" -m visualkv bench gpu "${bench[@]}" --out "$OUT" >"$OUT/bench_gpu_$model.log" 2>&1
     rc=$?
