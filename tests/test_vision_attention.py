@@ -62,3 +62,19 @@ def test_stock_switch_restores_the_batched_path(sdpa_calls):
     before = _encode(adapter, media, stock=False, calls=sdpa_calls)[1]
     _encode(adapter, media, stock=True, calls=sdpa_calls)
     assert _encode(adapter, media, stock=False, calls=sdpa_calls)[1] == before
+
+
+@pytest.mark.parametrize("alias", ["tiny-qwen2.5-vl", "tiny-qwen3-vl"])
+def test_chunks_split_over_several_calls_match(alias, sdpa_calls, monkeypatch):
+    """More chunks of one length than one call takes (CUDA's grid limit): the batch is split, output unchanged."""
+    from visualkv.models import vision_attention
+
+    adapter = get_adapter(alias)
+    media = video_media(8, 320, 240, fps=1.0, seed=2)  # equal chunks tiling the sequence, and windows
+    whole, calls_whole = _encode(adapter, media, stock=False, calls=sdpa_calls)
+    monkeypatch.setattr(vision_attention, "MAX_CHUNKS_PER_CALL", 2)
+    split, calls_split = _encode(adapter, media, stock=False, calls=sdpa_calls)
+    stock, _ = _encode(adapter, media, stock=True, calls=sdpa_calls)
+    assert calls_split > calls_whole
+    torch.testing.assert_close(split, stock, rtol=0, atol=1e-6)
+    torch.testing.assert_close(whole, stock, rtol=0, atol=1e-6)

@@ -55,25 +55,34 @@ def _chunk_groups(cu_seqlens: torch.Tensor, cache: dict) -> list[tuple[int, torc
     return groups
 
 
+#: chunks per attention call at most: CUDA grids cap a launch dimension at 65,535 (batch, or batch x heads, by kernel)
+MAX_CHUNKS_PER_CALL = 2048
+
+
 def _attend_chunks(module, q, k, v, groups) -> torch.Tensor:
-    """q / k / v (seq, heads, dim); attention inside each chunk, one call per group; returns (seq, heads, dim)."""
+    """q / k / v (seq, heads, dim); attention inside each chunk, one call per group (per slice of at most
+    `MAX_CHUNKS_PER_CALL` chunks); returns (seq, heads, dim)."""
     own = sys.modules[type(module).__module__]  # the class's modeling module: its eager attention is the default
     interface = ALL_ATTENTION_FUNCTIONS.get_interface(module.config._attn_implementation, own.eager_attention_forward)
-    out = None
+
+    def attend(batch: list[torch.Tensor]) -> torch.Tensor:
+        # (chunks, length, heads, dim) in and out, as transformers' interfaces return it
+        qkv = [t.transpose(1, 2) for t in batch]
+        return interface(module, *qkv, attention_mask=None, scaling=module.scaling, dropout=0.0, is_causal=False)[0]
+
+    out = q.new_empty(q.shape)
     for length, starts in groups:
-        if starts is None:
+        if starts is None:  # equal chunks tiling the sequence: views, no gather
             n = q.shape[0] // length
-            batch = [t.view(n, length, *t.shape[1:]).transpose(1, 2) for t in (q, k, v)]
-        else:
-            index = (starts[:, None] + torch.arange(length, device=starts.device)).flatten()
-            batch = [t[index].view(-1, length, *t.shape[1:]).transpose(1, 2) for t in (q, k, v)]
-        # (chunks, heads, length, dim) -> (chunks, length, heads, dim), as transformers' interfaces return
-        res = interface(module, *batch, attention_mask=None, scaling=module.scaling, dropout=0.0, is_causal=False)[0]
-        if starts is None:
-            return res.reshape(q.shape)
-        if out is None:
-            out = q.new_empty(q.shape)
-        out[index] = res.reshape(-1, *q.shape[1:])
+            views = [t.view(n, length, *t.shape[1:]) for t in (q, k, v, out)]
+            for i in range(0, n, MAX_CHUNKS_PER_CALL):
+                views[3][i : i + MAX_CHUNKS_PER_CALL] = attend([t[i : i + MAX_CHUNKS_PER_CALL] for t in views[:3]])
+            continue
+        offsets = torch.arange(length, device=starts.device)
+        for i in range(0, starts.shape[0], MAX_CHUNKS_PER_CALL):  # a host int: the shape, not the values
+            index = (starts[i : i + MAX_CHUNKS_PER_CALL, None] + offsets).flatten()
+            batch = [t[index].view(-1, length, *t.shape[1:]) for t in (q, k, v)]
+            out[index] = attend(batch).reshape(-1, *q.shape[1:])
     return out
 
 
