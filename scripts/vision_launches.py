@@ -22,38 +22,10 @@ import time
 
 import numpy as np
 import torch
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 
-
-class OpCounter(TorchDispatchMode):
-    """Counts dispatched ATen operations (about one kernel launch each on a GPU) and attention calls."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops = 0
-        self.attention = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops += 1
-        if "scaled_dot_product" in str(func):
-            self.attention += 1
-        return func(*args, **(kwargs or {}))
-
-
-class HostReads(TorchFunctionMode):
-    """Counts reads of tensor values on the host (`tolist`, `item`, `int()`...): each a sync on a GPU."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.reads = 0
-        self.kinds = {torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.__int__, torch.Tensor.__index__}
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.reads += func in self.kinds
-        return func(*args, **(kwargs or {}))
+from visualkv.bench.launches import HostReads, OpCounter
 
 
 def _tower(shape: str, width: int):

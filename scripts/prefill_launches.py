@@ -1,0 +1,145 @@
+"""Operations a whole prefill dispatches: transformers' `generate` against VisualKV's methods, same input.
+
+Usage: python scripts/prefill_launches.py OUT.json [--shape shape-qwen2.5-vl-7b] [--image 1920x1080]
+  [--methods full,blockwise-keydiff,...] [--budget 1024]
+
+A GPU that is launch-bound spends its time on the number of kernels launched and on host synchronisations,
+not on arithmetic (issue 11: a block-wise 4K prefill made 51,179 launches and 3,105 syncs, and the GPU idled
+two thirds of the time). Both numbers depend on the model's structure and the input, not on its widths, so
+they can be counted on a CPU: the model here has the released depths and layer structure (LLM layers, vision
+blocks, windows, full-attention blocks, GQA) with narrow widths (`--text-width`, `--vision-width`; head_dim kept
+at the released value where rotary sections need it). Each case runs until the first answer token (the TTFT
+path: processor, vision tower, prefill, logits), counting dispatched ATen operations (`OpCounter`) and
+attention calls, in one process, the model built once. Host reads are not counted here: on a CPU the engine's
+deliberate host-side planning (token indices, masks, block plans) cannot be told from reads of device values;
+tests/test_sync_free.py checks the latter per method.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
+
+from visualkv.bench.launches import OpCounter
+
+PROMPT = "Describe what you see in detail."
+
+
+def _narrow_adapter(shape: str, text_width: int, vision_width: int, heads: int, kv_heads: int):
+    from visualkv.models.registry import _adapter
+    from visualkv.models.shapes import _model_class, build_shape_config, build_shape_processor, shape_spec
+
+    processor = build_shape_processor(shape)
+    cfg = build_shape_config(shape, processor)
+    text, vision = cfg.text_config, cfg.vision_config
+    head_dim = text.hidden_size // text.num_attention_heads  # rotary sections need the released head_dim
+    text.num_attention_heads, text.num_key_value_heads = heads, kv_heads
+    text.intermediate_size = text.intermediate_size * text_width // text.hidden_size
+    text.hidden_size = text_width if text_width % heads == 0 else heads * head_dim
+    if text.hidden_size // heads != head_dim:
+        text.head_dim = head_dim
+    vision.intermediate_size = max(8, vision.intermediate_size * vision_width // vision.hidden_size)
+    vision.hidden_size = vision_width
+    if hasattr(vision, "out_hidden_size"):
+        vision.out_hidden_size = text.hidden_size
+    torch.manual_seed(0)
+    model = _model_class(shape_spec(shape))._from_config(cfg, dtype=torch.float32).eval()
+    gen = model.generation_config
+    tok = processor.tokenizer
+    end = [tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")]
+    gen.bos_token_id, gen.eos_token_id, gen.pad_token_id, gen.do_sample = end[1], end, end[1], False
+    return _adapter(model, processor, f"{shape} (narrow)")
+
+
+def _generate(adapter, media) -> None:
+    from PIL import Image
+
+    from visualkv.models.vision_attention import stock_vision_attention
+
+    with stock_vision_attention(adapter.visual), torch.no_grad():
+        text = adapter.chat_text(media, PROMPT)
+        enc = adapter.processor(text=[text], images=[Image.fromarray(media.frames[0])], return_tensors="pt")
+        adapter.model.generate(**enc, max_new_tokens=1, do_sample=False)
+
+
+def _ours(adapter, media, method: str, budget: int, prefill: str | None) -> dict:
+    from visualkv.methods import method_traits
+    from visualkv.session import ChatSession, SessionConfig
+
+    config = SessionConfig(
+        method=method,
+        budget=budget if method_traits(method).needs_budget else None,
+        prefill=prefill,
+        max_new_tokens=1,
+    )
+    session = ChatSession(adapter, config)
+    session.ask(PROMPT, media)
+    report = session.report()
+    return {"blocks": len(report["blocks"]), "prefill": report["prefill"], "visual_tokens": report["visual_tokens"]}
+
+
+def _counted(fn) -> tuple[dict, object]:
+    ops = OpCounter()
+    with ops:
+        extra = fn()
+    return {"ops": ops.ops, "attention_calls": ops.attention}, extra
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("out")
+    p.add_argument("--shape", default="shape-qwen2.5-vl-7b")
+    p.add_argument("--image", default="1920x1080")
+    p.add_argument("--methods", default="full,blockwise-keydiff,blockwise-snapkv,salicache,lightkv")
+    p.add_argument("--budget", type=int, default=1024)
+    p.add_argument("--text-width", type=int, default=512)
+    p.add_argument("--vision-width", type=int, default=128)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, default=2)
+    args = p.parse_args()
+
+    from visualkv.bench.provenance import save_json, start
+    from visualkv.bench.synthetic import image_media
+
+    prov = start()
+    prov["command"] = "python scripts/prefill_launches.py " + " ".join(sys.argv[1:])
+    torch.set_num_threads(1)
+    adapter = _narrow_adapter(args.shape, args.text_width, args.vision_width, args.heads, args.kv_heads)
+    w, h = (int(x) for x in args.image.split("x"))
+    media = image_media(w, h, seed=1)
+    rows = []
+    counts, _ = _counted(lambda: _generate(adapter, media))
+    rows.append({"case": "transformers generate", **counts})
+    print(f"{'transformers generate':34s} {counts}")
+    for method in args.methods.split(","):
+        prefills = ["hybrid", "blockwise"] if method.startswith("blockwise") else [None]
+        for prefill in prefills:
+            counts, extra = _counted(lambda m=method, pf=prefill: _ours(adapter, media, m, args.budget, pf))
+            rows.append({"case": method, **extra, **counts})
+            print(f"{method + ' ' + str(extra['prefill']):34s} {counts} blocks {extra['blocks']}")
+    cfg = adapter.model.config
+    out = {
+        "shape": args.shape,
+        "image": args.image,
+        "budget": args.budget,
+        "structure": {
+            "text_layers": cfg.text_config.num_hidden_layers,
+            "vision_blocks": getattr(cfg.vision_config, "depth", None),
+            "text_width": cfg.text_config.hidden_size,
+            "vision_width": cfg.vision_config.hidden_size,
+            "heads": args.heads,
+            "kv_heads": args.kv_heads,
+        },
+        "torch_threads": 1,
+        "rows": rows,
+    }
+    save_json(out, args.out, prov)
+
+
+if __name__ == "__main__":
+    main()

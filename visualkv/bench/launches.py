@@ -1,0 +1,41 @@
+"""Counting what a piece of PyTorch code dispatches, as a CPU-side measure of GPU launch overhead.
+
+On a GPU each dispatched ATen operation is (about) one kernel launch, and a host read of a tensor value
+(`tolist`, `item`, `int()`) is a synchronisation. Both can be counted on a CPU, where no GPU is at hand, and
+depend on the model's structure and the input, not on its widths: scripts/vision_launches.py and
+scripts/prefill_launches.py count them on released configurations with widths scaled down.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts dispatched ATen operations (about one kernel launch each on a GPU) and attention calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+        self.attention = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        if "scaled_dot_product" in str(func):
+            self.attention += 1
+        return func(*args, **(kwargs or {}))
+
+
+class HostReads(TorchFunctionMode):
+    """Counts reads of tensor values on the host (`tolist`, `item`, `int()`...): each a sync on a GPU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+        self.kinds = {torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.__int__, torch.Tensor.__index__}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.reads += func in self.kinds
+        return func(*args, **(kwargs or {}))
