@@ -1011,6 +1011,36 @@ def table_frame_resize(results: Path) -> str:
     return _render(header, body, [(FRAME_RESIZE_RESULTS, d)], note)
 
 
+def table_prefill_launches(results: Path) -> str:
+    """Operations a whole prefill dispatches, transformers' generate against each method (scripts/prefill_launches.py)."""
+    body, sources = [], []
+    for path in sorted(results.glob("prefill_launches_*.json")):
+        d = load(path.name, results)
+        sources.append((path.name, d))
+        ref = d["rows"][0]
+        for r in d["rows"]:
+            label = r["case"] if "prefill" not in r else f"`{r['case']}` ({r['prefill']}, {r['blocks']} blocks)"
+            body.append(
+                [
+                    f"`{d['shape']}`, {d['image']} image",
+                    label,
+                    f"{r['ops']:,}",
+                    f"{r['ops'] / ref['ops']:.2f}×",
+                    f"{r['attention_calls']:,}",
+                ]
+            )
+    header = ["model, input", "case", "dispatched ops to the first token", "vs generate", "attention calls"]
+    first = load(sources[0][0], results) if sources else {"structure": {}, "budget": 0}
+    st = first["structure"]
+    note = (
+        f"Released depths ({st.get('text_layers')} LLM layers, {st.get('vision_blocks')} vision blocks, windows and "
+        f"GQA as released) at narrow widths (LLM {st.get('text_width')}, vision {st.get('vision_width')}); M = "
+        f"{first.get('budget')}; processor, vision tower, prefill and first logits. Counts depend on the structure "
+        "and the input, not on the widths: what a launch-bound GPU pays for."
+    )
+    return _render(header, body, sources, note)
+
+
 #: tables computed from the code (no benchmark JSON): their source line says so
 COMPUTED = {"lightkv-schedule", "salicache-bytes"}
 
@@ -1042,6 +1072,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "compose-ratio": table_compose_ratio,
     "needle-compose": table_needle_compose,
     "vision-launches": table_vision_launches,
+    "prefill-launches": table_prefill_launches,
     "frame-resize": table_frame_resize,
 }
 
