@@ -10,8 +10,8 @@ process's own (robust to other processes sharing the cores); wall figures depend
 from __future__ import annotations
 
 import argparse
-import json
 import platform
+import sys
 import time
 
 import torch
@@ -27,7 +27,11 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--methods", default="", help="comma-separated subset of the configurations (default: all)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: CPU seconds are not inflated by spinning)")
+    p.add_argument("--code-commit", default="", help="the commit of the checkout measured (recorded in the JSON)")
     args = p.parse_args()
+    from visualkv.bench.provenance import start
+
+    prov = start()
 
     import visualkv
     from visualkv.bench.synthetic import image_media, megapixel_size
@@ -91,19 +95,18 @@ def main() -> None:
                 row["peak_device_bytes"] = cache.peak_device_bytes
             print(name, {k: (round(v[-1], 3) if isinstance(v, list) else v) for k, v in row.items()}, flush=True)
     out = {
-        "command": f"python scripts/bench_issue11.py {args.out} --size {args.size} --tokens {args.tokens} "
-        f"--budget {args.budget} --repeats {args.repeats} --threads {args.threads}"
-        + (f" --methods {args.methods}" if args.methods else ""),
         "code": visualkv.__file__,
-        "machine": f"{platform.machine()}, torch {torch.__version__}, {args.threads} torch thread(s); "
-        "2 CPU cores shared by five engineers (loaded)",
+        "code_commit": args.code_commit,
+        "machine": f"{platform.machine()}, torch {torch.__version__}, {args.threads} torch thread(s)",
         "model": args.model,
         "size_mp": args.size,
         "budget": args.budget,
         "rows": rows,
     }
-    with open(args.out, "w") as fh:
-        json.dump(out, fh, indent=1)
+    from visualkv.bench.provenance import save_json  # the measured checkout's, so its load reading is recorded
+
+    prov["command"] = "python scripts/bench_issue11.py " + " ".join(sys.argv[1:])
+    save_json(out, args.out, prov)
 
 
 if __name__ == "__main__":
