@@ -599,6 +599,8 @@ def table_speed_issue11(results: Path) -> str:
         ("3 MP, quiet", "speed_issue11_3mp_before.json", "speed_issue11_3mp_after.json"),
         ("3 MP, loaded", "speed_issue11_3mp_loaded_before.json", "speed_issue11_3mp_loaded_after.json"),
         ("0.5 MP, loaded", "speed_issue11_before.json", "speed_issue11_after.json"),
+        ("0.5 MP, c7775e0 → now", "speed_issue11_s5_before.json", "speed_issue11_s5_after.json"),
+        ("3 MP, c7775e0 → now", "speed_issue11_s5_3mp_before.json", "speed_issue11_s5_3mp_after.json"),
     ]
     body, sources = [], []
     for label, before_name, after_name in pairs:
