@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import sys
 
 import cv2
 import numpy as np
@@ -233,14 +233,33 @@ def test_box_statistics_match_direct_computation() -> None:
         assert v == pytest.approx(direct, abs=0.1 + 0.02 * direct)
 
 
-def test_many_boxes_on_4k_frame_is_fast() -> None:
+def _python_calls(fn) -> int:
+    """Function calls (Python and C) made while `fn` runs: a measure of work that does not depend on the load."""
+    calls = 0
+
+    def count(frame, event, arg) -> None:
+        nonlocal calls
+        calls += event in ("call", "c_call")
+
+    sys.setprofile(count)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_many_boxes_on_4k_frame_are_vectorised() -> None:
+    """10,686 token boxes on a 4K frame cost no more Python-level calls than 100 boxes: the per-box work is
+    vectorised (summed-area tables), not a loop over boxes. (Counted, not timed: timing fails on a loaded CI.)"""
     frame = cv2.resize(_half_textured(), (3840, 2160), interpolation=cv2.INTER_NEAREST)
     boxes = _grid_boxes(3840, 2160, 28)  # 137 x 78 = 10,686 tokens
-    start = time.perf_counter()
-    sal = token_saliency([frame], boxes, np.zeros(len(boxes), int))
-    elapsed = time.perf_counter() - start
-    assert len(sal) > 10_000
-    assert elapsed < 3.0  # ~0.3 s here; generous for slow CI
+    few = boxes[:100]
+    token_saliency([frame], few, np.zeros(len(few), int))  # warm-up: one-time work (compiled patterns, caches)
+    many_calls = _python_calls(lambda: token_saliency([frame], boxes, np.zeros(len(boxes), int)))
+    few_calls = _python_calls(lambda: token_saliency([frame], few, np.zeros(len(few), int)))
+    assert len(token_saliency([frame], boxes, np.zeros(len(boxes), int))) > 10_000
+    assert many_calls <= few_calls + 50, (few_calls, many_calls)
 
 
 def test_saliency_input_validation() -> None:
