@@ -335,6 +335,13 @@ def processor_size(processor: Any) -> SizeDict:
     return size if isinstance(size, SizeDict) else SizeDict(**dict(size))
 
 
+def fixed_video_frame_size(video_processor: Any) -> tuple[int, int] | None:
+    """(height, width) of a video processor that resizes every frame to one fixed size (one tile: LLaVA-OneVision,
+    InternVL), or None when it does not resize."""
+    size = processor_size(video_processor)
+    return (size.height, size.width) if video_processor.do_resize and size.height and size.width else None
+
+
 def resize_like_processor(video_processor: Any, frame: np.ndarray, **kwargs: Any) -> np.ndarray:
     """One (H, W, 3) uint8 frame through the video processor's own `resize`, with the size and resample its
     call uses by default (plus `kwargs`, the family's extra arguments): uint8 in and out."""

@@ -24,7 +24,7 @@ from visualkv.media import Media
 from visualkv.models.base import (
     ModelAdapter,
     PreparedInput,
-    processor_size,
+    fixed_video_frame_size,
     resize_like_processor,
     text_positions,
     tokenize_runs,
@@ -50,9 +50,7 @@ class InternVLAdapter(ModelAdapter):
     # -- video frames resized at decode -------------------------------------------
     def video_frame_size(self, height: int, width: int, num_frames: int) -> tuple[int, int] | None:
         """Every frame is resized to the video processor's fixed height x width (one tile)."""
-        vp = self.processor.video_processor
-        size = processor_size(vp)
-        return (size.height, size.width) if vp.do_resize and size.height and size.width else None
+        return fixed_video_frame_size(self.processor.video_processor)
 
     def resize_video_frame(self, frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
         return resize_like_processor(self.processor.video_processor, frame)

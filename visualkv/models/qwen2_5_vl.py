@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers.image_utils import SizeDict
 from transformers.models.qwen2_vl.video_processing_qwen2_vl import smart_resize
 from transformers.vision_utils import get_vision_position_ids
 
@@ -31,6 +30,7 @@ from visualkv.media import Media
 from visualkv.models.base import (
     ModelAdapter,
     PreparedInput,
+    processor_size,
     resize_like_processor,
     splice_runs,
     text_positions,
@@ -122,7 +122,7 @@ class Qwen25VLAdapter(ModelAdapter):
         ip = self.processor.image_processor
         image = torch.from_numpy(np.require(frame, requirements=["C", "W"])).permute(2, 0, 1)[None]
         factor = ip.patch_size * ip.merge_size
-        resized = ip.resize(images=image, size=_size_dict(ip), resample=ip.resample, factor=factor)
+        resized = ip.resize(images=image, size=processor_size(ip), resample=ip.resample, factor=factor)
         grid_h, grid_w = resized.shape[-2] // ip.patch_size, resized.shape[-1] // ip.patch_size
         n_tokens = grid_h * grid_w // (ip.merge_size**2)
         ids = splice_runs(self.tokenizer, text, self.processor.image_token, [n_tokens])[None]
@@ -160,7 +160,7 @@ class Qwen25VLAdapter(ModelAdapter):
         vp = self.processor.video_processor
         if not vp.do_resize:
             return None
-        size = _size_dict(vp)
+        size = processor_size(vp)
         factor = vp.patch_size * vp.merge_size
         return smart_resize(height, width, factor=factor, min_pixels=size.shortest_edge, max_pixels=size.longest_edge)
 
@@ -318,13 +318,6 @@ class Qwen25VLAdapter(ModelAdapter):
             if take == s1:
                 self._strip = None  # fully consumed: free it
         return torch.cat(parts)
-
-
-def _size_dict(ip) -> SizeDict:
-    size = ip.size
-    if isinstance(size, SizeDict):
-        return size
-    return SizeDict(**dict(size))
 
 
 def _as_tensor(x):
