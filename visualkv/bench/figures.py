@@ -667,6 +667,14 @@ def _family_results(results: Path, pattern: str, sources: list[tuple[str, dict]]
             yield alias, d
 
 
+def _matching_results(results: Path, pattern: str, sources: list[tuple[str, dict]]):
+    """(name, JSON) of each result file matching the glob `pattern`, in name order; each is added to `sources`."""
+    for path in sorted(results.glob(pattern)):
+        d = load(path.name, results)
+        sources.append((path.name, d))
+        yield path.name, d
+
+
 def table_families_4k(results: Path) -> str:
     """Peak and final KV at 4K per newer family (tiny aliases), full against block-wise."""
     body, sources = [], []
@@ -896,7 +904,7 @@ def table_compose_ratio(results: Path) -> str:
                     f"{tiers.get('skipped', 0):,} / {tiers.get('pruned', 0):,}",
                 ]
             )
-    first = load(sources[0][0], results) if sources else {}
+    first = sources[0][1] if sources else {}
     header = ["model", "M (share of the visual tokens)", "block-wise KeyDiff alone: final KV", "composed: final KV"]
     header += ["final ratio", "peak ratio", "tokens skipped / pruned"]
     note = (
@@ -946,9 +954,7 @@ def table_vision_launches(results: Path) -> str:
     """Operations a released Qwen vision tower dispatches per input: transformers' per-window loop vs batched
     chunks (scripts/vision_launches.py, widths scaled down, structure as released)."""
     body, sources = [], []
-    for path in sorted(results.glob("vision_launches_*.json")):
-        d = load(path.name, results)
-        sources.append((path.name, d))
+    for _, d in _matching_results(results, "vision_launches_*.json", sources):
         for r in d["rows"]:
             stock, batched = r["stock"], r["batched"]
             body.append(
@@ -964,7 +970,7 @@ def table_vision_launches(results: Path) -> str:
             )
     header = ["tower", "input", "dispatched ops (≈ GPU kernel launches)", "attention calls", "host reads"]
     header += ["CPU s at the scaled width", "max abs difference"]
-    widths = ", ".join(sorted({str(load(n, results)["vision"]["hidden_size_scaled_to"]) for n, _ in sources}))
+    widths = ", ".join(sorted({str(d["vision"]["hidden_size_scaled_to"]) for _, d in sources}))
     note = (
         f"Depth, heads, patch, windows and full-attention layers as released; hidden size scaled to {widths} "
         "(MLP alike) so the tower runs on a CPU: counts depend on the structure and the input only. At that width "
@@ -1016,9 +1022,7 @@ def table_frame_resize(results: Path) -> str:
 def table_prefill_launches(results: Path) -> str:
     """Operations a whole prefill dispatches, transformers' generate against each method (scripts/prefill_launches.py)."""
     body, sources = [], []
-    for path in sorted(results.glob("prefill_launches_*.json")):
-        d = load(path.name, results)
-        sources.append((path.name, d))
+    for _, d in _matching_results(results, "prefill_launches_*.json", sources):
         ref = d["rows"][0]
         for r in d["rows"]:
             label = r["case"] if "prefill" not in r else f"`{r['case']}` ({r['prefill']}, {r['blocks']} blocks)"
@@ -1032,7 +1036,7 @@ def table_prefill_launches(results: Path) -> str:
                 ]
             )
     header = ["model, input", "case", "dispatched ops to the first token", "vs generate", "attention calls"]
-    first = load(sources[0][0], results) if sources else {"structure": {}, "budget": 0}
+    first = sources[0][1] if sources else {"structure": {}, "budget": 0}
     st = first["structure"]
     note = (
         f"Released depths ({st.get('text_layers')} LLM layers, {st.get('vision_blocks')} vision blocks, windows and "
