@@ -49,6 +49,7 @@ Limits, stated honestly:
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import re
@@ -1105,15 +1106,12 @@ class LazyFrames(Sequence[np.ndarray]):
         this view holds small frames only (one full-size frame is alive while it is being resized). It
         shares this sequence's decoder, lock, undecodable-frame stand-ins and warnings, and has its own
         cache and statistics. Nothing is decoded here."""
-        view = object.__new__(LazyFrames)
-        view._decoder, view._indices, view._fps, view._notes = self._decoder, self._indices, self._fps, self._notes
-        view.cache_size = self.cache_size
+        # a shallow copy shares the decoder, indices, lock, warnings and the undecodable-frame stand-ins (an
+        # undecodable frame is looked for, and reported, once); what is the view's own is set anew below
+        view = copy.copy(self)
         view._cache = OrderedDict()
-        view._stand_ins = self._stand_ins  # shared: an undecodable frame is looked for (and reported) once
-        view._lock = self._lock
         view._live = _LiveCount()
         view.decoded = 0
-        view._source_shape = self._source_shape
         view._shape = (int(size[0]), int(size[1]), *self.source_shape[2:])
         view._resize = resize
         view._base = self._base or self  # keeps the decoder open (it is closed when the base is collected)
