@@ -49,7 +49,7 @@ from visualkv.bench import provenance
 from visualkv.bench.synthetic import image_media
 from visualkv.errors import MediaError
 from visualkv.media import FrameSampling, Media, MediaLimits, load_media
-from visualkv.methods import FULL_FRAME_CAP, METHODS, is_bounded, media_limits, method_traits
+from visualkv.methods import FULL_FRAME_CAP, METHODS, media_limits, method_traits
 from visualkv.models.base import ModelAdapter, video_metadata
 from visualkv.models.registry import load_model
 from visualkv.models.vision_attention import stock_vision_attention
@@ -267,10 +267,8 @@ def case_limits(method: str, cfg: GpuBenchConfig) -> MediaLimits:
     """The frame cap a case loads the video with: the method's (none if bounded), or the reference's."""
     if method != REFERENCE:
         return media_limits(method)
-    bounded = tuple(n for n in METHODS if is_bounded(n))
-    return dataclasses.replace(
-        MediaLimits(), max_frames=cfg.reference_max_frames, cap_method=REFERENCE, bounded_methods=bounded
-    )
+    # capped like `full` (it holds every frame's KV too), with its own cap and name in the refusal
+    return dataclasses.replace(media_limits("full"), max_frames=cfg.reference_max_frames, cap_method=REFERENCE)
 
 
 def load_case_media(method: str, video: VideoInput, cfg: GpuBenchConfig) -> Media:
