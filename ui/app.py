@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import gradio as gr
@@ -13,7 +14,7 @@ from visualkv.models.registry import HUB_MODELS, OFFLINE_MODELS, offline_aliases
 from visualkv.streaming import method_settings
 
 from . import text
-from .handlers import Handlers
+from .handlers import Handlers, stopping_html
 from .sharing import ServeOptions, release_on_close, release_state
 from .state import ModelCache, default_offline_model, is_offline_model
 
@@ -399,6 +400,10 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
             return examples[evt.index]
 
         example_gallery.select(pick_example, None, [chat_input], queue=False, show_progress="hidden")
+        # Stop answers in the browser at once: the server's own answer can wait behind a loaded machine's
+        # stream of block updates. Only a running turn's progress line (not "done…", a queue position or
+        # nothing) is replaced, so a Stop with nothing to stop changes nothing.
+        stop_btn.click(None, [progress_html], [progress_html], js=_stop_ack_js(), queue=False)
         stop_btn.click(h.stop, [state], [progress_html], queue=False, show_progress="hidden")
         new_btn.click(
             h.new_chat,
@@ -447,6 +452,13 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
     demo.vkv_model = model_name  # for app.py's start message
     demo.vkv_serve = serve  # for launch's queue size
     return demo
+
+
+def _stop_ack_js() -> str:
+    """Browser-side Stop: the progress line of a running turn (reading, prefilling or answering) becomes
+    the "stopping…" line; any other line is returned unchanged."""
+    running = r"vkv-progress-text\">(reading the input|prefill block|stopping)"
+    return f"(p) => (/{running}/.test(p || '') ? {json.dumps(stopping_html())} : p)"
 
 
 def _lenient_number(payload):

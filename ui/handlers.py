@@ -92,6 +92,14 @@ def _progress(done: int, total: int, label: str) -> str:
     )
 
 
+STOPPING_LABEL = "stopping… (a prefill ends at its next block boundary; an answer at its next token)"
+
+
+def stopping_html() -> str:
+    """The progress line Stop shows: at once in the browser (ui/app.py), then again from the server."""
+    return _progress(0, 1, STOPPING_LABEL)
+
+
 class Handlers:
     """Callbacks bound to the shared model cache; per-user data arrives as the `state` argument."""
 
@@ -400,7 +408,7 @@ class Handlers:
         if state is None or id(state) not in self._active:
             return gr.skip()  # no turn of this session is running: nothing to stop
         state.stop.set()
-        return _progress(0, 1, "stopping… (a prefill ends at its next block boundary; an answer at its next token)")
+        return stopping_html()
 
     def new_chat(self, request: gr.Request, state, method, followup):
         self._forget_waiting(request)
