@@ -22,6 +22,19 @@ def test_keydiff_prefers_distinctive_keys():
     assert torch.allclose(scores[0, 0, 0], scores[0, 0, 1])  # scale does not matter (cosine)
 
 
+def test_keydiff_is_minus_cosine_to_the_mean_unit_key():
+    """KeyDiff by its definition (F.cosine_similarity against the mean of the L2-normalised keys)."""
+    import torch.nn.functional as F
+
+    gen = torch.Generator().manual_seed(1)
+    keys = torch.randn(2, 3, 17, 8, generator=gen) * torch.rand(2, 3, 17, 1, generator=gen) * 5
+    keys[0, 0, 4] = 0  # a zero key scores 0
+    normed = F.normalize(keys, dim=-1)
+    expected = -F.cosine_similarity(normed, normed.mean(dim=2, keepdim=True), dim=-1)
+    assert torch.allclose(keydiff_scores(keys), expected, atol=1e-6)
+    assert torch.equal(keydiff_scores(keys).argsort(-1), expected.argsort(-1))
+
+
 def test_snapkv_groups_query_heads_onto_kv_heads():
     torch.manual_seed(0)
     keys = torch.randn(1, 2, 10, 8)
@@ -146,6 +159,27 @@ def test_grid_pooling_is_avg_pool_when_nothing_is_evicted_and_skips_gaps_after()
     text[..., 0] = -1
     alone = pool_along_grid(scores, coord, text, kernel_size=5)
     assert torch.allclose(alone[..., 0], scores[..., 0]) and torch.allclose(alone[..., 1], scores[..., 1:4].mean(-1))
+
+
+def test_grid_pooling_matches_its_definition_on_random_evictions():
+    """pool_along_grid against its definition, pair by pair: an entry averages itself with every entry of
+    the same tile/frame (group >= 0) whose original coordinate is within kernel_size // 2 of its own."""
+    from visualkv.scoring import pool_along_grid
+
+    gen = torch.Generator().manual_seed(3)
+    for trial in range(60):
+        n, heads, kernel = 1 + trial % 23, 2, (1, 3, 5, 7)[trial % 4]
+        coord = torch.stack([torch.randperm(80, generator=gen)[:n].sort().values for _ in range(heads)])[None]
+        group = coord // int(torch.randint(3, 30, (), generator=gen))
+        group[torch.rand(group.shape, generator=gen) < 0.2] = -1  # protected entries
+        scores = torch.rand(1, heads, n, generator=gen)
+        pooled = pool_along_grid(scores, coord, group, kernel_size=kernel)
+        for h in range(heads):
+            c, g, s = coord[0, h], group[0, h], scores[0, h]
+            near = (g[:, None] == g[None, :]) & (g[:, None] >= 0) & ((c[:, None] - c[None, :]).abs() <= kernel // 2)
+            near |= torch.eye(n, dtype=torch.bool)
+            expected = (near.float() @ s) / near.sum(1)
+            assert torch.allclose(pooled[0, h], expected, atol=1e-6), (trial, h)
 
 
 def test_snapkv_proxy_window_is_the_question_only():
