@@ -9,10 +9,10 @@ two thirds of the time). Both numbers depend on the model's structure and the in
 they can be counted on a CPU: the model here has the released depths and layer structure (LLM layers, vision
 blocks, windows, full-attention blocks, GQA) with narrow widths (`--text-width`, `--vision-width`; head_dim kept
 at the released value where rotary sections need it). Each case runs until the first answer token (the TTFT
-path: processor, vision tower, prefill, logits), counting dispatched ATen operations (`OpCounter`) and
-attention calls, in one process, the model built once. Host reads are not counted here: on a CPU the engine's
-deliberate host-side planning (token indices, masks, block plans) cannot be told from reads of device values;
-tests/test_sync_free.py checks the latter per method.
+path: processor, vision tower, prefill, logits), counting dispatched ATen operations (`OpCounter`: host time),
+those that launch a kernel on a GPU (all but views) and attention calls, in one process, the model built once.
+Host reads are not counted here: on a CPU the engine's deliberate host-side planning (token indices, masks,
+block plans) cannot be told from reads of device values; tests/test_sync_free.py checks the latter per method.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def _counted(fn) -> tuple[dict, object]:
     ops = OpCounter()
     with ops:
         extra = fn()
-    return {"ops": ops.ops, "attention_calls": ops.attention}, extra
+    return {"ops": ops.ops, "kernels": ops.kernels, "attention_calls": ops.attention}, extra
 
 
 def main() -> None:

@@ -175,3 +175,22 @@ def test_salicache_bench_on_the_example_video(tmp_path, capsys):
     tiers = data["tier_fractions"]
     assert sum(tiers.values()) == pytest.approx(1.0)
     assert data["kv_ratio_full_over_salicache"] > 1
+
+
+def test_op_counter_tells_kernels_from_views_and_counts_host_reads():
+    """The launch counters behind scripts/prefill_launches.py and scripts/vision_launches.py."""
+    import torch
+
+    from visualkv.bench.launches import HostReads, OpCounter
+
+    x = torch.randn(4, 6)
+    counter, reads = OpCounter(), HostReads()
+    with counter, reads:
+        y = x.view(6, 4).t()[1:]  # three views: dispatched, no kernel
+        z = (y + 1).clone()  # two kernels
+        q = torch.randn(1, 2, 8, 16)
+        torch.nn.functional.scaled_dot_product_attention(q, q, q)
+        int(z.sum())  # one host read
+    assert counter.ops >= 6 and counter.attention == 1
+    assert counter.kernels <= counter.ops - 3 and counter.kernels >= 3
+    assert reads.reads == 1

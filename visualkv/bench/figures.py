@@ -1026,23 +1026,31 @@ def table_prefill_launches(results: Path) -> str:
         ref = d["rows"][0]
         for r in d["rows"]:
             label = r["case"] if "prefill" not in r else f"`{r['case']}` ({r['prefill']}, {r['blocks']} blocks)"
+            kernels = f"{r['kernels']:,} ({r['kernels'] / ref['kernels']:.2f}×)" if "kernels" in r else "n/a"
             body.append(
                 [
                     f"`{d['shape']}`, {d['image']} image",
                     label,
-                    f"{r['ops']:,}",
-                    f"{r['ops'] / ref['ops']:.2f}×",
+                    f"{r['ops']:,} ({r['ops'] / ref['ops']:.2f}×)",
+                    kernels,
                     f"{r['attention_calls']:,}",
                 ]
             )
-    header = ["model, input", "case", "dispatched ops to the first token", "vs generate", "attention calls"]
+    header = [
+        "model, input",
+        "case",
+        "dispatched ops to the first token (vs generate)",
+        "of which launch a GPU kernel (not views)",
+        "attention calls",
+    ]
     first = sources[0][1] if sources else {"structure": {}, "budget": 0}
     st = first["structure"]
     note = (
         f"Released depths ({st.get('text_layers')} LLM layers, {st.get('vision_blocks')} vision blocks, windows and "
         f"GQA as released) at narrow widths (LLM {st.get('text_width')}, vision {st.get('vision_width')}); M = "
         f"{first.get('budget')}; processor, vision tower, prefill and first logits. Counts depend on the structure "
-        "and the input, not on the widths: what a launch-bound GPU pays for."
+        "and the input, not on the widths: every dispatched op costs host time, the kernel-launching ones also a "
+        "GPU launch (what a launch-bound GPU pays for)."
     )
     return _render(header, body, sources, note)
 

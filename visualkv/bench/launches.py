@@ -13,16 +13,24 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
+#: operations that only make a new view of existing memory: dispatched (host time) but no kernel on a GPU
+_NO_KERNEL = {torch.ops.aten._unsafe_view.default}
+
+
 class OpCounter(TorchDispatchMode):
-    """Counts dispatched ATen operations (about one kernel launch each on a GPU) and attention calls."""
+    """Counts dispatched ATen operations (each costs host time), those of them that launch a kernel on
+    a GPU (everything but views: `view`, `slice`, `transpose`, `expand`, ...) and attention calls."""
 
     def __init__(self) -> None:
         super().__init__()
         self.ops = 0
+        self.kernels = 0
         self.attention = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.ops += 1
+        if not (getattr(func, "is_view", False) or func in _NO_KERNEL):
+            self.kernels += 1
         if "scaled_dot_product" in str(func):
             self.attention += 1
         return func(*args, **(kwargs or {}))
