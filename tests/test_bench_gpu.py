@@ -192,6 +192,7 @@ def test_past_the_cap_reference_and_full_are_refused_rows(past_cap):
         reason = row["refused"]
         assert "\n" not in reason and f"{PAST_CAP_SECONDS} frames" in reason and f"{FULL_FRAME_CAP} frames" in reason
         assert "blockwise-keydiff" in reason  # names the bounded methods
+        assert "--video-seconds" in reason and "--max-frames" not in reason  # this command's own option
         assert f"| {method} | refused: " in table
 
 

@@ -120,6 +120,8 @@ class MediaLimits:
     # For the refusal message: the method the cap is for, and the methods without one.
     cap_method: str | None = None
     bounded_methods: tuple[str, ...] = ()
+    # ... and how the caller can sample fewer frames (the options differ: app, CLI, bench gpu)
+    fewer_frames: str = "lower the fps or sample fewer frames (--max-frames)"
 
     def __post_init__(self) -> None:
         for name in (
@@ -145,10 +147,7 @@ class MediaLimits:
         )
         bounded = " or ".join(self.bounded_methods)
         use = f"use {bounded} (bounded memory), " if bounded else ""
-        raise MediaError(
-            f"'{name}' sampled at {fps:g} fps is {frames} frames; {who} — {use}lower the fps or sample fewer "
-            "frames (--max-frames)"
-        )
+        raise MediaError(f"'{name}' sampled at {fps:g} fps is {frames} frames; {who} — {use}{self.fewer_frames}")
 
 
 @dataclass(frozen=True)

@@ -264,11 +264,13 @@ def video_input(cfg: GpuBenchConfig, kind: str, log: Callable[[str], None] = pri
 
 
 def case_limits(method: str, cfg: GpuBenchConfig) -> MediaLimits:
-    """The frame cap a case loads the video with: the method's (none if bounded), or the reference's."""
-    if method != REFERENCE:
-        return media_limits(method)
-    # capped like `full` (it holds every frame's KV too), with its own cap and name in the refusal
-    return dataclasses.replace(media_limits("full"), max_frames=cfg.reference_max_frames, cap_method=REFERENCE)
+    """The frame cap a case loads the video with: the method's (none if bounded), or the reference's
+    (capped like `full`: it holds every frame's KV too), with its own cap and name in the refusal."""
+    limits = media_limits("full" if method == REFERENCE else method)
+    if method == REFERENCE:
+        limits = dataclasses.replace(limits, max_frames=cfg.reference_max_frames, cap_method=REFERENCE)
+    # the refusal names this command's own option (bench gpu reads every frame of its generated videos)
+    return dataclasses.replace(limits, fewer_frames="or shorten the video (--video-seconds)")
 
 
 def load_case_media(method: str, video: VideoInput, cfg: GpuBenchConfig) -> Media:

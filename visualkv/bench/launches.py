@@ -12,7 +12,6 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-
 #: operations that only make a new view of existing memory: dispatched (host time) but no kernel on a GPU
 _NO_KERNEL = {torch.ops.aten._unsafe_view.default}
 
