@@ -10,7 +10,9 @@ they can be counted on a CPU: the model here has the released depths and layer s
 blocks, windows, full-attention blocks, GQA) with narrow widths (`--text-width`, `--vision-width`; head_dim kept
 at the released value where rotary sections need it). Each case runs until the first answer token (the TTFT
 path: processor, vision tower, prefill, logits), counting dispatched ATen operations (`OpCounter`: host time),
-those that launch a kernel on a GPU (all but views) and attention calls, in one process, the model built once.
+those that launch a kernel on a GPU (all but views; split into the vision tower, the decoder layers and the
+rest: the method's scoring and eviction, embeddings, processor) and attention calls, in one process, the
+model built once.
 Host reads are not counted here: on a CPU the engine's deliberate host-side planning (token indices, masks,
 block plans) cannot be told from reads of device values; tests/test_sync_free.py checks the latter per method.
 """
@@ -83,11 +85,13 @@ def _ours(adapter, media, method: str, budget: int, prefill: str | None) -> dict
     return {"blocks": len(report["blocks"]), "prefill": report["prefill"], "visual_tokens": report["visual_tokens"]}
 
 
-def _counted(fn) -> tuple[dict, object]:
+def _counted(adapter, fn) -> tuple[dict, object]:
     ops = OpCounter()
-    with ops:
+    with ops.count_inside([adapter.visual], "vision tower"), ops.count_inside(adapter.layers, "decoder layers"), ops:
         extra = fn()
-    return {"ops": ops.ops, "kernels": ops.kernels, "attention_calls": ops.attention}, extra
+    parts = {part: ops.kernels_by_part[part] for part in ("vision tower", "decoder layers", "rest")}
+    counts = {"ops": ops.ops, "kernels": ops.kernels, "kernels_by_part": parts, "attention_calls": ops.attention}
+    return counts, extra
 
 
 def main() -> None:
@@ -113,13 +117,13 @@ def main() -> None:
     w, h = (int(x) for x in args.image.split("x"))
     media = image_media(w, h, seed=1)
     rows = []
-    counts, _ = _counted(lambda: _generate(adapter, media))
+    counts, _ = _counted(adapter, lambda: _generate(adapter, media))
     rows.append({"case": "transformers generate", **counts})
     print(f"{'transformers generate':34s} {counts}")
     for method in args.methods.split(","):
         prefills = ["hybrid", "blockwise"] if method.startswith("blockwise") else [None]
         for prefill in prefills:
-            counts, extra = _counted(lambda m=method, pf=prefill: _ours(adapter, media, m, args.budget, pf))
+            counts, extra = _counted(adapter, lambda m=method, pf=prefill: _ours(adapter, media, m, args.budget, pf))
             rows.append({"case": method, **extra, **counts})
             print(f"{method + ' ' + str(extra['prefill']):34s} {counts} blocks {extra['blocks']}")
     cfg = adapter.model.config

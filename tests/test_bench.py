@@ -194,3 +194,12 @@ def test_op_counter_tells_kernels_from_views_and_counts_host_reads():
     assert counter.ops >= 6 and counter.attention == 1
     assert counter.kernels <= counter.ops - 3 and counter.kernels >= 3
     assert reads.reads == 1
+    # kernels inside a named module's forward count under its part, the rest under "rest"
+    inner = torch.nn.Linear(6, 6)
+    counter = OpCounter()
+    with counter.count_inside([inner], "inner"), counter:
+        inner(x)  # one addmm
+        x + 1  # one add
+    assert counter.kernels_by_part == {"inner": 1, "rest": 1}
+    inner(x)  # the hooks are gone after the block
+    assert not inner._forward_hooks and not inner._forward_pre_hooks

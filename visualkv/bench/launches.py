@@ -8,6 +8,10 @@ scripts/prefill_launches.py count them on released configurations with widths sc
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -18,21 +22,41 @@ _NO_KERNEL = {torch.ops.aten._unsafe_view.default}
 
 class OpCounter(TorchDispatchMode):
     """Counts dispatched ATen operations (each costs host time), those of them that launch a kernel on
-    a GPU (everything but views: `view`, `slice`, `transpose`, `expand`, ...) and attention calls."""
+    a GPU (everything but views: `view`, `slice`, `transpose`, `expand`, ...) and attention calls.
+
+    `kernels_by_part`: the kernel launches inside the modules named with `count_inside` (e.g. the vision
+    tower, the decoder layers), the rest under "rest".
+    """
 
     def __init__(self) -> None:
         super().__init__()
         self.ops = 0
         self.kernels = 0
         self.attention = 0
+        self.kernels_by_part: Counter[str] = Counter()
+        self._parts = ["rest"]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.ops += 1
         if not (getattr(func, "is_view", False) or func in _NO_KERNEL):
             self.kernels += 1
+            self.kernels_by_part[self._parts[-1]] += 1
         if "scaled_dot_product" in str(func):
             self.attention += 1
         return func(*args, **(kwargs or {}))
+
+    @contextmanager
+    def count_inside(self, modules: Iterable[torch.nn.Module], part: str) -> Iterator[None]:
+        """Within the block, kernels launched inside any of `modules`' forward count under `part`."""
+        handles = []
+        for module in modules:
+            handles.append(module.register_forward_pre_hook(lambda *_: self._parts.append(part)))
+            handles.append(module.register_forward_hook(lambda *_: self._parts.pop()))
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
 
 
 class HostReads(TorchFunctionMode):
