@@ -198,8 +198,9 @@ def test_op_counter_tells_kernels_from_views_and_counts_host_reads():
     inner = torch.nn.Linear(6, 6)
     counter = OpCounter()
     with counter.count_inside([inner], "inner"), counter:
-        inner(x)  # one addmm
+        out = inner(x)  # one addmm
         x + 1  # one add
     assert counter.kernels_by_part == {"inner": 1, "rest": 1}
+    assert torch.equal(out, inner(x))  # counting leaves the module's output alone
     inner(x)  # the hooks are gone after the block
     assert not inner._forward_hooks and not inner._forward_pre_hooks

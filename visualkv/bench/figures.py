@@ -1025,14 +1025,18 @@ def table_prefill_launches(results: Path) -> str:
     for _, d in _matching_results(results, "prefill_launches_*.json", sources):
         ref = d["rows"][0]
         for r in d["rows"]:
-            label = r["case"] if "prefill" not in r else f"`{r['case']}` ({r['prefill']}, {r['blocks']} blocks)"
+            blocks = f"{r.get('blocks')} block{'' if r.get('blocks') == 1 else 's'}"
+            label = r["case"] if "prefill" not in r else f"`{r['case']}` ({r['prefill']}, {blocks})"
             kernels = f"{r['kernels']:,} ({r['kernels'] / ref['kernels']:.2f}×)" if "kernels" in r else "n/a"
+            parts = r.get("kernels_by_part")
+            split = " / ".join(f"{n:,}" for n in parts.values()) if parts else "n/a"
             body.append(
                 [
                     f"`{d['shape']}`, {d['image']} image",
                     label,
                     f"{r['ops']:,} ({r['ops'] / ref['ops']:.2f}×)",
                     kernels,
+                    split,
                     f"{r['attention_calls']:,}",
                 ]
             )
@@ -1041,6 +1045,7 @@ def table_prefill_launches(results: Path) -> str:
         "case",
         "dispatched ops to the first token (vs generate)",
         "of which launch a GPU kernel (not views)",
+        "kernels: vision tower / decoder layers / rest",
         "attention calls",
     ]
     first = sources[0][1] if sources else {"structure": {}, "budget": 0}
@@ -1050,7 +1055,8 @@ def table_prefill_launches(results: Path) -> str:
         f"GQA as released) at narrow widths (LLM {st.get('text_width')}, vision {st.get('vision_width')}); M = "
         f"{first.get('budget')}; processor, vision tower, prefill and first logits. Counts depend on the structure "
         "and the input, not on the widths: every dispatched op costs host time, the kernel-launching ones also a "
-        "GPU launch (what a launch-bound GPU pays for)."
+        "GPU launch (what a launch-bound GPU pays for). The rest: the method's scoring and eviction, the cache, "
+        "embeddings, and host-side work (processor, block plans) that launches nothing on a GPU."
     )
     return _render(header, body, sources, note)
 

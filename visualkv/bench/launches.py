@@ -48,10 +48,16 @@ class OpCounter(TorchDispatchMode):
     @contextmanager
     def count_inside(self, modules: Iterable[torch.nn.Module], part: str) -> Iterator[None]:
         """Within the block, kernels launched inside any of `modules`' forward count under `part`."""
+        def enter(*_) -> None:  # hooks return None: a forward hook's return value would replace the output
+            self._parts.append(part)
+
+        def leave(*_) -> None:
+            self._parts.pop()
+
         handles = []
         for module in modules:
-            handles.append(module.register_forward_pre_hook(lambda *_: self._parts.append(part)))
-            handles.append(module.register_forward_hook(lambda *_: self._parts.pop()))
+            handles.append(module.register_forward_pre_hook(enter))
+            handles.append(module.register_forward_hook(leave))
         try:
             yield
         finally:
