@@ -48,6 +48,7 @@ class OpCounter(TorchDispatchMode):
     @contextmanager
     def count_inside(self, modules: Iterable[torch.nn.Module], part: str) -> Iterator[None]:
         """Within the block, kernels launched inside any of `modules`' forward count under `part`."""
+
         def enter(*_) -> None:  # hooks return None: a forward hook's return value would replace the output
             self._parts.append(part)
 
