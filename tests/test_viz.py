@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import threading
 
 import numpy as np
@@ -334,6 +335,39 @@ def test_new_chat_takes_a_waiting_turn_out_of_the_queue():
     h.new_chat(alice, None, "full", "reuse")  # Alice gives up before her turn runs
     said = h.queued(bob, {"text": "second question"}, None)
     assert "starting" in str(said) and "position" not in str(said), said
+
+
+@pytest.mark.parametrize("seconds_per_block", [0.0, 0.3])
+def test_live_block_updates_keep_the_page_up_with_the_engine(snap, monkeypatch, seconds_per_block):
+    """Blocks faster than a page can draw (a small model: ~30 ms each) are drawn at most 4 a second, the
+    first and the last always, the skipped ones in the next chart; blocks slower than that are each drawn."""
+    import time
+    from types import SimpleNamespace
+
+    import ui.handlers as handlers
+    from ui.state import ModelCache
+
+    block = next(p for kind, p in snap[2] if kind == "block")
+    n_blocks = 40 if seconds_per_block == 0 else 3
+
+    def replay(session, prompt, media, stop, time_limit=None):  # stands in for the engine's stream
+        for i in range(n_blocks):
+            time.sleep(seconds_per_block)
+            yield "block", dataclasses.replace(block, index=i, n_blocks=n_blocks)
+        yield "stopped", "stopped"
+
+    monkeypatch.setattr(handlers, "stream_turn", replay)
+    h = handlers.Handlers(ModelCache(device="cpu"), "tiny-qwen2.5-vl")
+    request = SimpleNamespace(session_hash="alice")
+    turn = h.chat(request, {"text": "hi", "files": []}, None, "full", 1024, 0, 4, 0.0, "reuse", "auto", 1.0, 8)
+    drawn = [(out[4], out[5]) for out in turn if "prefill block" in str(out[4])]
+    labels = [re.search(r"prefill block (\d+)/", progress).group(1) for progress, _ in drawn]
+    if seconds_per_block == 0:
+        assert labels == ["1", str(n_blocks)], labels
+    else:
+        assert labels == [str(i + 1) for i in range(n_blocks)], labels
+    held = next(t for t in drawn[-1][1].data if t.name == "KV cache (held)")
+    assert len(held.x) == n_blocks  # the last chart has every block, drawn or skipped
 
 
 # -- an hour of video ------------------------------------------------------------------------------

@@ -92,6 +92,11 @@ def _progress(done: int, total: int, label: str) -> str:
     )
 
 
+# Fewest seconds between two live block updates sent to the browser. A small model finishes a block in
+# ~30 ms; drawing every one made the page fall seconds behind the engine (a Stop clicked at "block 2" then
+# reached a prefill that had already ended). Skipped blocks still count: the next update draws them all.
+LIVE_UPDATE_SECONDS = 0.25
+
 STOPPING_LABEL = "stopping… (a prefill ends at its next block boundary; an answer at its next token)"
 
 
@@ -330,12 +335,17 @@ class Handlers:
         t_prefill = time.monotonic()
         video = media if media is not None else session.media  # a follow-up re-reads the chat's media
         duration = video.duration if video is not None and video.kind == "video" else None
+        last_update = float("-inf")
         for kind, payload in stream_turn(session, prompt, media, st.stop, time_limit=self.turn_time_limit):
             if st.epoch != epoch:  # New chat or another model was chosen meanwhile: drop this turn quietly
                 return
             if kind == "block":
                 st.live_blocks.append(payload)
                 done, total = payload.index + 1, payload.n_blocks
+                now = time.monotonic()
+                if now - last_update < LIVE_UPDATE_SECONDS and done < total and not st.stop.is_set():
+                    continue  # drawn with the next update (the first and the last block are always drawn)
+                last_update = now
                 if st.stop.is_set():
                     label = f"stopping… (after block {done}/{total}; nothing of this turn is kept)"
                 else:
