@@ -344,7 +344,7 @@ def test_live_block_updates_keep_the_page_up_with_the_engine(snap, monkeypatch, 
     import time
     from types import SimpleNamespace
 
-    import ui.handlers as handlers
+    from ui import handlers
     from ui.state import ModelCache
 
     block = next(p for kind, p in snap[2] if kind == "block")
