@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import gradio as gr
@@ -14,7 +15,7 @@ from visualkv.models.registry import HUB_MODELS, OFFLINE_MODELS, offline_aliases
 from visualkv.streaming import method_settings
 
 from . import text
-from .handlers import Handlers, stopping_html
+from .handlers import PREFILL_LABEL, READING_LABEL, STOPPING_LABEL, Handlers, stopping_html
 from .sharing import ServeOptions, release_on_close, release_state
 from .state import ModelCache, default_offline_model, is_offline_model
 
@@ -457,7 +458,8 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
 def _stop_ack_js() -> str:
     """Browser-side Stop: the progress line of a running turn (reading, prefilling or answering) becomes
     the "stopping…" line; any other line is returned unchanged."""
-    running = r"vkv-progress-text\">(reading the input|prefill block|stopping)"
+    labels = "|".join(re.escape(label.split("…")[0]) for label in (READING_LABEL, PREFILL_LABEL, STOPPING_LABEL))
+    running = rf"vkv-progress-text\">({labels})"
     return f"(p) => (/{running}/.test(p || '') ? {json.dumps(stopping_html())} : p)"
 
 

@@ -97,6 +97,8 @@ def _progress(done: int, total: int, label: str) -> str:
 # reached a prefill that had already ended). Skipped blocks still count: the next update draws them all.
 LIVE_UPDATE_SECONDS = 0.25
 
+READING_LABEL = "reading the input…"
+PREFILL_LABEL = "prefill block"  # + " k/N (…)"; the line stays on the last block while the answer streams
 STOPPING_LABEL = "stopping… (a prefill ends at its next block boundary; an answer at its next token)"
 
 
@@ -316,7 +318,7 @@ class Handlers:
                 {"text": "", "files": []},
                 st,
                 "",
-                _progress(0, 1, "reading the input…"),
+                _progress(0, 1, READING_LABEL),
                 skip,
                 skip,
                 skip,
@@ -354,7 +356,7 @@ class Handlers:
                     eta = f" · about {left:.0f} s left" if total > done else ""
                     read = viz.video_read(payload.media_seconds, duration)
                     label = (
-                        f"prefill block {done}/{total} ({payload.kind}, +{payload.tokens_in} tokens)"
+                        f"{PREFILL_LABEL} {done}/{total} ({payload.kind}, +{payload.tokens_in} tokens)"
                         f"{' · video ' + read if read else ''} · KV {payload.kv_bytes / viz.MIB:.2f} MiB{eta}"
                     )
                 fig = viz.block_memory_figure(
