@@ -458,6 +458,7 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
 def _stop_ack_js() -> str:
     """Browser-side Stop: the progress line of a running turn (reading, prefilling or answering) becomes
     the "stopping…" line; any other line is returned unchanged."""
+    # each label up to its "…": the stopping line has two endings ("(a prefill ends…" and "(after block k/N…")
     labels = "|".join(re.escape(label.split("…")[0]) for label in (READING_LABEL, PREFILL_LABEL, STOPPING_LABEL))
     running = rf"vkv-progress-text\">({labels})"
     return f"(p) => (/{running}/.test(p || '') ? {json.dumps(stopping_html())} : p)"

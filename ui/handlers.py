@@ -352,7 +352,7 @@ class Handlers:
                     label = f"stopping… (after block {done}/{total}; nothing of this turn is kept)"
                 else:
                     # the remaining blocks at the mean pace of the blocks done so far
-                    left = (time.monotonic() - t_prefill) / done * (total - done)
+                    left = (now - t_prefill) / done * (total - done)
                     eta = f" · about {left:.0f} s left" if total > done else ""
                     read = viz.video_read(payload.media_seconds, duration)
                     label = (
