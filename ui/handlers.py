@@ -347,7 +347,6 @@ class Handlers:
                 now = time.monotonic()
                 if now - last_update < LIVE_UPDATE_SECONDS and done < total and not st.stop.is_set():
                     continue  # drawn with the next update (the first and the last block are always drawn)
-                last_update = now
                 if st.stop.is_set():
                     label = f"stopping… (after block {done}/{total}; nothing of this turn is kept)"
                 else:
@@ -363,6 +362,9 @@ class Handlers:
                     live_report(session, st.live_blocks), n_blocks=total, media_duration=duration
                 )
                 yield (skip, skip, st, "", _progress(done, total, label), fig, skip, skip, skip)
+                # the interval counts from when this update was drawn and handed on: on a loaded machine drawing
+                # can itself take longer than the interval, and the page must not get every block then either
+                last_update = time.monotonic()
             elif kind == "text":
                 answer += payload
                 st.history[-1] = {"role": "assistant", "content": answer}
