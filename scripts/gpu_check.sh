@@ -38,24 +38,41 @@
 #   GPU_CHECK_FAMILIES="qwen3-vl-8b internvl3.5-8b"   any list of shape names without the "shape-" prefix
 #   GPU_CHECK_VIDEO_KINDS=mix,moving   the bench's video inputs (default mix; moving: nothing can be skipped)
 #   GPU_CHECK_DECODE=eager        how the methods decode (default auto: one CUDA graph per answer)
+#   GPU_CHECK_FORCED=0            without the forced block-wise rows (default: each block-wise method also runs
+#                                 with every block of b tokens, ~1 min more per shape by issue 10's timings)
+# Each bench table is followed by the issues' GPU targets judged on its rows (visualkv/bench/gpu_targets.py:
+# met / not met / not measured), in the .md, the JSON (`targets`) and summary.md.
 # With GPU_CHECK_SMALL each shape is replaced by the tiny alias of its family. The `hour` step always runs
 # shape-qwen2.5-vl-7b (tiny-qwen2.5-vl with GPU_CHECK_SMALL: 540 s of 384x216 video, past the 512-frame cap).
 #
 # Writes under $OUT: env.txt (versions, GPU), pytest_cuda.log (+ junit XML), bench_gpu_<model>.log,
 # gpu_<model>.json and .md (the README table) per model; the hour step writes bench_gpu_hour_<model>.log and
-# hour/gpu_<model>.json and .md. With transformers installed elsewhere (e.g. a carried wheel unpacked into
-# /tmp/site), run with PYTHONPATH=/tmp/site. Each step has its own time limit (STEP_TIMEOUT, seconds; the hour
-# step HOUR_STEP_TIMEOUT), so one slow step cannot eat the other's log (in the bench step each shape has its
-# own STEP_TIMEOUT). Exit status: 0 when every step passed.
+# hour/gpu_<model>.json and .md. At the end they are packed into $OUT/gpu_check_<step>.tgz beside
+# $OUT/summary.md (versions, the test summary, every table): the device tool brings back at most 8 files, and
+# two shapes' logs, JSON and tables alone are more (a step cut short by the call's own limit leaves them loose).
+# Unpack with `tar xzf gpu_check_<step>.tgz`; the JSON files go to docs/results/gpu/ (`bench report` renders them).
+#
+# Wheels: `scripts/gpu_wheels.sh` (on the development machine) fetches into .whl/ the transformers version this
+# project pins and num2words; carry .whl and this script installs them into /tmp/site and puts it first on
+# PYTHONPATH (the GPU machine's own transformers is older). Each step has its own time limit (STEP_TIMEOUT,
+# seconds; the hour step HOUR_STEP_TIMEOUT), so one slow step cannot eat the other's log (in the bench step each
+# shape has its own STEP_TIMEOUT). Exit status: 0 when every step passed.
 set -u
 OUT=${OUT:-gpu_check_out}
 mkdir -p "$OUT"
-PY=${PYTHON:-python}
+PY=${PYTHON:-python3}
 STEPS=${1:-all}
 STEP_TIMEOUT=${STEP_TIMEOUT:-540}
 HOUR_STEP_TIMEOUT=${HOUR_STEP_TIMEOUT:-540}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 cd "$(dirname "$0")/.."
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+  SITE=${SITE:-/tmp/site}
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
+    || { echo "installing .whl/*.whl into $SITE failed"; exit 1; }
+  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+fi
 
 {
   date -u
@@ -118,6 +135,8 @@ if [ "$STEPS" = all ] || [ "$STEPS" = bench ]; then
     # nothing to skip; about 2 more minutes per shape); GPU_CHECK_DECODE=eager runs the methods without CUDA graphs
     [ -n "${GPU_CHECK_VIDEO_KINDS:-}" ] && bench+=(--video-kinds "$GPU_CHECK_VIDEO_KINDS")
     [ -n "${GPU_CHECK_DECODE:-}" ] && bench+=(--decode "$GPU_CHECK_DECODE")
+    # issue 11's block-wise TTFT target holds for the hybrid plan and for forced block-wise: both are rows
+    [ "${GPU_CHECK_FORCED:-1}" != 0 ] && bench+=(--forced-blockwise)
     echo "== bench gpu ${bench[*]}"
     timeout "$STEP_TIMEOUT" "$PY" -m visualkv bench gpu "${bench[@]}" --out "$OUT" >"$OUT/bench_gpu_$model.log" 2>&1
     rc=$?
@@ -150,4 +169,26 @@ if [ "$STEPS" = all ] || [ "$STEPS" = hour ]; then
   [ $rc -eq 0 ] || status=1
   rm -f "$OUT"/hour/*.html
 fi
+
+# Pack: summary.md (what a reader needs at a glance) beside one archive of everything.
+pack=$(mktemp -d)
+{
+  echo "# gpu_check.sh $STEPS ($(date -u +%FT%TZ)), exit status $status"
+  echo; echo '```'; cat "$OUT/env.txt"; echo '```'
+  if [ -f "$OUT/pytest_cuda.log" ]; then
+    echo; echo "## pytest"; echo; echo '```'; tail -n 40 "$OUT/pytest_cuda.log"; echo '```'
+  fi
+  for table in "$OUT"/*.md "$OUT"/hour/*.md; do
+    [ -f "$table" ] || continue
+    echo; echo "## ${table#"$OUT"/}"; echo; cat "$table"
+  done
+} >"$pack/summary.md"
+archive="gpu_check_$STEPS.tgz"
+if tar czf "$pack/$archive" -C "$OUT" . && find "$OUT" -mindepth 1 -delete; then
+  mv "$pack/$archive" "$pack/summary.md" "$OUT/"
+else
+  echo "packing $OUT failed: its files are left loose"
+fi
+rm -rf "$pack"
+ls -l "$OUT"
 exit $status

@@ -147,6 +147,12 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         help="(gpu) how the methods decode (SessionConfig.decode; default auto: a CUDA graph per answer on one GPU)",
     )
     p.add_argument(
+        "--forced-blockwise",
+        action="store_true",
+        help="(gpu) also run each block-wise method with every block of b tokens (prefill blockwise), beside its "
+        "default hybrid plan",
+    )
+    p.add_argument(
         "--inputs",
         type=comma_list(_gpu_input),
         default=["image", "video"],

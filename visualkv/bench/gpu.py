@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from visualkv.bench import provenance
+from visualkv.bench import gpu_targets, provenance
 from visualkv.bench.synthetic import image_media
 from visualkv.errors import MediaError
 from visualkv.media import FrameSampling, Media, MediaLimits, load_media
@@ -56,7 +56,7 @@ from visualkv.models.vision_attention import stock_vision_attention
 from visualkv.session import ChatSession, SessionConfig
 from visualkv.telemetry import peak_rss_bytes
 
-REFERENCE = "transformers-generate"
+REFERENCE = gpu_targets.REFERENCE  # transformers' own processor + generate, the row every ratio divides by
 PROMPT = "Describe what you see in detail."
 HOUR = 3600.0  # seconds of video `ttft_seconds_per_hour` is scaled to
 
@@ -82,8 +82,11 @@ class GpuBenchConfig:
     new_tokens: int = 64
     inputs: tuple[str, ...] = ("image", "video")
     out: str = "bench_out"
-    # SessionConfig fields set for every method case (not the reference), e.g. {"prefill": "blockwise"}
+    # SessionConfig fields set for every method case (not the reference), e.g. {"decode": "eager"}
     session_overrides: dict[str, Any] = field(default_factory=dict)
+    # also run each method whose default prefill is hybrid with every block of b tokens (prefill "blockwise"):
+    # issue 11's TTFT target holds for both plans
+    forced_blockwise: bool = False
 
 
 def machine() -> str:
@@ -130,11 +133,17 @@ def _ignoring_eos(adapter: ModelAdapter) -> Iterator[None]:
         adapter.__class__ = cls
 
 
-def run_method(adapter: ModelAdapter, media: Media, method: str, cfg: GpuBenchConfig) -> dict[str, Any]:
+def run_method(
+    adapter: ModelAdapter, media: Media, method: str, cfg: GpuBenchConfig, prefill: str | None = None
+) -> dict[str, Any]:
+    """One turn of `method` through ChatSession; `prefill` forces a prefill plan (None: the method's default)."""
     base = _start_case()
     budget = cfg.budget if method_traits(method).needs_budget else None
     options = {"method": method, "budget": budget, "block_size": cfg.block_size, "max_new_tokens": cfg.new_tokens}
-    session = ChatSession(adapter, SessionConfig(**{**options, **cfg.session_overrides}))
+    options.update(cfg.session_overrides)
+    if prefill is not None:
+        options["prefill"] = prefill
+    session = ChatSession(adapter, SessionConfig(**options))
     with _ignoring_eos(adapter):
         record = session.ask(PROMPT, media)
     _sync()
@@ -279,10 +288,34 @@ def load_case_media(method: str, video: VideoInput, cfg: GpuBenchConfig) -> Medi
     return load_media(video.path, case_limits(method, cfg), sampling)
 
 
-def run_case(adapter: ModelAdapter, media: Media, method: str, cfg: GpuBenchConfig) -> dict[str, Any]:
-    if method == REFERENCE:
+@dataclass(frozen=True)
+class Case:
+    """One row of the bench on one input: a method (or the reference), with its prefill plan forced or not."""
+
+    method: str
+    forced_prefill: str | None = None  # "blockwise": every block of b tokens; None: the method's default plan
+
+    @property
+    def label(self) -> str:
+        return self.method if self.forced_prefill is None else f"{self.method} ({self.forced_prefill} forced)"
+
+
+def cases(cfg: GpuBenchConfig) -> list[Case]:
+    """The reference, then every method in `cfg.methods`, each block-wise one followed by its forced
+    block-wise variant when `cfg.forced_blockwise` (a hybrid plan may give the first block more tokens)."""
+    out = [Case(REFERENCE)]
+    for method in cfg.methods:
+        out.append(Case(method))
+        if cfg.forced_blockwise and method_traits(method).default_prefill == "hybrid":
+            out.append(Case(method, "blockwise"))
+    return out
+
+
+def run_case(adapter: ModelAdapter, media: Media, case: Case | str, cfg: GpuBenchConfig) -> dict[str, Any]:
+    case = Case(case) if isinstance(case, str) else case
+    if case.method == REFERENCE:
         return run_generate(adapter, media, cfg)
-    return run_method(adapter, media, method, cfg)
+    return run_method(adapter, media, case.method, cfg, prefill=case.forced_prefill)
 
 
 def run_gpu_bench(
@@ -320,8 +353,8 @@ def run_gpu_bench(
             sources.append(video)
     for source in sources:
         rows = []
-        for method in (REFERENCE, *cfg.methods):
-            row = _one_case(adapter, source, method, cfg)
+        for case in cases(cfg):
+            row = _one_case(adapter, source, case, cfg)
             rows.append(row)
             result["cases"].append(row)
             _add_ratios(rows)
@@ -332,16 +365,18 @@ def run_gpu_bench(
     return result
 
 
-def _one_case(adapter: ModelAdapter, source: Media | VideoInput, method: str, cfg: GpuBenchConfig) -> dict[str, Any]:
-    head: dict[str, Any] = {"input": "image" if isinstance(source, Media) else "video", "method": method}
+def _one_case(adapter: ModelAdapter, source: Media | VideoInput, case: Case, cfg: GpuBenchConfig) -> dict[str, Any]:
+    head: dict[str, Any] = {"input": "image" if isinstance(source, Media) else "video", "method": case.method}
+    if case.forced_prefill is not None:
+        head.update(case=case.label, forced_prefill=case.forced_prefill)
     if isinstance(source, VideoInput):
         head.update(video_kind=source.kind, video_frames=source.frames, video_seconds=source.seconds)
     try:
-        media = source if isinstance(source, Media) else load_case_media(method, source, cfg)
+        media = source if isinstance(source, Media) else load_case_media(case.method, source, cfg)
     except MediaError as exc:  # past the case's frame cap (or the video-length limit): nothing decoded yet
         return {**head, "refused": str(exc).splitlines()[0]}
     try:
-        row = run_case(adapter, media, method, cfg)
+        row = run_case(adapter, media, case, cfg)
     except Exception as exc:  # noqa: BLE001 - one failed case must not lose the others
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         return {**head, "error": f"{type(exc).__name__}: {first}", "traceback": traceback.format_exc()[-2000:]}
@@ -383,8 +418,13 @@ def input_label(row: dict[str, Any]) -> str:
     return f"video {row['video_kind']}, {row['video_seconds']:g} s"
 
 
+def case_label(row: dict[str, Any]) -> str:
+    """The method, or "blockwise-keydiff (blockwise forced)" for a forced-plan row."""
+    return row.get("case", row["method"])
+
+
 def _line(row: dict[str, Any]) -> str:
-    head = f"  {input_label(row):18s} {row['method']:28s}"
+    head = f"  {input_label(row):18s} {case_label(row):28s}"
     if "refused" in row:
         return f"{head} refused: {row['refused']}"
     if "error" in row:
@@ -409,14 +449,14 @@ def markdown_table(result: dict[str, Any]) -> str:
         label = f"{input_label(r)} ({r.get('visual_tokens') or '?'} visual tokens)"
         if "refused" in r or "error" in r:
             why = f"refused: {r['refused']}" if "refused" in r else f"failed: {r['error']}"
-            lines.append(f"| {label} | {r['method']} | {why.replace('|', '/')} | | | | | |")
+            lines.append(f"| {label} | {case_label(r)} | {why.replace('|', '/')} | | | | | |")
             continue
         peak = r["peak_over_weights_bytes"]
         ratio = (r.get("vs_generate") or {}).get("peak_over_weights_bytes")
         per_hour = r.get("ttft_seconds_per_hour")
         mode = f" ({r['decode_mode']})" if r.get("decode_mode") else ""
         lines.append(
-            f"| {label} | {r['method']} | {r['ttft_seconds']:.2f} | {'' if per_hour is None else f'{per_hour:,.0f}'} | "
+            f"| {label} | {case_label(r)} | {r['ttft_seconds']:.2f} | {'' if per_hour is None else f'{per_hour:,.0f}'} | "
             f"{r['decode_tokens_per_second']:.1f}{mode} | {'' if peak is None else f'{peak / 2**20:,.0f}'} | "
             f"{r['cache_peak_bytes'] / 2**20:,.1f} | {'' if ratio is None else f'{ratio:.3f}'} |"
         )
@@ -429,9 +469,11 @@ def save(result: dict[str, Any], out: str, prov: dict[str, Any] | None = None, c
     os.makedirs(out, exist_ok=True)
     stem = os.path.join(out, f"gpu_{result['config']['model']}")
     paths = [stem + ".json"]
+    verdicts = gpu_targets.evaluate(result)  # the issues' GPU targets, judged on the rows so far
+    result = {**result, "targets": gpu_targets.as_json(verdicts)}
     result = provenance.save_json(result, paths[0], prov)  # with the command, machine and load
     with open(stem + ".md", "w") as fh:
-        fh.write(markdown_table(result) + "\n")
+        fh.write(markdown_table(result) + "\n\n" + gpu_targets.markdown(result, verdicts) + "\n")
     paths.append(stem + ".md")
     if not chart:
         return paths
@@ -443,7 +485,7 @@ def save(result: dict[str, Any], out: str, prov: dict[str, Any] | None = None, c
     fig = make_subplots(rows=1, cols=2, subplot_titles=("CUDA peak over weights (MiB; cache peak on CPU)", "TTFT (s)"))
     for kind in dict.fromkeys(input_label(r) for r in ok):
         rows = [r for r in ok if input_label(r) == kind]
-        names = [r["method"] for r in rows]
+        names = [case_label(r) for r in rows]
         mem = [
             (r["peak_over_weights_bytes"] if r["peak_over_weights_bytes"] is not None else r["cache_peak_bytes"])
             / 2**20
@@ -485,6 +527,7 @@ def bench_gpu(args) -> int:
         inputs=tuple(args.inputs),
         out=args.out,
         session_overrides=session_overrides(args),
+        forced_blockwise=bool(getattr(args, "forced_blockwise", False)),
     )
     prov = getattr(args, "provenance", None)
     # rewritten after every case: a run stopped by a time limit keeps what it measured
@@ -492,4 +535,6 @@ def bench_gpu(args) -> int:
     for path in save(result, cfg.out, prov):
         print(f"wrote {path}")
     print(markdown_table(result))
+    print()
+    print(gpu_targets.markdown(result))
     return 0 if all("error" not in r for r in result["cases"]) else 1

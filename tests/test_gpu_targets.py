@@ -1,0 +1,158 @@
+"""Issue 11 and 14's GPU targets judged on `bench gpu` rows (visualkv.bench.gpu_targets), and the forced
+block-wise cases the block-wise TTFT target needs (`bench gpu --forced-blockwise`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from visualkv.bench import gpu_targets
+from visualkv.bench.gpu import REFERENCE, GpuBenchConfig, cases, run_gpu_bench
+
+GIB = 2**30
+
+
+def _row(method, input="image", ttft=1.0, decode=40.0, peak=1000 * 2**20, **extra):
+    row = {"input": input, "method": method, "ttft_seconds": ttft, "decode_tokens_per_second": decode}
+    row.update(peak_over_weights_bytes=peak, cache_peak_bytes=1, **extra)
+    if input == "video":
+        row.setdefault("video_kind", "mix")
+        row.setdefault("video_seconds", 512)
+    return row
+
+
+def _result(rows, machine="NVIDIA H200 (139 GiB), 1 GPU(s)"):
+    """Rows with their ratios to the reference as `bench gpu` adds them."""
+    from visualkv.bench.gpu import _add_ratios
+
+    for label in dict.fromkeys(gpu_targets._label(r) for r in rows):
+        _add_ratios([r for r in rows if gpu_targets._label(r) == label])
+    return {"machine": machine, "weights_bytes": 16 * GIB, "cases": rows}
+
+
+def _verdicts(result, target_part, case=None, input=None):
+    return [
+        v
+        for v in gpu_targets.evaluate(result)
+        if target_part in v.target and (case is None or v.case == case) and (input is None or v.input == input)
+    ]
+
+
+def test_block_wise_ttft_target_on_both_plans():
+    rows = [
+        _row(REFERENCE, ttft=2.0),
+        _row("full", ttft=1.5),
+        _row("blockwise-keydiff", ttft=2.18),  # 1.09x
+        _row("blockwise-keydiff", ttft=2.22, case="blockwise-keydiff (blockwise forced)", forced_prefill="blockwise"),
+    ]
+    verdicts = _verdicts(_result(rows), "block-wise TTFT")
+    by_case = {v.case: v for v in verdicts}
+    assert by_case["blockwise-keydiff"].met is True and by_case["blockwise-keydiff"].measured == pytest.approx(1.09)
+    assert by_case["blockwise-keydiff (blockwise forced)"].met is False  # 1.11x
+    assert by_case["blockwise-snapkv (not run)"].met is None  # not measured, never met
+
+
+def test_memory_targets_read_the_cuda_peak_and_are_not_measured_without_it():
+    rows = [
+        _row(REFERENCE, peak=2000),
+        _row("full", peak=1000),
+        _row("blockwise-keydiff", peak=199),
+        _row("blockwise-snapkv", peak=201),
+    ]
+    (kd,) = _verdicts(_result(rows), "peak <= 1/5", case="blockwise-keydiff")
+    (snap,) = _verdicts(_result(rows), "peak <= 1/5", case="blockwise-snapkv")
+    assert (kd.met, snap.met) == (True, False) and kd.measured == pytest.approx(0.199)
+    on_cpu = [_row(m, peak=None) for m in (REFERENCE, "full", "blockwise-keydiff")]
+    assert all(v.met is None for v in _verdicts(_result(on_cpu, "CPU only (2 cores)"), "peak"))
+
+
+def test_long_video_memory_limit_is_one_fiftieth():
+    rows = [_row(m, input="video", peak=p) for m, p in ((REFERENCE, 5000), ("full", 5000), ("blockwise-keydiff", 120))]
+    (v,) = _verdicts(_result(rows), "peak <= 1/50", case="blockwise-keydiff")
+    assert v.limit == pytest.approx(1 / 50) and v.met is False  # 0.024 > 0.02
+
+
+def test_decode_targets_against_generate_and_full():
+    rows = [
+        _row(REFERENCE, decode=40.0),
+        _row("full", decode=90.0),
+        _row("blockwise-keydiff", decode=85.0),  # 2.1x generate, below full
+        _row("lightkv", decode=79.0),  # 1.98x generate
+    ]
+    result = _result(rows)
+    gen = {v.case: v.met for v in _verdicts(result, "2x generate")}
+    vs_full = {v.case: v.met for v in _verdicts(result, "full's") if "decode" in v.target}
+    assert gen == {"blockwise-keydiff": True, "lightkv": False}
+    assert vs_full == {"blockwise-keydiff": False, "lightkv": False}
+    assert "full" not in gen and REFERENCE not in gen  # full and the reference compress nothing
+
+
+def test_salicache_limits_follow_the_video_kind_and_lightkv_is_judged_at_4k():
+    rows = [_row(REFERENCE, input="video", video_kind=k, ttft=10.0) for k in ("mix", "moving")]
+    rows += [_row("full", input="video", video_kind=k, ttft=10.0) for k in ("mix", "moving")]
+    rows += [_row("salicache", input="video", video_kind=k, ttft=12.0) for k in ("mix", "moving")]
+    rows += [_row(REFERENCE, ttft=2.0), _row("lightkv", ttft=1.4)]
+    result = _result(rows)
+    ttft = {v.input: (v.limit, v.met) for v in _verdicts(result, "Sali-Cache TTFT")}
+    assert ttft == {"video mix, 512 s": (1.0, False), "video moving, 512 s": (1.25, True)}
+    (light,) = _verdicts(result, "LightKV")
+    assert light.input == "image" and light.met is True and light.measured == pytest.approx(0.7)
+
+
+def test_an_hour_is_judged_on_issue_14_and_refused_rows_are_not_measured():
+    hour = {"input": "video", "video_seconds": 3600}
+    rows = [
+        {"input": "video", "method": REFERENCE, "video_kind": "mix", "video_seconds": 3600, "refused": "cap"},
+        _row("blockwise-keydiff", peak=int(0.8 * GIB), ttft_seconds_per_hour=180.0, **hour),
+        _row("blockwise-keydiff+salicache", peak=int(1.2 * GIB), ttft_seconds_per_hour=120.0, **hour),
+    ]
+    verdicts = gpu_targets.evaluate(_result(rows))
+    assert {v.issue for v in verdicts} == {14}
+    peaks = {v.case: v.met for v in verdicts if "1 GiB" in v.target}
+    assert peaks == {"blockwise-keydiff": True, "blockwise-keydiff+salicache": False}
+    per_hour = {v.case: v.measured for v in verdicts if v.unit == "s/h"}
+    assert per_hour == {"blockwise-keydiff": 180.0, "blockwise-keydiff+salicache": 120.0}
+    table = gpu_targets.markdown(_result(rows), verdicts)
+    assert (
+        "| 14 | CUDA peak over weights ≤ 1 GiB on an hour | video mix, 3600 s | blockwise-keydiff | 0.80 GiB |" in table
+    )
+    assert "**not met**" in table
+
+
+def test_bandwidth_share_needs_a_known_gpu():
+    result = _result([_row(REFERENCE, decode=40.0)])
+    assert gpu_targets.bandwidth_fraction(result, 300.0) == pytest.approx(300 * 16 * GIB / 4.8e12)
+    assert gpu_targets.bandwidth_fraction({**result, "machine": "CPU only (2 cores)"}, 300.0) is None
+    assert "tok/s = " in gpu_targets.markdown(result)
+
+
+@pytest.fixture(scope="module")
+def forced(tmp_path_factory):
+    cfg = GpuBenchConfig(
+        model="tiny-qwen2.5-vl",
+        device="cpu",
+        methods=("full", "blockwise-keydiff"),
+        budget=48,
+        block_size=32,
+        image_size=(448, 252),
+        new_tokens=3,
+        inputs=("image",),
+        forced_blockwise=True,
+        out=str(tmp_path_factory.mktemp("bench_gpu_forced")),
+    )
+    return cfg, run_gpu_bench(cfg, log=lambda line: None)
+
+
+def test_forced_blockwise_adds_a_case_per_block_wise_method(forced):
+    cfg, result = forced
+    assert [c.label for c in cases(cfg)] == [
+        REFERENCE,
+        "full",
+        "blockwise-keydiff",
+        "blockwise-keydiff (blockwise forced)",
+    ]
+    default, forced_row = (r for r in result["cases"] if r["method"] == "blockwise-keydiff")
+    assert "forced_prefill" not in default and default["prefill"] == "hybrid"
+    assert forced_row["forced_prefill"] == "blockwise" and forced_row["prefill"] == "blockwise"
+    assert all("error" not in r for r in result["cases"]), [r.get("error") for r in result["cases"]]
+    judged = {v.case for v in gpu_targets.evaluate(result) if "block-wise TTFT" in v.target}
+    assert {"blockwise-keydiff", "blockwise-keydiff (blockwise forced)"} <= judged
