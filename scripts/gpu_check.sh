@@ -12,8 +12,9 @@
 # minutes) counts against the session's device time too.
 #   tests  about 6 min (the earlier estimate, ~10 min for tests + the bench of one 7B shape, less that bench).
 #   bench  about 3-4 min per shape (4K image + 512-frame video x transformers generate and 6 methods; issue 10/11:
-#          generate 14.7 s and block-wise KeyDiff 24.2 s on the 512-frame video, ~2 s per 4K case); twice that
-#          with the default two shapes.
+#          generate 14.7 s and block-wise KeyDiff 24.2 s on the 512-frame video, ~2 s per 4K case), about a
+#          minute more with the forced block-wise rows (2 methods x 2 inputs); twice that with the default two
+#          shapes.
 #   hour   about 4-7 min: an hour at 1 fps is 3,600 frames, ~540k visual tokens (538,200 on Qwen2.5-VL at
 #          640x360), 7x issue 10's 76,544 tokens (512 frames) on which block-wise KeyDiff took 24.2 s TTFT, so
 #          ~170 s for block-wise KeyDiff (linear: its cache is bounded) and at most as much for

@@ -24,8 +24,8 @@ def _result(rows, machine="NVIDIA H200 (139 GiB), 1 GPU(s)"):
     """Rows with their ratios to the reference as `bench gpu` adds them."""
     from visualkv.bench.gpu import _add_ratios
 
-    for label in dict.fromkeys(gpu_targets._label(r) for r in rows):
-        _add_ratios([r for r in rows if gpu_targets._label(r) == label])
+    for label in dict.fromkeys(gpu_targets.input_label(r) for r in rows):
+        _add_ratios([r for r in rows if gpu_targets.input_label(r) == label])
     return {"machine": machine, "weights_bytes": 16 * GIB, "cases": rows}
 
 

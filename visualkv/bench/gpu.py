@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from visualkv.bench import gpu_targets, provenance
+from visualkv.bench.gpu_targets import case_label, input_label
 from visualkv.bench.synthetic import image_media
 from visualkv.errors import MediaError
 from visualkv.media import FrameSampling, Media, MediaLimits, load_media
@@ -409,18 +410,6 @@ def _add_ratios(rows: list[dict[str, Any]]) -> None:
 
 def _measured(row: dict[str, Any]) -> bool:
     return "error" not in row and "refused" not in row
-
-
-def input_label(row: dict[str, Any]) -> str:
-    """ "image", or "video mix, 3600 s" for a video row."""
-    if row["input"] != "video":
-        return row["input"]
-    return f"video {row['video_kind']}, {row['video_seconds']:g} s"
-
-
-def case_label(row: dict[str, Any]) -> str:
-    """The method, or "blockwise-keydiff (blockwise forced)" for a forced-plan row."""
-    return row.get("case", row["method"])
 
 
 def _line(row: dict[str, Any]) -> str:

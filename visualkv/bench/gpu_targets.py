@@ -47,13 +47,15 @@ class Verdict:
     unit: str = "x"  # "x": a ratio; "GiB"; "s/h" (informational, no limit)
 
 
-def _label(row: dict[str, Any]) -> str:
+def input_label(row: dict[str, Any]) -> str:
+    """ "image", or "video mix, 3600 s" for a video row."""
     if row["input"] != "video":
         return row["input"]
     return f"video {row['video_kind']}, {row['video_seconds']:g} s"
 
 
-def _case(row: dict[str, Any]) -> str:
+def case_label(row: dict[str, Any]) -> str:
+    """The method, or "blockwise-keydiff (blockwise forced)" for a forced-plan row."""
     return row.get("case", row["method"])
 
 
@@ -74,8 +76,8 @@ def _at_least(value: float | None, limit: float) -> bool | None:
 
 
 def _by_input(cases: list[dict[str, Any]]) -> Iterator[tuple[str, list[dict[str, Any]]]]:
-    for label in dict.fromkeys(_label(r) for r in cases):
-        yield label, [r for r in cases if _label(r) == label]
+    for label in dict.fromkeys(input_label(r) for r in cases):
+        yield label, [r for r in cases if input_label(r) == label]
 
 
 def _find(rows: list[dict[str, Any]], method: str, forced: bool = False) -> dict[str, Any] | None:
@@ -95,7 +97,9 @@ def _input_verdicts(label: str, rows: list[dict[str, Any]], hour: bool) -> Itera
     full = _find(rows, "full")
 
     def v(issue: int, target: str, row, measured, limit, met, unit: str = "x", method: str = "") -> Verdict:
-        return Verdict(issue, target, label, _case(row) if row else f"{method} (not run)", measured, limit, met, unit)
+        return Verdict(
+            issue, target, label, case_label(row) if row else f"{method} (not run)", measured, limit, met, unit
+        )
 
     if hour:  # issue 14: past every frame cap, only the bounded methods run; no reference to divide by
         for method in HOUR_METHODS:
@@ -207,7 +211,9 @@ def _bandwidth_lines(result: dict[str, Any]) -> list[str]:
             continue
         share = bandwidth_fraction(result, row["decode_tokens_per_second"])
         if share is not None:
-            parts.append(f"{_label(row)} / {_case(row)}: {row['decode_tokens_per_second']:.0f} tok/s = {share:.0%}")
+            parts.append(
+                f"{input_label(row)} / {case_label(row)}: {row['decode_tokens_per_second']:.0f} tok/s = {share:.0%}"
+            )
     if not parts:
         return []
     return [
