@@ -1,15 +1,18 @@
-"""Issue 11: the device-built cache (in-place appends and eviction, exact bytes), Sali-Cache's dequantized
-view (no dequantization per decode step) and incremental detokenization."""
+"""Issue 11: the device-built cache (in-place appends and eviction, exact bytes), Sali-Cache's packed tiers
+attended per segment (no dequantized copy kept) and incremental detokenization."""
 
 from __future__ import annotations
 
+import pytest
 import torch
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from tests.conftest import get_adapter
-from visualkv import cache as cache_module
+from visualkv import packed_attention
 from visualkv.bench.synthetic import video_media
-from visualkv.cache import TIER_FULL, TIER_INT8, CompressibleCache, split_tiers
+from visualkv.cache import TIER_FULL, TIER_INT4, TIER_INT8, CompressibleCache, CompressibleLayer, split_tiers
 from visualkv.detokenize import IncrementalDetokenizer
+from visualkv.quant import dequantize
 from visualkv.session import ChatSession, SessionConfig
 
 
@@ -79,24 +82,87 @@ def test_split_tiers_is_host_side():
     assert split[TIER_FULL].tolist() == [0, 2] and split[TIER_INT8].tolist() == [1, 3]
 
 
-def test_salicache_decode_dequantizes_once(monkeypatch):
-    """Packed tiers are dequantized once into a view, not at every decode step (per layer)."""
+def _packed_layer(n_full: int = 5, n_int8: int = 7, n_int4: int = 6, dtype=torch.float32):
+    """A layer holding full-precision entries and INT8 / INT4 segments (2 KV heads, head_dim 32)."""
+    layer = CompressibleLayer()
+    k, v = _kv(n_full + n_int8 + n_int4, seed=4, dim=32)
+    codes = torch.tensor([TIER_FULL] * n_full + [TIER_INT8] * n_int8 + [TIER_INT4] * n_int4)
+    layer.update(k.to(dtype), v.to(dtype), torch.arange(codes.numel()), split_tiers(codes))
+    packed_attention._take(layer.keys)  # that update's own announcement (no attention call read it here)
+    return layer
+
+
+def _reference(query, layer, keys, values, mask, scale):
+    """Attention over [dequantized packed | keys] as one concatenation: what the wrapper must equal."""
+    parts = list(layer.quant.values())
+    k_all = torch.cat([dequantize(s.keys) for s in parts] + [keys], dim=2)
+    v_all = torch.cat([dequantize(s.values) for s in parts] + [values], dim=2)
+    group = query.shape[1] // k_all.shape[1]
+    k_all, v_all = k_all.repeat_interleave(group, dim=1), v_all.repeat_interleave(group, dim=1)
+    if mask is None and query.shape[2] > 1:  # no mask: causal among the queries, which are the last entries
+        q = query.shape[2]
+        mask = torch.ones(q, k_all.shape[2], dtype=torch.bool)
+        mask[:, -q:] = torch.ones(q, q, dtype=torch.bool).tril()
+        mask = mask[None, None]
+    if mask is not None and mask.shape[-1] < k_all.shape[2]:
+        visible = torch.ones if mask.dtype == torch.bool else torch.zeros
+        pad = visible((*mask.shape[:-1], k_all.shape[2] - mask.shape[-1]), dtype=mask.dtype)
+        mask = torch.cat([pad, mask], dim=-1)
+    out = torch.nn.functional.scaled_dot_product_attention(query, k_all, v_all, attn_mask=mask, scale=scale)
+    return out.transpose(1, 2)
+
+
+@pytest.mark.parametrize("queries", [1, 3])
+@pytest.mark.parametrize("mask_kind", [None, "bool", "float"])
+def test_packed_segments_are_attended_like_a_dequantized_concatenation(queries, mask_kind):
+    """The wrapped attention (one query: one softmax over the parts; several: one concatenation for the call)
+    equals SDPA over [dequantized packed | full] with grouped-query heads and the engine's masks."""
+    layer = _packed_layer()
+    k_new, v_new = _kv(queries, seed=5, dim=32)
+    keys, values = layer.update(k_new, v_new, torch.arange(18, 18 + queries))  # full entries + the new ones
+    query = torch.randn(1, 4, queries, 32, generator=torch.Generator().manual_seed(6))  # 4 heads over 2 KV heads
+    n_past = layer.total_entries_per_head() - queries
+    mask = None
+    if mask_kind is not None:  # the engine's: every past entry visible, the new ones causal; some hidden too
+        allowed = torch.ones(queries, n_past + queries, dtype=torch.bool)
+        allowed[:, n_past:] = torch.ones(queries, queries, dtype=torch.bool).tril()
+        allowed[:, -queries - 2] = False  # a full-precision entry hidden (a fixed-shape window's unwritten slot)
+        mask = allowed[None, None]
+        if mask_kind == "float":
+            mask = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
+    attention = ALL_ATTENTION_FUNCTIONS["visualkv_sdpa"]
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 2, True  # what transformers' sdpa reads from an attention module
+    out, _ = attention(module, query, keys, values, mask, scaling=0.2, dropout=0.0)
+    want = _reference(query, layer, keys, values, mask, 0.2)
+    assert out.shape == want.shape == (1, queries, 4, 32)
+    assert torch.allclose(out, want, atol=1e-5), (out - want).abs().max()
+    # and the segments matter: without the announcement the same call attends the full entries only
+    alone, _ = attention(module, query, keys, values, mask[..., -keys.shape[2] :] if mask is not None else None)
+    assert not torch.allclose(alone, want, atol=1e-3)
+
+
+def test_salicache_keeps_no_dequantized_copy_and_decodes_what_it_stores(monkeypatch):
+    """After a Sali-Cache turn the device holds the full-precision entries (+ room) and the packed bytes only,
+    and each decode step dequantizes the packed tiers for its own attention call (per layer, then dropped)."""
     adapter = get_adapter("tiny-qwen2.5-vl")
     calls = []
-    real = cache_module.dequantize
-    monkeypatch.setattr(cache_module, "dequantize", lambda p: calls.append(1) or real(p))
-    session = ChatSession(adapter, SessionConfig(method="salicache", max_new_tokens=6))
+    real = packed_attention.dequantize
+    monkeypatch.setattr(packed_attention, "dequantize", lambda p: calls.append(1) or real(p))
+    session = ChatSession(adapter, SessionConfig(method="salicache", max_new_tokens=6, decode="eager"))
     session.ask("What moves?", video_media(4, 224, 168, fps=1.0, seed=3))
     cache = session.cache
-    segments = sum(len(layer.quant) for layer in cache.layers)
-    assert segments > 0
-    assert len(calls) == 2 * segments  # K and V of every segment, once, however many tokens were decoded
-    assert cache.dequant_bytes() > 0 and cache.allocated_bytes() >= cache.kv_bytes() + cache.dequant_bytes()
-    # the view holds exactly the dequantized packed entries
-    layer = cache.layers[0]
-    front = layer._rows.view(0)[:, :, : layer._front]
-    want = torch.cat([real(seg.keys) for seg in layer.quant.values()], dim=-2)
-    assert torch.equal(front, want)
+    segments = [len(layer.quant) for layer in cache.layers]
+    assert min(segments) > 0
+    for layer in cache.layers:  # the full-precision buffers hold full-precision entries and free room only
+        entry = layer._entry_bytes()
+        packed = sum(sum(b.nbytes for b in s.rows.buffers[:6]) for s in layer._stores.values())
+        assert layer.allocated_bytes() == layer._rows.capacity * entry + packed
+        assert layer._rows.n == layer.n_full
+    # the question block, then every decoded token but the last one fed: each layer's attention dequantizes
+    steps = 1 + len(session.turns[-1].token_ids) - 1
+    assert len(calls) == 2 * sum(segments) * steps
+    assert cache.peak_device_bytes >= cache.allocated_bytes() + max(layer.dequantized_bytes() for layer in cache.layers)
 
 
 def test_incremental_detokenizer_matches_full_decode():
@@ -118,3 +184,23 @@ def test_decoding_never_grows_a_buffer():
     for layer in session.cache.layers:
         assert layer._rows.capacity == session.prepared.seq_len + 8  # prompt + max_new_tokens + 1, never grown
         assert layer.n_full == session.prepared.seq_len + len(session.turns[-1].token_ids) - 1
+
+
+def test_packed_tiers_under_eager_attention_match_sdpa():
+    """The eager wrapper calls the model file's own eager function: Sali-Cache answers alike under both kernels."""
+    from visualkv.models.registry import _adapter
+    from visualkv.models.tiny import build_tiny
+
+    eager = _adapter(*build_tiny("tiny-qwen2.5-vl", seed=0, attn_implementation="eager"), "tiny-qwen2.5-vl")
+    sdpa = get_adapter("tiny-qwen2.5-vl")
+    video = video_media(4, 224, 168, fps=1.0, seed=3)
+    logits = []
+    for adapter in (sdpa, eager):
+        session = ChatSession(adapter, SessionConfig(method="salicache", max_new_tokens=4, decode="eager"))
+        seen: list[torch.Tensor] = []
+        session._sample = lambda lg, gen, seen=seen, sample=session._sample: seen.append(lg.clone()) or sample(lg, gen)
+        session.ask("What moves?", video)
+        assert sum(len(layer.quant) for layer in session.cache.layers) > 0
+        logits.append(torch.stack(seen))
+    assert eager.attn_implementation == "eager" and eager.text_config._attn_implementation == "visualkv_eager"
+    assert torch.allclose(logits[0], logits[1], atol=1e-4), (logits[0] - logits[1]).abs().max()

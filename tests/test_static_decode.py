@@ -25,7 +25,7 @@ ALL_FAMILIES = ["tiny-qwen2.5-vl", "tiny-smolvlm2", "tiny-qwen3-vl", "tiny-llava
 METHODS = [
     ("full", None),
     ("blockwise-keydiff", 24),
-    ("salicache", None),  # packed tiers: the dequantized view sits at the front of the window
+    ("salicache", None),  # packed tiers: attended per segment beside the window (visualkv.packed_attention)
     ("blockwise-keydiff+salicache", 24),
     ("lightkv", None),  # merged entries: layers hold different counts
 ]

@@ -21,19 +21,19 @@ Byte accounting (all exact, from tensor shapes):
   zero points). `peak_kv_bytes` is its high-water mark, taken right after each
   append (before eviction), when a block-wise cache is fullest.
 - `allocated_bytes()`: bytes of the buffers really allocated (unused capacity
-  and the dequantized view of packed tiers included): what the device holds.
+  included): what the device holds.
 - `peak_device_bytes`: high-water mark of allocated bytes plus the transient
   working memory of a step (buffer growth, the gathers and scores of an
-  eviction, the concatenation of a quantized block, the grouped-query
-  expansion of attention), noted by whoever allocates it via `note_working`.
+  eviction, the concatenation of a quantized block, one layer's dequantized
+  packed tiers, the grouped-query expansion of attention), noted by whoever
+  allocates it via `note_working`.
 Bookkeeping (`token_index`, int32) is reported separately as `index_bytes()`.
 
-Packed tiers and decoding: Sali-Cache's INT8 / INT4 entries are dequantized
-once into a view kept in front of the full-precision entries of the same
-buffer (the "dequantized view" option of the issue): a decode step attends to
-one contiguous view and dequantizes nothing; the view is rebuilt only when a
-packed segment changes (a prefill block). Its bytes count in
-`allocated_bytes()` / `dequant_bytes()`, not in `kv_bytes()`.
+Packed tiers are attended per segment (`visualkv.packed_attention`): a layer's
+`update` returns only its full-precision entries and tells the attention call
+that follows which packed segments it must add; that call dequantizes them for
+itself and drops them, so no full-precision copy of a packed tier is ever kept
+(the device holds what `kv_bytes()` says, plus free capacity).
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from visualkv.quant import PackedTensor, QuantSpec, dequantize, quantize
+from visualkv import packed_attention
+from visualkv.quant import PackedTensor, QuantSpec, quantize
 
 TIER_FULL, TIER_INT8, TIER_INT4 = 0, 1, 2
 GROWTH = 1.25  # geometric growth factor of a buffer without a capacity hint
@@ -157,7 +158,7 @@ class _PackedStore:
 class CompressibleLayer(CacheLayerMixin):
     """One decoder layer's cache: full-precision entries + packed tiers, in preallocated device buffers.
 
-    Buffer layout along the entry axis: [dequantized view of the packed tiers | full-precision entries | free].
+    Buffer layout along the entry axis: [full-precision entries | free]; each packed tier has its own buffers.
     `keys` / `values` / `token_index` are views of the full-precision entries.
     """
 
@@ -166,10 +167,8 @@ class CompressibleLayer(CacheLayerMixin):
 
     def __init__(self) -> None:
         self._rows = _Rows()  # buffers: keys, values, token index
-        self._front = 0  # entries of the dequantized view in front of the full-precision ones
         self._stores: dict[int, _PackedStore] = {}
-        self._deq_stale = False
-        self.capacity_hint: int | None = None  # entries this layer will need at most (full + view), if known
+        self.capacity_hint: int | None = None  # full-precision entries this layer will need at most, if known
         self.headroom = 0  # entries added to the first allocation (the answer to come), so decoding never grows
         self.visual_entries = 0  # visual entries held per head (host int, kept by the engine and eviction)
         self.quant_specs: dict[int, QuantSpec] = {}
@@ -179,7 +178,7 @@ class CompressibleLayer(CacheLayerMixin):
     # `keys` / `values` are views, not attributes: transformers' base class assigns None to them.
     @property
     def keys(self) -> torch.Tensor | None:
-        return self._rows.view(0, self._front) if self.is_initialized else None
+        return self._rows.view(0) if self.is_initialized else None
 
     @keys.setter
     def keys(self, value) -> None:
@@ -188,7 +187,7 @@ class CompressibleLayer(CacheLayerMixin):
 
     @property
     def values(self) -> torch.Tensor | None:
-        return self._rows.view(1, self._front) if self.is_initialized else None
+        return self._rows.view(1) if self.is_initialized else None
 
     @values.setter
     def values(self, value) -> None:
@@ -197,11 +196,11 @@ class CompressibleLayer(CacheLayerMixin):
 
     @property
     def token_index(self) -> torch.Tensor | None:
-        return self._rows.view(2, self._front) if self.is_initialized else None
+        return self._rows.view(2) if self.is_initialized else None
 
     @property
     def n_full(self) -> int:
-        return self._rows.n - self._front
+        return self._rows.n
 
     @property
     def quant(self) -> dict[int, QuantSegment]:
@@ -222,7 +221,10 @@ class CompressibleLayer(CacheLayerMixin):
         *args,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append new entries; return K/V to attend to (new entries last, in block order).
+        """Append new entries; return the full-precision K/V to attend to (new entries last, in block order).
+
+        The packed tiers held before this call are attended too: they are announced to the attention call that
+        follows (`packed_attention.announce`), which adds them, dequantized for that call only.
 
         token_index: (q,) sequence indices of the new tokens (on this layer's
         device, or moved here). tiers: None (all full precision) or {tier: (k,)
@@ -246,11 +248,11 @@ class CompressibleLayer(CacheLayerMixin):
             self.working_bytes += self._rows.ensure(
                 first + self.headroom, [key_states, value_states, new_index], self.capacity_hint
             )
-        self._refresh_dequantized()
+        packed = self._packed_before_append()
         if tiers is None:
             # The common path (every decode step, every block without quantized tiers): write in place, read a view.
             self.working_bytes += self._rows.append([key_states, value_states, new_index], self.capacity_hint)
-            return self._rows.view(0), self._rows.view(1)
+            return self._announced(self._rows.view(0), self._rows.view(1), packed)
         # A block with quantized tiers (Sali-Cache prefill): attend to [old entries, the whole block at full
         # precision], then store each tier (one concatenation per layer per such block; never while decoding).
         attend_k = torch.cat([self._rows.view(0), key_states], dim=-2)
@@ -263,7 +265,36 @@ class CompressibleLayer(CacheLayerMixin):
                 self.working_bytes += self._rows.append([k, v, idx], self.capacity_hint)
             else:
                 self._append_quant(tier, k, v, idx)
-        return attend_k, attend_v
+        return self._announced(attend_k, attend_v, packed)
+
+    def _packed_before_append(self) -> list[QuantSegment]:
+        """The packed segments as they are now (views fixed to their current length: entries a block adds to a
+        tier after this are not part of them, as the block attends to its own entries at full precision)."""
+        return list(self.quant.values()) if self._stores else []
+
+    def _announced(self, keys: torch.Tensor, values: torch.Tensor, packed: list[QuantSegment], note: bool = True):
+        """(keys, values), after telling the attention call about to read them which packed segments to add.
+
+        note: count the segments' dequantized bytes as this operation's working memory (fixed-shape decoding
+        notes its widest layer once instead, `StaticDecoder`)."""
+        if packed:
+            packed_attention.announce(keys, packed)
+            if note:  # the attention call dequantizes them for itself: transient, one layer at a time
+                self.working_bytes += self.dequantize_working_bytes(sum(s.token_index.shape[-1] for s in packed))
+        return keys, values
+
+    def dequantize_working_bytes(self, entries: int | None = None) -> int:
+        """What an attention call holds while it dequantizes `entries` packed entries (default: all of this
+        layer's): the dequantized K and V, plus `quant.dequantize`'s intermediates for the one it dequantizes
+        last (float32 codes and result, 8 bytes, and the unpacked codes, 1 byte, per element)."""
+        out = self.dequantized_bytes(entries)
+        return out + out // 2 // self.dtype.itemsize * 9 if out else 0
+
+    def dequantized_bytes(self, entries: int | None = None) -> int:
+        """Bytes of `entries` packed entries (default: all of this layer's) once dequantized."""
+        if entries is None:
+            entries = sum(s.rows.n for s in self._stores.values())
+        return entries * self._entry_bytes()
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.get_seq_length() + query_length, 0
@@ -276,7 +307,6 @@ class CompressibleLayer(CacheLayerMixin):
 
     def reset(self) -> None:
         self._rows = _Rows()
-        self._front = 0
         self._stores = {}
         self.visual_entries = 0
         self.is_initialized = False
@@ -293,43 +323,15 @@ class CompressibleLayer(CacheLayerMixin):
             spec = (self.quant_specs.get(tier) or QuantSpec(bits=8 if tier == TIER_INT8 else 4)).resolved(k.shape[-1])
             store = self._stores[tier] = _PackedStore(spec, k.shape[-1], k.dtype)
         self.working_bytes += store.append(k, v, idx)
-        self._deq_stale = True
-
-    def _refresh_dequantized(self) -> None:
-        """Rebuild the dequantized view in front of the full-precision entries after a packed segment changed.
-
-        Runs once per change (a prefill block with quantized tiers), never per decode step.
-        """
-        if not self._deq_stale:
-            return
-        self._deq_stale = False
-        segments = list(self.quant.values())
-        front = sum(s.token_index.shape[-1] for s in segments)
-        rows = self._rows
-        full = [rows.view(i, self._front).clone() for i in range(3)]  # moved behind the new view
-        n_full = full[0].shape[2]
-        # exact (no geometric overshoot for a one-off rebuild), keeping any room reserved for the answer
-        needed = front + max(rows.capacity - self._front, n_full + self.headroom)
-        self.working_bytes += sum(t.nbytes for t in full) + rows.ensure(needed, full, needed)
-        at = 0
-        for seg in segments:
-            m = seg.token_index.shape[-1]
-            rows.buffers[0][:, :, at : at + m].copy_(dequantize(seg.keys))
-            rows.buffers[1][:, :, at : at + m].copy_(dequantize(seg.values))
-            rows.buffers[2][:, :, at : at + m].copy_(seg.token_index)
-            at += m
-        for i, t in enumerate(full):
-            rows.buffers[i][:, :, front : front + n_full].copy_(t)
-        rows.n, self._front = front + n_full, front
 
     # -- fixed-shape decoding (visualkv.static_decode) ----------------------------------
     def static_window(self, steps: int) -> int:
         """Prepare for `steps` fixed-shape decode steps; returns the entries the window holds (held + steps).
 
-        Rebuilds a stale dequantized view and reserves the room now: during fixed-shape decoding nothing
-        may reallocate, as a CUDA graph keeps the buffers' addresses.
+        Reserves the room now: during fixed-shape decoding nothing may reallocate, as a CUDA graph keeps the
+        buffers' addresses. The window covers the full-precision entries; packed tiers are added by the
+        attention call (`write_slot` announces them).
         """
-        self._refresh_dequantized()
         self.reserve(steps)
         if self._rows.capacity < self._rows.n + steps:
             raise RuntimeError("cache has no room reserved for fixed-shape decoding")
@@ -354,7 +356,8 @@ class CompressibleLayer(CacheLayerMixin):
         keys.index_copy_(2, slot, key_states)
         values.index_copy_(2, slot, value_states)
         index.index_copy_(2, slot, token_index.to(torch.int32).view(1, 1, 1).expand(*index.shape[:2], 1))
-        return keys[:, :, :window], values[:, :, :window]
+        # the packed tiers do not change while an answer decodes: the same segments every step
+        return self._announced(keys[:, :, :window], values[:, :, :window], self._packed_before_append(), note=False)
 
     def commit_slots(self, n: int) -> None:
         """Count `n` entries written by `write_slot` as held (they follow the held ones, in order)."""
@@ -364,17 +367,16 @@ class CompressibleLayer(CacheLayerMixin):
     def keep_full(self, index: torch.Tensor) -> None:
         """Keep only full-precision entries `index` (b, h, m), per head, in place (sorted first)."""
         index = index.sort(dim=-1).values
-        self.working_bytes = index.nbytes + self._rows.compact(index, self._front)
+        self.working_bytes = index.nbytes + self._rows.compact(index)
 
     def keep_quant(self, tier: int, index: torch.Tensor) -> None:
         store = self._stores[tier]
         index = index.sort(dim=-1).values
         self.working_bytes = store.rows.compact(index.to(self.device))
-        self._deq_stale = True
 
     def replace_full(self, keys: torch.Tensor, values: torch.Tensor, token_index: torch.Tensor) -> None:
         """Overwrite the full-precision entries (used by merging methods)."""
-        self._rows.n = self._front
+        self._rows.n = 0
         self.working_bytes = self._rows.append([keys, values, token_index.to(torch.int32)], self.capacity_hint)
 
     # -- accounting (host ints and tensor shapes only: nothing reads the device) --------
@@ -409,12 +411,8 @@ class CompressibleLayer(CacheLayerMixin):
         # packed K/V: data, scale, zero of keys and values (the token index is bookkeeping)
         return self.n_full * self._entry_bytes() + sum(s.rows.held_bytes(6) for s in self._stores.values())
 
-    def dequant_bytes(self) -> int:
-        """Bytes of the dequantized view of the packed tiers (working memory kept for decoding)."""
-        return self._front * self._entry_bytes()
-
     def allocated_bytes(self) -> int:
-        """K/V bytes of the buffers allocated (free capacity and dequantized view included; no token index)."""
+        """K/V bytes of the buffers allocated (free capacity included; no token index)."""
         if not self.is_initialized:
             return 0
         kv = sum(b.nbytes for b in self._rows.buffers[:2])
@@ -521,9 +519,6 @@ class CompressibleCache(Cache):
 
     def allocated_bytes(self) -> int:
         return sum(layer.allocated_bytes() for layer in self.layers)
-
-    def dequant_bytes(self) -> int:
-        return sum(layer.dequant_bytes() for layer in self.layers)
 
     def index_bytes(self) -> int:
         return sum(layer.index_bytes() for layer in self.layers)

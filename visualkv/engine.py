@@ -23,8 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
+from visualkv import packed_attention
 from visualkv.cache import TIER_FULL, CompressibleCache, split_tiers
-from visualkv.errors import PrefillStopped
+from visualkv.errors import ConfigError, PrefillStopped
 from visualkv.layout import Block, plan_blocks
 from visualkv.methods.base import LayerState, Method, PrefillContext
 from visualkv.models.base import LayerFeatures, ModelAdapter, PreparedInput
@@ -138,6 +139,8 @@ class Engine:
 
     def __init__(self, adapter: ModelAdapter) -> None:
         self.adapter = adapter
+        # packed INT8 / INT4 tiers are attended per segment by the (wrapped) attention function
+        packed_attention.install(adapter.text_config)
 
     # -- the layer loop -------------------------------------------------------------
     @torch.no_grad()
@@ -261,6 +264,11 @@ class Engine:
             prepared.seq_len, prepared.layout.units, mode, block_size, budget, question_apart=method.question_apart
         )
         method.begin(ctx)
+        if ctx.tiers is not None and not packed_attention.installed(self.adapter.text_config):
+            raise ConfigError(
+                f"INT8/INT4 tiers need sdpa or eager attention; this model runs {self.adapter.attn_implementation!r}"
+                " (load it with attn_implementation='sdpa', or choose a method without tiers)"
+            )
         cache.set_capacity_hint(method.capacity_hint(ctx))
         for device in {layer.input_layernorm.weight.device for layer in self.adapter.layers}:
             ctx.visual_mask_on(device)  # copied once, before any layer needs it

@@ -417,9 +417,9 @@ class ChatSession:
             "peak_kv_bytes": self.cache.peak_kv_bytes if self.cache else 0,
             "final_kv_bytes": self.cache.kv_bytes() if self.cache else 0,
             "index_bytes": self.cache.index_bytes() if self.cache else 0,
-            # device view: buffers allocated (free capacity, dequantized view) and their peak with transients
+            # device view: buffers allocated (free capacity included) and their peak with transients (one layer's
+            # dequantized packed tiers among them: no dequantized copy is kept, see visualkv.packed_attention)
             "allocated_kv_bytes": self.cache.allocated_bytes() if self.cache else 0,
-            "dequant_view_bytes": self.cache.dequant_bytes() if self.cache else 0,
             "peak_device_kv_bytes": self.cache.peak_device_bytes if self.cache else 0,
             "full_kv_bytes": self.full_kv_bytes(),
             "peak_rss_bytes": peak_rss_bytes(),

@@ -75,8 +75,12 @@ class StaticDecoder:
         self.start_position = start_position
         self.seq_offset = seq_offset
         self.done = 0  # steps run (host count)
-        # attention's transient over the widest window (the grouped-query expansion), as the plain path notes it
-        cache.note_working(attention_working_bytes(adapter, 1, max(self.windows), True, adapter.dtype))
+        # attention's transient over the widest window (the grouped-query expansion), as the plain path notes it,
+        # plus the widest layer's packed tiers, dequantized by its attention call at every step
+        packed = [layer.dequantize_working_bytes() for layer in cache.layers]
+        n_packed = [layer.total_entries_per_head() - layer.n_full for layer in cache.layers]
+        widest = max(w + p for w, p in zip(self.windows, n_packed))
+        cache.note_working(attention_working_bytes(adapter, 1, widest, True, adapter.dtype) + max(packed))
         # one slot arange per distinct window (layers of one model usually share it)
         self._slots = {w: torch.arange(w, device=device) for w in set(self.windows)}
         self._masks: dict[tuple[int, int], torch.Tensor] = {}

@@ -601,6 +601,7 @@ def table_speed_issue11(results: Path) -> str:
         ("0.5 MP, loaded", "speed_issue11_before.json", "speed_issue11_after.json"),
         ("0.5 MP, c7775e0 → now", "speed_issue11_s5_before.json", "speed_issue11_s5_after.json"),
         ("3 MP, c7775e0 → now", "speed_issue11_s5_3mp_before.json", "speed_issue11_s5_3mp_after.json"),
+        ("3 MP, view → per segment", "speed_issue11_s6_3mp_before.json", "speed_issue11_s6_3mp_after.json"),
     ]
     body, sources = [], []
     for label, before_name, after_name in pairs:
@@ -628,29 +629,35 @@ def table_speed_issue11(results: Path) -> str:
 
 
 def table_speed_issue11_memory(results: Path) -> str:
-    """What each method holds and allocates after the 3 MP "after" run of `table_speed_issue11`."""
-    name = "speed_issue11_3mp_after.json"
-    d = load(name, results)
-    rows = d["rows"]
+    """What each method holds and allocates at 3 MP: with Sali-Cache's dequantized view (the code before
+    `packed_attention`) and attending its packed tiers per segment (now), run side by side."""
+    names = [("with the dequantized view", "speed_issue11_s6_3mp_before.json")]
+    names.append(("attending packed tiers per segment", "speed_issue11_s6_3mp_after.json"))
 
     def mib(n: int) -> str:
         return f"{n / MIB:.1f}"
 
-    parts = []
-    for method, r in rows.items():
-        view = f" plus a {mib(r['dequant_bytes'])} dequantized view" if r.get("dequant_bytes") else ""
-        parts.append(
-            f"`{method}` ({r['kv_entries_layer0']:,} entries in layer 0) holds {mib(r['final_kv_bytes'])} of KV{view} "
-            f"in {mib(r['allocated_bytes'])} allocated, peak with transients {mib(r['peak_device_bytes'])}"
-        )
-    text = f'Memory, {d["size_mp"]:g} MP "after" (MiB): ' + "; ".join(parts) + "."
-    if "salicache" in rows and "full" in rows:
-        sc, full = rows["salicache"], rows["full"]
-        text += (
-            f" Sali-Cache allocates {sc['allocated_bytes'] / full['allocated_bytes']:.2f}× of full's, against "
-            f"{sc['final_kv_bytes'] / full['final_kv_bytes']:.2f}× without the dequantized view."
-        )
-    return "\n\n".join([text, source_line((name, d))])
+    paragraphs, sources = [], []
+    for label, name in names:
+        d = load(name, results)
+        sources.append((name, d))
+        rows = d["rows"]
+        parts = []
+        for method, r in rows.items():
+            view = f" plus a {mib(r['dequant_bytes'])} dequantized view" if r.get("dequant_bytes") else ""
+            parts.append(
+                f"`{method}` ({r['kv_entries_layer0']:,} entries in layer 0) holds {mib(r['final_kv_bytes'])} of KV"
+                f"{view} in {mib(r['allocated_bytes'])} allocated, peak with transients {mib(r['peak_device_bytes'])}"
+            )
+        text = f"Memory, {d['size_mp']:g} MP, {label} (MiB): " + "; ".join(parts) + "."
+        if "salicache" in rows and "full" in rows:
+            sc, full = rows["salicache"], rows["full"]
+            text += (
+                f" Sali-Cache allocates {sc['allocated_bytes'] / full['allocated_bytes']:.2f}× of full's and holds "
+                f"{sc['final_kv_bytes'] / full['final_kv_bytes']:.2f}× of its KV."
+            )
+        paragraphs.append(text)
+    return "\n\n".join([*paragraphs, source_line(*sources)])
 
 
 FAMILY_ALIASES = ("tiny-qwen3-vl", "tiny-llava-onevision", "tiny-internvl3.5")

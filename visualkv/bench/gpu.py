@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from visualkv import packed_attention
 from visualkv.bench import gpu_targets, provenance
 from visualkv.bench.gpu_targets import case_label, input_label
 from visualkv.bench.synthetic import image_media
@@ -182,8 +183,9 @@ class _Clock:
 
 def run_generate(adapter: ModelAdapter, media: Media, cfg: GpuBenchConfig) -> dict[str, Any]:
     """transformers' own processor + `generate` on the same media, device and dtype."""
-    with stock_vision_attention(adapter.visual) if hasattr(adapter, "visual") else contextlib.nullcontext():
-        return _run_generate(adapter, media, cfg)  # the vision tower as transformers ships it (no batched chunks)
+    vision = stock_vision_attention(adapter.visual) if hasattr(adapter, "visual") else contextlib.nullcontext()
+    with vision, packed_attention.stock(adapter.text_config):  # transformers' own towers and attention functions
+        return _run_generate(adapter, media, cfg)
 
 
 def _run_generate(adapter: ModelAdapter, media: Media, cfg: GpuBenchConfig) -> dict[str, Any]:

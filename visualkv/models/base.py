@@ -20,6 +20,7 @@ import torch
 from transformers.image_utils import SizeDict
 from transformers.video_utils import VideoMetadata
 
+from visualkv import packed_attention
 from visualkv.layout import VisualLayout, VisualUnit
 from visualkv.media import Media
 
@@ -124,7 +125,8 @@ class ModelAdapter:
 
     @property
     def attn_implementation(self) -> str:
-        return self.text_config._attn_implementation or "sdpa"
+        """The decoder's attention kernel ("sdpa", "eager", ...), also once `packed_attention` wraps it."""
+        return packed_attention.base_implementation(self.text_config._attn_implementation)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """(q,) ids -> (1, q, hidden)."""

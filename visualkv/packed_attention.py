@@ -1,0 +1,161 @@
+"""Attention over a layer's full-precision entries plus its packed INT8 / INT4 segments, without keeping a
+dequantized copy of them.
+
+A `CompressibleLayer.update` returns only the full-precision K/V (views of its buffers, no copy) and
+`announce`s the packed segments the attention call about to read them must add. That call is transformers'
+own attention function, wrapped: the model's text config names `visualkv_sdpa` / `visualkv_eager` (registered
+here with transformers' `AttentionInterface` and `AttentionMaskInterface`, `install`), which delegate to
+`sdpa` / the model's eager function unchanged unless the keys they receive were announced. For announced keys:
+
+- one query token (a decode step): the segments are dequantized for this call, and the scores over
+  [segments | full-precision window] are one softmax; each part's values are multiplied by its share of
+  the probabilities, so nothing of the cache is copied (the mask, if any, covers the window only);
+- several query tokens (a prefill block after packed ones): the dequantized segments and the block's K/V are
+  concatenated for this call (one copy per layer per block, as a quantized block already makes) and the
+  wrapped function runs as usual; the engine's mask already spans every entry before the block.
+
+Either way the dequantized segments live for one layer's attention only, so the device holds the packed
+bytes plus one layer's transient, never a full-precision copy of every packed tier. Announcements are kept
+per thread (the app serves chats from threads) and match the exact key tensor returned by `update`, so an
+attention call that reads any other keys (transformers' own forward, another model) is untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+
+from visualkv.quant import dequantize
+
+#: the wrapped name of each implementation that takes an explicit mask (flash attention is left alone)
+WRAPPED = {"sdpa": "visualkv_sdpa", "eager": "visualkv_eager"}
+_BASE = {wrapped: base for base, wrapped in WRAPPED.items()}
+_pending = threading.local()  # .keys: the key tensor announced last in this thread; .segments: its segments
+
+
+def announce(keys: torch.Tensor, segments: list) -> None:
+    """Tell the next attention call in this thread that reads `keys` to add `segments` (QuantSegments)."""
+    _pending.keys, _pending.segments = keys, segments
+
+
+def _take(keys: torch.Tensor) -> list | None:
+    if getattr(_pending, "keys", None) is keys:
+        segments = _pending.segments
+        _pending.keys = _pending.segments = None
+        return segments
+    return None
+
+
+def base_implementation(name: str | None) -> str:
+    """The implementation a wrapped name stands for ("visualkv_sdpa" -> "sdpa"); other names unchanged."""
+    return _BASE.get(name or "sdpa", name or "sdpa")
+
+
+def install(text_config: Any) -> None:
+    """Route a model's decoder attention through the wrappers (sdpa and eager; other kernels unchanged)."""
+    name = text_config._attn_implementation or "sdpa"
+    if name in WRAPPED:
+        text_config._attn_implementation = WRAPPED[name]
+
+
+def installed(text_config: Any) -> bool:
+    """Whether the model's decoder attention adds announced packed segments (sdpa and eager do, once installed;
+    flash attention takes no explicit mask and is not wrapped)."""
+    return text_config._attn_implementation in _BASE
+
+
+@contextlib.contextmanager
+def stock(text_config: Any) -> Iterator[None]:
+    """transformers' own attention function for the duration (the `bench gpu` reference runs it unwrapped)."""
+    name = text_config._attn_implementation
+    text_config._attn_implementation = base_implementation(name)
+    try:
+        yield
+    finally:
+        text_config._attn_implementation = name
+
+
+def _base_function(name: str, module: torch.nn.Module):
+    if name == "sdpa":
+        return ALL_ATTENTION_FUNCTIONS["sdpa"]
+    # eager attention is a function of each model's own file (transformers passes it as the default)
+    return sys.modules[type(module).__module__].eager_attention_forward
+
+
+def _wrapper(base: str):
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        segments = _take(key)
+        fn = _base_function(base, module)
+        if not segments:
+            return fn(module, query, key, value, attention_mask, **kwargs)
+        parts = [(dequantize(s.keys), dequantize(s.values)) for s in segments]  # this call's transient
+        if query.shape[2] == 1:
+            return _one_query(query, key, value, attention_mask, parts, kwargs.get("scaling"))
+        keys = torch.cat([k for k, _ in parts] + [key], dim=2)
+        values = torch.cat([v for _, v in parts] + [value], dim=2)
+        mask = _widened(attention_mask, keys.shape[2], query, additive=base == "eager")
+        return fn(module, query, keys, values, mask, **kwargs)
+
+    attention.__name__ = f"visualkv_{base}_attention"
+    return attention
+
+
+def _widened(mask: torch.Tensor | None, width: int, query: torch.Tensor, additive: bool) -> torch.Tensor:
+    """The mask for q queries over `width` entries, the last q of them the queries' own: a given mask over the
+    last entries is widened on the left with visible columns (the packed entries are older than every query);
+    none means causal among the queries (the kernels' own causal flag would align it to the first entry)."""
+    if mask is None:
+        q, device = query.shape[2], query.device
+        allowed = torch.ones((q, width), dtype=torch.bool, device=device)
+        allowed[:, width - q :] = torch.ones((q, q), dtype=torch.bool, device=device).tril()
+        mask = allowed[None, None]
+        if additive:
+            mask = torch.zeros(mask.shape, dtype=query.dtype, device=device).masked_fill(
+                ~mask, torch.finfo(query.dtype).min
+            )
+        return mask
+    if mask.shape[-1] == width:
+        return mask
+    pad = width - mask.shape[-1]
+    visible = torch.ones if mask.dtype == torch.bool else torch.zeros
+    return torch.cat([visible((*mask.shape[:-1], pad), dtype=mask.dtype, device=mask.device), mask], dim=-1)
+
+
+def _one_query(query, key, value, mask, parts, scaling: float | None):
+    """Attention of one query token over [packed parts | key], one softmax, no copy of the cache.
+
+    query (b, H, 1, d); key / value (b, Hkv, n, d); parts [(k, v)] of (b, Hkv, m, d); mask None or
+    (1 or b, 1, 1, >= n) over the last n entries. Returns ((b, 1, H, d), None) like transformers' functions.
+    """
+    b, heads, _, d = query.shape
+    kv_heads = key.shape[1]
+    group = heads // kv_heads
+    grouped = query.reshape(b, kv_heads, group, d)  # query head h reads KV head h // group (repeat_kv's order)
+    scale = scaling if scaling is not None else d**-0.5
+    pairs = [*parts, (key, value)]
+    scores = [torch.matmul(grouped, k.transpose(-1, -2)).float() * scale for k, _ in pairs]  # (b, Hkv, g, m)
+    if mask is not None:
+        window = mask[..., -key.shape[2] :].reshape(mask.shape[0], 1, 1, -1)
+        if window.dtype == torch.bool:
+            scores[-1] = scores[-1].masked_fill(~window, float("-inf"))
+        else:
+            scores[-1] = scores[-1] + window.float()
+    probs = torch.softmax(torch.cat(scores, dim=-1), dim=-1).to(value.dtype)
+    out, start = None, 0
+    for k, v in pairs:  # each part's values times its share of the probabilities, summed in float32
+        share = torch.matmul(probs[..., start : start + k.shape[2]], v).float()
+        out = share if out is None else out + share
+        start += k.shape[2]
+    return out.to(value.dtype).reshape(b, heads, 1, d).transpose(1, 2).contiguous(), None
+
+
+for _base, _name in WRAPPED.items():
+    AttentionInterface.register(_name, _wrapper(_base))
+    AttentionMaskInterface.register(_name, ALL_MASK_ATTENTION_FUNCTIONS[_base])
