@@ -7,9 +7,10 @@ import itertools
 import pytest
 import torch
 
+from visualkv import packed_attention
 from visualkv.cache import TIER_FULL, TIER_INT4, TIER_INT8, CompressibleCache
 from visualkv.layout import VisualUnit, plan_blocks
-from visualkv.quant import QuantSpec, packed_bytes_per_token
+from visualkv.quant import QuantSpec, dequantize, packed_bytes_per_token
 from visualkv.scoring import keydiff_scores, snapkv_scores
 
 
@@ -111,13 +112,14 @@ def test_cache_tiers_are_packed_and_counted_exactly():
     )
     assert layer.kv_bytes() == expected
     assert layer.tier_counts() == {TIER_FULL: 4, TIER_INT8: 4, TIER_INT4: 4}  # summed over 2 heads
-    # next block: old quantized entries are dequantized just in time, then dropped
+    # next block: the full-precision entries are returned, the packed ones announced to the attention call
     cache.pending_tiers = None
     cache.pending_token_index = torch.tensor([6])
     keys2, _ = cache.update(torch.randn(b, h, 1, d), torch.randn(b, h, 1, d), 0)
-    assert keys2.shape[2] == 7 and layer.kv_bytes() == expected + 2 * h * d * 4
-    int8_rows = keys2[0, :, :2]  # quantized segments come first (INT8 then INT4)
-    assert torch.allclose(int8_rows, k[0, :, [1, 3]], atol=0.05)
+    assert keys2.shape[2] == 3 and layer.kv_bytes() == expected + 2 * h * d * 4
+    segments = packed_attention._take(keys2)  # what the attention call reading keys2 adds (INT8, then INT4)
+    assert [s.token_index[0, 0].tolist() for s in segments] == [[1, 3], [2, 5]]
+    assert torch.allclose(dequantize(segments[0].keys)[0], k[0, :, [1, 3]], atol=0.05)
     assert cache.peak_kv_bytes == cache.kv_bytes()
 
 
