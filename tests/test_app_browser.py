@@ -192,10 +192,12 @@ def send(pg, question: str, path=None, expect_error: bool = False) -> None:
             f"(stale) => {{ const t = {ERROR_JS}; return t && t !== stale; }}", arg=stale, timeout=TURN_TIMEOUT_MS
         )
         return
+    # done, or a new error line: a turn that fails says why at once instead of running into the time limit
     pg.wait_for_function(
-        "(n) => document.querySelectorAll('#vkv-chat [data-testid=\"bot\"]').length === n + 1 && "
-        "document.querySelector('#vkv-progress').innerText.startsWith('done')",
-        arg=n_before,
+        f"([n, stale]) => (document.querySelectorAll('#vkv-chat [data-testid=\"bot\"]').length === n + 1 && "
+        f"document.querySelector('#vkv-progress').innerText.startsWith('done')) || "
+        f"(({ERROR_JS}) && ({ERROR_JS}) !== stale)",
+        arg=[n_before, stale],
         timeout=TURN_TIMEOUT_MS,
     )
     assert not error_text(pg), error_text(pg)

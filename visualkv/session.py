@@ -311,7 +311,9 @@ class ChatSession:
                     self._pending = token
                     break
                 if step == 0:  # built after the first token: its time counts in decoding, not in TTFT
+                    t_setup = time.perf_counter()
                     decoder = self._static_decoder(record, self.config.max_new_tokens - 1)
+                    record.decode_setup_seconds = time.perf_counter() - t_setup
                 ids = torch.tensor([token])
                 if decoder is not None:
                     logits = decoder.step(token)

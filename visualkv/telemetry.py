@@ -80,6 +80,9 @@ class TurnRecord:
     stopped: str = ""  # "eos", "max_new_tokens" or "stopped"
     cuda_peak_bytes: int | None = None  # CUDA peak of this turn (reset when the turn starts); None without CUDA
     decode_mode: str = ""  # "graph", "static" or "eager" (visualkv.static_decode); "" when one token was made
+    # seconds spent building the fixed-shape decoder (a CUDA graph's warm-up and capture) after the first token:
+    # inside decode_tokens_per_second, which is what a user waits for; apart here to show the steady rate
+    decode_setup_seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
