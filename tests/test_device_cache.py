@@ -204,3 +204,17 @@ def test_packed_tiers_under_eager_attention_match_sdpa():
         logits.append(torch.stack(seen))
     assert eager.attn_implementation == "eager" and eager.text_config._attn_implementation == "visualkv_eager"
     assert torch.allclose(logits[0], logits[1], atol=1e-4), (logits[0] - logits[1]).abs().max()
+
+
+def test_tiers_under_an_unwrapped_attention_kernel_refuse_in_one_line(monkeypatch):
+    """Flash attention takes no explicit mask and is not wrapped: a tiered method says so before any layer runs,
+    and the session is left as it was."""
+    from visualkv.errors import ConfigError
+
+    adapter = get_adapter("tiny-qwen2.5-vl")
+    config = adapter.text_config
+    monkeypatch.setattr(config, "_attn_implementation_internal", "flash_attention_2")
+    session = ChatSession(adapter, SessionConfig(method="salicache", max_new_tokens=2))
+    with pytest.raises(ConfigError, match="need sdpa or eager attention") as err:
+        session.ask("What moves?", video_media(4, 224, 168, fps=1.0, seed=3))
+    assert "\n" not in str(err.value) and session.cache is None and not session.turns
