@@ -149,12 +149,28 @@ def dropdown_options(pg, elem: str) -> list[str]:
 
 
 def choose(pg, elem: str, value: str) -> None:
-    """Pick `value` in a gr.Dropdown."""
+    """Pick `value` in a gr.Dropdown through its option, and make sure it was picked.
+
+    Typing the value and pressing Enter is a race: the box shows the typed text at once, but Enter takes the
+    list's active option, which is still the previous value until Gradio has filtered the list (on a busy page
+    it had not: a turn then ran with the previous method). Only after the box loses focus does it show the value
+    really chosen."""
     box = pg.locator(f"{elem} input")
-    box.click()
-    box.fill(value)
-    box.press("Enter")
-    pg.wait_for_function("([e, v]) => document.querySelector(e + ' input').value === v", arg=[elem, value])
+    option = pg.locator(f'{elem} li[data-testid="dropdown-option"][aria-label="{value}"]')
+    for _ in range(3):
+        try:
+            box.click()
+            # the option takes the pick on mousedown; a real click waits for the open list to hold still, which
+            # it may not while the page scrolls it into view
+            option.dispatch_event("mousedown", timeout=5_000)
+            box.blur()
+            pg.wait_for_function(
+                "([e, v]) => document.querySelector(e + ' input').value === v", arg=[elem, value], timeout=5_000
+            )
+            return
+        except sync_api.TimeoutError:
+            continue
+    raise AssertionError(f"{elem}: could not pick {value!r} (it shows {box.input_value()!r})")
 
 
 def bot_messages(pg) -> list[str]:
