@@ -16,7 +16,7 @@ from visualkv.streaming import method_settings
 
 from . import text
 from .handlers import PREFILL_LABEL, READING_LABEL, STOPPING_LABEL, Handlers, stopping_html
-from .sharing import ServeOptions, release_on_close, release_state
+from .sharing import ServeOptions, limit_heap_arenas, release_on_close, release_state
 from .state import ModelCache, default_offline_model, is_offline_model
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -142,6 +142,7 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
     with gr.Blocks(title="VisualKV", analytics_enabled=False, delete_cache=(3600, 6 * 3600)) as demo:
         state = gr.State(None, time_to_live=4 * 3600, delete_callback=release_state)
         release_on_close(demo, state)  # a closed tab's cache is freed at once
+        limit_heap_arenas()  # ... and its memory goes back to the OS, not into one of many thread arenas
         gr.Markdown(text.INTRO)
         model_note = gr.Markdown(
             text.offline_note(model_name, is_offline_model(model_name), start_error),

@@ -48,6 +48,21 @@ def _trim_heap() -> None:
         pass
 
 
+M_ARENA_MAX = -8  # glibc's mallopt parameter
+
+
+def limit_heap_arenas(arenas: int = 2) -> None:
+    """Keep glibc's malloc to a few arenas. The app runs each turn in a thread of its own, and glibc gives threads
+    arenas of their own (up to 8 per core); the transients of a turn (a decode step's per-layer dequantization of
+    Sali-Cache's packed tiers, among others) then fragment many arenas, and a closed chat's memory stayed with the
+    process (measured: RSS 1.15x after 8 sessions closed, back within 1.10x with 2 arenas; tests/test_load.py)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(M_ARENA_MAX, arenas)
+    except (OSError, AttributeError):  # not glibc: its own allocator decides
+        pass
+
+
 def release_state(state) -> None:
     """Free one session's chat (cache, media, report); safe on None and on any other value."""
     release = getattr(state, "release", None)
