@@ -49,6 +49,8 @@ def test_block_wise_ttft_target_on_both_plans():
     assert by_case["blockwise-keydiff"].met is True and by_case["blockwise-keydiff"].measured == pytest.approx(1.09)
     assert by_case["blockwise-keydiff (blockwise forced)"].met is False  # 1.11x
     assert by_case["blockwise-snapkv (not run)"].met is None  # not measured, never met
+    (peak,) = _verdicts(_result(rows), "peak <= 1/5", case="blockwise-snapkv (not run)")
+    assert peak.met is None and peak.measured is None
 
 
 def test_memory_targets_read_the_cuda_peak_and_are_not_measured_without_it():

@@ -39,13 +39,17 @@ class ServeOptions:
     max_upload_bytes: int = 200 * 1024**2  # Gradio's upload limit and MediaLimits.max_file_bytes (`--max-upload`)
 
 
+def _glibc(call: str, *args: int) -> None:
+    """Call a glibc malloc function; elsewhere (another libc) its own allocator decides and nothing happens."""
+    try:
+        getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), call)(*args)
+    except (OSError, AttributeError):
+        pass
+
+
 def _trim_heap() -> None:
     """Return freed heap pages to the OS (glibc keeps them otherwise), so RSS reflects what is held."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to trim
-        pass
+    _glibc("malloc_trim", 0)
 
 
 M_ARENA_MAX = -8  # glibc's mallopt parameter
@@ -56,11 +60,7 @@ def limit_heap_arenas(arenas: int = 2) -> None:
     arenas of their own (up to 8 per core); the transients of a turn (a decode step's per-layer dequantization of
     Sali-Cache's packed tiers, among others) then fragment many arenas, and a closed chat's memory stayed with the
     process (measured: RSS 1.15x after 8 sessions closed, back within 1.10x with 2 arenas; tests/test_load.py)."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt(M_ARENA_MAX, arenas)
-    except (OSError, AttributeError):  # not glibc: its own allocator decides
-        pass
+    _glibc("mallopt", M_ARENA_MAX, arenas)
 
 
 def release_state(state) -> None:

@@ -631,8 +631,10 @@ def table_speed_issue11(results: Path) -> str:
 def table_speed_issue11_memory(results: Path) -> str:
     """What each method holds and allocates at 3 MP: with Sali-Cache's dequantized view (the code before
     `packed_attention`) and attending its packed tiers per segment (now), run side by side."""
-    names = [("with the dequantized view", "speed_issue11_s6_3mp_before.json")]
-    names.append(("attending packed tiers per segment", "speed_issue11_s6_3mp_after.json"))
+    names = [
+        ("with the dequantized view", "speed_issue11_s6_3mp_before.json"),
+        ("attending packed tiers per segment", "speed_issue11_s6_3mp_after.json"),
+    ]
 
     def mib(n: int) -> str:
         return f"{n / MIB:.1f}"

@@ -47,7 +47,7 @@ import torch
 
 from visualkv import packed_attention
 from visualkv.bench import gpu_targets, provenance
-from visualkv.bench.gpu_targets import case_label, input_label
+from visualkv.bench.gpu_targets import case_label, input_label, measured
 from visualkv.bench.synthetic import image_media
 from visualkv.errors import MediaError
 from visualkv.media import FrameSampling, Media, MediaLimits, load_media
@@ -326,8 +326,7 @@ def cases(cfg: GpuBenchConfig) -> list[Case]:
     return out
 
 
-def run_case(adapter: ModelAdapter, media: Media, case: Case | str, cfg: GpuBenchConfig) -> dict[str, Any]:
-    case = Case(case) if isinstance(case, str) else case
+def run_case(adapter: ModelAdapter, media: Media, case: Case, cfg: GpuBenchConfig) -> dict[str, Any]:
     if case.method == REFERENCE:
         return run_generate(adapter, media, cfg)
     return run_method(adapter, media, case.method, cfg, prefill=case.forced_prefill)
@@ -408,22 +407,18 @@ def _transformers_version() -> str:
 
 def _add_ratios(rows: list[dict[str, Any]]) -> None:
     """Each case's figures over the reference's on the same input (refused and failed rows have none)."""
-    ref = next((r for r in rows if r["method"] == REFERENCE and _measured(r)), None)
+    ref = next((r for r in rows if r["method"] == REFERENCE and measured(r)), None)
     visual = next((r.get("visual_tokens") for r in rows if r.get("visual_tokens")), None)
     for row in rows:
         if not row.get("visual_tokens"):
             row["visual_tokens"] = visual
-        if ref is None or not _measured(row):
+        if ref is None or not measured(row):
             continue
         ratios = {}
         for key in ("ttft_seconds", "decode_tokens_per_second", "peak_over_weights_bytes", "cache_peak_bytes"):
             a, b = row.get(key), ref.get(key)
             ratios[key] = a / b if a is not None and b else None
         row["vs_generate"] = ratios
-
-
-def _measured(row: dict[str, Any]) -> bool:
-    return "error" not in row and "refused" not in row
 
 
 def _line(row: dict[str, Any]) -> str:
@@ -484,7 +479,7 @@ def save(result: dict[str, Any], out: str, prov: dict[str, Any] | None = None, c
         from plotly.subplots import make_subplots
     except ImportError:
         return paths  # the GPU box has no plotly: JSON + table only
-    ok = [r for r in result["cases"] if _measured(r)]
+    ok = [r for r in result["cases"] if measured(r)]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("CUDA peak over weights (MiB; cache peak on CPU)", "TTFT (s)"))
     for kind in dict.fromkeys(input_label(r) for r in ok):
         rows = [r for r in ok if input_label(r) == kind]

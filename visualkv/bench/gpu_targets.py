@@ -59,12 +59,13 @@ def case_label(row: dict[str, Any]) -> str:
     return row.get("case", row["method"])
 
 
-def _ok(row: dict[str, Any] | None) -> bool:
+def measured(row: dict[str, Any] | None) -> bool:
+    """A row with figures (not missing, refused or failed)."""
     return row is not None and "error" not in row and "refused" not in row
 
 
 def _ratio(row: dict[str, Any] | None, key: str) -> float | None:
-    return (row.get("vs_generate") or {}).get(key) if _ok(row) else None
+    return (row.get("vs_generate") or {}).get(key) if measured(row) else None
 
 
 def _at_most(value: float | None, limit: float) -> bool | None:
@@ -86,7 +87,7 @@ def _find(rows: list[dict[str, Any]], method: str, forced: bool = False) -> dict
 
 def _peak_over(a: dict[str, Any] | None, b: dict[str, Any] | None) -> float | None:
     """a's CUDA peak over the weights divided by b's (None without both)."""
-    if not (_ok(a) and _ok(b)) or a["peak_over_weights_bytes"] is None or not b["peak_over_weights_bytes"]:
+    if not (measured(a) and measured(b)) or a["peak_over_weights_bytes"] is None or not b["peak_over_weights_bytes"]:
         return None
     return a["peak_over_weights_bytes"] / b["peak_over_weights_bytes"]
 
@@ -104,11 +105,11 @@ def _input_verdicts(label: str, rows: list[dict[str, Any]], hour: bool) -> Itera
     if hour:  # issue 14: past every frame cap, only the bounded methods run; no reference to divide by
         for method in HOUR_METHODS:
             row = _find(rows, method)
-            peak = row["peak_over_weights_bytes"] / GIB if _ok(row) and row["peak_over_weights_bytes"] else None
+            peak = row["peak_over_weights_bytes"] / GIB if measured(row) and row["peak_over_weights_bytes"] else None
             yield v(
                 14, "CUDA peak over weights <= 1 GiB on an hour", row, peak, 1.0, _at_most(peak, 1.0), "GiB", method
             )
-            per_hour = row.get("ttft_seconds_per_hour") if _ok(row) else None
+            per_hour = row.get("ttft_seconds_per_hour") if measured(row) else None
             yield v(14, "TTFT per hour of video (recorded)", row, per_hour, None, None, "s/h", method)
         return
     for method in BLOCKWISE:
@@ -121,16 +122,15 @@ def _input_verdicts(label: str, rows: list[dict[str, Any]], hour: bool) -> Itera
         row = _find(rows, method)
         limit = 1 / 50 if video else 1 / 5
         share = _peak_over(row, full)
-        yield v(
-            11, f"block-wise CUDA peak <= 1/{round(1 / limit)} of full's", row, share, limit, _at_most(share, limit)
-        )
+        target = f"block-wise CUDA peak <= 1/{round(1 / limit)} of full's"
+        yield v(11, target, row, share, limit, _at_most(share, limit), method=method)
     for row in rows:
         if row["method"] in (REFERENCE, "full") or "forced_prefill" in row:
             continue
         ratio = _ratio(row, "decode_tokens_per_second")
         yield v(11, "decode tok/s >= 2x generate after compression", row, ratio, 2.0, _at_least(ratio, 2.0))
         vs_full = None
-        if _ok(row) and _ok(full) and full["decode_tokens_per_second"]:
+        if measured(row) and measured(full) and full["decode_tokens_per_second"]:
             vs_full = row["decode_tokens_per_second"] / full["decode_tokens_per_second"]
         yield v(11, "decode tok/s >= full's", row, vs_full, 1.0, _at_least(vs_full, 1.0))
     sali = _find(rows, "salicache")
@@ -207,7 +207,7 @@ def markdown(result: dict[str, Any], verdicts: list[Verdict] | None = None) -> s
 def _bandwidth_lines(result: dict[str, Any]) -> list[str]:
     parts = []
     for row in result["cases"]:
-        if not _ok(row) or not row.get("decode_tokens_per_second"):
+        if not measured(row) or not row.get("decode_tokens_per_second"):
             continue
         share = bandwidth_fraction(result, row["decode_tokens_per_second"])
         if share is not None:
