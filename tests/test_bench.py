@@ -204,3 +204,24 @@ def test_op_counter_tells_kernels_from_views_and_counts_host_reads():
     assert torch.equal(out, inner(x))  # counting leaves the module's output alone
     inner(x)  # the hooks are gone after the block
     assert not inner._forward_hooks and not inner._forward_pre_hooks
+
+
+def test_op_counter_counts_the_bytes_kernels_read_and_write():
+    """bytes_moved: inputs and outputs of kernel-launching ops, a broadcast operand counted once, views free."""
+    import torch
+
+    from visualkv.bench.launches import OpCounter
+
+    a, row = torch.zeros(100, 8), torch.zeros(1, 8, dtype=torch.float64)
+    counter = OpCounter()
+    with counter:
+        a.view(8, 100).t()  # views: nothing moved
+        assert counter.bytes_moved == 0
+        a.expand(3, 100, 8) + 1  # reads 100 x 8 floats once (broadcast), writes 3 x 100 x 8
+        assert counter.bytes_moved == 100 * 8 * 4 + 3 * 100 * 8 * 4
+        before = counter.bytes_moved
+        a.to(torch.float64) + row  # a float64 copy of a (reads 3,200, writes 6,400), then the add
+        assert counter.bytes_moved - before == (3_200 + 6_400) + (6_400 + 64 + 6_400)
+        before = counter.bytes_moved
+        torch.empty(100, 8).copy_(a)  # allocating moves nothing; the copy reads a and writes its target once
+    assert counter.bytes_moved - before == 3_200 + 3_200

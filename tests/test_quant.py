@@ -204,3 +204,36 @@ def test_cuda_matches_cpu(bits: int) -> None:
     assert torch.equal(dequantize(p_gpu).cpu(), dequantize(p_cpu))
     sel = select_tokens(p_gpu, torch.zeros(2, 4, 3, dtype=torch.long, device="cuda"))
     assert sel.data.is_cuda
+
+
+@pytest.mark.parametrize("bits,group", [(8, 32), (8, 5), (4, 32), (4, 2)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_scaled_code_planes_are_the_codes_times_their_scale(bits: int, group: int, dtype: torch.dtype) -> None:
+    """Put back at their channels, the planes are (code - mid) * scale (INT4: low nibbles even channels, high odd),
+    in the packed tensor's dtype; adding each group's centred zero gives `dequantize` (rounded once more: one ulp)."""
+    from visualkv.quant import _unpack, centred_zero, scaled_code_planes
+
+    d = 40 if group == 5 else 32
+    x = torch.randn(2, 3, 7, d, generator=torch.Generator().manual_seed(bits)).to(dtype)
+    packed = quantize(x, QuantSpec(bits, group))
+    planes = scaled_code_planes(packed)
+    assert len(planes) == (1 if bits == 8 else 2)
+    rebuilt = torch.full((2, 3, 7, d), float("nan"), dtype=dtype)
+    for plane in planes:
+        assert plane.values.dtype == dtype
+        rebuilt[..., plane.channels] = plane.values
+    scales = packed.scale.repeat_interleave(group, dim=-1)
+    mid = 1 << (bits - 1)
+    assert torch.equal(rebuilt, ((_unpack(packed).int() - mid).to(dtype) * scales))
+    with_zero = rebuilt.float() + centred_zero(packed).repeat_interleave(group, dim=-1)
+    ulp = {torch.float32: 1e-6, torch.bfloat16: 2e-2}[dtype]
+    assert torch.allclose(with_zero, dequantize(packed).float(), atol=ulp * x.abs().max().item())
+
+
+def test_code_planes_refuse_an_int4_group_of_odd_size() -> None:
+    from visualkv.quant import code_planes_possible, scaled_code_planes
+
+    packed = quantize(torch.randn(1, 4, 6), QuantSpec(4, 3))
+    assert not code_planes_possible(packed) and code_planes_possible(quantize(torch.randn(1, 4, 6), QuantSpec(8, 3)))
+    with pytest.raises(ValueError, match="do not split into planes"):
+        scaled_code_planes(packed)

@@ -24,16 +24,17 @@ Byte accounting (all exact, from tensor shapes):
   included): what the device holds.
 - `peak_device_bytes`: high-water mark of allocated bytes plus the transient
   working memory of a step (buffer growth, the gathers and scores of an
-  eviction, the concatenation of a quantized block, one layer's dequantized
-  packed tiers, the grouped-query expansion of attention), noted by whoever
-  allocates it via `note_working`.
+  eviction, the concatenation of a quantized block, what one layer's attention
+  derives from its packed tiers, the grouped-query expansion of attention),
+  noted by whoever allocates it via `note_working`.
 Bookkeeping (`token_index`, int32) is reported separately as `index_bytes()`.
 
 Packed tiers are attended per segment (`visualkv.packed_attention`): a layer's
 `update` returns only its full-precision entries and tells the attention call
-that follows which packed segments it must add; that call dequantizes them for
-itself and drops them, so no full-precision copy of a packed tier is ever kept
-(the device holds what `kv_bytes()` says, plus free capacity).
+that follows which packed segments it must add; that call reads them for itself
+(a decode step on their codes, a prefill block dequantized) and drops what it
+derived, so no full-precision copy of a packed tier is ever kept (the device
+holds what `kv_bytes()` says, plus free capacity).
 """
 
 from __future__ import annotations
@@ -173,6 +174,7 @@ class CompressibleLayer(CacheLayerMixin):
         self.visual_entries = 0  # visual entries held per head (host int, kept by the engine and eviction)
         self.quant_specs: dict[int, QuantSpec] = {}
         self.working_bytes = 0  # transient bytes of the last operation (read by the cache's peak)
+        self.query_group = 1  # query heads per KV head (GQA): sizes a decode step's packed-attention transient
         super().__init__()
 
     # `keys` / `values` are views, not attributes: transformers' base class assigns None to them.
@@ -252,7 +254,7 @@ class CompressibleLayer(CacheLayerMixin):
         if tiers is None:
             # The common path (every decode step, every block without quantized tiers): write in place, read a view.
             self.working_bytes += self._rows.append([key_states, value_states, new_index], self.capacity_hint)
-            return self._announced(self._rows.view(0), self._rows.view(1), packed)
+            return self._announced(self._rows.view(0), self._rows.view(1), packed, q)
         # A block with quantized tiers (Sali-Cache prefill): attend to [old entries, the whole block at full
         # precision], then store each tier (one concatenation per layer per such block; never while decoding).
         attend_k = torch.cat([self._rows.view(0), key_states], dim=-2)
@@ -265,36 +267,34 @@ class CompressibleLayer(CacheLayerMixin):
                 self.working_bytes += self._rows.append([k, v, idx], self.capacity_hint)
             else:
                 self._append_quant(tier, k, v, idx)
-        return self._announced(attend_k, attend_v, packed)
+        return self._announced(attend_k, attend_v, packed, q)
 
     def _packed_before_append(self) -> list[QuantSegment]:
         """The packed segments as they are now (views fixed to their current length: entries a block adds to a
         tier after this are not part of them, as the block attends to its own entries at full precision)."""
         return list(self.quant.values()) if self._stores else []
 
-    def _announced(self, keys: torch.Tensor, values: torch.Tensor, packed: list[QuantSegment], note: bool = True):
+    def _announced(self, keys: torch.Tensor, values: torch.Tensor, packed: list[QuantSegment], queries: int | None):
         """(keys, values), after telling the attention call about to read them which packed segments to add.
 
-        note: count the segments' dequantized bytes as this operation's working memory (fixed-shape decoding
-        notes its widest layer once instead, `StaticDecoder`)."""
+        queries: the new tokens that call attends for; its transient (`packed_attention.working_bytes`) counts as
+        this operation's working memory. None: not counted here (fixed-shape decoding notes its widest layer once,
+        `StaticDecoder`)."""
         if packed:
             packed_attention.announce(keys, packed)
-            if note:  # the attention call dequantizes them for itself: transient, one layer at a time
-                self.working_bytes += self.dequantize_working_bytes(sum(s.token_index.shape[-1] for s in packed))
+            if queries is not None:  # the attention call reads them for itself: transient, one layer at a time
+                self.working_bytes += packed_attention.working_bytes(
+                    packed, queries, self.query_group, keys.nbytes + values.nbytes
+                )
         return keys, values
 
-    def dequantize_working_bytes(self, entries: int | None = None) -> int:
-        """What an attention call holds while it dequantizes `entries` packed entries (default: all of this
-        layer's): the dequantized K and V, plus `quant.dequantize`'s intermediates for the one it dequantizes
-        last (float32 codes and result, 8 bytes, and the unpacked codes, 1 byte, per element)."""
-        out = self.dequantized_bytes(entries)
-        return out + out // 2 // self.dtype.itemsize * 9 if out else 0
-
-    def dequantized_bytes(self, entries: int | None = None) -> int:
-        """Bytes of `entries` packed entries (default: all of this layer's) once dequantized."""
-        if entries is None:
-            entries = sum(s.rows.n for s in self._stores.values())
-        return entries * self._entry_bytes()
+    def packed_working_bytes(self, queries: int = 1) -> int:
+        """What the attention call of `queries` new tokens holds while it adds this layer's packed tiers (see
+        `packed_attention.working_bytes`; one query: a decode step, read on the codes)."""
+        if not self._stores:
+            return 0
+        window = self._entry_bytes() * (self._rows.n + queries)
+        return packed_attention.working_bytes(self._packed_before_append(), queries, self.query_group, window)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.get_seq_length() + query_length, 0
@@ -357,7 +357,7 @@ class CompressibleLayer(CacheLayerMixin):
         values.index_copy_(2, slot, value_states)
         index.index_copy_(2, slot, token_index.to(torch.int32).view(1, 1, 1).expand(*index.shape[:2], 1))
         # the packed tiers do not change while an answer decodes: the same segments every step
-        return self._announced(keys[:, :, :window], values[:, :, :window], self._packed_before_append(), note=False)
+        return self._announced(keys[:, :, :window], values[:, :, :window], self._packed_before_append(), None)
 
     def commit_slots(self, n: int) -> None:
         """Count `n` entries written by `write_slot` as held (they follow the held ones, in order)."""
@@ -458,13 +458,14 @@ class CompressibleCache(Cache):
     `peak_kv_bytes` and `peak_device_bytes`.
     """
 
-    def __init__(self, num_layers: int, headroom: int = 0) -> None:
+    def __init__(self, num_layers: int, headroom: int = 0, query_group: int = 1) -> None:
         """headroom: entries to allocate beyond the prefill (e.g. the answer's tokens), so decoding appends
-        in place without growing a buffer."""
+        in place without growing a buffer. query_group: the model's query heads per KV head (sizes the
+        transient of attention over packed tiers, `packed_attention.working_bytes`)."""
         super().__init__(layers=[CompressibleLayer() for _ in range(num_layers)])
         self.headroom = headroom
         for layer in self.layers:
-            layer.headroom = headroom
+            layer.headroom, layer.query_group = headroom, query_group
         self.pending_token_index: torch.Tensor | None = None
         self.pending_tiers: dict[int, torch.Tensor] | None = None
         self.pending_visual = 0  # visual tokens among the pending ones (host int)

@@ -179,7 +179,7 @@ class ChatSession:
             media_limits(self.config.method).check_frame_count(media.num_frames, media.path or "the video", fps)
         prepared = self.adapter.prepare(media, prompt)
         self.guard.check(self.adapter, prepared, self.config)
-        cache = CompressibleCache(self.adapter.num_layers, headroom=self.config.max_new_tokens + 1)
+        cache = self._new_cache()
         try:
             result = self.engine.prefill(
                 prepared,
@@ -199,6 +199,12 @@ class ChatSession:
         self._next_position = prepared.next_position
         return result.logits
 
+    def _new_cache(self) -> CompressibleCache:
+        """An empty cache for this model, with room for the answer (decoding never grows a buffer)."""
+        return CompressibleCache(
+            self.adapter.num_layers, headroom=self.config.max_new_tokens + 1, query_group=self.adapter.query_group
+        )
+
     def _fresh_method(self):
         return make_method(self.config.method, **self.config.method_options)
 
@@ -216,7 +222,7 @@ class ChatSession:
     def _reprefill(self, prompt: str, ids: torch.Tensor, on_block, should_stop=None) -> torch.Tensor:
         """Rebuild the media cache with `prompt` as the proxy question, replay the history."""
         self.guard.check(self.adapter, self.prepared, self.config)
-        cache = CompressibleCache(self.adapter.num_layers, headroom=self.config.max_new_tokens + 1)
+        cache = self._new_cache()
         method = self._fresh_method()  # swapped in only when the whole rebuild succeeded
         method.proxy_ids = torch.tensor(self.adapter.tokenizer(prompt, add_special_tokens=False)["input_ids"])
         self.blocks = []

@@ -111,6 +111,11 @@ class ModelAdapter:
         return self.text_config.num_key_value_heads
 
     @property
+    def query_group(self) -> int:
+        """Query heads per KV head (grouped-query attention)."""
+        return self.text_config.num_attention_heads // self.num_kv_heads
+
+    @property
     def head_dim(self) -> int:
         cfg = self.text_config
         return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
