@@ -1,19 +1,25 @@
-"""Sali-Cache's decode step over its packed tiers: read on the codes (now) vs dequantized (before), beside `full`.
+"""Sali-Cache's decode step over its packed tiers: dequantized in the model dtype (now) vs through float32
+(before), beside `full`.
 
 Usage: python scripts/packed_decode.py OUT.json [--shape shape-qwen2.5-vl-7b] [--visual-tokens 10549]
   [--text-tokens 30] [--repeats 15] [--dtypes float32,bfloat16]
 
-One decoder layer's attention for one new token (`packed_attention.one_query`, what a decode step runs per layer),
+One decoder layer's attention for one new token (the packed segments dequantized, then `packed_attention._one_query`:
+what a decode step runs per layer),
 at the shape's attention dimensions (Qwen2.5-VL-7B: 4 KV heads, 7 query heads each, head_dim 128), over the
 entries Sali-Cache keeps of an image of `--visual-tokens` visual tokens (10,549: a 4K image on Qwen2.5-VL) under
 its default tiers (43 % full precision, 10 % INT8, 29 % INT4, the rest pruned; group size 32), plus the prompt's
 text at full precision. Three cases, in one process on the same random entries:
 - `full`: every token at full precision (what the uncompressed cache reads);
-- `salicache, dequantized`: each packed segment dequantized for the call (how decode steps read them before);
-- `salicache, on the codes`: the packed tiers read on their codes (`packed_attention.Part.of`).
+- `salicache, float32 dequantize`: each packed segment dequantized through float32 codes, product and sum,
+  then cast, and attended as a part of its own (the code before this benchmark; `dequantize_through_float32`);
+- `salicache`: what a decode step runs now: every segment dequantized by one `addcmul` per tensor (codes read
+  as they are, rounded once, no float32 copy) into one buffer, attended as one part (`packed_attention.dequantized`).
 Per case: the bytes its kernels read and write (`OpCounter.bytes_moved`: the traffic of a memory-bound GPU
 step), kernel launches, CPU ms per layer (median over interleaved repeats, one torch thread) and the largest
-difference from float32 attention over the exact quantized values. Per token: x the shape's layers, beside the
+difference from float32 attention over the exact quantized values. A GPU step of this size is bound by its
+kernel count at least as much as by its bytes (a few microseconds per kernel, ~0.03 ms per 100 MB at an H200's
+bandwidth): both are recorded. Per token: x the shape's layers, beside the
 bytes of the decoder weights every decode step reads (`weights_bytes`, bfloat16). Counts depend on the shapes
 only; the CPU time is this machine's, not a GPU's.
 """
@@ -33,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from visualkv import packed_attention
 from visualkv.bench.launches import OpCounter
 from visualkv.cache import QuantSegment
-from visualkv.quant import QuantSpec, _unpack, quantize
+from visualkv.quant import PackedTensor, QuantSpec, _unpack, quantize
 from visualkv.saliency import TierSpec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -68,11 +74,17 @@ def _tier_counts(visual: int) -> dict[str, int]:
     return {"full": full, "int8": int8, "int4": int4, "pruned": visual - full - int8 - int4}
 
 
-def _exact(p) -> torch.Tensor:
+def _exact(p: PackedTensor) -> torch.Tensor:
     """The quantized values in float32 (codes x scale + zero, not rounded to the model dtype)."""
     size = p.spec.group_size
-    codes = _unpack(p).float().view(*p.shape[:-1], p.shape[-1] // size, size)
-    return (codes * p.scale.float().unsqueeze(-1) + p.zero.float().unsqueeze(-1)).view(p.shape)
+    codes = _unpack(p).float().reshape(*p.shape[:-1], p.shape[-1] // size, size)
+    return (codes * p.scale.float().unsqueeze(-1) + p.zero.float().unsqueeze(-1)).reshape(p.shape)
+
+
+def dequantize_through_float32(p: PackedTensor) -> torch.Tensor:
+    """`quant.dequantize` as it was before: float32 codes, product and sum, then a cast (six kernels for INT8,
+    nine for INT4)."""
+    return _exact(p).to(p.dtype)
 
 
 def _cases(shape: dict[str, int], tiers: dict[str, int], text: int, dtype: torch.dtype, seed: int):
@@ -95,20 +107,22 @@ def _cases(shape: dict[str, int], tiers: dict[str, int], text: int, dtype: torch
     reference_v = torch.cat([*(_exact(s.values) for s in segments), window_v.float()], dim=2).repeat_interleave(g, 1)
     reference = torch.nn.functional.scaled_dot_product_attention(query.float(), reference_k, reference_v)
     reference = reference.transpose(1, 2)
-    return (
-        {
-            "full": lambda: packed_attention.one_query(query, full_k, full_v, None, [], None)[0],
-            "salicache, dequantized": lambda: packed_attention.one_query(
-                query, window_k, window_v, None, [packed_attention.Part.dequantized(s) for s in segments], None
-            )[0],
-            "salicache, on the codes": lambda: packed_attention.one_query(
-                query, window_k, window_v, None, [packed_attention.Part.of(s) for s in segments], None
-            )[0],
-        },
-        reference,
-        sum(s.keys.nbytes + s.values.nbytes for s in segments) + window_k.nbytes + window_v.nbytes,
-        full_k.nbytes + full_v.nbytes,
-    )
+
+    def before() -> torch.Tensor:  # each segment its own part, dequantized through float32
+        parts = [(dequantize_through_float32(s.keys), dequantize_through_float32(s.values)) for s in segments]
+        return packed_attention._one_query(query, window_k, window_v, None, parts, None)[0]
+
+    def now() -> torch.Tensor:  # what the wrapped attention runs for a decode step
+        parts = [packed_attention.dequantized(segments)]
+        return packed_attention._one_query(query, window_k, window_v, None, parts, None)[0]
+
+    cases = {
+        "full": lambda: packed_attention._one_query(query, full_k, full_v, None, [], None)[0],
+        "salicache, float32 dequantize": before,
+        "salicache": now,
+    }
+    held = sum(s.keys.nbytes + s.values.nbytes for s in segments) + window_k.nbytes + window_v.nbytes
+    return cases, reference, held, full_k.nbytes + full_v.nbytes
 
 
 def main() -> None:

@@ -224,4 +224,7 @@ def test_op_counter_counts_the_bytes_kernels_read_and_write():
         assert counter.bytes_moved - before == (3_200 + 6_400) + (6_400 + 64 + 6_400)
         before = counter.bytes_moved
         torch.empty(100, 8).copy_(a)  # allocating moves nothing; the copy reads a and writes its target once
-    assert counter.bytes_moved - before == 3_200 + 3_200
+        assert counter.bytes_moved - before == 3_200 + 3_200
+        before = counter.bytes_moved
+        torch.add(a, a, out=torch.empty(100, 8))  # reads a twice, writes `out` once
+    assert counter.bytes_moved - before == 3 * 3_200

@@ -24,17 +24,16 @@ Byte accounting (all exact, from tensor shapes):
   included): what the device holds.
 - `peak_device_bytes`: high-water mark of allocated bytes plus the transient
   working memory of a step (buffer growth, the gathers and scores of an
-  eviction, the concatenation of a quantized block, what one layer's attention
-  derives from its packed tiers, the grouped-query expansion of attention),
-  noted by whoever allocates it via `note_working`.
+  eviction, the concatenation of a quantized block, one layer's dequantized
+  packed tiers, the grouped-query expansion of attention), noted by whoever
+  allocates it via `note_working`.
 Bookkeeping (`token_index`, int32) is reported separately as `index_bytes()`.
 
 Packed tiers are attended per segment (`visualkv.packed_attention`): a layer's
 `update` returns only its full-precision entries and tells the attention call
-that follows which packed segments it must add; that call reads them for itself
-(a decode step on their codes, a prefill block dequantized) and drops what it
-derived, so no full-precision copy of a packed tier is ever kept (the device
-holds what `kv_bytes()` says, plus free capacity).
+that follows which packed segments it must add; that call dequantizes them for
+itself and drops them, so no full-precision copy of a packed tier is ever kept
+(the device holds what `kv_bytes()` says, plus free capacity).
 """
 
 from __future__ import annotations
@@ -283,17 +282,16 @@ class CompressibleLayer(CacheLayerMixin):
         if packed:
             packed_attention.announce(keys, packed)
             if queries is not None:  # the attention call reads them for itself: transient, one layer at a time
-                self.working_bytes += packed_attention.working_bytes(
-                    packed, queries, self.query_group, keys.nbytes + values.nbytes
-                )
+                self.working_bytes += packed_attention.working_bytes(packed, queries, self.query_group, keys.shape)
         return keys, values
 
     def packed_working_bytes(self, queries: int = 1) -> int:
         """What the attention call of `queries` new tokens holds while it adds this layer's packed tiers (see
-        `packed_attention.working_bytes`; one query: a decode step, read on the codes)."""
-        if not self._stores:
+        `packed_attention.working_bytes`; one query: a decode step)."""
+        if not self._stores or not self._rows.buffers:
             return 0
-        window = self._entry_bytes() * (self._rows.n + queries)
+        b, h, _, d = self._rows.buffers[0].shape
+        window = torch.Size((b, h, self._rows.n + queries, d))
         return packed_attention.working_bytes(self._packed_before_append(), queries, self.query_group, window)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:

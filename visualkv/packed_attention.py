@@ -7,20 +7,16 @@ own attention function, wrapped: the model's text config names `visualkv_sdpa` /
 here with transformers' `AttentionInterface` and `AttentionMaskInterface`, `install`), which delegate to
 `sdpa` / the model's eager function unchanged unless the keys they receive were announced. For announced keys:
 
-- one query token (a decode step): the segments are read on their codes, never dequantized. With k = (code -
-  mid) * scale + z per channel group, q . k is a matmul over the planes (code - mid) * scale (one conversion of
-  the packed bytes and one in-place multiply, in the model dtype) plus each group's z times the sum of the
-  query's channels in it, and p @ v likewise (`_coded_scores`, `_coded_values`). The scores over
-  [segments | full-precision window] are one softmax; each part's values are multiplied by its share of
-  the probabilities, so nothing of the cache is copied (the mask, if any, covers the window only). On a
-  Qwen2.5-VL-7B-shaped layer this moves about half the bytes dequantizing did (scripts/packed_decode.py);
-- several query tokens (a prefill block after packed ones): the segments are dequantized and concatenated with
-  the block's K/V for this call (one copy per layer per block, as a quantized block already makes) and the
+- one query token (a decode step): the segments are dequantized for this call (into one buffer), and the
+  scores over [segments | full-precision window] are one softmax; each part's values are multiplied by its share of
+  the probabilities, so nothing of the cache is copied (the mask, if any, covers the window only);
+- several query tokens (a prefill block after packed ones): the segments are dequantized into one buffer that
+  also receives the block's K/V (one copy per layer per block, as a quantized block already makes) and the
   wrapped function runs as usual; the engine's mask already spans every entry before the block.
 
-Either way what a call derives from the packed segments lives for that layer's attention only, so the device
-holds the packed bytes plus one layer's transient (`working_bytes`), never a full-precision copy of every
-packed tier. Announcements are kept
+Either way the dequantized segments live for one layer's attention only, so the device holds the packed
+bytes plus one layer's transient (`working_bytes`), never a full-precision copy of every packed tier.
+Dequantizing is one kernel for INT8 and four for INT4, in the model dtype (`quant.dequantize`). Announcements are kept
 per thread (the app serves chats from threads) and match the exact key tensor returned by `update`, so an
 attention call that reads any other keys (transformers' own forward, another model) is untouched.
 """
@@ -37,7 +33,7 @@ import torch
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
-from visualkv.quant import PackedTensor, centred_zero, code_planes_possible, dequantize, scaled_code_planes
+from visualkv.quant import dequantize
 
 #: the wrapped name of each implementation that takes an explicit mask (flash attention is left alone)
 WRAPPED = {"sdpa": "visualkv_sdpa", "eager": "visualkv_eager"}
@@ -100,12 +96,10 @@ def _wrapper(base: str):
         fn = _base_function(base, module)
         if not segments:
             return fn(module, query, key, value, attention_mask, **kwargs)
-        if query.shape[2] == 1:
-            parts = [Part.of(s) for s in segments]
-            return one_query(query, key, value, attention_mask, parts, kwargs.get("scaling"))
-        parts = [(dequantize(s.keys), dequantize(s.values)) for s in segments]  # this call's transient
-        keys = torch.cat([k for k, _ in parts] + [key], dim=2)
-        values = torch.cat([v for _, v in parts] + [value], dim=2)
+        if query.shape[2] == 1:  # every segment in one part beside the window: nothing of the cache is copied
+            part = dequantized(segments)  # this call's transient
+            return _one_query(query, key, value, attention_mask, [part], kwargs.get("scaling"))
+        keys, values = dequantized(segments, key, value)  # [segments | block], this call's transient
         mask = _widened(attention_mask, keys.shape[2], query, additive=base == "eager")
         return fn(module, query, keys, values, mask, **kwargs)
 
@@ -113,39 +107,56 @@ def _wrapper(base: str):
     return attention
 
 
-def working_bytes(segments: list, queries: int, query_group: int, window_bytes: int = 0) -> int:
-    """Transient bytes the attention call adding `segments` holds on top of the cache (from shapes, as the code
-    above allocates them; `window_bytes`: the full-precision K and V the call also reads).
+def dequantized(
+    segments: list, keys: torch.Tensor | None = None, values: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(K, V) of every segment dequantized, in segment order, each into one buffer (`quant.dequantize` writes in
+    place: no concatenation), followed by `keys` / `values` when given (a prefill block's own entries)."""
+    first = segments[0].keys
+    b, h, _, d = first.shape
+    sizes = [s.keys.shape[-2] for s in segments]
+    total = sum(sizes) + (keys.shape[2] if keys is not None else 0)
+    out_k, out_v = (torch.empty((b, h, total, d), dtype=first.dtype, device=first.device) for _ in range(2))
+    start = 0
+    for segment, size in zip(segments, sizes, strict=True):
+        dequantize(segment.keys, out=out_k[:, :, start : start + size])
+        dequantize(segment.values, out=out_v[:, :, start : start + size])
+        start += size
+    if keys is not None:
+        out_k[:, :, start:].copy_(keys)
+        out_v[:, :, start:].copy_(values)
+    return out_k, out_v
 
-    Several queries (a prefill block): every segment's dequantized K and V in the model dtype, their concatenation
-    with the window, and `quant.dequantize`'s intermediates for the segment dequantized last (float32 codes and
-    result, 8 bytes, and the unpacked codes, 1 byte, per element). One query (a decode step, `query_group` query
-    heads per KV head): the float32 scores, their concatenation and the probabilities over the packed entries, plus
-    the largest segment's transient while it is read: its scaled code planes in the model dtype (INT4: one uint8
-    nibble plane besides) and, per entry and query head, the product in the model dtype and float32 (twice: the
-    planes' sum) or the probabilities in the model dtype.
+
+def working_bytes(segments: list, queries: int, query_group: int, window: torch.Size | None = None) -> int:
+    """Transient bytes the attention call adding `segments` holds on top of the cache (from shapes, as the code
+    here allocates them); `window`: the shape (b, Hkv, n, d) of the full-precision keys the call also reads.
+
+    Either way every segment's K and V are dequantized for the call into one buffer each (`dequantized`), plus 2
+    bytes of unpacked nibbles per element of the largest INT4 tensor. Several queries (a prefill block): the same
+    buffers also hold a copy of the window's K and V. One query (a decode step, `query_group` query heads per KV
+    head): plus the float32 scores, their concatenation and the probabilities over every entry, the window's
+    included.
     """
     if not segments:
         return 0
     tensors = [p for s in segments for p in (s.keys, s.values)]
+    dequantized = sum(_elements(p) * p.dtype.itemsize for p in tensors)
+    last = max(_elements(p) * (2 if p.spec.bits == 4 else 0) for p in tensors)
+    window_entries = window[:-1].numel() if window is not None else 0
     if queries > 1:
-        dequantized = sum(_elements(p) * p.dtype.itemsize for p in tensors)
-        return 2 * dequantized + window_bytes + 9 * max(_elements(p) for p in tensors)
-    scores = sum(_entries(s.keys) for s in segments) * query_group * 4 * 3
-
-    def reading(p: PackedTensor) -> int:
-        planes = p.shape[-1] * p.dtype.itemsize + (p.shape[-1] // 2 if p.spec.bits == 4 else 0)
-        return _entries(p) * (planes + query_group * (p.dtype.itemsize + 8))
-
-    return scores + max(reading(p) for p in tensors)
+        window_bytes = 2 * window_entries * window[-1] * tensors[0].dtype.itemsize if window is not None else 0
+        return dequantized + window_bytes + last
+    entries = sum(_entries(s.keys) for s in segments) + window_entries
+    return dequantized + last + 3 * 4 * query_group * entries
 
 
-def _entries(p: PackedTensor) -> int:
+def _entries(p) -> int:
     """Entries times heads (every leading dim) of a packed tensor."""
-    return int(torch.Size(p.shape[:-1]).numel())
+    return torch.Size(p.shape[:-1]).numel()
 
 
-def _elements(p: PackedTensor) -> int:
+def _elements(p) -> int:
     return _entries(p) * p.shape[-1]
 
 
@@ -170,100 +181,32 @@ def _widened(mask: torch.Tensor | None, width: int, query: torch.Tensor, additiv
     return torch.cat([visible((*mask.shape[:-1], pad), dtype=mask.dtype, device=mask.device), mask], dim=-1)
 
 
-def one_query(query, key, value, mask, parts: list[Part], scaling: float | None):
-    """Attention of one query token over [parts | key], one softmax, no copy of the cache.
+def _one_query(query, key, value, mask, parts, scaling: float | None):
+    """Attention of one query token over [packed parts | key], one softmax, no copy of the cache.
 
-    query (b, H, 1, d); key / value (b, Hkv, n, d); parts: the packed segments (`Part.of`: read on their codes,
-    never dequantized) of (b, Hkv, m, d); mask None or (1 or b, 1, 1, >= n) over the last n entries. Returns
-    ((b, 1, H, d), None) like transformers' functions.
+    query (b, H, 1, d); key / value (b, Hkv, n, d); parts [(k, v)] of (b, Hkv, m, d); mask None or
+    (1 or b, 1, 1, >= n) over the last n entries. Returns ((b, 1, H, d), None) like transformers' functions.
     """
     b, heads, _, d = query.shape
     kv_heads = key.shape[1]
     group = heads // kv_heads
     grouped = query.reshape(b, kv_heads, group, d)  # query head h reads KV head h // group (repeat_kv's order)
     scale = scaling if scaling is not None else d**-0.5
-    parts = [*parts, Part(key, value)]
-    scores = [part.scores(grouped) * scale for part in parts]  # (b, Hkv, g, m) float32 each
+    pairs = [*parts, (key, value)]
+    scores = [torch.matmul(grouped, k.transpose(-1, -2)).float() * scale for k, _ in pairs]  # (b, Hkv, g, m)
     if mask is not None:
         window = mask[..., -key.shape[2] :].reshape(mask.shape[0], 1, 1, -1)
         if window.dtype == torch.bool:
             scores[-1] = scores[-1].masked_fill(~window, float("-inf"))
         else:
             scores[-1] = scores[-1] + window.float()
-    probs = torch.softmax(torch.cat(scores, dim=-1), dim=-1)
+    probs = torch.softmax(torch.cat(scores, dim=-1), dim=-1).to(value.dtype)
     out, start = None, 0
-    for part, part_scores in zip(parts, scores, strict=True):  # each part's values by its share, summed in float32
-        share = part.weighted_values(probs[..., start : start + part_scores.shape[-1]])
+    for k, v in pairs:  # each part's values times its share of the probabilities, summed in float32
+        share = torch.matmul(probs[..., start : start + k.shape[2]], v).float()
         out = share if out is None else out + share
-        start += part_scores.shape[-1]
+        start += k.shape[2]
     return out.to(value.dtype).reshape(b, heads, 1, d).transpose(1, 2).contiguous(), None
-
-
-class Part:
-    """One run of entries a decode step attends: full-precision K/V (b, Hkv, m, d), or the packed K/V of a segment
-    read on its codes (`coded`)."""
-
-    def __init__(self, keys, values, coded: bool = False) -> None:
-        self.keys, self.values, self.coded = keys, values, coded
-
-    @staticmethod
-    def of(segment) -> Part:
-        """A packed segment read on its codes; dequantized where its codes do not split into planes (INT4 with an
-        odd group size)."""
-        if code_planes_possible(segment.keys) and code_planes_possible(segment.values):
-            return Part(segment.keys, segment.values, coded=True)
-        return Part.dequantized(segment)
-
-    @staticmethod
-    def dequantized(segment) -> Part:
-        """A packed segment dequantized for this call (how decode steps read packed tiers before; benchmarks)."""
-        return Part(dequantize(segment.keys), dequantize(segment.values))
-
-    def scores(self, grouped: torch.Tensor) -> torch.Tensor:
-        """(b, Hkv, g, m) float32 dot products of the grouped queries (b, Hkv, g, d) with these keys."""
-        if not self.coded:
-            return torch.matmul(grouped, self.keys.transpose(-1, -2)).float()
-        return _coded_scores(grouped, self.keys)
-
-    def weighted_values(self, probs: torch.Tensor) -> torch.Tensor:
-        """(b, Hkv, g, d) float32: probabilities (b, Hkv, g, m) float32 times these values."""
-        if not self.coded:
-            return torch.matmul(probs.to(self.values.dtype), self.values).float()
-        return _coded_values(probs, self.values)
-
-
-def _coded_scores(grouped: torch.Tensor, keys: PackedTensor) -> torch.Tensor:
-    """q . k for packed keys, from their codes: with k = (code - mid) * scale_G + z_G in each channel group G
-    (z_G the zero point moved to the middle code, `quant.centred_zero`),
-
-        q . k = q . ((code - mid) * scale) + sum_G z_G * sum(q_G),
-
-    the first term a matmul over the scaled code planes (`quant.scaled_code_planes`: one conversion and one
-    in-place multiply, no float32 copy, no zero added), the second a small one over the G zero points per entry.
-    grouped (b, Hkv, g, d) -> (b, Hkv, g, m) float32.
-    """
-    b, h, g, d = grouped.shape
-    scores = None
-    for plane in scaled_code_planes(keys):
-        part = torch.matmul(grouped[..., plane.channels], plane.values.transpose(-1, -2)).float()
-        scores = part if scores is None else scores + part  # INT4's two planes summed in float32
-    q_sums = grouped.float().view(b, h, g, d // keys.spec.group_size, -1).sum(-1)  # (b, Hkv, g, G)
-    return scores + torch.matmul(q_sums, centred_zero(keys).transpose(-1, -2))
-
-
-def _coded_values(probs: torch.Tensor, values: PackedTensor) -> torch.Tensor:
-    """p @ v for packed values, from their codes: p @ ((code - mid) * scale) per scaled code plane, plus each
-    group's (centred) zero points weighted by the probabilities (p @ z, spread over the group's channels).
-    probs (b, Hkv, g, m) float32 -> (b, Hkv, g, d) float32.
-    """
-    b, h, g, _ = probs.shape
-    d = values.shape[-1]
-    weights = probs.to(values.dtype)
-    out = torch.empty((b, h, g, d), dtype=torch.float32, device=probs.device)
-    for plane in scaled_code_planes(values):
-        out[..., plane.channels] = torch.matmul(weights, plane.values).float()
-    zero_part = torch.matmul(probs, centred_zero(values))  # (b, Hkv, g, G)
-    return out + zero_part.repeat_interleave(values.spec.group_size, dim=-1)
 
 
 for _base, _name in WRAPPED.items():

@@ -1,9 +1,8 @@
 """Packed INT8 / INT4 quantization of KV tensors (pure torch, no model).
 
 Used by Sali-Cache for its INT8 and INT4 tiers: entries are really stored packed (one byte per INT8
-value, two INT4 values per byte) with one asymmetric scale and zero point per group of channels. A decode step
-reads them on their codes (`scaled_code_planes`, `centred_zero`: see `visualkv.packed_attention`); a prefill
-block dequantizes them just in time for its attention call.
+value, two INT4 values per byte) with one asymmetric scale and zero point per group of channels, and
+dequantized just in time for attention.
 
 Layout, for ``x`` shaped ``(..., tokens, head_dim)`` (e.g. ``(batch, kv_heads, tokens, head_dim)``):
 
@@ -23,8 +22,8 @@ which is exactly representable in ``x.dtype``, and the stored scale is rounded *
 range always fits in ``2**bits - 1`` steps and nothing is clipped.
 
 Limits: inputs must be finite (NaN / inf are not supported); quantization and packing are plain torch
-ops (no fused kernel), so dequantizing costs a temporary float32 copy of the tensor, and reading the codes as
-planes a temporary copy in the tensor's dtype.
+ops (no fused kernel), so dequantizing INT4 costs a temporary copy of the unpacked codes (a byte per value)
+besides its result.
 """
 
 from __future__ import annotations
@@ -166,62 +165,22 @@ def _unpack(p: PackedTensor) -> torch.Tensor:
     return torch.stack((low, high), dim=-1).reshape(*p.data.shape[:-1], p.data.shape[-1] * 2)
 
 
-@dataclass(frozen=True)
-class CodePlane:
-    """Some channels of a packed tensor as ``(code - mid) * scale``: the dequantized value less its group's
-    `centred_zero` (``mid = 2 ** (bits - 1)``, the middle code).
+def dequantize(p: PackedTensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Back to ``p.dtype`` and ``p.shape`` on ``p``'s device: ``code * scale + zero``, rounded once; written into
+    ``out`` when given (shaped ``p.shape``, ``p.dtype``, its last dim contiguous: e.g. a slice of a larger buffer).
 
-    values: ``(..., tokens, head_dim // planes)`` in the packed tensor's dtype; channels: the slice of head_dim
-    they are (INT8: every channel; INT4: the even or the odd ones). Centred on the middle code, a plane's values
-    are at most half a group's range in size, so a dot product over them cancels little against the zero-point
-    term attention adds per group (`packed_attention`).
+    One ``addcmul`` reads the uint8 codes as they are (type promotion: integers up to 255 are exact in every float
+    dtype) and computes every group's product and sum in float32 (PyTorch's op math for half types), rounding
+    once: the result is the float32 computation rounded to ``p.dtype``, with no float32 copy of the tensor. One
+    kernel for INT8, four for INT4 (the nibbles unpacked first), against six and nine for a float32 chain.
     """
-
-    values: torch.Tensor
-    channels: slice
-
-
-def code_planes_possible(p: PackedTensor) -> bool:
-    """Whether `scaled_code_planes` can split ``p``: INT8 always; INT4 when a group holds whole pairs of channels."""
-    return p.spec.bits == 8 or p.spec.group_size % 2 == 0
-
-
-def scaled_code_planes(p: PackedTensor) -> list[CodePlane]:
-    """``(code - mid) * scale`` of every channel, in ``p.dtype``, as planes that are never interleaved back: INT8
-    is one plane, INT4 two, the low nibbles (even channels) and the high nibbles (odd channels), so no ``(tokens,
-    head_dim)`` uint8 copy is built. ``code - mid`` comes from the packed bytes as signed integers (a bit flip and
-    arithmetic shifts), then one conversion and one in-place multiply per plane: no float32 intermediate.
-    Rounding: the product, once, to ``p.dtype`` (``dequantize`` rounds its result once). Needs
-    `code_planes_possible` (an INT4 group of odd size straddles the planes: `dequantize` then)."""
-    if not code_planes_possible(p):
-        raise ValueError(f"INT4 codes with group size {p.spec.group_size} do not split into planes")
-    if p.spec.bits == 8:
-        signed = [((p.data ^ 0x80).view(torch.int8), slice(0, None))]  # code - 128
-    else:
-        both = (p.data ^ 0x88).view(torch.int8)  # each nibble n -> n ^ 8, whose signed 4-bit value is n - 8
-        signed = [((both << 4) >> 4, slice(0, None, 2)), (both >> 4, slice(1, None, 2))]  # arithmetic shifts
-    groups = p.shape[-1] // p.spec.group_size
-    planes = []
-    for codes, channels in signed:
-        values = codes.to(p.dtype)
-        # each group's channels are consecutive columns of a plane: scale them in place, group by group
-        values.view(*values.shape[:-1], groups, -1).mul_(p.scale.unsqueeze(-1))
-        planes.append(CodePlane(values, channels))
-    return planes
-
-
-def centred_zero(p: PackedTensor) -> torch.Tensor:
-    """float32 ``zero + mid * scale`` per (token, group): what `scaled_code_planes`' values leave out."""
-    return p.zero.float() + p.scale.float() * float(1 << (p.spec.bits - 1))
-
-
-def dequantize(p: PackedTensor) -> torch.Tensor:
-    """Back to ``p.dtype`` and ``p.shape`` on ``p``'s device: ``q * scale + zero`` in float32."""
     head_dim = p.shape[-1]
     n_groups = head_dim // p.spec.group_size
-    q = _unpack(p).float().reshape(*p.shape[:-1], n_groups, p.spec.group_size)
-    x = q * p.scale.float().unsqueeze(-1) + p.zero.float().unsqueeze(-1)
-    return x.reshape(p.shape).to(p.dtype)
+    codes = _unpack(p).view(*p.shape[:-1], n_groups, p.spec.group_size)
+    if out is None:
+        return torch.addcmul(p.zero.unsqueeze(-1), codes, p.scale.unsqueeze(-1)).view(p.shape)
+    torch.addcmul(p.zero.unsqueeze(-1), codes, p.scale.unsqueeze(-1), out=out.view(codes.shape))
+    return out
 
 
 def _token_dim(p: PackedTensor, dim: int) -> int:

@@ -76,7 +76,7 @@ class StaticDecoder:
         self.seq_offset = seq_offset
         self.done = 0  # steps run (host count)
         # attention's transient over the widest window (the grouped-query expansion), as the plain path notes it,
-        # plus the widest layer's packed tiers, read on their codes by its attention call at every step
+        # plus the widest layer's packed tiers, dequantized by its attention call at every step
         packed = [layer.packed_working_bytes() for layer in cache.layers]
         n_packed = [layer.total_entries_per_head() - layer.n_full for layer in cache.layers]
         widest = max(w + p for w, p in zip(self.windows, n_packed))

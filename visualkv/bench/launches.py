@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_leaves
 _NO_KERNEL = {torch.ops.aten._unsafe_view.default}
 #: operations that allocate without touching the memory (no traffic)
 _NO_TRAFFIC = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default}
-#: operations whose first argument is only written (its bytes count once, as their output)
+#: operations whose first argument is only written (its bytes count once, as their output; so does an `out=`)
 _WRITE_ONLY_TARGET = {torch.ops.aten.copy_.default}
 
 
@@ -57,7 +57,8 @@ class OpCounter(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if kernel and func not in _NO_TRAFFIC:
             read = args[1:] if func in _WRITE_ONLY_TARGET else args
-            self.bytes_moved += sum(_extent_bytes(t) for t in tree_leaves((read, kwargs, out)))
+            read_kwargs = {k: v for k, v in (kwargs or {}).items() if k != "out"}  # `out` is written: it is returned
+            self.bytes_moved += sum(_extent_bytes(t) for t in tree_leaves((read, read_kwargs, out)))
         return out
 
     @contextmanager
