@@ -602,6 +602,8 @@ def table_speed_issue11(results: Path) -> str:
         ("0.5 MP, c7775e0 → now", "speed_issue11_s5_before.json", "speed_issue11_s5_after.json"),
         ("3 MP, c7775e0 → now", "speed_issue11_s5_3mp_before.json", "speed_issue11_s5_3mp_after.json"),
         ("3 MP, view → per segment", "speed_issue11_s6_3mp_before.json", "speed_issue11_s6_3mp_after.json"),
+        ("3 MP, float32 chain → addcmul", "speed_issue11_s7_3mp_before.json", "speed_issue11_s7_3mp_after.json"),
+        ("3 MP, the same, after run first", "speed_issue11_s7r_3mp_before.json", "speed_issue11_s7r_3mp_after.json"),
     ]
     body, sources = [], []
     for label, before_name, after_name in pairs:
@@ -1070,6 +1072,89 @@ def table_prefill_launches(results: Path) -> str:
     return _render(header, body, sources, note)
 
 
+PACKED_DECODE_RESULTS = "packed_decode_shape-qwen2.5-vl-7b.json"
+PACKED_DECODE_CODES_RESULTS = "packed_decode_codes_shape-qwen2.5-vl-7b.json"  # attention on the codes (c60a523)
+
+
+def table_packed_decode(results: Path) -> str:
+    """One decode step's attention per layer over Sali-Cache's packed tiers, dequantized through float32 (before)
+    and by one addcmul per tensor into one buffer (now), beside `full` (scripts/packed_decode.py)."""
+    d = load(PACKED_DECODE_RESULTS, results)
+    bf16_weights = d["decoder_weight_bytes_bf16"]
+    body = []
+    for dtype in dict.fromkeys(r["dtype"] for r in d["rows"]):
+        weights = bf16_weights * {"float32": 2, "bfloat16": 1, "float16": 1}[dtype]
+        rows = [r for r in d["rows"] if r["dtype"] == dtype]
+        full = next(r for r in rows if r["case"] == "full")
+        for r in rows:
+            step = r["bytes_moved_per_token"] + weights
+            difference = r.get("max_abs_difference")
+            body.append(
+                [
+                    dtype,
+                    f"`{r['case']}`",
+                    _mib(r["kv_bytes_held_per_layer"]),
+                    f"{r['bytes_moved_per_layer'] / MIB:.1f} MiB ({r['bytes_moved_per_layer'] / full['bytes_moved_per_layer']:.2f}×)",
+                    f"{r['kernels_per_layer']} ({r['kernels_per_layer'] / full['kernels_per_layer']:.1f}×)",
+                    f"{r['cpu_ms_per_layer_median']:.1f}",
+                    "n/a" if difference is None else f"{difference:.1e}",
+                    _x(step / (full["bytes_moved_per_token"] + weights)),
+                ]
+            )
+    header = [
+        "dtype",
+        "case",
+        "KV held per layer",
+        "bytes its kernels move per layer (vs full)",
+        "kernels per layer (vs full)",
+        "CPU ms per layer",
+        "max abs difference",
+        "a step's bytes with the weights, vs full",
+    ]
+    a, t = d["attention"], d["tiers"]
+    note = (
+        f"`{d['shape']}`'s attention ({a['kv_heads']} KV heads, {a['query_group']} query heads each, head_dim "
+        f"{a['head_dim']}, {a['layers']} layers) over the entries Sali-Cache keeps of a 4K image ({d['visual_tokens']:,} "
+        f"visual tokens: {t['full']:,} full precision, {t['int8']:,} INT8, {t['int4']:,} INT4, {t['pruned']:,} pruned; "
+        f"`full` holds them all) and {d['text_tokens']} text tokens: one new token's attention in one layer. Bytes: "
+        "what the kernels read and write (`OpCounter.bytes_moved`; an operand of another dtype counted once, as a CUDA "
+        "kernel casts it as it reads, where a CPU copies it first); the last column adds, over "
+        f"{a['layers']} layers, the decoder weights every step reads ({bf16_weights / 1e9:.1f} GB in bfloat16). "
+        "bfloat16 is the GPU case; there a step of this size pays a few microseconds per kernel as well as its "
+        "bytes, so both are shown. "
+        "CPU ms: median of interleaved repeats, one thread, this CPU (bfloat16 matmuls are slow on it). Max abs "
+        "difference: from float32 attention over the exact quantized values."
+    )
+    bf16 = {r["case"]: r for r in d["rows"] if r["dtype"] == "bfloat16"}
+    summary = ""
+    if {"full", "salicache", "salicache, float32 dequantize"} <= set(bf16):
+        full, now, before = bf16["full"], bf16["salicache"], bf16["salicache, float32 dequantize"]
+
+        def step(r: dict) -> float:
+            return (r["bytes_moved_per_token"] + bf16_weights) / (full["bytes_moved_per_token"] + bf16_weights)
+
+        summary = (
+            f"In bfloat16 a Sali-Cache step's attention moves {now['bytes_moved_per_layer'] / full['bytes_moved_per_layer']:.1f}× "
+            f"`full`'s bytes in {now['kernels_per_layer'] / full['kernels_per_layer']:.1f}× its kernels (dequantizing "
+            f"through float32: {before['bytes_moved_per_layer'] / full['bytes_moved_per_layer']:.1f}× in "
+            f"{before['kernels_per_layer'] / full['kernels_per_layer']:.1f}×); with the weights, a bandwidth-bound step "
+            f"moves {step(now):.2f}× `full`'s bytes ({step(before):.2f}× before)."
+        )
+    sources = [(PACKED_DECODE_RESULTS, d)]
+    if (results / PACKED_DECODE_CODES_RESULTS).exists():
+        c = load(PACKED_DECODE_CODES_RESULTS, results)
+        sources.append((PACKED_DECODE_CODES_RESULTS, c))
+        rows = {r["case"]: r for r in c["rows"] if r["dtype"] == "bfloat16"}
+        codes, dequantized = rows["salicache, on the codes"], rows["salicache, dequantized"]
+        summary += (
+            f" Attention on the codes (commit `{c['provenance']['commit']}`) moved "
+            f"{codes['bytes_moved_per_layer'] / dequantized['bytes_moved_per_layer']:.2f}× the bytes of dequantizing "
+            f"through float32 but launched {codes['kernels_per_layer']} kernels per layer against "
+            f"{dequantized['kernels_per_layer']}."
+        )
+    return _render(header, body, sources, *(n for n in (note, summary) if n))
+
+
 #: tables computed from the code (no benchmark JSON): their source line says so
 COMPUTED = {"lightkv-schedule", "salicache-bytes"}
 
@@ -1102,6 +1187,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "needle-compose": table_needle_compose,
     "vision-launches": table_vision_launches,
     "prefill-launches": table_prefill_launches,
+    "packed-decode": table_packed_decode,
     "frame-resize": table_frame_resize,
 }
 

@@ -31,7 +31,8 @@ class OpCounter(TorchDispatchMode):
 
     `bytes_moved`: what the kernel-launching operations read and write, counted as the bytes of their tensor
     inputs and outputs (a broadcast dimension counted once): the memory traffic of a memory-bound GPU step,
-    as far as each operation touches its operands once (a matmul's inputs are re-read from cache, not memory).
+    as far as each operation touches its operands once (a matmul's inputs are re-read from cache, not memory)
+    and casts an operand of another dtype as it reads it (CUDA kernels do; a CPU makes a temporary copy).
 
     `kernels_by_part`: the kernel launches inside the modules named with `count_inside` (e.g. the vision
     tower, the decoder layers), the rest under "rest".
