@@ -4,9 +4,8 @@
 Usage: python scripts/packed_decode.py OUT.json [--shape shape-qwen2.5-vl-7b] [--visual-tokens 10549]
   [--text-tokens 30] [--repeats 15] [--dtypes float32,bfloat16]
 
-One decoder layer's attention for one new token (the packed segments dequantized, then `packed_attention._one_query`:
-what a decode step runs per layer),
-at the shape's attention dimensions (Qwen2.5-VL-7B: 4 KV heads, 7 query heads each, head_dim 128), over the
+One decoder layer's attention for one new token (the packed segments dequantized, then
+`packed_attention._one_query`: what a decode step runs per layer), at the shape's attention dimensions (Qwen2.5-VL-7B: 4 KV heads, 7 query heads each, head_dim 128), over the
 entries Sali-Cache keeps of an image of `--visual-tokens` visual tokens (10,549: a 4K image on Qwen2.5-VL) under
 its default tiers (43 % full precision, 10 % INT8, 29 % INT4, the rest pruned; group size 32), plus the prompt's
 text at full precision. Three cases, in one process on the same random entries:
@@ -17,10 +16,9 @@ text at full precision. Three cases, in one process on the same random entries:
   as they are, rounded once, no float32 copy) into one buffer, attended as one part (`packed_attention.dequantized`).
 Per case: the bytes its kernels read and write (`OpCounter.bytes_moved`: the traffic of a memory-bound GPU
 step), kernel launches, CPU ms per layer (median over interleaved repeats, one torch thread) and the largest
-difference from float32 attention over the exact quantized values. A GPU step of this size is bound by its
-kernel count at least as much as by its bytes (a few microseconds per kernel, ~0.03 ms per 100 MB at an H200's
-bandwidth): both are recorded. Per token: x the shape's layers, beside the
-bytes of the decoder weights every decode step reads (`weights_bytes`, bfloat16). Counts depend on the shapes
+difference from float32 attention over the exact quantized values. A GPU step of this size pays a few
+microseconds per kernel as well as its bytes: both are recorded. Per token: x the shape's layers, beside the
+bytes of the decoder weights every decode step reads (`decoder_weight_bytes_bf16`). Counts depend on the shapes
 only; the CPU time is this machine's, not a GPU's.
 """
 

@@ -8,7 +8,7 @@ import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from tests.conftest import get_adapter
-from visualkv import packed_attention
+from visualkv import packed_attention, quant
 from visualkv.bench.synthetic import video_media
 from visualkv.cache import TIER_FULL, TIER_INT4, TIER_INT8, CompressibleCache, CompressibleLayer, split_tiers
 from visualkv.detokenize import IncrementalDetokenizer
@@ -147,8 +147,8 @@ def test_salicache_keeps_no_dequantized_copy_and_decodes_what_it_stores(monkeypa
     and each decode step dequantizes the packed tiers for its own attention call (per layer, then dropped)."""
     adapter = get_adapter("tiny-qwen2.5-vl")
     calls = []
-    real = packed_attention.dequantize
-    monkeypatch.setattr(packed_attention, "dequantize", lambda p, out=None: calls.append(1) or real(p, out=out))
+    real = quant.dequantize  # what packed attention's `quant.dequantize_all` calls per segment
+    monkeypatch.setattr(quant, "dequantize", lambda p, out=None: calls.append(1) or real(p, out=out))
     session = ChatSession(adapter, SessionConfig(method="salicache", max_new_tokens=6, decode="eager"))
     session.ask("What moves?", video_media(4, 224, 168, fps=1.0, seed=3))
     cache = session.cache

@@ -249,3 +249,15 @@ def test_dequantize_writes_into_a_slice_of_a_larger_buffer(bits: int) -> None:
     assert written.data_ptr() == buffer[:, :, 3:12].data_ptr()
     assert torch.equal(buffer[:, :, 3:12], dequantize(p))
     assert (buffer[:, :, :3] == 7).all() and (buffer[:, :, 12:] == 7).all()
+
+
+def test_dequantize_all_is_the_concatenation_written_in_place() -> None:
+    """dequantize_all(parts, tail): the same values as concatenating each part's dequantization and the tail."""
+    from visualkv.quant import dequantize_all
+
+    gen = torch.Generator().manual_seed(5)
+    parts = [quantize(torch.randn(1, 2, n, 32, generator=gen), QuantSpec(bits)) for n, bits in ((4, 8), (6, 4))]
+    tail = torch.randn(1, 2, 3, 32, generator=gen)
+    want = torch.cat([dequantize(p) for p in parts] + [tail], dim=2)
+    assert torch.equal(dequantize_all(parts, tail), want)
+    assert torch.equal(dequantize_all(parts), want[:, :, :10])

@@ -33,7 +33,7 @@ import torch
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
-from visualkv.quant import dequantize
+from visualkv.quant import dequantize_all
 
 #: the wrapped name of each implementation that takes an explicit mask (flash attention is left alone)
 WRAPPED = {"sdpa": "visualkv_sdpa", "eager": "visualkv_eager"}
@@ -110,25 +110,15 @@ def _wrapper(base: str):
 def dequantized(
     segments: list, keys: torch.Tensor | None = None, values: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(K, V) of every segment dequantized, in segment order, each into one buffer (`quant.dequantize` writes in
-    place: no concatenation), followed by `keys` / `values` when given (a prefill block's own entries)."""
-    first = segments[0].keys
-    b, h, _, d = first.shape
-    sizes = [s.keys.shape[-2] for s in segments]
-    total = sum(sizes) + (keys.shape[2] if keys is not None else 0)
-    out_k, out_v = (torch.empty((b, h, total, d), dtype=first.dtype, device=first.device) for _ in range(2))
-    start = 0
-    for segment, size in zip(segments, sizes, strict=True):
-        dequantize(segment.keys, out=out_k[:, :, start : start + size])
-        dequantize(segment.values, out=out_v[:, :, start : start + size])
-        start += size
-    if keys is not None:
-        out_k[:, :, start:].copy_(keys)
-        out_v[:, :, start:].copy_(values)
-    return out_k, out_v
+    """(K, V) of every segment dequantized, in segment order, each into one buffer (`quant.dequantize_all`: no
+    concatenation), followed by `keys` / `values` when given (a prefill block's own entries)."""
+    return (
+        dequantize_all([s.keys for s in segments], keys),
+        dequantize_all([s.values for s in segments], values),
+    )
 
 
-def working_bytes(segments: list, queries: int, query_group: int, window: torch.Size | None = None) -> int:
+def working_bytes(segments: list, queries: int, query_group: int, window: torch.Size) -> int:
     """Transient bytes the attention call adding `segments` holds on top of the cache (from shapes, as the code
     here allocates them); `window`: the shape (b, Hkv, n, d) of the full-precision keys the call also reads.
 
@@ -143,11 +133,9 @@ def working_bytes(segments: list, queries: int, query_group: int, window: torch.
     tensors = [p for s in segments for p in (s.keys, s.values)]
     dequantized = sum(_elements(p) * p.dtype.itemsize for p in tensors)
     last = max(_elements(p) * (2 if p.spec.bits == 4 else 0) for p in tensors)
-    window_entries = window[:-1].numel() if window is not None else 0
     if queries > 1:
-        window_bytes = 2 * window_entries * window[-1] * tensors[0].dtype.itemsize if window is not None else 0
-        return dequantized + window_bytes + last
-    entries = sum(_entries(s.keys) for s in segments) + window_entries
+        return dequantized + 2 * window.numel() * tensors[0].dtype.itemsize + last
+    entries = sum(_entries(s.keys) for s in segments) + window[:-1].numel()
     return dequantized + last + 3 * 4 * query_group * entries
 
 

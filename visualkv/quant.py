@@ -177,9 +177,25 @@ def dequantize(p: PackedTensor, out: torch.Tensor | None = None) -> torch.Tensor
     head_dim = p.shape[-1]
     n_groups = head_dim // p.spec.group_size
     codes = _unpack(p).view(*p.shape[:-1], n_groups, p.spec.group_size)
-    if out is None:
-        return torch.addcmul(p.zero.unsqueeze(-1), codes, p.scale.unsqueeze(-1)).view(p.shape)
-    torch.addcmul(p.zero.unsqueeze(-1), codes, p.scale.unsqueeze(-1), out=out.view(codes.shape))
+    target = None if out is None else out.view(codes.shape)
+    return torch.addcmul(p.zero.unsqueeze(-1), codes, p.scale.unsqueeze(-1), out=target).view(p.shape)
+
+
+def dequantize_all(parts: list[PackedTensor], tail: torch.Tensor | None = None, dim_tokens: int = -2) -> torch.Tensor:
+    """Every packed tensor of `parts` dequantized, in order along ``dim_tokens``, then `tail` (a tensor of the same
+    dtype and other dims) when given: one buffer written in place by `dequantize`, no concatenation after."""
+    first = parts[0]
+    dim = _token_dim(first, dim_tokens)
+    sizes = [p.shape[dim] for p in parts]
+    shape = list(first.shape)
+    shape[dim] = sum(sizes) + (tail.shape[dim] if tail is not None else 0)
+    out = torch.empty(shape, dtype=first.dtype, device=first.device)
+    start = 0
+    for p, size in zip(parts, sizes, strict=True):
+        dequantize(p, out=out.narrow(dim, start, size))
+        start += size
+    if tail is not None:
+        out.narrow(dim, start, tail.shape[dim]).copy_(tail)
     return out
 
 

@@ -9,7 +9,7 @@ import torch
 
 from visualkv.cache import TIER_FULL, TIER_INT4, TIER_INT8
 from visualkv.methods.base import PrefillContext
-from visualkv.quant import dequantize
+from visualkv.quant import dequantize_all
 
 #: scores (b, h, n) of the entries with keys (b, h, n, d) and token indices (b, h, n), and the transient
 #: bytes the scorer allocated
@@ -81,7 +81,7 @@ def evict_tiers(ctx: PrefillContext, layer_idx: int, scorer: Scorer, budget: int
         return 0
     segments = layer.quant
     packed = [t for t in counts if t != TIER_FULL]  # ascending tier codes, as `visual_by_tier` lists them
-    keys = torch.cat([dequantize(segments[t].keys) for t in packed] + [layer.keys], dim=2)  # (b, h, n, d) transient
+    keys = dequantize_all([segments[t].keys for t in packed], layer.keys)  # (b, h, n, d) transient
     index = torch.cat([segments[t].token_index for t in packed] + [layer.token_index], dim=2)  # (b, h, n)
     in_order, perm = index.sort(dim=-1)
     by_token = keys.gather(2, perm[..., None].expand_as(keys))
