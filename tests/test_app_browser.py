@@ -268,6 +268,33 @@ def plot_traces(pg, elem: str) -> dict[str, int]:
     return dict(data[-1])
 
 
+OVERLAP_JS = """(elem) => {
+    // the chart's own texts (title, axis titles, annotations, legend) and the app's label over its corner
+    const root = document.querySelector(elem);
+    if (!root) return ['no ' + elem];
+    const parts = [['label', root.querySelector('[data-testid="block-label"]')]];
+    for (const sel of ['.gtitle', '.g-xtitle', '.g-x2title', '.g-ytitle', '.annotation', '.legend']) {
+        root.querySelectorAll(sel).forEach((e, i) => parts.push([sel + i + ' ' + e.textContent.slice(0, 40), e]));
+    }
+    const boxes = parts.filter(([, e]) => e).map(([name, e]) => [name, e.getBoundingClientRect()])
+        .filter(([, r]) => r.width > 0 && r.height > 0);
+    const overlaps = [];
+    for (let i = 0; i < boxes.length; i++) for (let j = i + 1; j < boxes.length; j++) {
+        const [a, r] = boxes[i], [b, q] = boxes[j];
+        const w = Math.min(r.right, q.right) - Math.max(r.left, q.left);
+        const h = Math.min(r.bottom, q.bottom) - Math.max(r.top, q.top);
+        if (w > 2 && h > 2) overlaps.push(a + ' / ' + b);
+    }
+    return overlaps;
+}"""
+
+
+def overlapping_texts(pg, elem: str) -> list[str]:
+    """Pairs of texts that overlap in the Plotly chart inside `elem` (its title, axis titles, annotations,
+    legend, and the app's label floating over the chart's top left corner): [] when all are legible."""
+    return pg.evaluate(OVERLAP_JS, elem)
+
+
 def open_tab(pg, name: str) -> None:
     pg.click(f"button[role=tab]:has-text('{name}')")
 
@@ -382,6 +409,7 @@ def test_image_chat_live_memory_and_heatmap(page):
     assert len({n for n in seen["answers"] if n > 0}) >= 2, seen["answers"]
     assert traces["budget"] == 2 and traces["full cache"] == 2, traces
     assert traces["process RSS"] == n_blocks
+    assert overlapping_texts(page, "#vkv-memory") == []
     progress = page.inner_text("#vkv-progress")
     assert progress.startswith("done") and "TTFT" in progress
     # while blocks arrived, the progress said how long the rest of the prefill should take
@@ -616,6 +644,11 @@ def test_video_frame_timeline(page):
         assert traces["kept"] + traces["skipped"] == 16, traces
     page.locator("#vkv-thumbs img").first.wait_for(timeout=60_000)
     shot(page, "04_video_timeline")
+    assert overlapping_texts(page, "#vkv-timeline") == []
+    assert overlapping_texts(page, "#vkv-memory") == []
+    # the sampled frames: a zoomable gallery with one caption per frame (time, kept or skipped)
+    captions = page.locator("#vkv-thumbs .caption-label").all_inner_texts()
+    assert len(captions) == 16 and all(re.fullmatch(r"\d+\.\d s · (kept|skipped)", c) for c in captions), captions
     if video_method == "salicache":  # saliency and tiers: one large image per frame, in a zoomable gallery
         open_tab(page, "Saliency")
         page.locator("#vkv-tiers img").first.wait_for(timeout=60_000)
@@ -673,6 +706,8 @@ def test_long_video_timeline_is_binned_zoomable_and_progress_is_in_time(page, tm
     assert page.locator("#vkv-timeline .rangeslider-container").count() >= 1  # zoom on the time axis
     page.locator("#vkv-thumbs img").first.wait_for(timeout=60_000)
     shot(page, "04c_long_video_timeline")
+    assert overlapping_texts(page, "#vkv-timeline") == []
+    assert overlapping_texts(page, "#vkv-memory") == []
     set_number(page, "#vkv-max-frames", 16)
 
 
@@ -693,6 +728,13 @@ def test_compare_tab(page, tmp_path):
     )
     table = page.locator("#vkv-cmp-table").inner_text()
     assert "full" in table and "100%" in table, table  # full agrees with itself
+    # agreement and memory are read without scrolling the table sideways (the answers come last)
+    visible = page.evaluate(
+        """() => { const t = document.querySelector('#vkv-cmp-table'); const box = t.getBoundingClientRect();
+        return Array.from(t.querySelectorAll('th')).filter(h => h.getBoundingClientRect().right <= box.right + 1)
+            .map(h => h.innerText.trim().replace(/\\s+/g, ' ')); }"""
+    )
+    assert {"method", "agreement with full", "peak vs full"} <= set(visible), visible
     traces = plot_traces(page, "#vkv-cmp-plot")
     assert "full" in traces and len(traces) == checked, (traces, table)
     shot(page, "06_compare")

@@ -236,7 +236,7 @@ def test_views_of_absent_method_fields_are_none(snap):
     frames = [np.zeros((336, 448, 3), np.uint8)]
     assert viz.saliency_view(frames, [0.0], report) is None and viz.tier_view(frames, [0.0], report) is None
     assert viz.merge_view(frames, [0.0], report) is None and viz.layer_tokens_figure(report) is None
-    assert viz.frame_timeline_figure(report) is None and viz.frame_thumbnails(frames, report) is None
+    assert viz.frame_timeline_figure(report) is None and viz.frame_gallery(frames, report) is None
 
 
 @pytest.mark.skipif("salicache" not in METHODS, reason="Sali-Cache is not registered")
@@ -250,8 +250,8 @@ def test_salicache_video_views(adapter):
     assert len(timeline["motion"].x) == 8 and list(timeline["threshold"].y) == [report["flow_threshold"]] * 2
     skipped = sum(f["skipped"] for f in report["frames"])
     assert len(timeline["skipped"].x) == skipped
-    thumbs = viz.frame_thumbnails(video.frames, report, thumb_width=80)
-    assert thumbs.width <= 8 * 84 + 4
+    thumbs = viz.frame_gallery(video.frames, report, max_side=80)
+    assert len(thumbs) == 8 and all(max(img.size) == 80 for img, _ in thumbs)
     strip = viz.retained_view(video.frames, video.times, report)
     assert strip.width < 8 * 250  # one small tile per temporal patch, not full frames
     tiers = viz.tier_view(video.frames, video.times, report)
@@ -313,7 +313,9 @@ def test_compare_methods_table_and_curves(adapter, image):
     rows = viz.compare_rows(results)
     assert [r[0] for r in rows] == ["full", "blockwise-keydiff"]
     assert rows[0][viz.COMPARE_HEADERS.index("agreement with full")] == "100%"
-    assert rows[1][1] < rows[0][1]  # peak KV under the budget is below the full cache's
+    assert rows[0][: viz.COMPARE_HEADERS.index("peak vs full") + 1] == ["full", "100%", "100.0%"]
+    peak = viz.COMPARE_HEADERS.index("peak KV (MiB)")
+    assert rows[1][peak] < rows[0][peak]  # peak KV under the budget is below the full cache's
     fig = viz.compare_memory_figure(results)
     assert [t.name for t in fig.data] == ["full", "blockwise-keydiff"]
     styles = [(t.line.color, t.line.dash, t.marker.symbol) for t in fig.data]
@@ -446,7 +448,9 @@ def test_blocks_say_how_far_into_the_video_the_prefill_has_read(adapter):
     last_frame = max(f.time for f in session.prepared.layout.frames)
     assert seconds[-1] == last_frame  # the whole video read by the end
     fig = viz.block_memory_figure(turn_report(session), media_duration=video.duration)
-    assert fig.layout.xaxis.title.text.endswith(f"{viz.clock(last_frame)} of 0:08 read")
+    said = [a.text for a in fig.layout.annotations if a.name == viz.VIDEO_READ]
+    assert said == [f"video: {viz.clock(last_frame)} of 0:08 read"]  # once, over both panels
+    assert fig.layout.xaxis.title.text == fig.layout.xaxis2.title.text == "prefill block"
     assert any("of 0:08 read" in (h or "") for h in fig.data[0].hovertext)
     image_blocks = [
         p
@@ -475,6 +479,29 @@ class _CountingFrames:
         raise AssertionError("a view iterated over every frame")
 
 
+def test_frame_gallery_captions_and_borders_say_kept_or_skipped():
+    rng = np.random.default_rng(0)
+    frames = [rng.integers(0, 255, (90, 160, 3), dtype=np.uint8) for _ in range(6)]
+    report = {"frames": [{"time": 2.0 * i, "skipped": i in (1, 2, 5)} for i in range(6)]}
+    items = viz.frame_gallery(frames, report, max_side=64)
+    assert [caption for _, caption in items] == [
+        "0.0 s · kept",
+        "2.0 s · skipped",
+        "4.0 s · skipped",
+        "6.0 s · kept",
+        "8.0 s · kept",
+        "10.0 s · skipped",
+    ]
+    assert all(img.size == (64, 36) for img, _ in items)
+    skipped = [f["skipped"] for f in report["frames"]]
+    # the border says the same: vermillion round the skipped frames, blue round the kept ones
+    assert [img.getpixel((0, 0)) for img, _ in items] == [viz.SKIPPED_COLOUR if s else viz.KEPT_COLOUR for s in skipped]
+    # skipped frames are dimmed (blended towards white), kept ones shown as they are
+    centre = [np.asarray(img)[10:26, 10:54].mean() for img, _ in items]
+    plain = [np.asarray(viz._downscale(f, 64)[0])[10:26, 10:54].mean() for f in frames]
+    assert all((c > p + 40) if s else abs(c - p) < 1e-6 for c, p, s in zip(centre, plain, skipped))
+
+
 def test_long_video_views_read_only_the_frames_they_draw(adapter):
     video = video_media(64, 56, 56, fps=1.0, seed=4)
     session = ChatSession(adapter, _config("blockwise-keydiff"))
@@ -486,6 +513,6 @@ def test_long_video_views_read_only_the_frames_they_draw(adapter):
     strip = viz.retained_view(frames, video.times, report)
     assert 0 < len(frames.read) <= viz.MAX_FRAMES_SHOWN and strip.width > 0
     thumbs = _CountingFrames(video.frames)
-    assert viz.frame_thumbnails(thumbs, report) is not None
+    assert len(viz.frame_gallery(thumbs, report)) == viz.MAX_FRAMES_SHOWN
     assert len(thumbs.read) <= viz.MAX_FRAMES_SHOWN
     assert viz.shown_frames(3600)[0] == 0 and viz.shown_frames(3600)[-1] == 3599

@@ -309,11 +309,12 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
                     with gr.Tab("Frames"):
                         timeline_note = gr.Markdown("Video only.")
                         timeline_plot = gr.Plot(label="frame timeline", elem_id="vkv-timeline")
-                        thumbs_img = gr.Image(
-                            label="sampled frames (blue border kept, orange-red skipped)",
-                            type="pil",
-                            interactive=False,
+                        thumbs_img = gr.Gallery(
+                            label="sampled frames (blue border kept, orange-red skipped; click to zoom)",
+                            columns=3,
+                            height=300,
                             elem_id="vkv-thumbs",
+                            object_fit="contain",
                         )
                     with gr.Tab("Merges"):
                         merge_note = gr.Markdown("LightKV only.")

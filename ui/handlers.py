@@ -513,7 +513,7 @@ class Handlers:
             sal, tiers, sali_note = None, None, NOT_AVAILABLE + " Saliency and tiers come from Sali-Cache."
 
         if rep.get("frames"):
-            timeline, thumbs = viz.frame_timeline_figure(rep), viz.frame_thumbnails(frames, rep)
+            timeline, thumbs = viz.frame_timeline_figure(rep), viz.frame_gallery(frames, rep)
             timeline_note = (
                 "Motion per sampled frame, the skip threshold, and skipped frames (shaded)."
                 if viz.has_motion(rep)

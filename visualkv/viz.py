@@ -118,6 +118,9 @@ def block_axis(total: int) -> dict[str, Any]:
     }
 
 
+VIDEO_READ = "video read"  # name of the memory chart's annotation saying how far into a video the prefill is
+
+
 def video_read(seconds: float | None, duration: float | None) -> str:
     """How far a prefill has read into a video: "12:30 of 1:00:00 read" ("12:30 read" without a duration)."""
     if seconds is None:
@@ -145,8 +148,8 @@ def block_memory_figure(
     "process RSS" (the whole process, same unit, so no second axis).
     `n_blocks` fixes the x range while blocks are still arriving.
     For a video, the blocks' `media_seconds` say how far into it each block had read: shown in the hover
-    text of every point and in the x axis title ("video: 12:30 of 1:00:00 read"); `media_duration`
-    (default: the report's media duration) is the whole video's length.
+    text of every point and in one line over both panels (the annotation named `VIDEO_READ`: "video: 12:30
+    of 1:00:00 read"); `media_duration` (default: the report's media duration) is the whole video's length.
     """
     from plotly.subplots import make_subplots
 
@@ -262,19 +265,31 @@ def block_memory_figure(
             row=1,
             col=2,
         )
-    axis = block_axis(total)
+    fig.update_xaxes(**block_axis(total))
     if any(read):  # a video: how far the prefill has read, in time as well as blocks
         fig.update_traces(hovertext=hover, selector={"mode": "lines+markers"})
-        axis["title"] = f"prefill block · video: {next(r for r in reversed(read) if r)}"
-    fig.update_xaxes(**axis)
+        # one line over both panels: in each axis title it was wider than its panel, and the two overlapped
+        fig.add_annotation(
+            text=f"video: {next(r for r in reversed(read) if r)}",
+            name=VIDEO_READ,
+            xref="paper",
+            yref="paper",
+            x=1.0,
+            y=1.0,
+            yshift=28,
+            showarrow=False,
+            xanchor="right",  # clear of the app's label over the chart's top left corner
+            yanchor="bottom",
+        )
     fig.update_yaxes(rangemode="tozero", row=1, col=1)
     left = [v for v in [*held, *(b["peak_kv_bytes"] / MIB for b in blocks), (budget_bytes or 0) / MIB] if v]
     if left:  # headroom above the highest of held / peak / budget, so the lines never sit on the frame
         fig.update_yaxes(range=[0, max(left) * 1.15], row=1, col=1)
     fig.update_yaxes(type="log", row=1, col=2)
     fig.update_layout(
-        margin={"l": 50, "r": 20, "t": 40, "b": 40},
-        height=340,
+        # the top band holds the app's label of the chart (top left) and a video's progress (top right)
+        margin={"l": 50, "r": 20, "t": 62, "b": 40},
+        height=362,
         legend={"orientation": "h", "y": -0.3},
         font={"size": 12},
     )
@@ -952,7 +967,8 @@ def frame_timeline_figure(report: dict[str, Any], max_frames: int = TIMELINE_MAX
     if encoded is not None:
         title += f"<br>{len(frames)} sampled, {sum(skipped)} skipped, {encoded} sent to the vision encoder"
     fig.update_layout(
-        title={"text": title, "font": {"size": 13}, "y": 0.97, "yanchor": "top"},
+        # below the app's label of the chart, which floats over its top left corner
+        title={"text": title, "font": {"size": 13}, "y": 1, "yref": "container", "yanchor": "top", "pad": {"t": 40}},
         xaxis={
             "title": "time (s) · drag to zoom, or use the range slider",
             "rangeslider": {"visible": True, "thickness": 0.1},
@@ -960,8 +976,8 @@ def frame_timeline_figure(report: dict[str, Any], max_frames: int = TIMELINE_MAX
         },
         yaxis_title=y_title,
         yaxis2={"overlaying": "y", "range": [0, 1], "visible": False, "fixedrange": True},
-        height=380,
-        margin={"l": 50, "r": 10, "t": 90, "b": 40},
+        height=416,
+        margin={"l": 50, "r": 10, "t": 126, "b": 40},
         legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 0},  # above the plot, clear of the slider
         yaxis={"showticklabels": has_motion(report)},
         barmode="stack",
@@ -1065,31 +1081,35 @@ def _binned_timeline(fig: go.Figure, report: dict[str, Any], times: np.ndarray, 
     return title, y_title
 
 
-def frame_thumbnails(
+def frame_gallery(
     frames: Sequence[np.ndarray],
     report: dict[str, Any],
-    thumb_width: int = 160,
-    per_row: int = 8,
+    max_side: int = 320,
     frame_ids: Sequence[int] | None = None,
-) -> Image.Image | None:
-    """Thumbnails of the sampled frames `frame_ids` (indices into `frames`; default `shown_frames`, so
-    an hour of video gives one sheet of evenly spaced frames): blue border kept, vermillion border,
-    dimmed and captioned skipped."""
+) -> list[tuple[Image.Image, str]] | None:
+    """The sampled frames `frame_ids` (indices into `frames`; default `shown_frames`, so an hour of video
+    gives evenly spaced ones) for a zoomable gallery: one image each (blue border kept; vermillion border
+    and dimmed skipped) captioned with its time and state. None for an image (no `frames`).
+
+    A gallery, not one sheet: a sheet of 8 frames a row, shrunk to the panel's width, left its captions a
+    few pixels high and overlapping; gallery captions are text at the page's size, and a click zooms."""
     info = report.get("frames") or []
     if not info or not len(frames):
         return None
-    tiles, captions, borders = [], [], []
+    items = []
     for k in _frame_ids(len(frames), frame_ids):
-        frame = frames[k]
         meta = info[k] if k < len(info) else {}
-        small, _ = _downscale(frame, thumb_width)
+        image, _ = _downscale(frames[k], max_side)
         skipped = bool(meta.get("skipped"))
         if skipped:
-            small = Image.blend(small, Image.new("RGB", small.size, (255, 255, 255)), 0.55)
-        tiles.append(small)
-        captions.append(f"t={meta.get('time', k):.1f}s" + (" skipped" if skipped else ""))
-        borders.append(SKIPPED_COLOUR if skipped else KEPT_COLOUR)
-    return _grid(tiles, captions, per_row=per_row, borders=borders)
+            image = Image.blend(image, Image.new("RGB", image.size, (255, 255, 255)), 0.55)
+        ImageDraw.Draw(image).rectangle(
+            [0, 0, image.width - 1, image.height - 1],
+            outline=SKIPPED_COLOUR if skipped else KEPT_COLOUR,
+            width=max(2, max(image.size) // 60),
+        )
+        items.append((image, f"{meta.get('time', k):.1f} s · {'skipped' if skipped else 'kept'}"))
+    return items
 
 
 # -- LightKV -----------------------------------------------------------------------------------
@@ -1208,13 +1228,14 @@ def agreement(ids: Sequence[int], reference: Sequence[int]) -> float:
     return sum(a == b for a, b in zip(ids, reference)) / n
 
 
+#: what a reader compares first comes first: the app's panel shows about five columns before it scrolls sideways
 COMPARE_HEADERS = [
     "method",
+    "agreement with full",
+    "peak vs full",
     "peak KV (MiB)",
     "final KV (MiB)",
-    "peak vs full",
     "TTFT (s)",
-    "agreement with full",
     "answer",
 ]
 
@@ -1230,7 +1251,7 @@ def compare_rows(results: dict[str, dict[str, Any] | str]) -> list[list[Any]]:
     rows: list[list[Any]] = []
     for name, rep in results.items():
         if isinstance(rep, str):
-            rows.append([name, None, None, "", None, "", f"error: {rep}"])
+            rows.append([name, "", "", None, None, None, f"error: {rep}"])
             continue
         turn = rep["turns"][0] if rep.get("turns") else {}
         full = rep.get("full_kv_bytes") or 0
@@ -1238,11 +1259,11 @@ def compare_rows(results: dict[str, dict[str, Any] | str]) -> list[list[Any]]:
         rows.append(
             [
                 name,
+                agree,
+                f"{rep['peak_kv_bytes'] / full:.1%}" if full else "",
                 round(rep["peak_kv_bytes"] / MIB, 3),
                 round(rep["final_kv_bytes"] / MIB, 3),
-                f"{rep['peak_kv_bytes'] / full:.1%}" if full else "",
                 round(turn.get("ttft_seconds", 0.0), 3),
-                agree,
                 turn.get("answer", ""),
             ]
         )
