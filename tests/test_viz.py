@@ -516,3 +516,45 @@ def test_long_video_views_read_only_the_frames_they_draw(adapter):
     assert len(viz.frame_gallery(thumbs, report)) == viz.MAX_FRAMES_SHOWN
     assert len(thumbs.read) <= viz.MAX_FRAMES_SHOWN
     assert viz.shown_frames(3600)[0] == 0 and viz.shown_frames(3600)[-1] == 3599
+
+
+def _ink(img: Image.Image, box: tuple[int, int, int, int]) -> tuple[int, int, int, int] | None:
+    """(left, top, right, bottom) of the dark pixels (text) inside `box` of an image on white, or None."""
+    dark = (np.asarray(img.crop(box).convert("L")) < 128).nonzero()
+    if not len(dark[0]):
+        return None
+    return (
+        box[0] + int(dark[1].min()),
+        box[1] + int(dark[0].min()),
+        box[0] + int(dark[1].max()),
+        box[1] + int(dark[0].max()),
+    )
+
+
+@pytest.mark.parametrize("width", [420, 960, 1920])
+def test_text_drawn_into_views_stays_legible_at_the_panel_width(width):
+    """Legends, colour-bar titles and captions are drawn into the images, which the app shrinks to its panel
+    (`SHOWN_WIDTH_PX`): their glyphs must still be `MIN_SHOWN_TEXT_PX` high there (a fixed 14-px font under a
+    1920-px view was 3 px on screen)."""
+    shown = viz.SHOWN_WIDTH_PX / width
+    body = Image.new("RGB", (width, 40), "white")
+    legend = viz._with_legend(body, [("merged into a neighbour", (255, 230, 0), 5262)])
+    _, top, _, bottom = _ink(legend, (viz._text_unit(width) + 10, 40, legend.width, legend.height))
+    assert (bottom - top + 1) * shown >= viz.MIN_SHOWN_TEXT_PX
+    bar = viz._with_colour_bar(body, viz.KEEP_CMAP, "share kept")
+    title = _ink(bar, (0, 40, bar.width, 40 + viz._text_unit(width) + 4))
+    assert (title[3] - title[1] + 1) * shown >= viz.MIN_SHOWN_TEXT_PX
+    # a sheet of 8 tiles a row: captions as high, and each inside its own tile even when too long for it
+    tiles = [Image.new("RGB", (width // 8 - 4, 30), "white")] * 8
+    long = ["t=1234.5s · a caption far wider than its tile"] * 8
+    for captions in (["t=12.0s"] * 8, long):
+        sheet = viz._grid(tiles, captions)
+        step = tiles[0].width + 4
+        inks = [_ink(sheet, (4 + k * step, 34, 4 + k * step + tiles[0].width, sheet.height)) for k in range(8)]
+        assert all(ink is not None for ink in inks)
+        gaps = [
+            _ink(sheet, (4 + k * step + tiles[0].width, 34, 4 + (k + 1) * step + 2, sheet.height)) for k in range(7)
+        ]
+        assert gaps == [None] * 7  # no caption runs into the next one
+        if captions[0] == "t=12.0s":
+            assert all((ink[3] - ink[1] + 1) * shown >= viz.MIN_SHOWN_TEXT_PX for ink in inks)

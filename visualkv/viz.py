@@ -765,10 +765,21 @@ def _token_overlay(
     return Image.fromarray(out.clip(0, 255).astype(np.uint8))
 
 
+#: the app shows a view about this many pixels wide (its right-hand panel at 1440x900); text drawn into an image
+#: scales with the image's width so it keeps at least `MIN_SHOWN_TEXT_PX` there when the image is shrunk to fit
+SHOWN_WIDTH_PX = 470
+MIN_SHOWN_TEXT_PX = 6
+
+
+def _text_unit(width: int) -> int:
+    """Font size (px) for text drawn into an image `width` px wide: 13 px, or more for a wide image."""
+    return max(13, round(width / 45))
+
+
 def _with_colour_bar(body: Image.Image, cmap: str, title: str, percent: bool = True) -> Image.Image:
     """`body` with a horizontal colour bar for values 0..1 under it (five ticks, as % or as fractions)."""
     width = max(body.width, 360)
-    unit = max(13, round(width / 45))  # text stays legible when a wide image is shown scaled down
+    unit = _text_unit(width)  # text stays legible when a wide image is shown scaled down
     font = _font(unit)
     bar_x0, bar_x1 = unit, width - unit
     out = Image.new("RGB", (width, body.height + 4 * unit + 8), "white")
@@ -810,31 +821,38 @@ def _font(size: int = 13):
         return ImageFont.load_default()
 
 
-def _grid(
-    tiles: list[Image.Image],
-    captions: list[str],
-    per_row: int = 8,
-    borders: list[tuple[int, int, int] | None] | None = None,
-) -> Image.Image:
-    """Tiles in rows of `per_row`, each with a caption underneath (and an optional coloured border)."""
+def _grid(tiles: list[Image.Image], captions: list[str], per_row: int = 8) -> Image.Image:
+    """Tiles in rows of `per_row`, each with a caption underneath, sized for the sheet as it is shown: scaled
+    with the sheet's width (`_text_unit`), and shrunk where a caption would run into its neighbour's."""
     if not tiles:
         return Image.new("RGB", (320, 40), "white")
     tw = max(t.width for t in tiles)
     th = max(t.height for t in tiles)
-    cap, pad = 18, 4
+    pad = 4
     cols = min(per_row, len(tiles))
     rows = -(-len(tiles) // cols)
+    unit = _text_unit(cols * (tw + pad) + pad)
+    cap = unit + 6
     sheet = Image.new("RGB", (cols * (tw + pad) + pad, rows * (th + cap + pad) + pad), "white")
     draw = ImageDraw.Draw(sheet)
-    font = _font()
     for k, tile in enumerate(tiles):
         x = pad + (k % cols) * (tw + pad)
         y = pad + (k // cols) * (th + cap + pad)
         sheet.paste(tile, (x, y))
-        if borders and borders[k]:
-            draw.rectangle([x, y, x + tile.width - 1, y + tile.height - 1], outline=borders[k], width=3)
-        draw.text((x + 2, y + th + 2), captions[k], fill=(20, 20, 20), font=font)
+        caption, font = _fit(draw, captions[k], unit, tw - 4)
+        draw.text((x + 2, y + th + 2), caption, fill=(20, 20, 20), font=font)
     return sheet
+
+
+def _fit(draw: ImageDraw.ImageDraw, text: str, size: int, width: int, smallest: int = 9):
+    """(text, font) that fit in `width` px: the font shrunk down to `smallest` px, then the text cut with "…"."""
+    length = draw.textlength(text, font=_font(size))
+    if length > width:
+        size = max(smallest, int(size * width / length))
+    font = _font(size)
+    while len(text) > 1 and draw.textlength(text, font=font) > width:
+        text = text[:-2] + "…"
+    return text, font
 
 
 def _frame_strip(
@@ -864,16 +882,18 @@ def _frame_strip(
 
 
 def _with_legend(body: Image.Image, entries: list[tuple[str, tuple[int, int, int], int | None]]) -> Image.Image:
-    font = _font(14)
-    line = 22
-    out = Image.new("RGB", (max(body.width, 420), body.height + line * len(entries) + 8), "white")
+    """`body` with one legend line (colour swatch, label, count) per entry under it, scaled with its width."""
+    width = max(body.width, 420)
+    unit = _text_unit(width)
+    font, line = _font(unit), round(unit * 1.6)
+    out = Image.new("RGB", (width, body.height + line * len(entries) + 8), "white")
     out.paste(body, (0, 0))
     draw = ImageDraw.Draw(out)
     for k, (label, colour, count) in enumerate(entries):
         y = body.height + 6 + k * line
-        draw.rectangle([6, y + 2, 22, y + 16], fill=colour, outline=(0, 0, 0))
+        draw.rectangle([6, y + 2, 6 + unit, y + 2 + unit], fill=colour, outline=(0, 0, 0))
         text = label if count is None else f"{label}: {count}"
-        draw.text((30, y + 1), text, fill=(20, 20, 20), font=font)
+        draw.text((14 + unit, y + 1), text, fill=(20, 20, 20), font=font)
     return out
 
 
@@ -1122,10 +1142,18 @@ def layer_tokens_figure(report: dict[str, Any]) -> go.Figure | None:
         return None
     layers = list(range(len(rows)))
     fig = go.Figure()
-    fig.add_trace(go.Bar(x=layers, y=[r.get("tokens", 0) for r in rows], name="tokens held"))
+    # the app's palette (Okabe-Ito, as every other view), not Plotly's default blue and red
+    fig.add_trace(
+        go.Bar(x=layers, y=[r.get("tokens", 0) for r in rows], name="tokens held", marker_color=_hex(OKABE_ITO["sky"]))
+    )
     fig.add_trace(
         go.Scatter(
-            x=layers, y=[r.get("kv_bytes", 0) / MIB for r in rows], name="KV MiB", yaxis="y2", mode="lines+markers"
+            x=layers,
+            y=[r.get("kv_bytes", 0) / MIB for r in rows],
+            name="KV MiB",
+            yaxis="y2",
+            mode="lines+markers",
+            line={"color": _hex(OKABE_ITO["vermillion"]), "width": 2},
         )
     )
     n = len(layers)
