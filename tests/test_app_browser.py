@@ -3,7 +3,7 @@
 One app process serves every test of this module (in file order), in a 1440x900 window: a 4K image chat
 with a live memory chart, the result in view (summary and before/after kept-token slider), a follow-up
 turn, the bad files and bad control values a new user tries, Stop during a prefill, a video with the
-frame timeline, Compare, a text-only question, Load model, and two users at once (with the queue
+frame timeline, Compare, LightKV's merge map, a text-only question, Load model, and two users at once (with the queue
 message). Screenshots go to artifacts/ (and the 1440x900 one to docs/screenshot.png).
 """
 
@@ -737,7 +737,25 @@ def test_compare_tab(page, tmp_path):
     assert {"method", "agreement with full", "peak vs full"} <= set(visible), visible
     traces = plot_traces(page, "#vkv-cmp-plot")
     assert "full" in traces and len(traces) == checked, (traces, table)
+    assert overlapping_texts(page, "#vkv-cmp-plot") == []
     shot(page, "06_compare")
+
+
+def test_lightkv_merges_tab(page, tmp_path):
+    """LightKV's turn: the merge map (with its legend) and the tokens-per-layer chart, legible."""
+    page.click("#vkv-new")
+    page.wait_for_function("() => document.querySelectorAll('#vkv-chat [data-testid=\"bot\"]').length === 0")
+    choose(page, "#vkv-method", "lightkv")
+    send(page, "Which colour dominates?", small_png(tmp_path / "merge.png", 448, 336, seed=5))
+    numbers_panel(page, "lightkv")
+    open_tab(page, "Merges")
+    page.locator("#vkv-merge img").first.wait_for(timeout=60_000)
+    page.wait_for_selector("#vkv-layer-tokens .js-plotly-plot", timeout=60_000)
+    traces = plot_traces(page, "#vkv-layer-tokens")
+    assert set(traces) == {"tokens held", "KV MiB"}, traces
+    assert overlapping_texts(page, "#vkv-layer-tokens") == []
+    shot(page, "06b_merges")
+    choose(page, "#vkv-method", "blockwise-snapkv")  # the method the following tests expect
 
 
 def test_text_only_question_says_no_image_was_given(page):
