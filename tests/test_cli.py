@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -190,3 +191,24 @@ def test_run_defaults_to_the_demo_model(tmp_path, capsys):
     assert code == 0, err
     assert json.loads((tmp_path / "r.json").read_text())["model"] == "visualkv-demo"
     assert out.strip() == question.answer
+
+
+def test_block_progress_says_how_far_into_the_video(tmp_path, capsys):
+    """Each block's progress line on stderr says how far into a video the prefill has read (as the app does)."""
+    from tests.test_media import noise_frames, write_video
+
+    path = write_video(tmp_path / "clip.avi", noise_frames(40, 112, 84), fps=1.0, fourcc="MJPG")
+    # fmt: off
+    code, _, err = _run(
+        capsys, "run", "--media", str(path), "--prompt", "What happens?", "--fps", "1", "--max-new-tokens", "1",
+        "--model", "tiny-qwen2.5-vl", "--method", "blockwise-keydiff", "--budget", "32", "--block-size", "40",
+        "--prefill", "blockwise",
+    )
+    # fmt: on
+    assert code == 0, err
+    lines = [line.strip() for line in err.splitlines() if line.strip().startswith("block ")]
+    frames = [re.search(r" frame .* video (\d+):(\d\d) of 0:40 read$", line) for line in lines if " frame " in line]
+    assert len(frames) >= 3 and all(frames), lines
+    seconds = [int(m[1]) * 60 + int(m[2]) for m in frames]
+    assert seconds == sorted(seconds) and seconds[0] < 10 and seconds[-1] >= 38, seconds
+    assert "video" not in lines[0]  # the text before the video has read none of it

@@ -165,6 +165,7 @@ def _method_options(args: argparse.Namespace) -> dict:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from visualkv.clock import video_read
     from visualkv.media import FrameSampling, load_media
     from visualkv.memory_guard import out_of_memory_caught
     from visualkv.methods import media_limits
@@ -198,11 +199,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     adapter = load_model(args.model, device=args.device, dtype=args.dtype, seed=args.seed)
     session = ChatSession(adapter, config)
 
+    duration = getattr(media, "duration", None) if getattr(media, "kind", None) == "video" else None
+
     def on_block(event) -> None:
         if not args.quiet:
+            read = video_read(event.media_seconds, duration)  # "" for an image, or before the first frame
             print(
                 f"  block {event.index + 1}/{event.n_blocks} {event.kind:5s} +{event.tokens_in:5d} tok  "
-                f"kv {event.kv_bytes / 2**20:8.2f} MiB  peak {event.peak_kv_bytes / 2**20:8.2f} MiB",
+                f"kv {event.kv_bytes / 2**20:8.2f} MiB  peak {event.peak_kv_bytes / 2**20:8.2f} MiB"
+                + (f"  video {read}" if read else ""),
                 file=sys.stderr,
             )
 

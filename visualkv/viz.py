@@ -21,6 +21,8 @@ import numpy as np
 import plotly.graph_objects as go
 from PIL import Image, ImageDraw, ImageFont
 
+from visualkv.clock import clock, video_read
+
 MIB = 2**20
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
@@ -119,13 +121,6 @@ def block_axis(total: int) -> dict[str, Any]:
 
 
 VIDEO_READ = "video read"  # name of the memory chart's annotation saying how far into a video the prefill is
-
-
-def video_read(seconds: float | None, duration: float | None) -> str:
-    """How far a prefill has read into a video: "12:30 of 1:00:00 read" ("12:30 read" without a duration)."""
-    if seconds is None:
-        return ""
-    return f"{clock(seconds)} of {clock(duration)} read" if duration else f"{clock(seconds)} read"
 
 
 def block_memory_figure(
@@ -903,13 +898,6 @@ def _with_legend(body: Image.Image, entries: list[tuple[str, tuple[int, int, int
 #: More sampled frames than this and the timeline shows bins of frames instead of one bar per frame.
 TIMELINE_MAX_FRAMES = 200
 _BIN_SECONDS = (1, 2, 5, 10, 15, 20, 30, 60, 120, 300, 600, 900, 1200, 1800, 3600, 7200)
-
-
-def clock(seconds: float) -> str:
-    """Seconds as a clock: "7:05", "1:02:03"."""
-    whole = max(round(float(seconds)), 0)
-    h, m, s = whole // 3600, whole // 60 % 60, whole % 60
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
 def _frame_edges(times: np.ndarray) -> np.ndarray:
