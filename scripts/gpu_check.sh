@@ -27,10 +27,11 @@
 #          size took 2 min 48 s (block-wise 105 s TTFT, composed 53 s; loaded; not committed).
 # A 15-minute session (the machine's start included) fits two of the steps, not three, each its own call
 # (one call may run 10 min at most):
-#   call 1: `hour` with HOUR_STEP_TIMEOUT=450; call 2: `bench` with GPU_CHECK_FAMILIES=qwen2.5-vl-7b and
-#   STEP_TIMEOUT set to what `status` says is left, less a minute. `bench gpu` rewrites its JSON after every
-#   case, so a step stopped by its timeout keeps the cases it finished. `tests` in a session of their own
-#   (or `tests` + `bench` in one session, as before, and `hour` alone in another).
+#   call 1: `bench` with GPU_CHECK_FAMILIES=qwen2.5-vl-7b and STEP_TIMEOUT=420 (issue 10's table, which also
+#   judges issue 11's targets); call 2: `tests` with STEP_TIMEOUT set to what `status` says is left, less a
+#   minute. Those two are what issue 10's "done when" asks for; `hour` (issue 14's GPU figure) in a later
+#   session, with HOUR_STEP_TIMEOUT=450. `bench gpu` rewrites its JSON after every case, so a step stopped by
+#   its timeout keeps the cases it finished.
 #
 # `bench gpu` runs once per shape model (each its own process: one model in GPU memory at a time). Which:
 #   GPU_CHECK_FAMILIES unset      shape-qwen2.5-vl-7b and shape-qwen3-vl-8b (the default)

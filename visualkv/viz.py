@@ -839,7 +839,9 @@ def _grid(tiles: list[Image.Image], captions: list[str], per_row: int = 8) -> Im
     return sheet
 
 
-def _fit(draw: ImageDraw.ImageDraw, text: str, size: int, width: int, smallest: int = 9):
+def _fit(
+    draw: ImageDraw.ImageDraw, text: str, size: int, width: int, smallest: int = 9
+) -> tuple[str, ImageFont.FreeTypeFont | ImageFont.ImageFont]:
     """(text, font) that fit in `width` px: the font shrunk down to `smallest` px, then the text cut with "…"."""
     length = draw.textlength(text, font=_font(size))
     if length > width:
