@@ -5,7 +5,7 @@ Usage: python scripts/packed_decode.py OUT.json [--shape shape-qwen2.5-vl-7b] [-
   [--text-tokens 30] [--repeats 15] [--dtypes float32,bfloat16]
 
 One decoder layer's attention for one new token (the packed segments dequantized, then
-`packed_attention._one_query`: what a decode step runs per layer), at the shape's attention dimensions (Qwen2.5-VL-7B: 4 KV heads, 7 query heads each, head_dim 128), over the
+`packed_attention.one_query`: what a decode step runs per layer), at the shape's attention dimensions (Qwen2.5-VL-7B: 4 KV heads, 7 query heads each, head_dim 128), over the
 entries Sali-Cache keeps of an image of `--visual-tokens` visual tokens (10,549: a 4K image on Qwen2.5-VL) under
 its default tiers (43 % full precision, 10 % INT8, 29 % INT4, the rest pruned; group size 32), plus the prompt's
 text at full precision. Three cases, in one process on the same random entries:
@@ -108,14 +108,14 @@ def _cases(shape: dict[str, int], tiers: dict[str, int], text: int, dtype: torch
 
     def before() -> torch.Tensor:  # each segment its own part, dequantized through float32
         parts = [(dequantize_through_float32(s.keys), dequantize_through_float32(s.values)) for s in segments]
-        return packed_attention._one_query(query, window_k, window_v, None, parts, None)[0]
+        return packed_attention.one_query(query, window_k, window_v, None, parts, None)[0]
 
     def now() -> torch.Tensor:  # what the wrapped attention runs for a decode step
         parts = [packed_attention.dequantized(segments)]
-        return packed_attention._one_query(query, window_k, window_v, None, parts, None)[0]
+        return packed_attention.one_query(query, window_k, window_v, None, parts, None)[0]
 
     cases = {
-        "full": lambda: packed_attention._one_query(query, full_k, full_v, None, [], None)[0],
+        "full": lambda: packed_attention.one_query(query, full_k, full_v, None, [], None)[0],
         "salicache, float32 dequantize": before,
         "salicache": now,
     }

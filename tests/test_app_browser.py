@@ -295,6 +295,12 @@ def overlapping_texts(pg, elem: str) -> list[str]:
     return pg.evaluate(OVERLAP_JS, elem)
 
 
+def new_chat(pg) -> None:
+    """Click New chat and wait until the chat is empty."""
+    pg.click("#vkv-new")
+    pg.wait_for_function("() => document.querySelectorAll('#vkv-chat [data-testid=\"bot\"]').length === 0")
+
+
 def open_tab(pg, name: str) -> None:
     pg.click(f"button[role=tab]:has-text('{name}')")
 
@@ -574,8 +580,7 @@ def test_new_chat_clears_a_rejected_attachment(page, tmp_path):
     corrupt.write_bytes(b"\x89PNG\r\n\x1a\n" + os.urandom(300))
     send(page, "what is this?", corrupt, expect_error=True)
     assert page.locator("#vkv-input .thumbnail-item").count() == 1  # kept while the chat goes on
-    page.click("#vkv-new")
-    page.wait_for_function("() => document.querySelectorAll('#vkv-chat [data-testid=\"bot\"]').length === 0")
+    new_chat(page)
     page.wait_for_function("() => document.querySelectorAll('#vkv-input .thumbnail-item').length === 0", timeout=10_000)
 
 
@@ -621,8 +626,7 @@ def test_stop_during_prefill_stops_it_and_keeps_the_chat(page, tmp_path):
 
 
 def test_video_frame_timeline(page):
-    page.click("#vkv-new")
-    page.wait_for_function("() => document.querySelectorAll('#vkv-chat [data-testid=\"bot\"]').length === 0")
+    new_chat(page)
     video_method = "salicache" if "salicache" in dropdown_options(page, "#vkv-method") else "blockwise-keydiff"
     choose(page, "#vkv-method", video_method)
     open_accordion(page, "Video sampling", "#vkv-fps")
@@ -678,8 +682,7 @@ def _long_video(path: Path, seconds: int = 900) -> Path:
 
 def test_long_video_timeline_is_binned_zoomable_and_progress_is_in_time(page, tmp_path):
     """Hundreds of sampled frames: the timeline shows bins with a range slider, the progress the video time."""
-    page.click("#vkv-new")
-    page.wait_for_function("() => document.querySelectorAll('#vkv-chat [data-testid=\"bot\"]').length === 0")
+    new_chat(page)
     # 900 frames: past the 512-frame cap of methods that hold every frame, so a bounded one, composed with
     # Sali-Cache's frame skipping (the timeline then has motion scores and skipped spans)
     choose(page, "#vkv-method", "blockwise-keydiff+salicache")
@@ -743,8 +746,7 @@ def test_compare_tab(page, tmp_path):
 
 def test_lightkv_merges_tab(page, tmp_path):
     """LightKV's turn: the merge map (with its legend) and the tokens-per-layer chart, legible."""
-    page.click("#vkv-new")
-    page.wait_for_function("() => document.querySelectorAll('#vkv-chat [data-testid=\"bot\"]').length === 0")
+    new_chat(page)
     choose(page, "#vkv-method", "lightkv")
     send(page, "Which colour dominates?", small_png(tmp_path / "merge.png", 448, 336, seed=5))
     numbers_panel(page, "lightkv")
@@ -759,15 +761,13 @@ def test_lightkv_merges_tab(page, tmp_path):
 
 
 def test_text_only_question_says_no_image_was_given(page):
-    page.click("#vkv-new")
-    page.wait_for_function("() => document.querySelectorAll('#vkv-chat [data-testid=\"bot\"]').length === 0")
+    new_chat(page)
     send(page, "What is the capital of France?")
     assert "No image or video" in page.inner_text("#vkv-summary")
 
 
 def test_load_model_clears_every_result_view(page, tmp_path):
-    page.click("#vkv-new")
-    page.wait_for_function("() => document.querySelectorAll('#vkv-chat [data-testid=\"bot\"]').length === 0")
+    new_chat(page)
     send(page, "Which colour dominates?", small_png(tmp_path / "load.png", 448, 336, seed=6))
     numbers_panel(page, "visual tokens")
     open_tab(page, "Kept tokens")

@@ -98,7 +98,7 @@ def _wrapper(base: str):
             return fn(module, query, key, value, attention_mask, **kwargs)
         if query.shape[2] == 1:  # every segment in one part beside the window: nothing of the cache is copied
             part = dequantized(segments)  # this call's transient
-            return _one_query(query, key, value, attention_mask, [part], kwargs.get("scaling"))
+            return one_query(query, key, value, attention_mask, [part], kwargs.get("scaling"))
         keys, values = dequantized(segments, key, value)  # [segments | block], this call's transient
         mask = _widened(attention_mask, keys.shape[2], query, additive=base == "eager")
         return fn(module, query, keys, values, mask, **kwargs)
@@ -169,7 +169,7 @@ def _widened(mask: torch.Tensor | None, width: int, query: torch.Tensor, additiv
     return torch.cat([visible((*mask.shape[:-1], pad), dtype=mask.dtype, device=mask.device), mask], dim=-1)
 
 
-def _one_query(query, key, value, mask, parts, scaling: float | None):
+def one_query(query, key, value, mask, parts, scaling: float | None):
     """Attention of one query token over [packed parts | key], one softmax, no copy of the cache.
 
     query (b, H, 1, d); key / value (b, Hkv, n, d); parts [(k, v)] of (b, Hkv, m, d); mask None or
