@@ -21,7 +21,12 @@ def main() -> None:
     parser.add_argument("--host", default=None, help="address to listen on (default 127.0.0.1, or GRADIO_SERVER_NAME)")
     parser.add_argument("--port", type=int, default=None, help="port (default 7860, or GRADIO_SERVER_PORT)")
     parser.add_argument("--share", action="store_true", help="create a public Gradio link")
-    parser.add_argument("--device", default=None, help="cpu, cuda or auto (default: cuda when available)")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda", "auto"),
+        default=None,
+        help="where the model runs (default: cuda when available)",
+    )
     parser.add_argument(
         "--public",
         action="store_true",
@@ -69,8 +74,14 @@ def main() -> None:
     from ui.app import build_app, launch
     from ui.sharing import ServeOptions
     from visualkv.access import is_public
+    from visualkv.errors import ModelLoadError
+    from visualkv.models.registry import check_device
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        check_device(device)  # --device cuda without a visible GPU: one line before anything starts
+    except ModelLoadError as exc:
+        parser.error(str(exc))
     serve = ServeOptions(
         public=is_public(share=args.share, public=args.public),
         allow_models=tuple(args.allow_model),

@@ -75,6 +75,28 @@ def test_bad_options_exit_2_with_one_line(image_file, capsys, args, words):
     _assert_one_line_error(code, err, *words)
 
 
+def test_cuda_without_a_gpu_exits_2_with_one_line(image_file, capsys, monkeypatch):
+    """--device cuda where PyTorch sees no GPU: one line naming the fix, not the driver's traceback."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code, _, err = _run(capsys, "run", "--media", str(image_file), "--quiet", "--prompt", "hi", "--device", "cuda")
+    _assert_one_line_error(code, err, "no CUDA GPU", "device cpu or auto")
+
+
+def test_a_gpu_index_past_the_last_is_refused(monkeypatch):
+    import torch
+
+    from visualkv.errors import ModelLoadError
+    from visualkv.models.registry import check_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    check_device("cuda:1")  # the last one is fine
+    with pytest.raises(ModelLoadError, match=r"sees 2 GPU\(s\) \(cuda:0 to cuda:1\)"):
+        check_device("cuda:2")
+
+
 def test_run_two_turns_writes_report(image_file, tmp_path, capsys):
     out = tmp_path / "report.json"
     code, stdout, err = _run(

@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     add_run_args(sub.add_parser("run", help="chat with an image or video (one --prompt per turn)"))
     sub.add_parser("models", help="list offline aliases and suggested Hub models")
-    bench = sub.add_parser("bench", help="benchmarks: memory, latency, fidelity, salicache, needle")
+    bench = sub.add_parser("bench", help="benchmarks: memory, latency, fidelity, salicache, needle, gpu, one, report")
     from visualkv.bench.cli import add_bench_args
 
     add_bench_args(bench)

@@ -110,6 +110,7 @@ def load_model(
     dtype: "auto" (bfloat16 on CUDA, float32 on CPU), "float32", "bfloat16", "float16".
     Raises ModelLoadError with one line on any failure.
     """
+    check_device(device)
     torch_dtype = _dtype(dtype, device)
     if name.startswith("shape-"):  # released configuration, random weights, built where it runs
         from visualkv.models.shapes import build_shape
@@ -129,6 +130,27 @@ def load_model(
             model = model.to(device)
         return _adapter(model, processor, name)
     return _adapter(*_load_pretrained(name, device, torch_dtype, attn_implementation), name)
+
+
+def check_device(device: str) -> None:
+    """Raise ModelLoadError (one line) when `device` names a GPU that PyTorch cannot see.
+
+    Without this a CPU-only machine fails deep inside the first `.to("cuda")` with a driver message.
+    """
+    if not device.startswith("cuda"):
+        return
+    if not torch.cuda.is_available():
+        build = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise ModelLoadError(
+            f"device {device!r} asked for, but PyTorch sees no CUDA GPU (torch {torch.__version__}, {build}); "
+            "use device cpu or auto, or run where a GPU and its driver are visible"
+        )
+    index = torch.device(device).index
+    if index is not None and index >= torch.cuda.device_count():
+        raise ModelLoadError(
+            f"device {device!r} asked for, but PyTorch sees {torch.cuda.device_count()} GPU(s) "
+            f"(cuda:0 to cuda:{torch.cuda.device_count() - 1}); pick one of those or cuda"
+        )
 
 
 def _load_pretrained(name: str, device: str, dtype: torch.dtype, attn: str):

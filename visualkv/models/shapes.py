@@ -47,7 +47,6 @@ from transformers import (
     Qwen2_5_VLForConditionalGeneration,
     SmolVLMConfig,
     SmolVLMForConditionalGeneration,
-    SmolVLMImageProcessor,
     SmolVLMProcessor,
     SmolVLMVideoProcessor,
 )
@@ -61,6 +60,7 @@ from visualkv.models.tiny import (
     TinySpec,
     build_tiny_processor,
     qwen_config,
+    smolvlm_image_processor_class,
 )
 from visualkv.models.tokenizer_build import SMOLVLM_CHAT_TEMPLATE, build_smolvlm_tokenizer
 
@@ -158,7 +158,9 @@ def build_shape_processor(alias: str) -> ProcessorMixin:
         "image_std": s["image_std"],
         "do_pad": True,
     }
-    image_processor = SmolVLMImageProcessor(do_image_splitting=True, size={"longest_edge": v["longest_edge"]}, **common)
+    image_processor = smolvlm_image_processor_class()(
+        do_image_splitting=True, size={"longest_edge": v["longest_edge"]}, **common
+    )
     video_processor = SmolVLMVideoProcessor(
         size={"longest_edge": v["image_size"]}, fps=s["video_fps"], num_frames=s["video_max_frames"], **common
     )

@@ -51,6 +51,7 @@ from transformers import (
     SmolVLMConfig,
     SmolVLMForConditionalGeneration,
     SmolVLMImageProcessor,
+    SmolVLMImageProcessorPil,
     SmolVLMProcessor,
     SmolVLMVideoProcessor,
 )
@@ -63,6 +64,7 @@ from transformers.image_utils import (
     OPENAI_CLIP_STD,
     PILImageResampling,
 )
+from transformers.models.auto.image_processing_auto import DEFAULT_TO_PIL_BACKEND_IMAGE_PROCESSORS
 
 from visualkv.models.tokenizer_build import (
     INTERNVL_CHAT_TEMPLATE,
@@ -326,6 +328,18 @@ def _spec(alias: str) -> TinySpec:
         raise KeyError(f"unknown tiny alias {alias!r}; known: {sorted(TINY_SPECS)}") from None
 
 
+def smolvlm_image_processor_class() -> type:
+    """The backend AutoImageProcessor picks for SmolVLM, so a built processor equals a saved-and-reloaded one.
+
+    SmolVLM resizes with Lanczos, which torchvision has only from 0.27: below that, transformers loads the PIL
+    backend instead (the torchvision one would fall back to bicubic). GPU images often carry an older
+    torchvision (the H200 image: 0.26).
+    """
+    if "SmolVLMImageProcessor" in DEFAULT_TO_PIL_BACKEND_IMAGE_PROCESSORS:
+        return SmolVLMImageProcessorPil
+    return SmolVLMImageProcessor
+
+
 def build_tiny_processor(alias: str) -> ProcessorMixin:
     """Assemble the family's real processor class around a locally built tokenizer."""
     spec = _spec(alias)
@@ -420,7 +434,7 @@ def build_tiny_processor(alias: str) -> ProcessorMixin:
         )
     if spec.family == "smolvlm":
         s = SMOLVLM_PROCESSOR_SETTINGS
-        image_processor = SmolVLMImageProcessor(
+        image_processor = smolvlm_image_processor_class()(
             do_image_splitting=True,
             size=dict(s["image_size"]),
             max_image_size=dict(s["max_image_size"]),
