@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Sequence
 
 from visualkv.errors import VisualKVError
@@ -196,7 +197,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     media = load_media(args.media, limits=media_limits(args.method), sampling=sampling) if args.media else None
     for warning in getattr(media, "warnings", None) or []:
         print(f"warning: {warning}", file=sys.stderr)
+    if not args.quiet:  # a Hub download or a shape's build on CPU can take minutes: say what is happening
+        slow = " (a shape model on CPU: building its random weights takes minutes)" if _shape_on_cpu(args) else ""
+        print(f"loading {args.model} on {args.device}{slow}", file=sys.stderr)
+    started = time.perf_counter()
     adapter = load_model(args.model, device=args.device, dtype=args.dtype, seed=args.seed)
+    if not args.quiet:
+        param = next(adapter.model.parameters())
+        print(
+            f"  loaded in {time.perf_counter() - started:.1f} s: {param.device.type}, {str(param.dtype).split('.')[-1]}",
+            file=sys.stderr,
+        )
     session = ChatSession(adapter, config)
 
     duration = getattr(media, "duration", None) if getattr(media, "kind", None) == "video" else None
@@ -234,6 +245,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.json_out:
         write_json(report, args.json_out)
     return 0
+
+
+def _shape_on_cpu(args: argparse.Namespace) -> bool:
+    import torch
+
+    return args.model.startswith("shape-") and (
+        args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
+    )
 
 
 def cmd_models() -> int:

@@ -14,6 +14,7 @@ import torch
 
 from visualkv.errors import ModelLoadError
 from visualkv.models.base import ModelAdapter
+from visualkv.models.hub import hub_reachable
 from visualkv.models.internvl import InternVLAdapter
 from visualkv.models.llava_onevision import LlavaOnevisionAdapter
 from visualkv.models.qwen2_5_vl import Qwen25VLAdapter
@@ -162,25 +163,31 @@ def _load_pretrained(name: str, device: str, dtype: torch.dtype, attn: str):
     is_local = os.path.isdir(name)
     if not is_local and (name.startswith((".", "/", "~")) or os.sep in name.strip("/").replace("/", "", 1)):
         raise ModelLoadError(f"model path {name!r} does not exist")
+    # a Hub id with the Hub unreachable: the local cache only, at once (no half minute of retries)
+    cached_only = not is_local and not hub_reachable()
+    common = {"trust_remote_code": False, "local_files_only": cached_only}
     try:
-        config = AutoConfig.from_pretrained(name, trust_remote_code=False)
+        config = AutoConfig.from_pretrained(name, **common)
     except Exception as exc:  # noqa: BLE001 - transformers raises many types here
-        hint = "" if is_local else "; it is not an offline alias and the Hub could not be reached (offline?)"
+        if is_local:
+            hint = ""
+        elif cached_only:
+            hint = "; it is not an offline alias, not in the local Hugging Face cache, and the Hub cannot be reached"
+        else:
+            hint = "; it is not an offline alias (check the id on the Hub)"
         raise ModelLoadError(f"cannot load model {name!r}: {_first_line(exc)}{hint}") from None
     if config.model_type not in FAMILY_ADAPTERS:
         raise ModelLoadError(
             f"model {name!r} is a {config.model_type!r}; supported families: {', '.join(sorted(FAMILY_ADAPTERS))}"
         )
     try:
-        processor = AutoProcessor.from_pretrained(name, trust_remote_code=False)
-        kwargs = {"dtype": dtype, "attn_implementation": attn, "trust_remote_code": False}
-        if device == "auto":
-            kwargs["device_map"] = "auto"
+        processor = AutoProcessor.from_pretrained(name, **common)
+        kwargs = {"dtype": dtype, "attn_implementation": attn, **common}
+        if device != "cpu":  # "auto" shards over the GPUs; "cuda[:N]" reads the weights straight onto that GPU
+            kwargs["device_map"] = device
         model = AutoModelForImageTextToText.from_pretrained(name, **kwargs)
     except Exception as exc:  # noqa: BLE001
         raise ModelLoadError(f"cannot load model {name!r}: {_first_line(exc)}") from None
-    if device not in ("auto", "cpu"):
-        model = model.to(device)
     return model, processor
 
 

@@ -1,0 +1,40 @@
+"""Whether the Hugging Face Hub can be reached, asked once and quickly before a Hub id is loaded.
+
+Unasked, an unreachable Hub costs about half a minute: huggingface_hub retries each request with back-off
+("Retrying in 8s [Retry 5/5]") before transformers gives up, and then a model already in the local cache is
+not used either. A short TCP connect first tells the two cases apart: reachable, load as usual; unreachable,
+load with `local_files_only` (a cached copy loads at once, a missing one fails at once with one line).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from urllib.parse import urlparse
+
+#: seconds a connect may take before the Hub counts as unreachable (a slow link still answers well within it)
+CONNECT_TIMEOUT_S = 3.0
+
+
+def offline_mode() -> bool:
+    """HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE set: the Hub is not to be asked at all."""
+    return any(os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"} for name in _OFFLINE_VARS)
+
+
+def hub_reachable(timeout: float = CONNECT_TIMEOUT_S) -> bool:
+    """True when a TCP connection to the Hub endpoint ($HF_ENDPOINT, else huggingface.co) opens within `timeout`.
+
+    Offline mode answers False without connecting.
+    """
+    if offline_mode():
+        return False
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        socket.create_connection((endpoint.hostname or "", port), timeout=timeout).close()
+    except (OSError, ValueError):  # no DNS, refused, timed out, or a malformed endpoint
+        return False
+    return True
+
+
+_OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
