@@ -17,6 +17,18 @@ from PIL import Image
 from visualkv.models.hub import hub_reachable
 
 REPO = Path(__file__).resolve().parents[1]
+#: proxy variables of the machine running the tests would change where a request connects first
+PROXY_VARS = (
+    "HTTPS_PROXY",
+    "https_proxy",
+    "HTTP_PROXY",
+    "http_proxy",
+    "ALL_PROXY",
+    "all_proxy",
+    "NO_PROXY",
+    "no_proxy",
+)
+OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 
 
 def _closed_port() -> int:
@@ -26,8 +38,8 @@ def _closed_port() -> int:
 
 
 def test_hub_reachable_asks_the_endpoint_and_respects_offline_mode(monkeypatch):
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    for name in OFFLINE_VARS + PROXY_VARS:
+        monkeypatch.delenv(name, raising=False)
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen()
@@ -37,6 +49,21 @@ def test_hub_reachable_asks_the_endpoint_and_respects_offline_mode(monkeypatch):
         assert not hub_reachable(timeout=2.0)
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
+    assert not hub_reachable(timeout=2.0)
+
+
+def test_behind_a_proxy_the_proxy_is_asked(monkeypatch):
+    """With $HTTPS_PROXY set, downloads go through the proxy: an endpoint unreachable directly is still reachable."""
+    for name in OFFLINE_VARS + PROXY_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "https://hub.invalid")  # reserved name: no DNS answer, never a real host
+    assert not hub_reachable(timeout=2.0)
+    with socket.socket() as proxy:
+        proxy.bind(("127.0.0.1", 0))
+        proxy.listen()
+        monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{proxy.getsockname()[1]}")
+        assert hub_reachable(timeout=2.0)
+    monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{_closed_port()}")
     assert not hub_reachable(timeout=2.0)
 
 
@@ -53,7 +80,7 @@ def unreachable_hub(tmp_path_factory) -> tuple[dict, Path]:
     (repo / "refs" / "main").write_text("0123abcd")
     image = root / "a.png"
     Image.fromarray(synthetic_image(224, 168)).save(image)
-    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env = {k: v for k, v in os.environ.items() if k not in OFFLINE_VARS + PROXY_VARS}
     env.update(
         HF_ENDPOINT=f"http://127.0.0.1:{_closed_port()}",
         HF_HUB_CACHE=str(root / "cache"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import urllib.request
 from urllib.parse import urlparse
 
 #: seconds a connect may take before the Hub counts as unreachable (a slow link still answers well within it)
@@ -22,19 +23,32 @@ def offline_mode() -> bool:
 
 
 def hub_reachable(timeout: float = CONNECT_TIMEOUT_S) -> bool:
-    """True when a TCP connection to the Hub endpoint ($HF_ENDPOINT, else huggingface.co) opens within `timeout`.
+    """True when a TCP connection to the Hub endpoint ($HF_ENDPOINT, else huggingface.co), or to the proxy set
+    for it, opens within `timeout`.
 
     Offline mode answers False without connecting.
     """
     if offline_mode():
         return False
-    endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
-    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
     try:
-        socket.create_connection((endpoint.hostname or "", port), timeout=timeout).close()
+        socket.create_connection(_first_hop(), timeout=timeout).close()
     except (OSError, ValueError):  # no DNS, refused, timed out, or a malformed endpoint
         return False
     return True
+
+
+def _first_hop() -> tuple[str, int]:
+    """Where a Hub request connects first: the endpoint, or the proxy that $HTTPS_PROXY & co. name for it.
+
+    Behind a proxy the endpoint itself is often not reachable directly while downloads work through the proxy.
+    """
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host = endpoint.hostname or ""
+    proxy = urllib.request.getproxies().get(endpoint.scheme)
+    if proxy and not urllib.request.proxy_bypass(host):
+        via = urlparse(proxy if "://" in proxy else f"http://{proxy}")
+        return via.hostname or "", via.port or (443 if via.scheme == "https" else 80)
+    return host, endpoint.port or (443 if endpoint.scheme == "https" else 80)
 
 
 _OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
