@@ -197,15 +197,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     media = load_media(args.media, limits=media_limits(args.method), sampling=sampling) if args.media else None
     for warning in getattr(media, "warnings", None) or []:
         print(f"warning: {warning}", file=sys.stderr)
-    if not args.quiet:  # a Hub download or a shape's build on CPU can take minutes: say what is happening
-        slow = " (a shape model on CPU: building its random weights takes minutes)" if _shape_on_cpu(args) else ""
-        print(f"loading {args.model} on {args.device}{slow}", file=sys.stderr)
+    if _shape_on_cpu(args) and not args.quiet:  # minutes with no output otherwise; a refusal stays one line
+        import torch
+
+        from visualkv.models.shapes import check_fits
+
+        check_fits(args.model, "cpu", torch.bfloat16 if args.dtype == "auto" else getattr(torch, args.dtype))
+        print(f"building {args.model} on cpu: its random weights take minutes here (seconds on a GPU)", file=sys.stderr)
     started = time.perf_counter()
     adapter = load_model(args.model, device=args.device, dtype=args.dtype, seed=args.seed)
     if not args.quiet:
         param = next(adapter.model.parameters())
         print(
-            f"  loaded in {time.perf_counter() - started:.1f} s: {param.device.type}, {str(param.dtype).split('.')[-1]}",
+            f"model {args.model} loaded in {time.perf_counter() - started:.1f} s: "
+            f"{param.device.type}, {str(param.dtype).split('.')[-1]}",
             file=sys.stderr,
         )
     session = ChatSession(adapter, config)

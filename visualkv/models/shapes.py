@@ -307,6 +307,14 @@ def _check_memory(alias: str, n_bytes: int, device: torch.device) -> None:
         )
 
 
+def check_fits(
+    alias: str, device: str | torch.device, dtype: torch.dtype = torch.bfloat16, num_layers: int | None = None
+) -> None:
+    """Raise ModelLoadError (one line) when the shape's weights would not fit on `device`; nothing is built."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    _check_memory(alias, parameter_count(alias, num_layers) * itemsize, torch.device(device))
+
+
 def build_shape(
     alias: str,
     device: str | torch.device = "cpu",
@@ -323,10 +331,9 @@ def build_shape(
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
+    check_fits(alias, device, dtype, num_layers)
     processor = build_shape_processor(alias)
     config = build_shape_config(alias, processor, num_layers)
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    _check_memory(alias, parameter_count(alias, num_layers) * itemsize, device)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.device(device):
         torch.manual_seed(seed)
         model = _model_class(spec)._from_config(config, dtype=dtype)

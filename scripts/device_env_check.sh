@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Pre-flight for a GPU session, run on the development machine (CPU): gpu_check.sh's dry run and the test suite
+# under the GPU image's package versions, so that a difference in an API shows here and not in the GPU's
+# 15 minutes. The versions are those KINDS.md of the device tool lists for the H200 image: Python 3.12, torch
+# 2.11, torchvision 0.26, numpy 2.5.2, with the transformers this project pins (gpu_check.sh carries it there).
+#
+#   scripts/device_env_check.sh              # dry run without gradio/plotly/decord/kaleido (as there), then the
+#                                            # suite but the browser tests, with them installed
+#   scripts/device_env_check.sh tests/test_quant.py -x     # the dry run, then these pytest arguments instead
+#
+# Needs PyPI and a Python 3.12 (PY312=/path/to/python3.12, else python3.12 on PATH or pyenv's). The venv stays
+# at $VENV (default /tmp/visualkv-device-env) for the next run. Found this way (2026-12-02): SmolVLM's image
+# processor differs below torchvision 0.27 (transformers loads its PIL backend there), so a built tiny model
+# and the same model saved and reloaded disagreed; fixed in models/tiny.py.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-/tmp/visualkv-device-env}
+PY312=${PY312:-$(command -v python3.12 || ls /root/.pyenv/versions/3.12*/bin/python 2>/dev/null | head -n 1 || true)}
+[ -n "$PY312" ] || { echo "no Python 3.12 found: set PY312=/path/to/python3.12"; exit 2; }
+transformers=$(grep -E '^transformers==' requirements.txt | cut -d' ' -f1)
+
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY312" -m venv "$VENV"
+fi
+pip=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+"${pip[@]}" torch==2.11.0 torchvision==0.26.0 numpy==2.5.2 "$transformers" opencv-python-headless psutil \
+  safetensors tokenizers pillow num2words pytest accelerate
+# as on the GPU machine: the GPU code paths must import without the UI packages
+"$VENV/bin/python" -m pip uninstall -q -y gradio plotly kaleido decord >/dev/null 2>&1 || true
+
+out=$(mktemp -d)
+echo "== gpu_check.sh dry run (GPU_CHECK_SMALL=1), $("$VENV/bin/python" -c 'import torch, torchvision; print("torch", torch.__version__, "torchvision", torchvision.__version__)')"
+GPU_CHECK_SMALL=1 PYTHON="$VENV/bin/python" OUT="$out" scripts/gpu_check.sh >"$out.log" 2>&1 \
+  || { tail -n 40 "$out.log"; echo "dry run failed: $out.log"; exit 1; }
+grep -E "^(pytest|bench|hour) .*exit" "$out.log"
+
+echo "== pytest ${*:---ignore=tests/test_app_browser.py}"
+"${pip[@]}" -r requirements.txt -r requirements-dev.txt  # the suite's UI tests need them; torch stays at 2.11
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider "${@:---ignore=tests/test_app_browser.py}"
