@@ -170,7 +170,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from visualkv.media import FrameSampling, load_media
     from visualkv.memory_guard import out_of_memory_caught
     from visualkv.methods import media_limits
-    from visualkv.models.registry import load_model
+    from visualkv.models.registry import load_model, shape_placement
     from visualkv.session import ChatSession, SessionConfig
     from visualkv.telemetry import write_json
 
@@ -197,12 +197,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     media = load_media(args.media, limits=media_limits(args.method), sampling=sampling) if args.media else None
     for warning in getattr(media, "warnings", None) or []:
         print(f"warning: {warning}", file=sys.stderr)
-    if _shape_on_cpu(args) and not args.quiet:  # minutes with no output otherwise; a refusal stays one line
-        import torch
-
+    placement = shape_placement(args.device, args.dtype) if args.model.startswith("shape-") else None
+    if placement and placement[0] == "cpu" and not args.quiet:  # minutes of silence otherwise
         from visualkv.models.shapes import check_fits
 
-        check_fits(args.model, "cpu", torch.bfloat16 if args.dtype == "auto" else getattr(torch, args.dtype))
+        check_fits(args.model, *placement)  # a refusal stays one line: checked before anything is printed
         print(f"building {args.model} on cpu: its random weights take minutes here (seconds on a GPU)", file=sys.stderr)
     started = time.perf_counter()
     adapter = load_model(args.model, device=args.device, dtype=args.dtype, seed=args.seed)
@@ -250,14 +249,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.json_out:
         write_json(report, args.json_out)
     return 0
-
-
-def _shape_on_cpu(args: argparse.Namespace) -> bool:
-    import torch
-
-    return args.model.startswith("shape-") and (
-        args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
-    )
 
 
 def cmd_models() -> int:

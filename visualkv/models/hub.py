@@ -1,8 +1,8 @@
 """Whether the Hugging Face Hub can be reached, asked once and quickly before a Hub id is loaded.
 
-Unasked, an unreachable Hub costs about half a minute: huggingface_hub retries each request with back-off
-("Retrying in 8s [Retry 5/5]") before transformers gives up, and then a model already in the local cache is
-not used either. A short TCP connect first tells the two cases apart: reachable, load as usual; unreachable,
+Unasked, an unreachable Hub costs time: huggingface_hub retries each request with back-off ("Retrying in 8s
+[Retry 5/5]"), about half a minute before a model missing from the local cache fails, and minutes, file by
+file, before a cached one loads. A short TCP connect first tells the two cases apart: reachable, load as usual; unreachable,
 load with `local_files_only` (a cached copy loads at once, a missing one fails at once with one line).
 """
 
@@ -15,10 +15,14 @@ from urllib.parse import urlparse
 
 #: seconds a connect may take before the Hub counts as unreachable (a slow link still answers well within it)
 CONNECT_TIMEOUT_S = 3.0
+_OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 
 
 def offline_mode() -> bool:
-    """HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE set: the Hub is not to be asked at all."""
+    """HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE set: the Hub is not to be asked at all.
+
+    Read now, not once at import as huggingface_hub's `is_offline_mode()` does, so a change after import counts.
+    """
     return any(os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"} for name in _OFFLINE_VARS)
 
 
@@ -49,6 +53,3 @@ def _first_hop() -> tuple[str, int]:
         via = urlparse(proxy if "://" in proxy else f"http://{proxy}")
         return via.hostname or "", via.port or (443 if via.scheme == "https" else 80)
     return host, endpoint.port or (443 if endpoint.scheme == "https" else 80)
-
-
-_OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")

@@ -116,9 +116,7 @@ def load_model(
     if name.startswith("shape-"):  # released configuration, random weights, built where it runs
         from visualkv.models.shapes import build_shape
 
-        target = "cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device
-        shape_dtype = torch.bfloat16 if dtype == "auto" else torch_dtype  # the released dtype, also on CPU
-        return _adapter(*build_shape(name, target, shape_dtype, seed=seed), name)
+        return _adapter(*build_shape(name, *shape_placement(device, dtype), seed=seed), name)
     if name in BUNDLED_MODELS:  # a checkpoint shipped in the repo: load it like any local folder
         return _adapter(*_load_pretrained(BUNDLED_MODELS[name], device, torch_dtype, attn_implementation), name)
     if name in offline_aliases():
@@ -131,6 +129,13 @@ def load_model(
             model = model.to(device)
         return _adapter(model, processor, name)
     return _adapter(*_load_pretrained(name, device, torch_dtype, attn_implementation), name)
+
+
+def shape_placement(device: str, dtype: str) -> tuple[str, torch.dtype]:
+    """Where and in what dtype a shape model is built: "auto" is the GPU when there is one, and the dtype is the
+    released one (bfloat16) unless asked otherwise, also on CPU."""
+    target = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    return target, torch.bfloat16 if dtype == "auto" else _dtype(dtype, target)
 
 
 def check_device(device: str) -> None:

@@ -38,6 +38,7 @@ public copies, since this machine has no network):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cache
 
 import psutil
 import torch
@@ -282,8 +283,10 @@ def _model_class(spec: ShapeSpec) -> type[PreTrainedModel]:
     return Qwen2_5_VLForConditionalGeneration if spec.family == "qwen2_5_vl" else SmolVLMForConditionalGeneration
 
 
+@cache
 def parameter_count(alias: str, num_layers: int | None = None) -> int:
-    """Parameters of the shape, counted on the meta device (nothing allocated)."""
+    """Parameters of the shape, counted on the meta device (nothing allocated); cached, as the CLI's fit check
+    and the build both ask."""
     spec = shape_spec(alias)
     processor = build_shape_processor(alias)
     with torch.device("meta"):
