@@ -3,7 +3,7 @@
 One app process serves every test of this module (in file order), in a 1440x900 window: a 4K image chat
 with a live memory chart, the result in view (summary and before/after kept-token slider), a follow-up
 turn, the bad files and bad control values a new user tries, Stop during a prefill, a video with the
-frame timeline, Compare, LightKV's merge map, a text-only question, Load model, and two users at once (with the queue
+frame timeline, Compare (and its Stop), LightKV's merge map, a text-only question, Load model, and two users at once (with the queue
 message). Screenshots go to artifacts/ (and the 1440x900 one to docs/screenshot.png).
 """
 
@@ -742,6 +742,28 @@ def test_compare_tab(page, tmp_path):
     assert "full" in traces and len(traces) == checked, (traces, table)
     assert overlapping_texts(page, "#vkv-cmp-plot") == []
     shot(page, "06_compare")
+
+
+def test_compare_stop_ends_it_at_once_and_keeps_the_finished_rows(page):
+    """Compare on the 4K image in blocks of one strip (~70 blocks a method): its own Stop ends the running
+    method at a block boundary; the status says so and no later method runs."""
+    set_number(page, "#vkv-block-size", 256)
+    page.click("#vkv-cmp-file button[aria-label='Clear']")  # the previous test's file
+    page.set_input_files("#vkv-cmp-file input[type=file]", str(REPO / "assets" / "example_4k.png"))
+    page.wait_for_selector("#vkv-cmp-file a[download='example_4k.png']", timeout=TURN_TIMEOUT_MS)
+    checked = page.locator("#vkv-cmp-methods input[type=checkbox]:checked").count()
+    page.click("#vkv-cmp-run")
+    status_js = "(document.querySelector('#vkv-cmp-status') || {innerText: ''}).innerText"
+    page.wait_for_function(f"() => /· [a-z+-]+: prefill block \\d+\\//.test({status_js})", timeout=TURN_TIMEOUT_MS)
+    page.click("#vkv-cmp-stop")
+    page.wait_for_function(f"() => {status_js}.includes('Stopped after')", timeout=TURN_TIMEOUT_MS)
+    status = page.inner_text("#vkv-cmp-status")
+    finished = int(re.search(r"Stopped after (\d+) of (\d+) methods", status).group(1))
+    assert finished < checked, status
+    rows = page.locator("#vkv-cmp-table tbody tr").count() if finished else 0
+    assert rows == finished, (rows, status)
+    shot(page, "06a_compare_stopped")
+    set_number(page, "#vkv-block-size", 0)
 
 
 def test_lightkv_merges_tab(page, tmp_path):

@@ -326,7 +326,8 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
                         gr.Markdown(
                             "Runs the chat's media (or a file given here) and one question through several "
                             "methods, each in a fresh cache, with the budget and settings on the left. "
-                            "`full` is the reference for agreement.",
+                            "`full` is the reference for agreement. *Stop* ends it at the running method's next "
+                            "block or token and keeps the finished rows.",
                             elem_classes="vkv-small",
                         )
                         cmp_methods = gr.CheckboxGroup(
@@ -345,7 +346,9 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
                         cmp_question = gr.Textbox(
                             label="question (default: the chat's first question)", elem_id="vkv-cmp-q"
                         )
-                        cmp_btn = gr.Button("Compare", variant="primary", elem_id="vkv-cmp-run")
+                        with gr.Row():
+                            cmp_btn = gr.Button("Compare", variant="primary", elem_id="vkv-cmp-run", min_width=80)
+                            cmp_stop = gr.Button("Stop", variant="stop", elem_id="vkv-cmp-stop", min_width=80)
                         cmp_status = gr.Markdown("", elem_id="vkv-cmp-status")
                         cmp_table = gr.Dataframe(
                             headers=h.compare_headers, interactive=False, wrap=True, elem_id="vkv-cmp-table"
@@ -448,10 +451,11 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
         cmp_btn.click(
             h.compare,
             [state, cmp_methods, cmp_question, cmp_file, *settings, *method_components],
-            [cmp_table, cmp_plot, cmp_status],
+            [cmp_table, cmp_plot, cmp_status, state],
             show_progress_on=[cmp_table],
             **compute,
         )
+        cmp_stop.click(h.stop_compare, [state], [cmp_status], queue=False, show_progress="hidden")
     demo.vkv_model = model_name  # for app.py's start message
     demo.vkv_serve = serve  # for launch's queue size
     return demo

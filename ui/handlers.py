@@ -26,14 +26,15 @@ from visualkv.media import FrameSampling, MediaLimits, load_media
 from visualkv.methods import is_bounded, media_limits
 from visualkv.session import ChatSession, SessionConfig
 from visualkv.streaming import (
-    compare_methods,
+    TIME_LIMIT_STOPPED,
     failure_message,
     live_report,
     method_options,
+    stream_compare,
     stream_turn,
     turn_report,
 )
-from visualkv.telemetry import write_json
+from visualkv.telemetry import TIME_LIMIT_STOP, write_json
 
 from . import text
 from .state import ModelCache, UserState, is_offline_model
@@ -100,6 +101,7 @@ LIVE_UPDATE_SECONDS = 0.25
 READING_LABEL = "reading the input…"
 PREFILL_LABEL = "prefill block"  # + " k/N (…)"; the line stays on the last block while the answer streams
 STOPPING_LABEL = "stopping… (a prefill ends at its next block boundary; an answer at its next token)"
+COMPARE_STOPPING = "stopping… (the running method ends at its next block boundary or token)"
 
 
 def stopping_html() -> str:
@@ -124,7 +126,8 @@ class Handlers:
         self._waiting: dict[Any, float] = {}  # session -> when its turn was sent, until it starts
         self._running = 0  # turns computing now
         self._turn_seconds = 0.0  # moving average of recent turn times
-        self._active: set[int] = set()  # id() of the UserStates with a turn running (Stop has something to stop)
+        # id() of the UserStates with a computation running -> "turn" or "compare" (what each Stop button stops)
+        self._active: dict[int, str] = {}
 
     # -- helpers --------------------------------------------------------------------------------
     def _state(self, state: UserState | None) -> UserState:
@@ -206,11 +209,12 @@ class Handlers:
         with self._queue_lock:
             self._waiting.pop(getattr(request, "session_hash", None), None)
 
-    def _finished(self, seconds: float) -> None:
+    def _finished(self, seconds: float | None) -> None:
+        """A computation ended; `seconds`: a chat turn's time (None for a comparison, not a turn)."""
         with self._queue_lock:
             self._running = max(0, self._running - 1)
-            # a moving average of turn times, for the waiting message
-            self._turn_seconds = seconds if not self._turn_seconds else 0.7 * self._turn_seconds + 0.3 * seconds
+            if seconds is not None:  # a moving average of turn times, for the waiting message
+                self._turn_seconds = seconds if not self._turn_seconds else 0.7 * self._turn_seconds + 0.3 * seconds
 
     # -- chat -----------------------------------------------------------------------------------
     @gpu
@@ -311,7 +315,7 @@ class Handlers:
         st.history = [*before, {"role": "user", "content": user_content}, {"role": "assistant", "content": ""}]
         st.stop = threading.Event()
         st.live_blocks = []
-        self._active.add(id(st))
+        self._active[id(st)] = "turn"
         try:
             yield (
                 st.history,
@@ -326,7 +330,7 @@ class Handlers:
             )
             yield from self._stream(st, session, prompt, media, files, before, new_session, cfg, notes)
         finally:
-            self._active.discard(id(st))
+            self._active.pop(id(st), None)
 
     def _stream(self, st: UserState, session, prompt, media, files, before, new_session, cfg, notes):
         """The events of one running turn, as outputs (see `chat`)."""
@@ -371,12 +375,19 @@ class Handlers:
                 yield (st.history, skip, st, "", skip, skip, skip, skip, skip)
             elif kind in ("error", "stopped"):
                 st.history = before  # the failed or stopped turn leaves no trace; the session is unchanged
-                line = (
-                    "⏹ Stopped while reading the media: nothing of this turn was kept, the chat is as it was. "
-                    "Send again to retry."
-                    if kind == "stopped"
-                    else _error(payload, files)
-                )
+                if kind == "error":
+                    line = _error(payload, files)
+                elif payload == TIME_LIMIT_STOPPED:
+                    line = (
+                        f"⏱ This instance's turn time limit ({self.turn_time_limit:g} s) stopped the turn while it "
+                        "read the media: nothing of it was kept, the chat is as it was. A block-wise method, a "
+                        "smaller budget or fewer frames reads faster."
+                    )
+                else:
+                    line = (
+                        "⏹ Stopped while reading the media: nothing of this turn was kept, the chat is as it was. "
+                        "Send again to retry."
+                    )
                 # the question (and its file) go back into the input box, so nothing typed is lost
                 yield (st.history, {"text": prompt, "files": files}, st, line, "", skip, skip, skip, skip)
                 return
@@ -385,10 +396,15 @@ class Handlers:
                 if new_session:
                     st.session, st.media_path, st.first_prompt = session, files[0] if files else None, prompt
                     st.settings_used = dict(cfg.__dict__)
-                stopped = record.stopped == "stopped"
+                stopped = record.stopped in ("stopped", TIME_LIMIT_STOP)
                 content = record.answer or "(empty answer)"
-                if stopped:
+                if record.stopped == "stopped":
                     content = f"{record.answer} … (stopped by you after {len(record.token_ids)} token(s))"
+                elif record.stopped == TIME_LIMIT_STOP:
+                    content = (
+                        f"{record.answer} … (stopped by this instance's turn time limit of "
+                        f"{self.turn_time_limit:g} s after {len(record.token_ids)} token(s))"
+                    )
                 st.history[-1] = {"role": "assistant", "content": content}
                 st.report = viz_report = turn_report(session)
                 st.report_path = self._write_report(viz_report, st.report_path)
@@ -419,10 +435,17 @@ class Handlers:
                 )
 
     def stop(self, state):
-        if state is None or id(state) not in self._active:
+        if state is None or self._active.get(id(state)) != "turn":
             return gr.skip()  # no turn of this session is running: nothing to stop
         state.stop.set()
         return stopping_html()
+
+    def stop_compare(self, state):
+        """Compare's own Stop: the running method ends at its next block boundary or token."""
+        if state is None or self._active.get(id(state)) != "compare":
+            return gr.skip()  # no comparison of this session is running
+        state.stop.set()
+        return COMPARE_STOPPING
 
     def new_chat(self, request: gr.Request, state, method, followup):
         self._forget_waiting(request)
@@ -606,6 +629,7 @@ class Handlers:
     @gpu
     def compare(
         self,
+        request: gr.Request,
         state,
         methods,
         question,
@@ -621,7 +645,13 @@ class Handlers:
         max_frames,
         *method_values,
     ):
+        """Generator: the ticked methods one after another. Outputs: table, chart, status line, state (a
+        session's first event may be a comparison: its Stop needs the state this run uses).
+
+        Stoppable (`stop_compare`, New chat) and bounded by the turn time limit as a whole: on a shared
+        instance one comparison holds the model no longer than one chat turn may."""
         st = self._state(state)
+        skip = gr.skip()
         question = (question or "").strip() or st.first_prompt
         path = file or st.media_path
         try:
@@ -629,33 +659,67 @@ class Handlers:
                 raise ConfigError("type a question (or chat first: the chat's first question is the default)")
             if not path:
                 raise ConfigError("give a file here or start a chat with an image or video first")
+            if not methods:
+                raise ConfigError("tick at least one method to compare")
             base = self._config(method, budget, block_size, max_new, temperature, followup, prefill, method_values)
             base = dataclasses.replace(base, budget=int(budget) if budget else None)  # for the methods that use one
             options = {}
-            for name in methods or []:
+            for name in methods:
                 vals = {key: v for (m, key), v in zip(self.method_keys, method_values) if m == name}
                 options[name] = method_options(name, vals)
             # one input for every ticked method: the frame cap of the first that holds every frame, if any
-            capped = next((m for m in methods or [] if not is_bounded(m)), (methods or ["full"])[0])
+            capped = next((m for m in methods if not is_bounded(m)), methods[0])
             limits = media_limits(capped, MediaLimits(max_file_bytes=self.max_file_bytes))
             media = load_media(path, limits=limits, sampling=self._sampling(fps, max_frames))
             adapter = self.cache.get(st.model_name)
-            results: dict[str, Any] = {}
-            yield gr.skip(), gr.skip(), f"running {len(methods or [])} methods…"
-            for name, rep in compare_methods(adapter, media, question, methods or [], base, options):
-                results[name] = rep
-                yield (
-                    viz.compare_rows(results),
-                    viz.compare_memory_figure(results),
-                    f"{len(results)}/{len(methods)} done",
-                )
-            yield (
-                viz.compare_rows(results),
-                viz.compare_memory_figure(results),
-                f"done: {len(results)} methods on “{html.escape(question)}”",
-            )
         except Exception as exc:  # noqa: BLE001 - shown in the status line
-            yield gr.skip(), gr.skip(), _error(failure_message(exc), [path] if path else None)
+            yield skip, skip, _error(failure_message(exc), [path] if path else None), skip
+            return
+        st.stop = threading.Event()
+        self._active[id(st)] = "compare"
+        self._started(request)
+        results: dict[str, Any] = {}
+        try:
+            yield skip, skip, f"running {len(methods)} methods…", st
+            last_update = float("-inf")
+            events = stream_compare(
+                adapter, media, question, methods, base, options, st.stop, time_limit=self.turn_time_limit
+            )
+            for kind, payload in events:
+                if kind == "method":
+                    name, index, total = payload
+                    position = f"{index + 1}/{total}"
+                    yield skip, skip, f"{position} · {name}: {READING_LABEL}", skip
+                elif kind == "block":
+                    name, block = payload
+                    done, now = block.index + 1, time.monotonic()
+                    if now - last_update < LIVE_UPDATE_SECONDS and done < block.n_blocks:
+                        continue  # at most a few status lines a second (the last block's always)
+                    line = COMPARE_STOPPING if st.stop.is_set() else f"{PREFILL_LABEL} {done}/{block.n_blocks}"
+                    yield skip, skip, f"{position} · {name}: {line}", skip
+                    last_update = time.monotonic()
+                elif kind == "result":
+                    name, report = payload
+                    results[name] = report
+                    status = f"{len(results)}/{len(methods)} done"
+                    yield viz.compare_rows(results), viz.compare_memory_figure(results), status, skip
+                elif kind == "stopped":
+                    message, by_time_limit = payload
+                    line = (
+                        f"⏱ {message[0].upper()}{message[1:]} ({self.turn_time_limit:g} s on this instance; "
+                        "fewer methods, a smaller budget or fewer frames fit in it)"
+                        if by_time_limit
+                        else f"⏹ {message[0].upper()}{message[1:]}; the table keeps the finished ones"
+                    )
+                    yield viz.compare_rows(results), viz.compare_memory_figure(results), line, skip
+                else:  # done
+                    line = f"done: {len(results)} methods on “{html.escape(question)}”"
+                    yield viz.compare_rows(results), viz.compare_memory_figure(results), line, skip
+        except Exception as exc:  # noqa: BLE001 - shown in the status line
+            yield skip, skip, _error(failure_message(exc), [path]), skip
+        finally:
+            self._active.pop(id(st), None)
+            self._finished(None)
 
 
 def _layer_index(choice: str | None) -> int | None:

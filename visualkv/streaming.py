@@ -11,7 +11,8 @@ the model runs. `stream_turn` gives exactly that:
         kind == "done"   -> payload: TurnRecord of the finished turn (always last on success)
         kind == "error"  -> payload: one-line message (always last on failure)
         kind == "stopped" -> payload: one-line message (last; `stop` ended the prefill at a block
-                             boundary, the session is exactly as before the turn)
+                             boundary, the session is exactly as before the turn; `TIME_LIMIT_STOPPED`
+                             when the turn's time limit did)
 
 Errors never escape as exceptions: deliberate ones (`VisualKVError`) keep their
 message; anything else becomes "unexpected failure (Type: first line)" with the
@@ -23,8 +24,13 @@ tokens. Turns of one session are
 serialised by a per-session lock: if a reader walks away mid-turn, the next turn
 of that session waits until the abandoned one has finished.
 
-Also here, for the app and the benches: `compare_methods` (one question through
-several methods, one report each), `turn_report` (the session report plus the
+A time limit ends a turn the way Stop does, and says so: a prefill it stops yields
+`TIME_LIMIT_STOPPED`, and an answer it cuts short is recorded as `TurnRecord.stopped ==
+TIME_LIMIT_STOP` (a Stop from the user records "stopped").
+
+Also here, for the app and the benches: `stream_compare` / `compare_methods` (one
+question through several methods, each in a fresh session, stoppable and under one time
+limit), `turn_report` (the session report plus the
 keep fraction per layer), `live_report` (a partial report during prefill), and
 `method_settings` / `method_options` (a method's tunable settings, flattened, and
 back into constructor keyword arguments).
@@ -37,6 +43,7 @@ import inspect
 import logging
 import queue
 import threading
+import time
 import types
 import typing
 import weakref
@@ -51,10 +58,14 @@ from visualkv.memory_guard import out_of_memory_caught
 from visualkv.methods import METHODS, method_traits
 from visualkv.methods.compose import SEPARATOR
 from visualkv.session import ChatSession, SessionConfig
+from visualkv.telemetry import TIME_LIMIT_STOP
 
 log = logging.getLogger(__name__)
 
 Event = tuple[str, Any]
+
+#: the "stopped" payload of a prefill that a time limit ended
+TIME_LIMIT_STOPPED = "the time limit stopped this turn while it read the media; nothing of it was kept"
 
 _LOCKS: weakref.WeakKeyDictionary[ChatSession, threading.Lock] = weakref.WeakKeyDictionary()
 _LOCKS_GUARD = threading.Lock()
@@ -97,7 +108,13 @@ def stream_turn(
     lock = _session_lock(session)
     if time_limit is not None and stop is None:
         stop = threading.Event()
-    timer = threading.Timer(time_limit, stop.set) if time_limit is not None else None
+    timed_out = threading.Event()  # set before `stop` when the time limit (not the user) stops the turn
+
+    def expire() -> None:
+        timed_out.set()
+        stop.set()
+
+    timer = threading.Timer(max(time_limit, 0.0), expire) if time_limit is not None else None
 
     def work() -> None:
         with lock:
@@ -110,9 +127,12 @@ def stream_turn(
                         prompt, media, on_block=lambda ev: events.put(("block", ev)), stop=stop
                     ):
                         events.put(("text", piece))
-                events.put(("done", session.turns[-1]))
+                record = session.turns[-1]
+                if timed_out.is_set() and record.stopped == "stopped":
+                    record.stopped = TIME_LIMIT_STOP
+                events.put(("done", record))
             except PrefillStopped as exc:
-                events.put(("stopped", str(exc)))
+                events.put(("stopped", TIME_LIMIT_STOPPED if timed_out.is_set() else str(exc)))
             except Exception as exc:
                 if not isinstance(exc, VisualKVError):
                     log.exception("turn failed")
@@ -160,7 +180,7 @@ def live_report(session: ChatSession, blocks: Iterable[Any]) -> dict[str, Any]:
     }
 
 
-def compare_methods(
+def stream_compare(
     adapter,
     media: Media | None,
     prompt: str,
@@ -168,13 +188,23 @@ def compare_methods(
     base: SessionConfig | None = None,
     options: dict[str, dict[str, Any]] | None = None,
     stop: threading.Event | None = None,
-) -> Iterator[tuple[str, dict[str, Any] | str]]:
-    """Answer `prompt` about `media` once per method, each in a fresh session, in this process.
+    time_limit: float | None = None,
+) -> Iterator[Event]:
+    """Answer `prompt` about `media` once per method, each in a fresh session, in this process; yield events.
 
-    Yields (method, report) or (method, "error message") as each finishes. `full` runs first
-    (it is the reference for agreement) when it is among `methods`. `base` supplies budget,
-    block size, decoding settings; a method that needs no budget gets none. `options` maps a
-    method to its constructor keyword arguments. `stop` ends the comparison between methods.
+        kind == "method"  -> payload: (name, index, total), before that method's turn starts
+        kind == "block"   -> payload: (name, BlockEvent), after each of its prefill blocks
+        kind == "result"  -> payload: (name, report or one-line error message); an answer that `stop` cut
+                             short is a report whose turn says `stopped` ("stopped" or TIME_LIMIT_STOP)
+        kind == "stopped" -> payload: (one-line message, whether the time limit did it), last: `stop` or the time
+                             limit ended the comparison; a method it stopped while reading the media has no
+                             result, later ones do not run
+        kind == "done"    -> payload: None (last): every method ran
+
+    `full` runs first (it is the reference for agreement) when it is among `methods`. `base` supplies budget,
+    block size, decoding settings; a method that needs no budget gets none. `options` maps a method to its
+    constructor keyword arguments. `time_limit` bounds the whole comparison in seconds: each method's turn
+    gets what is left of it (`stream_turn`), so one request holds the model no longer than one turn may.
     """
     base = base or SessionConfig()
     names = list(dict.fromkeys(methods))
@@ -182,8 +212,13 @@ def compare_methods(
         raise ConfigError("choose at least one method to compare")
     traits = {name: method_traits(name) for name in names}  # ConfigError for an unknown or refused name
     names.sort(key=lambda n: n != "full")
-    for name in names:
-        if stop is not None and stop.is_set():
+    stop = stop if stop is not None else threading.Event()
+    deadline = None if time_limit is None else time.monotonic() + time_limit
+    finished = 0  # methods with a result
+    for index, name in enumerate(names):
+        left = None if deadline is None else deadline - time.monotonic()
+        if stop.is_set() or (left is not None and left <= 0):
+            yield "stopped", _compare_stopped(left is not None and left <= 0, finished, len(names))
             return
         cfg = dataclasses.replace(
             base,
@@ -193,12 +228,43 @@ def compare_methods(
         )
         try:
             session = ChatSession(adapter, cfg)
-            session.ask(prompt, media)
-            yield name, turn_report(session)
         except Exception as exc:
             if not isinstance(exc, VisualKVError):
                 log.exception("compare: %s failed", name)
-            yield name, failure_message(exc)
+            yield "result", (name, failure_message(exc))
+            finished += 1
+            continue
+        yield "method", (name, index, len(names))
+        for kind, payload in stream_turn(session, prompt, media, stop, time_limit=left):
+            if kind == "block":
+                yield "block", (name, payload)
+            elif kind == "stopped":  # stopped while reading the media: nothing of this method to show
+                yield "stopped", _compare_stopped(payload == TIME_LIMIT_STOPPED, finished, len(names))
+                return
+            elif kind in ("done", "error"):
+                yield "result", (name, turn_report(session) if kind == "done" else payload)
+                finished += 1
+    yield "done", None
+
+
+def _compare_stopped(by_time_limit: bool, finished: int, total: int) -> tuple[str, bool]:
+    who = "the time limit stopped the comparison" if by_time_limit else "stopped"
+    return f"{who} after {finished} of {total} methods", by_time_limit
+
+
+def compare_methods(
+    adapter,
+    media: Media | None,
+    prompt: str,
+    methods: Iterable[str],
+    base: SessionConfig | None = None,
+    options: dict[str, dict[str, Any]] | None = None,
+    stop: threading.Event | None = None,
+) -> Iterator[tuple[str, dict[str, Any] | str]]:
+    """`stream_compare`'s results alone: (method, report) or (method, "error message") as each finishes."""
+    for kind, payload in stream_compare(adapter, media, prompt, methods, base, options, stop):
+        if kind == "result":
+            yield payload
 
 
 # -- method settings ------------------------------------------------------------------------

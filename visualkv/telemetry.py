@@ -68,6 +68,12 @@ class BlockEvent:
         return asdict(self)
 
 
+#: `TurnRecord.stopped` of an answer that a time limit (`streaming.stream_turn`), not the user's Stop, ended
+TIME_LIMIT_STOP = "time_limit"
+#: the `stopped` values of an answer cut short (by the user, or by a time limit)
+CUT_SHORT = ("stopped", TIME_LIMIT_STOP)
+
+
 @dataclass
 class TurnRecord:
     prompt: str
@@ -77,7 +83,7 @@ class TurnRecord:
     prefill_seconds: float = 0.0
     decode_tokens_per_second: float = 0.0
     kv_bytes_after: int = 0
-    stopped: str = ""  # "eos", "max_new_tokens" or "stopped"
+    stopped: str = ""  # "eos", "max_new_tokens", "stopped" (the user's Stop) or TIME_LIMIT_STOP
     cuda_peak_bytes: int | None = None  # CUDA peak of this turn (reset when the turn starts); None without CUDA
     decode_mode: str = ""  # "graph", "static" or "eager" (visualkv.static_decode); "" when one token was made
     # seconds spent building the fixed-shape decoder (a CUDA graph's warm-up and capture) after the first token:

@@ -22,6 +22,7 @@ import plotly.graph_objects as go
 from PIL import Image, ImageDraw, ImageFont
 
 from visualkv.clock import clock, video_read
+from visualkv.telemetry import CUT_SHORT
 
 MIB = 2**20
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
@@ -1262,7 +1263,8 @@ def compare_rows(results: dict[str, dict[str, Any] | str]) -> list[list[Any]]:
     """Table rows (COMPARE_HEADERS) for {method: report or error message}.
 
     Agreement is token-level against the `full` method's answer to the same question
-    (1.0 = the same tokens); "n/a" when `full` is not among the results.
+    (1.0 = the same tokens); "n/a" when `full` is not among the results; "stopped" for an answer cut short
+    (by Stop or a time limit: its tokens are a prefix, not an answer to agree with), and the answer says so.
     """
     ref = results.get("full")
     ref_ids = ref["turns"][0]["token_ids"] if isinstance(ref, dict) and ref.get("turns") else None
@@ -1274,6 +1276,9 @@ def compare_rows(results: dict[str, dict[str, Any] | str]) -> list[list[Any]]:
         turn = rep["turns"][0] if rep.get("turns") else {}
         full = rep.get("full_kv_bytes") or 0
         agree = f"{agreement(turn.get('token_ids', []), ref_ids):.0%}" if ref_ids is not None else "n/a"
+        answer = turn.get("answer", "")
+        if turn.get("stopped") in CUT_SHORT:
+            agree, answer = "stopped", f"{answer} … (stopped after {len(turn.get('token_ids', []))} token(s))"
         rows.append(
             [
                 name,
@@ -1282,7 +1287,7 @@ def compare_rows(results: dict[str, dict[str, Any] | str]) -> list[list[Any]]:
                 round(rep["peak_kv_bytes"] / MIB, 3),
                 round(rep["final_kv_bytes"] / MIB, 3),
                 round(turn.get("ttft_seconds", 0.0), 3),
-                turn.get("answer", ""),
+                answer,
             ]
         )
     return rows

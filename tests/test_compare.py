@@ -1,0 +1,323 @@
+"""Compare and time limits: `streaming.stream_compare` and the app's Compare handler stop where a chat turn
+stops (Stop, New chat, the shared instance's turn time limit) and say which of them did; a chat turn ended
+by the time limit says so too, instead of "stopped by you".
+
+Timers are replaced by ones the test fires itself (`ManualTimer`), so each case is deterministic.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+from typing import ClassVar
+
+import pytest
+from PIL import Image
+
+from ui import handlers
+from ui.state import ModelCache, UserState
+from visualkv import streaming
+from visualkv.bench.synthetic import image_media, synthetic_image
+from visualkv.models.registry import load_model
+from visualkv.session import ChatSession, SessionConfig
+from visualkv.streaming import TIME_LIMIT_STOPPED, compare_methods, stream_compare, stream_turn
+from visualkv.telemetry import TIME_LIMIT_STOP
+
+PROMPT = "Where is the red square?"
+BUDGET = 24
+MODEL = "tiny-qwen2.5-vl"
+
+
+@pytest.fixture(scope="module")
+def adapter():
+    return load_model(MODEL)
+
+
+@pytest.fixture(scope="module")
+def image():
+    return image_media(448, 336, seed=1)  # 192 visual tokens: 6 blocks of 32
+
+
+def _config(method: str = "full", **kw) -> SessionConfig:
+    """A base for a comparison (budget for the methods that take one) or a chat's config."""
+    return SessionConfig(method=method, budget=BUDGET, max_new_tokens=kw.pop("max_new_tokens", 3), **kw)
+
+
+class ManualTimer:
+    """Stands in for `threading.Timer` in visualkv.streaming: fires when the test says (or at start)."""
+
+    made: ClassVar[list[ManualTimer]] = []
+    fire_at_start: ClassVar[bool] = False
+
+    def __init__(self, seconds, function) -> None:
+        self.seconds, self.function, self.cancelled = seconds, function, False
+        ManualTimer.made.append(self)
+
+    def start(self) -> None:
+        if ManualTimer.fire_at_start:
+            self.function()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def fire(self) -> None:
+        self.function()
+
+
+@pytest.fixture
+def timers(monkeypatch):
+    ManualTimer.made, ManualTimer.fire_at_start = [], False
+    monkeypatch.setattr(streaming.threading, "Timer", ManualTimer)
+    return ManualTimer
+
+
+# -- stream_turn: the time limit names itself ------------------------------------------------------
+
+
+def test_time_limit_during_the_prefill_says_so(adapter, image, timers):
+    timers.fire_at_start = True  # the limit has passed before the first block
+    session = ChatSession(adapter, _config(block_size=32, prefill="blockwise"))
+    events = list(stream_turn(session, PROMPT, image, threading.Event(), time_limit=300))
+    assert events == [("stopped", TIME_LIMIT_STOPPED)] and session.turns == []
+
+
+def test_time_limit_during_the_answer_is_recorded_as_such(adapter, image, timers):
+    session = ChatSession(adapter, _config(max_new_tokens=200))
+    stop = threading.Event()
+    events = []
+    for kind, payload in stream_turn(session, PROMPT, image, stop, time_limit=300):
+        events.append((kind, payload))
+        if kind == "text" and len(events) < 50:
+            timers.made[-1].fire()
+    record = events[-1][1]
+    assert events[-1][0] == "done" and record.stopped == TIME_LIMIT_STOP and len(record.token_ids) < 200
+    assert session.report()["turns"][0]["stopped"] == TIME_LIMIT_STOP  # in the JSON report too
+
+
+def test_a_users_stop_is_not_called_the_time_limit(adapter, image, timers):
+    session = ChatSession(adapter, _config(max_new_tokens=200))
+    stop = threading.Event()
+    for kind, payload in stream_turn(session, PROMPT, image, stop, time_limit=300):
+        if kind == "text":
+            stop.set()
+    assert kind == "done" and payload.stopped == "stopped" and timers.made[-1].cancelled
+
+
+# -- stream_compare --------------------------------------------------------------------------------
+
+
+def test_compare_streams_each_method_in_order(adapter, image):
+    base = _config(block_size=64, prefill="blockwise")
+    events = list(stream_compare(adapter, image, PROMPT, ["blockwise-keydiff", "full"], base))
+    kinds = [k for k, _ in events]
+    assert kinds[-1] == "done" and kinds.count("result") == 2 and "stopped" not in kinds
+    starts = [p for k, p in events if k == "method"]
+    assert starts == [("full", 0, 2), ("blockwise-keydiff", 1, 2)]  # the reference first
+    for name, _, _ in starts:  # each method's blocks come after its start and before its result
+        begin = events.index(("method", next(s for s in starts if s[0] == name)))
+        result = next(i for i, (k, p) in enumerate(events) if k == "result" and p[0] == name)
+        between = events[begin + 1 : result]
+        assert between and all(k == "block" and p[0] == name for k, p in between)
+    reports = dict(p for k, p in events if k == "result")
+    assert all(isinstance(r, dict) and r["method"] == name for name, r in reports.items())
+    assert [name for name, _ in compare_methods(adapter, image, PROMPT, ["blockwise-keydiff", "full"], base)] == [
+        "full",
+        "blockwise-keydiff",
+    ]
+
+
+def test_stop_between_methods_runs_no_more(adapter, image):
+    stop = threading.Event()
+    seen = []
+    for kind, payload in stream_compare(
+        adapter, image, PROMPT, ["full", "blockwise-keydiff", "lightkv"], _config(), None, stop
+    ):
+        seen.append((kind, payload))
+        if kind == "result":
+            stop.set()
+    assert [k for k, _ in seen if k == "result"] == ["result"]
+    assert seen[-1] == ("stopped", ("stopped after 1 of 3 methods", False))
+
+
+def test_stop_while_a_method_reads_the_media_drops_that_method(adapter, image):
+    stop = threading.Event()
+    base = _config(block_size=32, prefill="blockwise")
+    seen = []
+    for kind, payload in stream_compare(adapter, image, PROMPT, ["full", "blockwise-snapkv"], base, None, stop):
+        seen.append((kind, payload))
+        if kind == "block" and payload[0] == "blockwise-snapkv":
+            stop.set()
+    results = [p[0] for k, p in seen if k == "result"]
+    assert results == ["full"]  # the stopped method has no row: nothing of its turn was kept
+    assert seen[-1] == ("stopped", ("stopped after 1 of 2 methods", False))
+
+
+def test_the_time_limit_bounds_the_whole_comparison(adapter, image, timers, monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(streaming.time, "monotonic", lambda: clock[0])
+    seen = []
+    events = stream_compare(adapter, image, PROMPT, ["full", "blockwise-keydiff"], _config(), time_limit=60)
+    for kind, payload in events:
+        seen.append((kind, payload))
+        if kind == "result":
+            clock[0] += 45  # the first method took 45 of the 60 s
+    # each method's turn got what was left of the limit, not a limit of its own
+    assert [t.seconds for t in timers.made] == [60, 15]
+    assert seen[-1] == ("done", None)
+
+    clock[0], seen = 1000.0, []
+    for kind, payload in stream_compare(
+        adapter, image, PROMPT, ["full", "blockwise-keydiff"], _config(), time_limit=60
+    ):
+        seen.append((kind, payload))
+        if kind == "result":
+            clock[0] += 61  # past the limit: the second method never starts
+    assert [p[0] for k, p in seen if k == "method"] == ["full"]
+    assert seen[-1] == ("stopped", ("the time limit stopped the comparison after 1 of 2 methods", True))
+
+
+def test_a_time_limit_inside_a_method_stops_the_comparison_there(adapter, image, timers):
+    base = _config(block_size=32, prefill="blockwise")
+    seen = []
+    for kind, payload in stream_compare(adapter, image, PROMPT, ["full", "blockwise-snapkv"], base, time_limit=300):
+        seen.append((kind, payload))
+        if kind == "block" and payload[0] == "blockwise-snapkv":
+            timers.made[-1].fire()
+    assert [p[0] for k, p in seen if k == "result"] == ["full"]
+    assert seen[-1] == ("stopped", ("the time limit stopped the comparison after 1 of 2 methods", True))
+
+
+def test_an_answer_cut_short_is_marked_in_the_table(adapter, image):
+    from visualkv import viz
+
+    stop = threading.Event()
+    results = {}
+    base = _config(max_new_tokens=200)
+    for kind, payload in stream_compare(adapter, image, PROMPT, ["full"], base, None, stop):
+        if kind == "block":
+            continue
+        if kind == "result":
+            results[payload[0]] = payload[1]
+    assert results["full"]["turns"][0]["stopped"] in ("eos", "max_new_tokens")
+    results["full"]["turns"][0]["stopped"] = "stopped"
+    row = viz.compare_rows(results)[0]
+    agreement, answer = viz.COMPARE_HEADERS.index("agreement with full"), viz.COMPARE_HEADERS.index("answer")
+    assert row[agreement] == "stopped" and "(stopped after" in row[answer]
+
+
+# -- the app's handlers ----------------------------------------------------------------------------
+
+
+def _app(turn_time_limit=None) -> handlers.Handlers:
+    h = handlers.Handlers(ModelCache(device="cpu"), MODEL)
+    h.turn_time_limit = turn_time_limit
+    return h
+
+
+def _compare(h, state, path, methods, max_new=3):
+    #         state, methods, question, file, method, budget, block size, max new, temperature, followup,
+    #         prefill, fps, max frames
+    return h.compare(
+        SimpleNamespace(session_hash="alice"),
+        state,
+        methods,
+        PROMPT,
+        path,
+        "full",
+        BUDGET,
+        32,
+        max_new,
+        0.0,
+        "reuse",
+        "blockwise",
+        1.0,
+        8,
+    )
+
+
+@pytest.fixture(scope="module")
+def png(tmp_path_factory):
+    path = tmp_path_factory.mktemp("compare") / "scene.png"
+    Image.fromarray(synthetic_image(448, 336, seed=1)).save(path)
+    return str(path)
+
+
+def test_compares_stop_button_stops_it_and_the_chats_does_not(png):
+    h, state = _app(), UserState(model_name=MODEL)
+    statuses, tables = [], []
+    for table, _fig, status, _state in _compare(h, state, png, ["full", "blockwise-keydiff", "lightkv"]):
+        statuses.append(status)
+        if isinstance(table, list):
+            tables.append(table)
+        if status == "1/3 done":
+            assert h.stop(state) is not None and not state.stop.is_set()  # the chat's Stop: nothing of it runs
+            assert h.stop_compare(state) == handlers.COMPARE_STOPPING and state.stop.is_set()
+    assert statuses[-1] == "⏹ Stopped after 1 of 3 methods; the table keeps the finished ones", statuses
+    assert [row[0] for row in tables[-1]] == ["full"]
+    assert any("· full: prefill block" in s for s in statuses), statuses  # progress inside a method
+    assert h.stop_compare(state) is not None and h._active == {}  # nothing left running to stop
+
+
+def test_a_compare_as_a_sessions_first_event_can_be_stopped(png):
+    """Before any chat the page's state is None: the comparison hands the state it runs under to the page,
+    so the page's Stop reaches it."""
+    h = _app()
+    page_state, statuses = None, []
+    for _table, _fig, status, state in _compare(h, None, png, ["full", "blockwise-keydiff", "lightkv"]):
+        statuses.append(status)
+        if isinstance(state, UserState):
+            page_state = state  # what Gradio keeps for the page's next events
+        if status == "1/3 done":
+            assert h.stop_compare(page_state) == handlers.COMPARE_STOPPING
+    assert statuses[-1].startswith("⏹ Stopped after 1 of 3 methods"), statuses
+
+
+def test_compare_under_the_time_limit_says_so(png, timers):
+    timers.fire_at_start = True
+    h, state = _app(turn_time_limit=120), UserState(model_name=MODEL)
+    statuses = [out[2] for out in _compare(h, state, png, ["full", "blockwise-keydiff"])]
+    assert statuses[-1].startswith("⏱ The time limit stopped the comparison after 0 of 2 methods (120 s"), statuses
+
+
+def test_new_chat_stops_a_running_compare(png):
+    h, state = _app(), UserState(model_name=MODEL)
+    statuses = []
+    for _table, _fig, status, _state in _compare(h, state, png, ["full", "blockwise-keydiff"]):
+        statuses.append(status)
+        if status == "1/2 done":
+            state.new_chat()
+    assert statuses[-1].startswith("⏹ Stopped after 1 of 2 methods"), statuses
+
+
+def test_compare_with_nothing_ticked_is_one_line(png):
+    h, state = _app(), UserState(model_name=MODEL)
+    (out,) = list(_compare(h, state, png, []))
+    assert "tick at least one method" in out[2] and h._active == {}
+
+
+def _chat(h, state, text, files=(), max_new=3):
+    request = SimpleNamespace(session_hash="alice")
+    message = {"text": text, "files": list(files)}
+    return h.chat(request, message, state, "full", BUDGET, 32, max_new, 0.0, "reuse", "blockwise", 1.0, 8)
+
+
+def test_chat_turn_stopped_by_the_time_limit_while_reading_says_so(png, timers):
+    timers.fire_at_start = True
+    h, state = _app(turn_time_limit=90), UserState(model_name=MODEL)
+    outs = list(_chat(h, state, PROMPT, [png]))
+    error_line = outs[-1][3]
+    assert "turn time limit (90 s) stopped the turn while it read the media" in error_line, error_line
+    assert outs[-1][1] == {"text": PROMPT, "files": [png]}  # the question goes back into the input
+
+
+def test_chat_answer_cut_by_the_time_limit_is_not_called_yours(png, timers):
+    h, state = _app(turn_time_limit=90), UserState(model_name=MODEL)
+    last = None
+    for out in _chat(h, state, PROMPT, [png], max_new=200):
+        history = out[0]
+        if isinstance(history, list) and history and history[-1]["content"] and timers.made:
+            timers.made[-1].fire()
+        last = out
+    answer = state.history[-1]["content"]
+    assert "(stopped by this instance's turn time limit of 90 s after" in answer, answer
+    assert "stopped by you" not in answer and last is not None
