@@ -75,6 +75,48 @@ def test_bad_options_exit_2_with_one_line(image_file, capsys, args, words):
     _assert_one_line_error(code, err, *words)
 
 
+@pytest.mark.parametrize(
+    "where, words",
+    [
+        ("missing/report.json", ["folder", "does not exist"]),
+        (".", ["is a folder", "give a file name"]),
+        ("a_file/report.json", ["is a file, not a folder"]),
+        ("/proc/visualkv-report.json", ["cannot write"]),  # refused even to root (CI runs as root)
+    ],
+)
+def test_a_json_path_that_cannot_be_written_is_refused_before_the_run(
+    image_file, tmp_path, capsys, monkeypatch, where, words
+):
+    """The report is written at the end: a bad --json must fail before minutes of work, not after them."""
+    from visualkv.models import registry
+
+    def no_load(*_args, **_kwargs):
+        raise AssertionError("the model was loaded although --json could not be written")
+
+    monkeypatch.setattr(registry, "load_model", no_load)
+    (tmp_path / "a_file").write_text("not a folder")
+    path = where if where.startswith("/") else str(tmp_path / where)
+    code, _, err = _run(capsys, "run", "--media", str(image_file), "--prompt", "hi", "--json", path)
+    _assert_one_line_error(code, err, "--json", *words)
+
+
+def test_a_json_path_check_leaves_no_file_and_spares_an_existing_one(tmp_path):
+    from visualkv.cli_args import output_file
+
+    new, old = tmp_path / "new.json", tmp_path / "old.json"
+    old.write_text('{"kept": true}')
+    assert output_file(str(new)) == str(new) and not new.exists()  # checked by creating it, then removed
+    assert output_file(str(old)) == str(old) and old.read_text() == '{"kept": true}'  # not truncated
+
+
+@pytest.mark.parametrize("argv", [["bench", "latency", "--out", "{file}"], ["bench", "one", "--json", "{missing}"]])
+def test_bench_outputs_that_cannot_be_written_are_refused_before_the_run(tmp_path, capsys, argv):
+    (tmp_path / "a_file").write_text("")
+    names = {"file": str(tmp_path / "a_file"), "missing": str(tmp_path / "no" / "r.json")}
+    code, _, err = _run(capsys, *[a.format(**names) for a in argv], "--model", "tiny-qwen2.5-vl")
+    _assert_one_line_error(code, err, "a_file" if "--out" in argv else "does not exist")
+
+
 def test_cuda_without_a_gpu_exits_2_with_one_line(image_file, capsys, monkeypatch):
     """--device cuda where PyTorch sees no GPU: one line naming the fix, not the driver's traceback."""
     import torch

@@ -21,7 +21,15 @@ class _Parser(argparse.ArgumentParser):
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
-    from visualkv.cli_args import DEVICES, DTYPES, HelpFormatter, non_negative_int, positive_float, positive_int
+    from visualkv.cli_args import (
+        DEVICES,
+        DTYPES,
+        HelpFormatter,
+        non_negative_int,
+        output_file,
+        positive_float,
+        positive_int,
+    )
     from visualkv.methods import method_names
     from visualkv.models.registry import default_offline_model_name
 
@@ -112,7 +120,9 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--device", choices=DEVICES, default="cpu", help="auto: device_map=auto over the GPUs")
     p.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: bfloat16 on CUDA, float32 on CPU")
-    p.add_argument("--json", dest="json_out", help="write the JSON report here")
+    p.add_argument(
+        "--json", dest="json_out", type=output_file, help="write the JSON report here (checked before the run)"
+    )
     p.add_argument("--quiet", action="store_true", help="print only the answers")
 
 

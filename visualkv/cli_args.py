@@ -7,7 +7,10 @@ expected; the CLI's parser prints it on one line and exits with code 2 before an
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -114,3 +117,36 @@ def method_list(text: str) -> list[str]:
             "(or compose with +, e.g. blockwise-keydiff+salicache) or all"
         )
     return names
+
+
+def output_file(text: str) -> str:
+    """A file the run will write at its end (a JSON report): checked now, by creating it and removing it
+    again, so a bad path fails in one line before minutes of work, not after them."""
+    path = Path(text).expanduser()
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder; give a file name, e.g. {text.rstrip('/')}/report.json")
+    if path.parent.exists() and not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{str(path.parent)!r} is a file, not a folder")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"the folder {str(path.parent)!r} does not exist; create it first")
+    existed = path.exists()
+    try:
+        with path.open("a"):
+            pass
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: {exc.strerror or exc}") from None
+    if not existed:
+        path.unlink()
+    return text
+
+
+def check_output_folder(text: str) -> None:
+    """Create the output folder `text` if needed and check a file can be written in it (one line otherwise)."""
+    from visualkv.errors import VisualKVError
+
+    try:
+        os.makedirs(text, exist_ok=True)
+        with tempfile.TemporaryFile(dir=text):
+            pass
+    except OSError as exc:
+        raise VisualKVError(f"cannot write into the output folder {text!r}: {exc.strerror or exc}") from None

@@ -24,10 +24,12 @@ from visualkv.cli_args import (
     DEVICES,
     DTYPES,
     HelpFormatter,
+    check_output_folder,
     comma_list,
     fraction,
     method_list,
     non_negative_int,
+    output_file,
     positive_float,
     positive_int,
     scene_size,
@@ -119,7 +121,13 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--out", default="bench_out", help="output folder")
-    p.add_argument("--json", dest="json_out", default=None, help="(one/needle) also write the result to this file")
+    p.add_argument(
+        "--json",
+        dest="json_out",
+        type=output_file,
+        default=None,
+        help="(one/needle) also write the result to this file (checked before the run)",
+    )
     p.add_argument("--media", default="assets/example_video.mp4", help="(salicache) video or image file")
     p.add_argument(
         "--fps",
@@ -283,7 +291,7 @@ def run_bench(args: argparse.Namespace) -> int:
                 fh.write(text)
         print(text)
         return 0
-    os.makedirs(args.out, exist_ok=True)
+    check_output_folder(args.out)  # before the model loads: a bad --out is one line, not a lost run
     if args.kind == "needle":
         from visualkv.bench.needle import bench_needle
 
