@@ -13,8 +13,8 @@
 #   tests  about 6 min (the earlier estimate, ~10 min for tests + the bench of one 7B shape, less that bench).
 #   bench  about 3-4 min per shape (4K image + 512-frame video x transformers generate and 6 methods; issue 10/11:
 #          generate 14.7 s and block-wise KeyDiff 24.2 s on the 512-frame video, ~2 s per 4K case), about a
-#          minute more with the forced block-wise rows (2 methods x 2 inputs); twice that with the default two
-#          shapes.
+#          minute more with the forced block-wise rows (2 methods x 2 inputs), about another with the
+#          vision-ahead rows (the same count); twice that with the default two shapes.
 #   hour   about 4-7 min: an hour at 1 fps is 3,600 frames, ~540k visual tokens (538,200 on Qwen2.5-VL at
 #          640x360), 7x issue 10's 76,544 tokens (512 frames) on which block-wise KeyDiff took 24.2 s TTFT, so
 #          ~170 s for block-wise KeyDiff (linear: its cache is bounded) and at most as much for
@@ -42,6 +42,8 @@
 #   GPU_CHECK_DECODE=eager        how the methods decode (default auto: one CUDA graph per answer)
 #   GPU_CHECK_FORCED=0            without the forced block-wise rows (default: each block-wise method also runs
 #                                 with every block of b tokens, ~1 min more per shape by issue 10's timings)
+#   GPU_CHECK_AHEAD=1             without the vision-ahead rows (default 4: each block-wise method also runs with
+#                                 4 blocks' media per vision-tower call, `--vision-ahead 4`; ~1 min more per shape)
 # Each bench table is followed by the issues' GPU targets judged on its rows (visualkv/bench/gpu_targets.py:
 # met / not met / not measured), in the .md, the JSON (`targets`) and summary.md.
 # With GPU_CHECK_SMALL each shape is replaced by the tiny alias of its family. The `hour` step always runs
@@ -139,6 +141,8 @@ if [ "$STEPS" = all ] || [ "$STEPS" = bench ]; then
     [ -n "${GPU_CHECK_DECODE:-}" ] && bench+=(--decode "$GPU_CHECK_DECODE")
     # issue 11's block-wise TTFT target holds for the hybrid plan and for forced block-wise: both are rows
     [ "${GPU_CHECK_FORCED:-1}" != 0 ] && bench+=(--forced-blockwise)
+    # the tower-launch lever beside each block-wise default: N blocks' media per vision-tower call (same embeddings)
+    [ "${GPU_CHECK_AHEAD:-4}" != 1 ] && bench+=(--vision-ahead "${GPU_CHECK_AHEAD:-4}")
     echo "== bench gpu ${bench[*]}"
     timeout "$STEP_TIMEOUT" "$PY" -m visualkv bench gpu "${bench[@]}" --out "$OUT" >"$OUT/bench_gpu_$model.log" 2>&1
     rc=$?

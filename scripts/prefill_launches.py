@@ -1,7 +1,10 @@
 """Operations a whole prefill dispatches: transformers' `generate` against VisualKV's methods, same input.
 
 Usage: python scripts/prefill_launches.py OUT.json [--shape shape-qwen2.5-vl-7b] [--image 1920x1080]
-  [--methods full,blockwise-keydiff,...] [--budget 1024]
+  [--methods full,blockwise-keydiff,...] [--budget 1024] [--vision-ahead N]
+
+--vision-ahead N adds, for each block-wise method, its hybrid plan with N blocks' media per vision-tower call
+(`SessionConfig.vision_ahead`), beside the one call per block.
 
 A GPU that is launch-bound spends its time on the number of kernels launched and on host synchronisations,
 not on arithmetic (issue 11: a block-wise 4K prefill made 51,179 launches and 3,105 syncs, and the GPU idled
@@ -69,7 +72,7 @@ def _generate(adapter, media) -> None:
         adapter.model.generate(**enc, max_new_tokens=1, do_sample=False)
 
 
-def _ours(adapter, media, method: str, budget: int, prefill: str | None) -> dict:
+def _ours(adapter, media, method: str, budget: int, prefill: str | None, vision_ahead: int = 1) -> dict:
     from visualkv.methods import method_traits
     from visualkv.session import ChatSession, SessionConfig
 
@@ -78,6 +81,7 @@ def _ours(adapter, media, method: str, budget: int, prefill: str | None) -> dict
         budget=budget if method_traits(method).needs_budget else None,
         prefill=prefill,
         max_new_tokens=1,
+        vision_ahead=vision_ahead,
     )
     session = ChatSession(adapter, config)
     counts = _counted(adapter, lambda: session.ask(PROMPT, media))
@@ -86,6 +90,7 @@ def _ours(adapter, media, method: str, budget: int, prefill: str | None) -> dict
         "blocks": len(report["blocks"]),
         "prefill": report["prefill"],
         "visual_tokens": report["visual_tokens"],
+        "vision_ahead": vision_ahead,
     } | counts
 
 
@@ -108,6 +113,7 @@ def main() -> None:
     p.add_argument("--vision-width", type=int, default=128)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--vision-ahead", type=int, default=1)
     args = p.parse_args()
 
     from visualkv.bench.provenance import save_json, start
@@ -124,9 +130,11 @@ def main() -> None:
     rows.append({"case": "transformers generate", **counts})
     print(f"{'transformers generate':34s} {counts}")
     for method in args.methods.split(","):
-        prefills = ["hybrid", "blockwise"] if method.startswith("blockwise") else [None]
-        for prefill in prefills:
-            row = _ours(adapter, media, method, args.budget, prefill)
+        variants = [("hybrid", 1), ("blockwise", 1)] if method.startswith("blockwise") else [(None, 1)]
+        if method.startswith("blockwise") and args.vision_ahead > 1:
+            variants.append(("hybrid", args.vision_ahead))
+        for prefill, ahead in variants:
+            row = _ours(adapter, media, method, args.budget, prefill, ahead)
             rows.append({"case": method, **row})
             print(f"{method + ' ' + str(row['prefill']):34s} {row}")
     cfg = adapter.model.config

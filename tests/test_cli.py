@@ -68,6 +68,7 @@ def test_bad_media_exits_2_with_one_line(tmp_path, capsys, kind, words):
         (["--prompt", "hi", "--model", "./missing/folder"], ["does not exist"]),
         (["--prompt", "hi", "--method", "magic"], ["invalid choice"]),
         (["--prompt", "hi", "--decode", "graph"], ["decode 'graph' is not possible", "CUDA", "static"]),
+        (["--prompt", "hi", "--vision-ahead", "0"], ["--vision-ahead", "positive"]),
     ],
 )
 def test_bad_options_exit_2_with_one_line(image_file, capsys, args, words):

@@ -285,3 +285,24 @@ def test_graph_decode_in_bf16_on_cuda(small_image):
     assert [t.decode_mode for t in s.turns] == ["graph", "graph"]
     assert s.turns[0].stopped == "stopped" and len(s.turns[1].token_ids) > 0
     assert s.turns[1].decode_tokens_per_second > 0
+
+
+@pytest.mark.parametrize("alias", ["tiny-qwen2.5-vl", "tiny-qwen3-vl"])
+@pytest.mark.parametrize("method", ["blockwise-keydiff", "blockwise-snapkv"])
+def test_vision_ahead_matches_a_call_per_block_on_cuda(alias, method, small_image, small_video, no_tf32):
+    """float32 (TF32 off): several blocks' media in one tower call give the logits and tokens of a call per
+    block (tests/test_vision_ahead.py on CPU), and fewer calls."""
+    adapter = cuda_adapter(alias, "float32")
+    for media in (small_image, small_video):
+        runs = {}
+        for ahead in (1, 4):
+            s = ChatSession(
+                adapter,
+                SessionConfig(
+                    method=method, budget=48, block_size=64, prefill="blockwise", max_new_tokens=6, vision_ahead=ahead
+                ),
+            )
+            record = s.ask(PROMPT, media)
+            runs[ahead] = (s.prefill_result.logits.float(), record.token_ids)
+        (l1, t1), (l4, t4) = runs[1], runs[4]
+        assert (l1 - l4).abs().max() <= FLOAT32_TOLERANCE and t1 == t4, media.kind

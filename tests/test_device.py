@@ -7,6 +7,8 @@ The same runs on a real GPU are in tests/test_cuda.py.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -59,6 +61,19 @@ def test_every_method_runs_on_cuda(alias, method, small_image, small_video):
             _assert_cache_on_cuda(s)
             report = s.report()
             assert len(report["turns"]) == 2 and all(t["token_ids"] for t in report["turns"])
+
+
+@pytest.mark.parametrize("alias", ["tiny-qwen2.5-vl", "tiny-qwen3-vl"])
+def test_vision_ahead_runs_on_cuda(alias, small_image, small_video):
+    """Several blocks' media per tower call (strips and temporal patches batched) on the pretend GPU."""
+    adapter = _fake_cuda_adapter(alias)
+    with fake_cuda():
+        for media in (small_image, small_video):
+            config = _config("blockwise-keydiff", 0.0, decode="static", block_size=32, prefill="blockwise")
+            s = ChatSession(adapter, dataclasses.replace(config, vision_ahead=4))
+            s.ask("What is in it?", media)
+            _assert_cache_on_cuda(s)
+            assert s.turns[0].token_ids
 
 
 @pytest.mark.parametrize("method", [name for name, cls in METHODS.items() if cls.query_aware])

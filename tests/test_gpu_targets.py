@@ -158,3 +158,41 @@ def test_forced_blockwise_adds_a_case_per_block_wise_method(forced):
     assert all("error" not in r for r in result["cases"]), [r.get("error") for r in result["cases"]]
     judged = {v.case for v in gpu_targets.evaluate(result) if "block-wise TTFT" in v.target}
     assert {"blockwise-keydiff", "blockwise-keydiff (blockwise forced)"} <= judged
+
+
+def test_vision_ahead_rows_get_the_ttft_verdict_only():
+    ahead = {"case": "blockwise-keydiff (vision ahead 4)", "vision_ahead": 4}
+    rows = [
+        _row(REFERENCE, ttft=2.0, decode=40.0),
+        _row("full", ttft=1.5, decode=40.0),
+        _row("blockwise-keydiff", ttft=2.4, decode=100.0),  # 1.20x
+        _row("blockwise-keydiff", ttft=2.1, decode=10.0, **ahead),  # 1.05x; its slow decode is not judged
+    ]
+    result = _result(rows)
+    by_case = {v.case: v for v in _verdicts(result, "block-wise TTFT")}
+    assert by_case["blockwise-keydiff"].met is False and by_case["blockwise-keydiff (vision ahead 4)"].met is True
+    assert {v.case for v in _verdicts(result, "decode")} == {"blockwise-keydiff"}  # the default row's decode
+    cases_judged = {v.case for v in _verdicts(result, "peak <= 1/5")}
+    assert cases_judged == {"blockwise-keydiff", "blockwise-snapkv (not run)"}  # memory: the default row only
+
+
+def test_vision_ahead_adds_a_case_per_block_wise_method(tmp_path):
+    cfg = GpuBenchConfig(
+        model="tiny-qwen2.5-vl",
+        device="cpu",
+        methods=("full", "blockwise-keydiff", "salicache"),
+        budget=48,
+        block_size=64,
+        image_size=(896, 504),
+        new_tokens=3,
+        inputs=("image",),
+        vision_ahead=4,
+        out=str(tmp_path),
+    )
+    labels = [c.label for c in cases(cfg)]
+    assert labels == [REFERENCE, "full", "blockwise-keydiff", "blockwise-keydiff (vision ahead 4)", "salicache"]
+    result = run_gpu_bench(cfg, log=lambda line: None)
+    default, ahead = (r for r in result["cases"] if r["method"] == "blockwise-keydiff")
+    assert "vision_ahead" not in default and ahead["vision_ahead"] == 4
+    assert ahead["case"] == "blockwise-keydiff (vision ahead 4)"
+    assert all("error" not in r for r in result["cases"]), [r.get("error") for r in result["cases"]]

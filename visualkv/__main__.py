@@ -69,6 +69,14 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         help="how answer tokens run: auto (a CUDA graph per answer on one CUDA device, else eager), graph, "
         "static (the graph's fixed-shape step without a graph) or eager (plain steps)",
     )
+    p.add_argument(
+        "--vision-ahead",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="blocks whose media go through the vision tower in one call (Qwen families; the same embeddings: "
+        "fewer tower launches, a larger transient)",
+    )
     p.add_argument("--fps", type=positive_float, default=1.0, help="video frames sampled per second")
     p.add_argument(
         "--max-frames",
@@ -197,6 +205,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         followup=args.followup,
         method_options=method_options,
         decode=args.decode,
+        vision_ahead=args.vision_ahead,
     )
     config.validate()
     for prompt in args.prompt:

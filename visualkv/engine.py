@@ -127,6 +127,11 @@ def attention_working_bytes(adapter: ModelAdapter, q: int, n: int, causal_flag: 
     return expand + scores + q * n  # + the bool mask
 
 
+def kept_units(prepared: PreparedInput, block: Block) -> list:
+    """The block's units with at least one kept token: those the vision tower sees (skipped frames never do)."""
+    return [u for u in block.units if bool(prepared.keep[u.seq_start : u.seq_end].any())]
+
+
 def _latest_frame_time(frames, units, so_far: float | None) -> float | None:
     """The time (s) of the latest video frame among a block's units (skipped frames count: the prefill
     has read past them), else `so_far`; None while no video frame was reached. Host data only."""
@@ -220,7 +225,7 @@ class Engine:
         local = local[keep]
         ids = prepared.input_ids[local]
         hidden = self.adapter.embed(ids)
-        units = [u for u in block.units if bool(prepared.keep[u.seq_start : u.seq_end].any())]
+        units = kept_units(prepared, block)
         layer_features = None
         if units:
             if encoded is not None:
@@ -248,11 +253,16 @@ class Engine:
         seq_offset: int = 0,
         on_block: BlockCallback | None = None,
         should_stop: Callable[[], bool] | None = None,
+        vision_ahead: int = 1,
     ) -> PrefillResult:
         """Run the whole prepared input into `cache` under `method`.
 
         `should_stop` is asked before every block and once after the last (a block is never cut
         halfway): when it says yes, `PrefillStopped` is raised and `cache` must be discarded.
+        `vision_ahead`: the media of this many blocks go through the vision tower in one call (each block's
+        own strip or frames a separate sequence there, so the embeddings are those of one call per block),
+        held until their blocks run: fewer tower entries (kernel launches) for a larger transient; adapters
+        without `encode_ahead` encode block by block whatever it says.
         """
         t_start = time.perf_counter()
         block_size = block_size or self.adapter.default_block_size
@@ -275,11 +285,15 @@ class Engine:
         events: list[BlockEvent] = []
         last_hidden = None
         media_seconds = None  # time of the latest video frame reached so far (None: no video frame yet)
-        for block in ctx.blocks:
+        ahead_until = 0  # blocks before this one have had their media encoded ahead
+        for i, block in enumerate(ctx.blocks):
             if should_stop is not None and should_stop():
                 raise PrefillStopped()
             t0 = time.perf_counter()
             ctx.block = block
+            if vision_ahead > 1 and i >= ahead_until and block.units:
+                ahead_until = i + vision_ahead
+                self.adapter.encode_ahead(prepared, [kept_units(prepared, b) for b in ctx.blocks[i:ahead_until]])
             hidden, local, layer_features = self.block_embeddings(prepared, block, ctx.encoded_frames, seq_offset)
             if local.numel() == 0:
                 continue

@@ -102,9 +102,11 @@ def estimate_prefill(
     budget: int | None,
     block_size: int | None,
     prefill_mode: str | None,
+    vision_ahead: int = 1,
 ) -> MemoryEstimate:
     """The estimate for prefilling `prepared` with `method_cls` (a class of visualkv.methods.METHODS, or
-    anything with its flags, such as `visualkv.methods.method_traits(name)` for a composed name)."""
+    anything with its flags, such as `visualkv.methods.method_traits(name)` for a composed name).
+    vision_ahead: blocks per vision-tower call (the engine's), where the adapter encodes ahead."""
     itemsize = torch.empty((), dtype=adapter.dtype).element_size()
     layers, kv_heads, head_dim = adapter.num_layers, adapter.num_kv_heads, adapter.head_dim
     entry_bytes = 2 * kv_heads * head_dim * itemsize  # K and V of one token at one layer
@@ -127,7 +129,11 @@ def estimate_prefill(
 
     held = vis_held = 0  # entries of one layer (per KV head) before the block, and how many are visual
     kv_peak = act_peak = vision_peak = peak = 0
-    for block in blocks:
+    window_rows = getattr(adapter, "window_rows", None)
+    ahead = vision_ahead if getattr(adapter, "encodes_ahead", False) else 1
+    call_tokens = [_vision_call_tokens(b.units, window_rows) for b in blocks]
+    ahead_until = 0
+    for i, block in enumerate(blocks):
         q = int(prepared.keep[block.start : block.end].sum())
         q_vis = int(visual[block.start : block.end].sum())
         if method_cls.evicts_per_block and budget is not None and block.units:
@@ -138,7 +144,13 @@ def estimate_prefill(
         # the block at the last layer: every other layer already evicted to `after` (or holds `held`)
         entries = max((layers - 1) * after + held + q, layers * held + q)
         embeddings = 2 * q * hidden * itemsize  # the block's embeddings and the vision output folded in
-        vision_b = vision.bytes(_vision_call_tokens(block.units, getattr(adapter, "window_rows", None)), itemsize)
+        if ahead > 1 and i >= ahead_until and block.units:  # one tower call for this block and the next ones
+            ahead_until = i + ahead
+            vision_b = vision.bytes(sum(call_tokens[i:ahead_until]), itemsize)
+        else:
+            vision_b = vision.bytes(call_tokens[i], itemsize) if ahead == 1 else 0
+        # embeddings encoded ahead wait for their blocks: at most the rest of the call's output
+        embeddings += sum(call_tokens[i + 1 : ahead_until]) * hidden * itemsize
         # bool mask over cache + block; none for a first block (SDPA's causal flag), as the engine does
         mask = q * (held + q) if held else 0
         act_b = q * per_token + mask
@@ -261,7 +273,9 @@ class MemoryGuard:
     def check(self, adapter, prepared, config) -> MemoryEstimate:
         """Raise MemoryGuardError (one line) when the prefill of `prepared` under `config` would not fit."""
         method_cls = method_traits(config.method)
-        est = estimate_prefill(adapter, prepared, method_cls, config.budget, config.block_size, config.prefill)
+        est = estimate_prefill(
+            adapter, prepared, method_cls, config.budget, config.block_size, config.prefill, config.vision_ahead
+        )
         if not self.enabled:
             return est
         free = self._free(adapter)
@@ -279,7 +293,7 @@ class MemoryGuard:
             if name == config.method or not cls.evicts_per_block:
                 continue
             for b in (budget, max(1, budget // 4)):
-                est = estimate_prefill(adapter, prepared, cls, b, config.block_size, None)
+                est = estimate_prefill(adapter, prepared, cls, b, config.block_size, None, config.vision_ahead)
                 if est.to_allocate <= self.headroom * free:
                     return f"try {name} with budget {b}"
         return "try fewer video frames, a smaller image, or a smaller model"

@@ -56,6 +56,10 @@ class SessionConfig:
     method_options: extra keyword arguments for the method's constructor.
     decode: how answer tokens run through the model (see visualkv.static_decode): "auto" (a CUDA graph per
       answer where it applies, else "eager"), "graph", "static" (fixed shapes without a graph) or "eager".
+    vision_ahead: blocks whose media go through the vision tower in one call (1: a call per block). The
+      embeddings are the same (each block's strip or frames a separate sequence in that call); more blocks
+      per call mean fewer tower launches and a larger transient (counted by the memory guard). Qwen families;
+      the others encode block by block.
     """
 
     method: str = "full"
@@ -69,6 +73,7 @@ class SessionConfig:
     followup: str = "reuse"
     method_options: dict[str, Any] = field(default_factory=dict)
     decode: str = "auto"
+    vision_ahead: int = 1
 
     def validate(self) -> None:
         traits = method_traits(self.method)  # ConfigError for an unknown name or a refused composition
@@ -88,6 +93,8 @@ class SessionConfig:
             raise ConfigError("temperature must be >= 0 and top_p in (0, 1]")
         if self.followup not in ("reuse", "reprefill"):
             raise ConfigError("followup must be 'reuse' or 'reprefill'")
+        if self.vision_ahead < 1:
+            raise ConfigError(f"vision_ahead must be >= 1 (blocks per vision-tower call), got {self.vision_ahead}")
         if self.decode not in DECODE_MODES:
             raise ConfigError(f"decode must be one of {', '.join(DECODE_MODES)}, got {self.decode!r}")
 
@@ -190,6 +197,7 @@ class ChatSession:
                 self.config.prefill,
                 on_block=self._collect(on_block),
                 should_stop=should_stop,
+                vision_ahead=self.config.vision_ahead,
             )
         except Exception:
             self.method = self._fresh_method()  # no state of the failed prefill stays behind
@@ -235,6 +243,7 @@ class ChatSession:
             self.config.prefill,
             on_block=self._collect(on_block),
             should_stop=should_stop,
+            vision_ahead=self.config.vision_ahead,
         )
         method.proxy_ids = None
         history = torch.cat(self._history_ids + [ids]) if self._history_ids else ids

@@ -161,6 +161,14 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         "default hybrid plan",
     )
     p.add_argument(
+        "--vision-ahead",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="(gpu) also run each block-wise method with N blocks' media per vision-tower call, beside its default "
+        "(1: no such rows)",
+    )
+    p.add_argument(
         "--inputs",
         type=comma_list(_gpu_input),
         default=["image", "video"],

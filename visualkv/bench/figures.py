@@ -1037,7 +1037,8 @@ def table_prefill_launches(results: Path) -> str:
         ref = d["rows"][0]
         for r in d["rows"]:
             blocks = f"{r.get('blocks')} block{'' if r.get('blocks') == 1 else 's'}"
-            label = r["case"] if "prefill" not in r else f"`{r['case']}` ({r['prefill']}, {blocks})"
+            ahead = f", vision ahead {r['vision_ahead']}" if r.get("vision_ahead", 1) > 1 else ""
+            label = r["case"] if "prefill" not in r else f"`{r['case']}` ({r['prefill']}, {blocks}{ahead})"
             kernels = f"{r['kernels']:,} ({r['kernels'] / ref['kernels']:.2f}×)" if "kernels" in r else "n/a"
             parts = r.get("kernels_by_part")
             split = " / ".join(f"{n:,}" for n in parts.values()) if parts else "n/a"

@@ -89,6 +89,9 @@ class GpuBenchConfig:
     # also run each method whose default prefill is hybrid with every block of b tokens (prefill "blockwise"):
     # issue 11's TTFT target holds for both plans
     forced_blockwise: bool = False
+    # also run each method whose default prefill is hybrid with this many blocks' media per vision-tower call
+    # (SessionConfig.vision_ahead; 1: no such rows): the tower-launch lever beside the default
+    vision_ahead: int = 1
 
 
 def machine() -> str:
@@ -136,15 +139,23 @@ def _ignoring_eos(adapter: ModelAdapter) -> Iterator[None]:
 
 
 def run_method(
-    adapter: ModelAdapter, media: Media, method: str, cfg: GpuBenchConfig, prefill: str | None = None
+    adapter: ModelAdapter,
+    media: Media,
+    method: str,
+    cfg: GpuBenchConfig,
+    prefill: str | None = None,
+    vision_ahead: int = 1,
 ) -> dict[str, Any]:
-    """One turn of `method` through ChatSession; `prefill` forces a prefill plan (None: the method's default)."""
+    """One turn of `method` through ChatSession; `prefill` forces a prefill plan (None: the method's default);
+    `vision_ahead` > 1: that many blocks' media per vision-tower call."""
     base = _start_case()
     budget = cfg.budget if method_traits(method).needs_budget else None
     options = {"method": method, "budget": budget, "block_size": cfg.block_size, "max_new_tokens": cfg.new_tokens}
     options.update(cfg.session_overrides)
     if prefill is not None:
         options["prefill"] = prefill
+    if vision_ahead > 1:
+        options["vision_ahead"] = vision_ahead
     session = ChatSession(adapter, SessionConfig(**options))
     with _ignoring_eos(adapter):
         record = session.ask(PROMPT, media)
@@ -309,27 +320,34 @@ class Case:
 
     method: str
     forced_prefill: str | None = None  # "blockwise": every block of b tokens; None: the method's default plan
+    vision_ahead: int = 1  # blocks' media per vision-tower call (SessionConfig.vision_ahead)
 
     @property
     def label(self) -> str:
-        return self.method if self.forced_prefill is None else f"{self.method} ({self.forced_prefill} forced)"
+        if self.forced_prefill is not None:
+            return f"{self.method} ({self.forced_prefill} forced)"
+        return self.method if self.vision_ahead == 1 else f"{self.method} (vision ahead {self.vision_ahead})"
 
 
 def cases(cfg: GpuBenchConfig) -> list[Case]:
     """The reference, then every method in `cfg.methods`, each block-wise one followed by its forced
-    block-wise variant when `cfg.forced_blockwise` (a hybrid plan may give the first block more tokens)."""
+    block-wise variant when `cfg.forced_blockwise` (a hybrid plan may give the first block more tokens) and by
+    its vision-ahead variant when `cfg.vision_ahead` > 1."""
     out = [Case(REFERENCE)]
     for method in cfg.methods:
         out.append(Case(method))
-        if cfg.forced_blockwise and method_traits(method).default_prefill == "hybrid":
+        hybrid = method_traits(method).default_prefill == "hybrid"
+        if cfg.forced_blockwise and hybrid:
             out.append(Case(method, "blockwise"))
+        if cfg.vision_ahead > 1 and hybrid:
+            out.append(Case(method, vision_ahead=cfg.vision_ahead))
     return out
 
 
 def run_case(adapter: ModelAdapter, media: Media, case: Case, cfg: GpuBenchConfig) -> dict[str, Any]:
     if case.method == REFERENCE:
         return run_generate(adapter, media, cfg)
-    return run_method(adapter, media, case.method, cfg, prefill=case.forced_prefill)
+    return run_method(adapter, media, case.method, cfg, prefill=case.forced_prefill, vision_ahead=case.vision_ahead)
 
 
 def run_gpu_bench(
@@ -383,6 +401,8 @@ def _one_case(adapter: ModelAdapter, source: Media | VideoInput, case: Case, cfg
     head: dict[str, Any] = {"input": "image" if isinstance(source, Media) else "video", "method": case.method}
     if case.forced_prefill is not None:
         head.update(case=case.label, forced_prefill=case.forced_prefill)
+    if case.vision_ahead > 1:
+        head.update(case=case.label, vision_ahead=case.vision_ahead)
     if isinstance(source, VideoInput):
         head.update(video_kind=source.kind, video_frames=source.frames, video_seconds=source.seconds)
     try:
@@ -526,6 +546,7 @@ def bench_gpu(args) -> int:
         out=args.out,
         session_overrides=session_overrides(args),
         forced_blockwise=bool(getattr(args, "forced_blockwise", False)),
+        vision_ahead=getattr(args, "vision_ahead", 1),
     )
     prov = getattr(args, "provenance", None)
     # rewritten after every case: a run stopped by a time limit keeps what it measured

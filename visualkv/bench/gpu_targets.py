@@ -55,7 +55,7 @@ def input_label(row: dict[str, Any]) -> str:
 
 
 def case_label(row: dict[str, Any]) -> str:
-    """The method, or "blockwise-keydiff (blockwise forced)" for a forced-plan row."""
+    """The method, or "blockwise-keydiff (blockwise forced)" / "… (vision ahead 4)" for a variant row."""
     return row.get("case", row["method"])
 
 
@@ -81,8 +81,21 @@ def _by_input(cases: list[dict[str, Any]]) -> Iterator[tuple[str, list[dict[str,
         yield label, [r for r in cases if input_label(r) == label]
 
 
-def _find(rows: list[dict[str, Any]], method: str, forced: bool = False) -> dict[str, Any] | None:
-    return next((r for r in rows if r["method"] == method and ("forced_prefill" in r) == forced), None)
+def _find(rows: list[dict[str, Any]], method: str, forced: bool = False, ahead: bool = False) -> dict[str, Any] | None:
+    """The method's row: its default, its forced block-wise variant or its vision-ahead variant."""
+    return next(
+        (
+            r
+            for r in rows
+            if r["method"] == method and ("forced_prefill" in r) == forced and ("vision_ahead" in r) == ahead
+        ),
+        None,
+    )
+
+
+def _variant(row: dict[str, Any]) -> bool:
+    """A forced-plan or vision-ahead row beside a method's default row."""
+    return "forced_prefill" in row or "vision_ahead" in row
 
 
 def _peak_over(a: dict[str, Any] | None, b: dict[str, Any] | None) -> float | None:
@@ -113,10 +126,10 @@ def _input_verdicts(label: str, rows: list[dict[str, Any]], hour: bool) -> Itera
             yield v(14, "TTFT per hour of video (recorded)", row, per_hour, None, None, "s/h", method)
         return
     for method in BLOCKWISE:
-        for forced in (False, True):
-            row = _find(rows, method, forced)
-            if row is None and forced:
-                continue  # not run (bench gpu --forced-blockwise adds it)
+        for forced, ahead in ((False, False), (True, False), (False, True)):
+            row = _find(rows, method, forced, ahead)
+            if row is None and (forced or ahead):
+                continue  # not run (bench gpu --forced-blockwise / --vision-ahead N add them)
             ratio = _ratio(row, "ttft_seconds")
             yield v(11, "block-wise TTFT <= 1.10x generate", row, ratio, 1.10, _at_most(ratio, 1.10), method=method)
         row = _find(rows, method)
@@ -125,7 +138,7 @@ def _input_verdicts(label: str, rows: list[dict[str, Any]], hour: bool) -> Itera
         target = f"block-wise CUDA peak <= 1/{round(1 / limit)} of full's"
         yield v(11, target, row, share, limit, _at_most(share, limit), method=method)
     for row in rows:
-        if row["method"] in (REFERENCE, "full") or "forced_prefill" in row:
+        if row["method"] in (REFERENCE, "full") or _variant(row):
             continue
         ratio = _ratio(row, "decode_tokens_per_second")
         yield v(11, "decode tok/s >= 2x generate after compression", row, ratio, 2.0, _at_least(ratio, 2.0))

@@ -226,8 +226,17 @@ class ModelAdapter:
         adds to these tokens' hidden states after layer k (Qwen3-VL's DeepStack); none for most families."""
         return self.encode_units(prepared, units), []
 
+    #: whether `encode_ahead` encodes several blocks' media in one call (else it does nothing)
+    encodes_ahead = False
+
+    def encode_ahead(self, prepared: PreparedInput, groups: list[list[VisualUnit]]) -> None:
+        """A hint before the first of several blocks: `groups` are their kept units, in order. An adapter that
+        can encode them in one vision-tower call, with each group's results what `encode_units` on that group
+        alone returns, does so now and holds the results for those calls (freed as they are read, and by
+        `reset_stream`). The default encodes block by block: nothing to do here."""
+
     def reset_stream(self) -> None:
-        """Forget any vision strip buffered between blocks."""
+        """Forget any vision strip buffered between blocks (and anything encoded ahead)."""
 
     @property
     def eos_token_ids(self) -> set[int]:

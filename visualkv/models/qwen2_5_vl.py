@@ -14,10 +14,17 @@ a strip are buffered for the next block, so each strip is encoded once. When a
 block holds a whole image it is encoded in one call, exactly as transformers
 does. Videos are exact block by block: their attention never crosses a
 temporal patch.
+
+Encoding ahead (`encode_ahead`, the engine's `vision_ahead`): the strips (or
+temporal patches) that the next blocks will read are worked out with the same
+walk as `_encode_rows`, then encoded in one tower call as separate sequences
+(one grid entry each: attention never crosses them, each strip keeps its own
+row offset), so every block gets the embeddings a call of its own would give.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -43,6 +50,7 @@ class Qwen25VLAdapter(ModelAdapter):
     family = "qwen2_5_vl"
     default_block_size = 784  # best block size for Qwen2.5-VL-7B in the block-wise paper
     position_axes = 3
+    encodes_ahead = True
 
     def __init__(self, model, processor, name: str) -> None:
         super().__init__(model, processor, name)
@@ -53,6 +61,8 @@ class Qwen25VLAdapter(ModelAdapter):
         window = getattr(vcfg, "window_size", None)
         self.window_rows = max(1, window // vcfg.patch_size // self.merge) if window else 1
         self._strip: tuple[int, int, torch.Tensor] | None = None  # (row0, row1, embeddings)
+        self._ahead_strips: dict[tuple[int, int], torch.Tensor] = {}  # (row0, row1) -> embeddings, encoded ahead
+        self._ahead_frames: dict[int, torch.Tensor] = {}  # temporal patch -> embeddings, encoded ahead
         batch_vision_chunks(self.visual)  # one attention call per window length, not per window
 
     @property
@@ -251,6 +261,74 @@ class Qwen25VLAdapter(ModelAdapter):
     # -- vision -------------------------------------------------------------------
     def reset_stream(self) -> None:
         self._strip = None
+        self._ahead_strips, self._ahead_frames = {}, {}
+
+    @torch.no_grad()
+    def encode_ahead(self, prepared: PreparedInput, groups: list[list[VisualUnit]]) -> None:
+        """Encode the strips / temporal patches that `encode_units` on each group in turn will ask for, in one
+        tower call (see the module docstring); held until asked for. A group that holds a whole image is one
+        exact call of its own: nothing is batched then."""
+        units = [u for group in groups for u in group]
+        vision = prepared.vision_inputs
+        if units and all(u.kind == "frame" for u in units):
+            frames = sorted({u.frame for u in units} - set(self._ahead_frames))
+            if len(frames) > 1:
+                self._frames_ahead(frames, vision)
+        elif units and all(u.kind == "rows" for u in units):
+            strips = self._strips_ahead(groups, prepared.layout.frames[0].grid[0])
+            if len(strips) > 1:
+                self._encode_strips(strips, vision)
+
+    def _frames_ahead(self, frames: list[int], vision: dict) -> None:
+        _t, gh, gw = (int(x) for x in vision["video_grid_thw"][0])
+        pixels = torch.cat([self._pixels_frames(vision, f0, f1) for f0, f1 in _runs(frames)])
+        # one grid entry per temporal patch would be the same: the tower never attends across temporal patches
+        out = self._run_visual(pixels, torch.tensor([[len(frames), gh, gw]]))
+        self._ahead_frames.update(zip(frames, out.split(out.shape[0] // len(frames))))
+
+    def _strips_ahead(self, groups: list[list[VisualUnit]], n_rows: int) -> list[tuple[int, int]]:
+        """The strips not yet encoded that `encode_units` on each group in turn reads, in order."""
+        current = self._strip[:2] if self._strip is not None else None
+        strips: list[tuple[int, int]] = []
+        for units in groups:
+            rows = [u.row for u in units]
+            if not rows:
+                continue
+            if rows[0] == 0 and rows[-1] == n_rows - 1:
+                return []  # a whole image (pruned rows or not) is encoded whole, exactly: nothing to batch
+            for r0, r1 in _runs(rows):
+                steps, current = self._strip_steps(r0, r1, current, n_rows)
+                strips += [(s0, s1) for s0, s1, new, _, _ in steps if new and (s0, s1) not in self._ahead_strips]
+        return strips
+
+    def _strip_steps(
+        self, r0: int, r1: int, current: tuple[int, int] | None, n_rows: int
+    ) -> tuple[list[tuple[int, int, bool, int, int]], tuple[int, int] | None]:
+        """How rows [r0, r1) are read given the buffered strip `current` ((row0, row1) or None): per strip
+        (row0, row1, whether it is encoded here, first row taken, row after the last), and the strip left
+        buffered. Strips are whole vision windows, each encoded once."""
+        w = self.window_rows
+        steps, r = [], r0
+        while r < r1:
+            new = current is None or not (current[0] <= r < current[1])
+            if new:
+                s0 = (r // w) * w
+                current = (s0, min(n_rows, max(s0 + w, -(-r1 // w) * w)))
+            take = min(r1, current[1])
+            steps.append((*current, new, r, take))
+            r = take
+            if take == current[1]:
+                current = None  # fully read: freed
+        return steps, current
+
+    def _encode_strips(self, strips: list[tuple[int, int]], vision: dict) -> None:
+        """Strips [row0, row1) in one tower call, one grid entry each (attention never crosses entries)."""
+        _, _, gw = (int(x) for x in vision["image_grid_thw"][0])
+        pixels = torch.cat([self._pixels_rows(vision, s0, s1) for s0, s1 in strips])
+        grid = torch.tensor([[1, (s1 - s0) * self.merge, gw] for s0, s1 in strips])
+        out = self._run_visual(pixels, grid, row_offset=[s0 for s0, _ in strips])
+        cols = gw // self.merge
+        self._ahead_strips.update(zip(strips, out.split([(s1 - s0) * cols for s0, s1 in strips])))
 
     @torch.no_grad()
     def encode_units(self, prepared: PreparedInput, units: list[VisualUnit]) -> torch.Tensor:
@@ -265,26 +343,31 @@ class Qwen25VLAdapter(ModelAdapter):
             whole = self._encode_rows(0, n_rows, prepared.vision_inputs).view(n_rows, cols, -1)
             return whole[torch.tensor(rows)].reshape(len(rows) * cols, -1)
         # otherwise rows whose every token was pruned are absent: encode each consecutive run
-        parts, start = [], 0
-        for i in range(1, len(rows) + 1):
-            if i == len(rows) or rows[i] != rows[i - 1] + 1:
-                parts.append(self._encode_rows(rows[start], rows[i - 1] + 1, prepared.vision_inputs))
-                start = i
-        return torch.cat(parts)
+        return torch.cat([self._encode_rows(r0, r1, prepared.vision_inputs) for r0, r1 in _runs(rows)])
 
-    def _run_visual(self, pixels: torch.Tensor, grid: torch.Tensor, row_offset: int = 0) -> torch.Tensor:
-        """Vision tower on pixel patches of one grid; the processor's host tensors move to the tower's device."""
+    def _run_visual(
+        self, pixels: torch.Tensor, grid: torch.Tensor, row_offset: int | Sequence[int] = 0
+    ) -> torch.Tensor:
+        """Vision tower on the pixel patches of `grid`'s entries; the processor's host tensors move to the
+        tower's device. row_offset: each entry's first token row in the image (one int for one entry)."""
         device = self.visual.patch_embed.proj.weight.device  # the tower's own device (may differ under device_map)
-        grid = grid.to(device)
+        offsets = [row_offset] if isinstance(row_offset, int) else list(row_offset)
         kwargs: dict[str, Any] = {}
-        if row_offset:
-            pos = get_vision_position_ids(grid, self.merge)
-            pos[:, 0] += row_offset * self.merge  # the strip's true patch rows in the image
+        if any(offsets):
+            pos = get_vision_position_ids(grid, self.merge)  # (patches, 2): entries one after another
+            starts = [0, *grid.prod(-1).cumsum(0).tolist()]
+            for i, offset in enumerate(offsets):
+                pos[starts[i] : starts[i + 1], 0] += offset * self.merge  # the strip's true patch rows
             kwargs["position_ids"] = pos.to(device)
+        grid = grid.to(device)
         out = self.visual(pixels.to(device, self.visual.dtype), grid_thw=grid, **kwargs)
         return out.pooler_output.to(self.device, self.dtype)
 
     def _encode_frames(self, frames: list[int], vision: dict) -> torch.Tensor:
+        if frames and all(f in self._ahead_frames for f in frames):
+            return torch.cat([self._ahead_frames.pop(f) for f in frames])
+        for f in frames:
+            self._ahead_frames.pop(f, None)
         _t, gh, gw = (int(x) for x in vision["video_grid_thw"][0])
         f0, f1 = frames[0], frames[-1] + 1
         if frames != list(range(f0, f1)):  # non-contiguous (skipped frames): encode runs
@@ -300,24 +383,29 @@ class Qwen25VLAdapter(ModelAdapter):
         if r0 == 0 and r1 == rows:  # whole image: exactly what transformers does
             return self._run_visual(self._pixels_rows(vision, 0, rows), vision["image_grid_thw"])
         parts = []
-        r = r0
-        while r < r1:
-            if self._strip is None or not (self._strip[0] <= r < self._strip[1]):
-                s0 = (r // self.window_rows) * self.window_rows
-                s1 = min(
-                    rows,
-                    max(s0 + self.window_rows, ((r1 + self.window_rows - 1) // self.window_rows) * self.window_rows),
-                )
-                pixels = self._pixels_rows(vision, s0, s1)
-                grid = torch.tensor([[1, (s1 - s0) * self.merge, gw]])
-                self._strip = (s0, s1, self._run_visual(pixels, grid, row_offset=s0))
-            s0, s1, emb = self._strip
-            take = min(r1, s1)
+        steps, _ = self._strip_steps(r0, r1, self._strip[:2] if self._strip is not None else None, rows)
+        for s0, s1, new, r, take in steps:
+            if new:
+                emb = self._ahead_strips.pop((s0, s1), None)
+                if emb is None:
+                    pixels = self._pixels_rows(vision, s0, s1)
+                    emb = self._run_visual(pixels, torch.tensor([[1, (s1 - s0) * self.merge, gw]]), row_offset=s0)
+                self._strip = (s0, s1, emb)
+            emb = self._strip[2]
             parts.append(emb[(r - s0) * tokens_per_row : (take - s0) * tokens_per_row])
-            r = take
             if take == s1:
                 self._strip = None  # fully consumed: free it
         return torch.cat(parts)
+
+
+def _runs(items: list[int]) -> list[tuple[int, int]]:
+    """Consecutive runs [start, end) of sorted integers."""
+    runs, start = [], 0
+    for i in range(1, len(items) + 1):
+        if i == len(items) or items[i] != items[i - 1] + 1:
+            runs.append((items[start], items[i - 1] + 1))
+            start = i
+    return runs
 
 
 def _as_tensor(x):

@@ -26,6 +26,7 @@ feature of a token together.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -145,7 +146,16 @@ class Qwen3VLAdapter(Qwen25VLAdapter):
         finally:
             self._image_grid = None
 
-    def _run_visual(self, pixels: torch.Tensor, grid: torch.Tensor, row_offset: int = 0) -> torch.Tensor:
+    def _encode_strips(self, strips: list[tuple[int, int]], vision: dict) -> None:
+        self._image_grid = vision["image_grid_thw"]
+        try:
+            super()._encode_strips(strips, vision)
+        finally:
+            self._image_grid = None
+
+    def _run_visual(
+        self, pixels: torch.Tensor, grid: torch.Tensor, row_offset: int | Sequence[int] = 0
+    ) -> torch.Tensor:
         """Packed [embedding | deepstack...] (n, d * (1 + k)) of the patches in `pixels`; the processor's host
         tensors (pixels, grid, strip positions) move to the tower's own device (may differ under device_map)."""
         device = self.visual.patch_embed.proj.weight.device
@@ -162,8 +172,12 @@ class Qwen3VLAdapter(Qwen25VLAdapter):
                 align_corners=visual.interpolation_align_corners,
                 spatial_merge_size=self.merge,
             )
-            start = row_offset * int(whole[0, 2]) * self.merge
-            rows = slice(start, start + pixels.shape[0])
+            # each grid entry is a strip: its patches are rows [offset, offset + entry rows) of the whole image
+            offsets = [row_offset] if isinstance(row_offset, int) else list(row_offset)
+            per_row = int(whole[0, 2]) * self.merge  # patches per token row
+            rows = torch.cat(
+                [torch.arange(o * per_row, o * per_row + int(n)) for o, n in zip(offsets, grid.prod(-1).tolist())]
+            )
             kwargs = {
                 "position_ids": get_vision_position_ids(whole, self.merge)[rows].to(device),
                 "interp_indices": idx[rows].to(device),

@@ -1,0 +1,101 @@
+"""Encoding ahead (`SessionConfig.vision_ahead`): several blocks' media in one vision-tower call.
+
+Each block's strip (image rows) or temporal patches (video) is its own sequence in that call, so the result must
+be what a call per block gives: the same logits and answer, every patch through the tower once, fewer calls.
+Families without `encode_ahead` encode block by block whatever the setting says.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from visualkv.bench.synthetic import image_media, video_media
+from visualkv.errors import ConfigError
+from visualkv.memory_guard import estimate_prefill
+from visualkv.methods import method_traits
+from visualkv.models.registry import load_model
+from visualkv.session import ChatSession, SessionConfig
+
+QWEN = ("tiny-qwen2.5-vl", "tiny-qwen3-vl")
+OTHERS = ("tiny-smolvlm2", "tiny-llava-onevision", "tiny-internvl3.5")
+METHODS = ("blockwise-keydiff", "blockwise-snapkv", "blockwise-keydiff+salicache", "lightkv")
+
+
+@pytest.fixture(scope="module")
+def media():
+    # 1920x1080: ~39 token rows, blocks of 512 tokens read ~7 rows each (Qwen2.5-VL: windows of 4 rows)
+    return {"image": image_media(1920, 1080, seed=3), "video": video_media(24, 320, 180, seed=2)}
+
+
+_ADAPTERS: dict[str, object] = {}
+
+
+def _adapter(name: str):
+    if name not in _ADAPTERS:
+        _ADAPTERS[name] = load_model(name)
+    return _ADAPTERS[name]
+
+
+def _turn(adapter, media, method: str, ahead: int):
+    """(first logits, answer ids, tower calls, patches through the tower) of one blockwise turn."""
+    calls: list[int] = []
+    tower = getattr(adapter, "visual", None)
+    forward = tower.forward if tower is not None else None
+    if tower is not None:
+
+        def counted(pixels, *args, **kwargs):
+            calls.append(int(pixels.shape[0]))
+            return forward(pixels, *args, **kwargs)
+
+        tower.forward = counted
+    try:
+        block = 512 if media.kind == "image" else 128
+        cfg = SessionConfig(
+            method=method, budget=64, block_size=block, prefill="blockwise", max_new_tokens=4, vision_ahead=ahead
+        )
+        session = ChatSession(adapter, cfg)
+        record = session.ask("What is in the picture?", media)
+    finally:
+        if tower is not None:
+            del tower.forward  # back to the class's method
+    return session.prefill_result.logits, record.token_ids, len(calls), sum(calls), session
+
+
+@pytest.mark.parametrize("kind", ["image", "video"])
+@pytest.mark.parametrize("name", QWEN)
+@pytest.mark.parametrize("method", METHODS)
+def test_encoding_ahead_changes_nothing_but_the_number_of_calls(media, name, kind, method):
+    adapter = _adapter(name)
+    logits_1, ids_1, calls_1, patches_1, _ = _turn(adapter, media[kind], method, 1)
+    logits_4, ids_4, calls_4, patches_4, session = _turn(adapter, media[kind], method, 4)
+    assert torch.allclose(logits_1, logits_4, atol=1e-5, rtol=0), (logits_1 - logits_4).abs().max()
+    assert ids_1 == ids_4
+    assert patches_4 == patches_1  # every patch through the tower once: nothing encoded twice or for nothing
+    assert calls_4 < calls_1, (calls_1, calls_4)
+    assert not adapter._ahead_strips and not adapter._ahead_frames  # nothing left held after the prefill
+    assert session.report()["config"]["vision_ahead"] == 4  # recorded in the report
+
+
+@pytest.mark.parametrize("name", OTHERS)
+def test_families_without_encode_ahead_run_block_by_block(media, name):
+    adapter = _adapter(name)
+    logits_1, ids_1, calls_1, _, _ = _turn(adapter, media["image"], "blockwise-keydiff", 1)
+    logits_4, ids_4, calls_4, _, _ = _turn(adapter, media["image"], "blockwise-keydiff", 4)
+    assert torch.equal(logits_1, logits_4) and ids_1 == ids_4 and calls_1 == calls_4
+
+
+def test_the_memory_guard_counts_the_larger_tower_call(media):
+    def vision_bytes(name: str, ahead: int) -> int:
+        adapter = _adapter(name)
+        prepared = adapter.prepare(media["video"], "What happens?")
+        cls = method_traits("blockwise-keydiff")
+        return estimate_prefill(adapter, prepared, cls, 64, 128, "blockwise", ahead).vision_bytes
+
+    assert vision_bytes("tiny-qwen2.5-vl", 4) > vision_bytes("tiny-qwen2.5-vl", 1)
+    assert vision_bytes("tiny-smolvlm2", 4) == vision_bytes("tiny-smolvlm2", 1)  # it encodes block by block
+
+
+def test_vision_ahead_below_one_is_refused():
+    with pytest.raises(ConfigError, match="vision_ahead must be >= 1"):
+        SessionConfig(vision_ahead=0).validate()
