@@ -1,7 +1,7 @@
 """Operations a whole prefill dispatches: transformers' `generate` against VisualKV's methods, same input.
 
 Usage: python scripts/prefill_launches.py OUT.json [--shape shape-qwen2.5-vl-7b] [--image 1920x1080]
-  [--methods full,blockwise-keydiff,...] [--budget 1024] [--vision-ahead N]
+  [--methods full,blockwise-keydiff,...] [--budget 1024] [--vision-ahead N] [--video FRAMES]
 
 --vision-ahead N adds, for each block-wise method, its hybrid plan with N blocks' media per vision-tower call
 (`SessionConfig.vision_ahead`), beside the one call per block.
@@ -62,13 +62,24 @@ def _narrow_adapter(shape: str, text_width: int, vision_width: int, heads: int, 
 
 
 def _generate(adapter, media) -> None:
+    import numpy as np
     from PIL import Image
 
+    from visualkv.models.base import video_metadata
     from visualkv.models.vision_attention import stock_vision_attention
 
     with stock_vision_attention(adapter.visual), torch.no_grad():
         text = adapter.chat_text(media, PROMPT)
-        enc = adapter.processor(text=[text], images=[Image.fromarray(media.frames[0])], return_tensors="pt")
+        if media.kind == "image":
+            enc = adapter.processor(text=[text], images=[Image.fromarray(media.frames[0])], return_tensors="pt")
+        else:  # as bench gpu's reference: every frame stacked, one processor call
+            enc = adapter.processor(
+                text=[text],
+                videos=[np.stack(list(media.frames))],
+                video_metadata=[video_metadata(media)],
+                do_sample_frames=False,
+                return_tensors="pt",
+            )
         adapter.model.generate(**enc, max_new_tokens=1, do_sample=False)
 
 
@@ -114,17 +125,18 @@ def main() -> None:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--vision-ahead", type=int, default=1)
+    p.add_argument("--video", type=int, default=0, help="a synthetic 640x360 video of this many frames instead")
     args = p.parse_args()
 
     from visualkv.bench.provenance import save_json, start
-    from visualkv.bench.synthetic import image_media
+    from visualkv.bench.synthetic import image_media, video_media
 
     prov = start()
     prov["command"] = "python scripts/prefill_launches.py " + " ".join(sys.argv[1:])
     torch.set_num_threads(1)
     adapter = _narrow_adapter(args.shape, args.text_width, args.vision_width, args.heads, args.kv_heads)
     w, h = (int(x) for x in args.image.split("x"))
-    media = image_media(w, h, seed=1)
+    media = video_media(args.video, 640, 360, seed=1) if args.video else image_media(w, h, seed=1)
     rows = []
     counts = _counted(adapter, lambda: _generate(adapter, media))
     rows.append({"case": "transformers generate", **counts})
@@ -140,7 +152,8 @@ def main() -> None:
     cfg = adapter.model.config
     out = {
         "shape": args.shape,
-        "image": args.image,
+        "image": args.image if not args.video else None,
+        "video_frames": args.video or None,
         "budget": args.budget,
         "structure": {
             "text_layers": cfg.text_config.num_hidden_layers,

@@ -99,3 +99,21 @@ def test_the_memory_guard_counts_the_larger_tower_call(media):
 def test_vision_ahead_below_one_is_refused():
     with pytest.raises(ConfigError, match="vision_ahead must be >= 1"):
         SessionConfig(vision_ahead=0).validate()
+
+
+def test_a_stopped_prefill_leaves_nothing_encoded_ahead(media):
+    import threading
+
+    from visualkv.errors import PrefillStopped
+
+    adapter = _adapter("tiny-qwen2.5-vl")
+    cfg = SessionConfig(method="blockwise-keydiff", budget=64, block_size=128, prefill="blockwise", vision_ahead=8)
+    stop = threading.Event()
+    session = ChatSession(adapter, cfg)
+    with pytest.raises(PrefillStopped):
+        # stopped after the first block with frames: the next seven blocks' frames were encoded with it
+        stream = session.stream(
+            "What happens?", media["video"], on_block=lambda e: e.visual_tokens_in and stop.set(), stop=stop
+        )
+        list(stream)
+    assert not adapter._ahead_frames and adapter._strip is None

@@ -286,42 +286,53 @@ class Engine:
         last_hidden = None
         media_seconds = None  # time of the latest video frame reached so far (None: no video frame yet)
         ahead_until = 0  # blocks before this one have had their media encoded ahead
-        for i, block in enumerate(ctx.blocks):
-            if should_stop is not None and should_stop():
-                raise PrefillStopped()
-            t0 = time.perf_counter()
-            ctx.block = block
-            if vision_ahead > 1 and i >= ahead_until and block.units:
-                ahead_until = i + vision_ahead
-                self.adapter.encode_ahead(prepared, [kept_units(prepared, b) for b in ctx.blocks[i:ahead_until]])
-            hidden, local, layer_features = self.block_embeddings(prepared, block, ctx.encoded_frames, seq_offset)
-            if local.numel() == 0:
-                continue
-            tiers = ctx.tiers[local] if ctx.tiers is not None else None
-            hidden = self.run_layers(
-                hidden, prepared.position_ids[:, local], local + seq_offset, cache, method, ctx, tiers, layer_features
-            )
-            last_hidden = hidden
-            media_seconds = _latest_frame_time(prepared.layout.frames, block.units, media_seconds)
-            per_layer = cache.entries_per_layer()
-            event = BlockEvent(
-                index=len(events),
-                kind=block.kind,
-                tokens_in=int(local.numel()),
-                visual_tokens_in=int(prepared.visual_mask[local].sum()),
-                kv_tokens=max(per_layer),
-                kv_tokens_per_layer=per_layer,
-                kv_bytes=cache.kv_bytes(),
-                peak_kv_bytes=cache.peak_kv_bytes,
-                rss_bytes=rss_bytes(),
-                seconds=time.perf_counter() - t0,
-                cuda_allocated_bytes=cuda_allocated(),
-                n_blocks=len(ctx.blocks),
-                media_seconds=media_seconds,
-            )
-            events.append(event)
-            if on_block is not None:
-                on_block(event)
+        try:
+            for i, block in enumerate(ctx.blocks):
+                if should_stop is not None and should_stop():
+                    raise PrefillStopped()
+                t0 = time.perf_counter()
+                ctx.block = block
+                if vision_ahead > 1 and i >= ahead_until and block.units:
+                    ahead_until = i + vision_ahead
+                    self.adapter.encode_ahead(prepared, [kept_units(prepared, b) for b in ctx.blocks[i:ahead_until]])
+                hidden, local, layer_features = self.block_embeddings(prepared, block, ctx.encoded_frames, seq_offset)
+                if local.numel() == 0:
+                    continue
+                tiers = ctx.tiers[local] if ctx.tiers is not None else None
+                hidden = self.run_layers(
+                    hidden,
+                    prepared.position_ids[:, local],
+                    local + seq_offset,
+                    cache,
+                    method,
+                    ctx,
+                    tiers,
+                    layer_features,
+                )
+                last_hidden = hidden
+                media_seconds = _latest_frame_time(prepared.layout.frames, block.units, media_seconds)
+                per_layer = cache.entries_per_layer()
+                event = BlockEvent(
+                    index=len(events),
+                    kind=block.kind,
+                    tokens_in=int(local.numel()),
+                    visual_tokens_in=int(prepared.visual_mask[local].sum()),
+                    kv_tokens=max(per_layer),
+                    kv_tokens_per_layer=per_layer,
+                    kv_bytes=cache.kv_bytes(),
+                    peak_kv_bytes=cache.peak_kv_bytes,
+                    rss_bytes=rss_bytes(),
+                    seconds=time.perf_counter() - t0,
+                    cuda_allocated_bytes=cuda_allocated(),
+                    n_blocks=len(ctx.blocks),
+                    media_seconds=media_seconds,
+                )
+                events.append(event)
+                if on_block is not None:
+                    on_block(event)
+        except BaseException:  # stopped or failed: nothing encoded ahead (nor a buffered strip) outlives it
+            self.adapter.reset_stream()
+            raise
         if should_stop is not None and should_stop():
             raise PrefillStopped()
         if last_hidden is None:

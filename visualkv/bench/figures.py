@@ -1044,7 +1044,8 @@ def table_prefill_launches(results: Path) -> str:
             split = " / ".join(f"{n:,}" for n in parts.values()) if parts else "n/a"
             body.append(
                 [
-                    f"`{d['shape']}`, {d['image']} image",
+                    f"`{d['shape']}`, "
+                    + (f"{d['image']} image" if d.get("image") else f"video, {d['video_frames']} frames 640x360"),
                     label,
                     f"{r['ops']:,} ({r['ops'] / ref['ops']:.2f}×)",
                     kernels,
