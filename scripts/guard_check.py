@@ -28,7 +28,7 @@ import time
 QUESTION = "Where is the small red star?"
 
 
-def measure(model: str, media_path: str, method: str, budget: int) -> dict:
+def measure(model: str, media_path: str, method: str, budget: int, vision_ahead: int = 1) -> dict:
     import psutil
     import torch
 
@@ -41,10 +41,12 @@ def measure(model: str, media_path: str, method: str, budget: int) -> dict:
 
     adapter = load_model(model)
     media = load_media(media_path)
-    cfg = SessionConfig(method=method, budget=budget if method_traits(method).needs_budget else None, max_new_tokens=1)
+    budget = budget if method_traits(method).needs_budget else None
+    cfg = SessionConfig(method=method, budget=budget, max_new_tokens=1, vision_ahead=vision_ahead)
     unguarded = MemoryGuard(enabled=False)
     ChatSession(adapter, cfg, guard=unguarded).ask(QUESTION, image_media(448, 336, seed=1))  # warm-up
-    est = estimate_prefill(adapter, adapter.prepare(media, QUESTION), METHODS[method], cfg.budget, None, None)
+    prepared = adapter.prepare(media, QUESTION)
+    est = estimate_prefill(adapter, prepared, METHODS[method], cfg.budget, None, None, vision_ahead)
     session = ChatSession(adapter, cfg, guard=unguarded)
     proc = psutil.Process()
     base = [proc.memory_info().rss]
@@ -75,6 +77,7 @@ def measure(model: str, media_path: str, method: str, budget: int) -> dict:
     growth = peak[0] - base[0]
     return {
         "method": method,
+        "vision_ahead": vision_ahead,
         "budget": cfg.budget,
         "visual_tokens": session.report()["visual_tokens"],
         "estimate": {
@@ -100,14 +103,23 @@ def main() -> int:
     parser.add_argument("--budget", type=int, default=1024)
     parser.add_argument("--json", dest="json_out", default="docs/results/memory_guard_cpu.json")
     parser.add_argument("--machine", default="", help="words for the record, e.g. '2 CPU cores, loaded'")
+    parser.add_argument(
+        "--vision-ahead", type=int, default=1, help="also measure each block-wise method with N blocks per tower call"
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure this method here
+    parser.add_argument("--ahead", type=int, default=1, help=argparse.SUPPRESS)  # internal: its vision_ahead
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(measure(args.model, args.media, args.one, args.budget)))
+        print(json.dumps(measure(args.model, args.media, args.one, args.budget, args.ahead)))
         return 0
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     rows = []
+    runs = []
     for method in args.methods.split(","):
+        runs.append((method, 1))
+        if args.vision_ahead > 1 and method.startswith("blockwise"):
+            runs.append((method, args.vision_ahead))
+    for method, ahead in runs:
         out = subprocess.run(
             [
                 sys.executable,
@@ -120,6 +132,8 @@ def main() -> int:
                 str(args.budget),
                 "--one",
                 method,
+                "--ahead",
+                str(ahead),
             ],
             env=env,
             capture_output=True,
@@ -129,7 +143,7 @@ def main() -> int:
         row = json.loads(out.stdout.strip().splitlines()[-1])
         rows.append(row)
         print(
-            f"{method:18s} KV est/measured {row['kv_ratio']:.3f}   whole est/measured {row['whole_ratio']:.3f} "
+            f"{method:18s} ahead {ahead} KV est/measured {row['kv_ratio']:.3f}   whole est/measured {row['whole_ratio']:.3f} "
             f"({row['estimate']['peak_bytes'] / 2**20:.1f} / {row['measured']['rss_growth_bytes'] / 2**20:.1f} MiB)",
             flush=True,
         )

@@ -162,7 +162,8 @@ def test_turn_within_its_time_limit_is_untouched(small_image):
 @pytest.mark.slow
 def test_whole_estimate_against_measured_rss(tmp_path):
     """scripts/guard_check.py on a 4K image (tiny model; the bench model's figures are in README): the whole
-    estimate within 25 % of the process's measured RSS growth over the prefill, the KV part exact."""
+    estimate within 25 % of the process's measured RSS growth over the prefill, the KV part exact; block-wise
+    KeyDiff also with 4 blocks per vision-tower call (the larger transient the guard must count)."""
     repo = Path(__file__).resolve().parent.parent
     out = tmp_path / "guard.json"
     subprocess.run(
@@ -173,6 +174,8 @@ def test_whole_estimate_against_measured_rss(tmp_path):
             "tiny-qwen2.5-vl",
             "--methods",
             "full,blockwise-keydiff",
+            "--vision-ahead",
+            "4",
             "--json",
             str(out),
         ],
@@ -181,6 +184,12 @@ def test_whole_estimate_against_measured_rss(tmp_path):
         capture_output=True,
         env={**os.environ, "PYTHONPATH": str(repo)},
     )
-    for row in json.loads(out.read_text())["results"]:
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["method"], r["vision_ahead"]) for r in rows] == [
+        ("full", 1),
+        ("blockwise-keydiff", 1),
+        ("blockwise-keydiff", 4),
+    ]
+    for row in rows:
         assert abs(row["kv_ratio"] - 1) < 0.01, row
         assert 0.75 <= row["whole_ratio"] <= 1.25, row

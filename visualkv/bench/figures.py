@@ -764,9 +764,10 @@ def table_memory_guard(results: Path) -> str:
     body = []
     for r in d["results"]:
         e, m = r["estimate"], r["measured"]
+        ahead = f" (vision ahead {r['vision_ahead']})" if r.get("vision_ahead", 1) > 1 else ""
         body.append(
             [
-                f"`{r['method']}`",
+                f"`{r['method']}`{ahead}",
                 f"{e['kv_bytes'] / MIB:.1f} / {e['peak_bytes'] / MIB:.1f} MiB",
                 f"{m['peak_kv_bytes'] / MIB:.1f} / {m['rss_growth_bytes'] / MIB:.1f} MiB",
                 f"{r['whole_ratio']:.2f}",
