@@ -756,6 +756,8 @@ def test_compare_stop_ends_it_at_once_and_keeps_the_finished_rows(page):
     status_js = "(document.querySelector('#vkv-cmp-status') || {innerText: ''}).innerText"
     page.wait_for_function(f"() => /· [a-z+-]+: prefill block \\d+\\//.test({status_js})", timeout=TURN_TIMEOUT_MS)
     page.click("#vkv-cmp-stop")
+    # said at once, by the browser (or the comparison already answered): the server's own line comes after
+    page.wait_for_function(f"() => /stopping|Stopped after/.test({status_js})", timeout=5_000)
     page.wait_for_function(f"() => {status_js}.includes('Stopped after')", timeout=TURN_TIMEOUT_MS)
     status = page.inner_text("#vkv-cmp-status")
     finished = int(re.search(r"Stopped after (\d+) of (\d+) methods", status).group(1))

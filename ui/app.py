@@ -15,7 +15,7 @@ from visualkv.models.registry import HUB_MODELS, OFFLINE_MODELS, offline_aliases
 from visualkv.streaming import method_settings
 
 from . import text
-from .handlers import PREFILL_LABEL, READING_LABEL, STOPPING_LABEL, Handlers, stopping_html
+from .handlers import COMPARE_STOPPING, PREFILL_LABEL, READING_LABEL, STOPPING_LABEL, Handlers, stopping_html
 from .sharing import ServeOptions, limit_heap_arenas, release_on_close, release_state
 from .state import ModelCache, default_offline_model, is_offline_model
 
@@ -455,7 +455,8 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
             show_progress_on=[cmp_table],
             **compute,
         )
-        cmp_stop.click(h.stop_compare, [state], [cmp_status], queue=False, show_progress="hidden")
+        cmp_stop.click(None, [cmp_status], [cmp_status], js=_compare_stop_ack_js(), queue=False)
+        cmp_stop.click(h.stop_compare, [state], None, queue=False, show_progress="hidden")
     demo.vkv_model = model_name  # for app.py's start message
     demo.vkv_serve = serve  # for launch's queue size
     return demo
@@ -468,6 +469,13 @@ def _stop_ack_js() -> str:
     labels = "|".join(re.escape(label.split("…")[0]) for label in (READING_LABEL, PREFILL_LABEL, STOPPING_LABEL))
     running = rf"vkv-progress-text\">({labels})"
     return f"(p) => (/{running}/.test(p || '') ? {json.dumps(stopping_html())} : p)"
+
+
+def _compare_stop_ack_js() -> str:
+    """Browser-side Stop of Compare: a running comparison's status line ("running 5 methods…", "2/5 · lightkv:
+    prefill block 3/12", "1/5 done") becomes the "stopping…" line; a finished one is returned unchanged."""
+    running = r"^(running \d+ methods|\d+\/\d+ (·|done))"
+    return f"(s) => (/{running}/.test(s || '') ? {json.dumps(COMPARE_STOPPING)} : s)"
 
 
 def _lenient_number(payload):

@@ -440,12 +440,12 @@ class Handlers:
         state.stop.set()
         return stopping_html()
 
-    def stop_compare(self, state):
-        """Compare's own Stop: the running method ends at its next block boundary or token."""
-        if state is None or self._active.get(id(state)) != "compare":
-            return gr.skip()  # no comparison of this session is running
-        state.stop.set()
-        return COMPARE_STOPPING
+    def stop_compare(self, state) -> None:
+        """Compare's own Stop: the running method ends at its next block boundary or token. It writes no output:
+        the browser shows "stopping…" itself (ui/app.py), and the comparison's own last status line, which may
+        come first, must not be overwritten by this answer."""
+        if state is not None and self._active.get(id(state)) == "compare":
+            state.stop.set()
 
     def new_chat(self, request: gr.Request, state, method, followup):
         self._forget_waiting(request)
