@@ -17,8 +17,9 @@ from visualkv.methods import method_traits
 from visualkv.models.registry import load_model
 from visualkv.session import ChatSession, SessionConfig
 
-QWEN = ("tiny-qwen2.5-vl", "tiny-qwen3-vl")
-OTHERS = ("tiny-smolvlm2", "tiny-llava-onevision", "tiny-internvl3.5")
+QWEN = ("tiny-qwen2.5-vl", "tiny-qwen3-vl")  # strips and temporal patches batched as separate sequences
+TILES = ("tiny-smolvlm2", "tiny-internvl3.5")  # tiles and frames: independent images, batched together
+BLOCK_BY_BLOCK = ("tiny-llava-onevision",)
 METHODS = ("blockwise-keydiff", "blockwise-snapkv", "blockwise-keydiff+salicache", "lightkv")
 
 
@@ -40,13 +41,15 @@ def _adapter(name: str):
 def _turn(adapter, media, method: str, ahead: int):
     """(first logits, answer ids, tower calls, patches through the tower) of one blockwise turn."""
     calls: list[int] = []
-    tower = getattr(adapter, "visual", None)
+    inner = adapter.model.model
+    tower = getattr(adapter, "visual", None) or getattr(inner, "vision_model", None) or inner.vision_tower
     forward = tower.forward if tower is not None else None
     if tower is not None:
 
-        def counted(pixels, *args, **kwargs):
-            calls.append(int(pixels.shape[0]))
-            return forward(pixels, *args, **kwargs)
+        def counted(*args, **kwargs):
+            pixels = args[0] if args else next(v for v in kwargs.values() if isinstance(v, torch.Tensor))
+            calls.append(int(pixels.shape[0]))  # patches (Qwen) or images (the tile families)
+            return forward(*args, **kwargs)
 
         tower.forward = counted
     try:
@@ -63,7 +66,7 @@ def _turn(adapter, media, method: str, ahead: int):
 
 
 @pytest.mark.parametrize("kind", ["image", "video"])
-@pytest.mark.parametrize("name", QWEN)
+@pytest.mark.parametrize("name", QWEN + TILES)
 @pytest.mark.parametrize("method", METHODS)
 def test_encoding_ahead_changes_nothing_but_the_number_of_calls(media, name, kind, method):
     adapter = _adapter(name)
@@ -73,11 +76,12 @@ def test_encoding_ahead_changes_nothing_but_the_number_of_calls(media, name, kin
     assert ids_1 == ids_4
     assert patches_4 == patches_1  # every patch through the tower once: nothing encoded twice or for nothing
     assert calls_4 < calls_1, (calls_1, calls_4)
-    assert not adapter._ahead_strips and not adapter._ahead_frames  # nothing left held after the prefill
+    held = (adapter._ahead_strips, adapter._ahead_frames) if name in QWEN else (adapter._ahead_units,)
+    assert not any(held)  # nothing left held after the prefill
     assert session.report()["config"]["vision_ahead"] == 4  # recorded in the report
 
 
-@pytest.mark.parametrize("name", OTHERS)
+@pytest.mark.parametrize("name", BLOCK_BY_BLOCK)
 def test_families_without_encode_ahead_run_block_by_block(media, name):
     adapter = _adapter(name)
     logits_1, ids_1, calls_1, _, _ = _turn(adapter, media["image"], "blockwise-keydiff", 1)
@@ -93,7 +97,8 @@ def test_the_memory_guard_counts_the_larger_tower_call(media):
         return estimate_prefill(adapter, prepared, cls, 64, 128, "blockwise", ahead).vision_bytes
 
     assert vision_bytes("tiny-qwen2.5-vl", 4) > vision_bytes("tiny-qwen2.5-vl", 1)
-    assert vision_bytes("tiny-smolvlm2", 4) == vision_bytes("tiny-smolvlm2", 1)  # it encodes block by block
+    assert vision_bytes("tiny-smolvlm2", 4) > vision_bytes("tiny-smolvlm2", 1)
+    assert vision_bytes("tiny-llava-onevision", 4) == vision_bytes("tiny-llava-onevision", 1)  # block by block
 
 
 def test_vision_ahead_below_one_is_refused():

@@ -88,6 +88,7 @@ class ModelAdapter:
         self.processor = processor
         self.name = name
         self.tokenizer = getattr(processor, "tokenizer", processor)
+        self._ahead_units: dict[tuple[str, int], torch.Tensor] = {}  # (kind, index) -> embeddings, encoded ahead
 
     # -- parts of the LLM -----------------------------------------------------------
     @property
@@ -223,20 +224,43 @@ class ModelAdapter:
         self, prepared: PreparedInput, units: list[VisualUnit]
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Embeddings (n, hidden) plus, per early decoder layer k, features (n, hidden) that the model
-        adds to these tokens' hidden states after layer k (Qwen3-VL's DeepStack); none for most families."""
+        adds to these tokens' hidden states after layer k (Qwen3-VL's DeepStack); none for most families.
+        Units encoded ahead (`encode_ahead`) are taken from there."""
+        held = self._ahead_units
+        if held and units and all((u.kind, u.frame) in held for u in units):
+            return torch.cat([held.pop((u.kind, u.frame)) for u in units]), []
+        for u in units:
+            held.pop((u.kind, u.frame), None)
         return self.encode_units(prepared, units), []
 
-    #: whether `encode_ahead` encodes several blocks' media in one call (else it does nothing)
-    encodes_ahead = False
+    #: each unit (a tile, a frame) is encoded as an image of its own: its embeddings do not depend on the units
+    #: sharing its tower call, so the default `encode_ahead` may put several blocks' units in one call
+    units_independent = False
+
+    @property
+    def encodes_ahead(self) -> bool:
+        """Whether `encode_ahead` encodes several blocks' media in one call (else it does nothing)."""
+        return self.units_independent
 
     def encode_ahead(self, prepared: PreparedInput, groups: list[list[VisualUnit]]) -> None:
         """A hint before the first of several blocks: `groups` are their kept units, in order. An adapter that
         can encode them in one vision-tower call, with each group's results what `encode_units` on that group
         alone returns, does so now and holds the results for those calls (freed as they are read, and by
-        `reset_stream`). The default encodes block by block: nothing to do here."""
+        `reset_stream`). This default does it for independent units (one `encode_units` call over all of them,
+        split per unit); otherwise it encodes block by block: nothing to do here."""
+        if not self.units_independent:
+            return
+        units = [u for group in groups for u in group if (u.kind, u.frame) not in self._ahead_units]
+        if len(units) < 2:
+            return
+        out = self.encode_units(prepared, units)
+        self._ahead_units.update(
+            zip([(u.kind, u.frame) for u in units], out.split([u.seq_end - u.seq_start for u in units]))
+        )
 
     def reset_stream(self) -> None:
         """Forget any vision strip buffered between blocks (and anything encoded ahead)."""
+        self._ahead_units = {}
 
     @property
     def eos_token_ids(self) -> set[int]:

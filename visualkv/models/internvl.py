@@ -33,6 +33,7 @@ from visualkv.models.base import (
 
 class InternVLAdapter(ModelAdapter):
     family = "internvl"
+    units_independent = True  # tiles and frames are images of their own: several blocks' share a call
     default_block_size = 1024  # four 256-token tiles
     position_axes = 1
 

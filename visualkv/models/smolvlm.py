@@ -36,6 +36,7 @@ _ROW_COL = re.compile(r"<row_(\d+)_col_(\d+)>")
 
 class SmolVLMAdapter(ModelAdapter):
     family = "smolvlm"
+    units_independent = True  # tiles and frames are images of their own: several blocks' share a call
     default_block_size = 256  # four 64-token tiles
     position_axes = 1
 
