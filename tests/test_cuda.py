@@ -287,7 +287,7 @@ def test_graph_decode_in_bf16_on_cuda(small_image):
     assert s.turns[1].decode_tokens_per_second > 0
 
 
-@pytest.mark.parametrize("alias", ["tiny-qwen2.5-vl", "tiny-qwen3-vl", "tiny-smolvlm2", "tiny-internvl3.5"])
+@pytest.mark.parametrize("alias", ALL_FAMILIES)
 @pytest.mark.parametrize("method", ["blockwise-keydiff", "blockwise-snapkv"])
 def test_vision_ahead_matches_a_call_per_block_on_cuda(alias, method, small_image, small_video, no_tf32):
     """float32 (TF32 off): several blocks' media in one tower call give the logits and tokens of a call per

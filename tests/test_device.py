@@ -63,7 +63,7 @@ def test_every_method_runs_on_cuda(alias, method, small_image, small_video):
             assert len(report["turns"]) == 2 and all(t["token_ids"] for t in report["turns"])
 
 
-@pytest.mark.parametrize("alias", ["tiny-qwen2.5-vl", "tiny-qwen3-vl", "tiny-smolvlm2", "tiny-internvl3.5"])
+@pytest.mark.parametrize("alias", ALL_FAMILIES)
 def test_vision_ahead_runs_on_cuda(alias, small_image, small_video):
     """Several blocks' media per tower call (strips, temporal patches, tiles batched) on the pretend GPU."""
     adapter = _fake_cuda_adapter(alias)

@@ -19,7 +19,8 @@ from visualkv.session import ChatSession, SessionConfig
 
 QWEN = ("tiny-qwen2.5-vl", "tiny-qwen3-vl")  # strips and temporal patches batched as separate sequences
 TILES = ("tiny-smolvlm2", "tiny-internvl3.5")  # tiles and frames: independent images, batched together
-BLOCK_BY_BLOCK = ("tiny-llava-onevision",)
+#: (family, media kind) encoded ahead: the Qwen and tile families on both, LLaVA-OneVision's video frames
+AHEAD = [(name, kind) for name in QWEN + TILES for kind in ("image", "video")] + [("tiny-llava-onevision", "video")]
 METHODS = ("blockwise-keydiff", "blockwise-snapkv", "blockwise-keydiff+salicache", "lightkv")
 
 
@@ -65,8 +66,7 @@ def _turn(adapter, media, method: str, ahead: int):
     return session.prefill_result.logits, record.token_ids, len(calls), sum(calls), session
 
 
-@pytest.mark.parametrize("kind", ["image", "video"])
-@pytest.mark.parametrize("name", QWEN + TILES)
+@pytest.mark.parametrize(("name", "kind"), AHEAD)
 @pytest.mark.parametrize("method", METHODS)
 def test_encoding_ahead_changes_nothing_but_the_number_of_calls(media, name, kind, method):
     adapter = _adapter(name)
@@ -81,24 +81,26 @@ def test_encoding_ahead_changes_nothing_but_the_number_of_calls(media, name, kin
     assert session.report()["config"]["vision_ahead"] == 4  # recorded in the report
 
 
-@pytest.mark.parametrize("name", BLOCK_BY_BLOCK)
-def test_families_without_encode_ahead_run_block_by_block(media, name):
-    adapter = _adapter(name)
+def test_llava_onevision_images_run_block_by_block(media):
+    """Its map rows share rows of tiles (buffered between blocks): not batched ahead."""
+    adapter = _adapter("tiny-llava-onevision")
     logits_1, ids_1, calls_1, _, _ = _turn(adapter, media["image"], "blockwise-keydiff", 1)
     logits_4, ids_4, calls_4, _, _ = _turn(adapter, media["image"], "blockwise-keydiff", 4)
     assert torch.equal(logits_1, logits_4) and ids_1 == ids_4 and calls_1 == calls_4
 
 
 def test_the_memory_guard_counts_the_larger_tower_call(media):
-    def vision_bytes(name: str, ahead: int) -> int:
+    def vision_bytes(name: str, ahead: int, kind: str = "video") -> int:
         adapter = _adapter(name)
-        prepared = adapter.prepare(media["video"], "What happens?")
+        prepared = adapter.prepare(media[kind], "What happens?")
         cls = method_traits("blockwise-keydiff")
         return estimate_prefill(adapter, prepared, cls, 64, 128, "blockwise", ahead).vision_bytes
 
     assert vision_bytes("tiny-qwen2.5-vl", 4) > vision_bytes("tiny-qwen2.5-vl", 1)
     assert vision_bytes("tiny-smolvlm2", 4) > vision_bytes("tiny-smolvlm2", 1)
-    assert vision_bytes("tiny-llava-onevision", 4) == vision_bytes("tiny-llava-onevision", 1)  # block by block
+    assert vision_bytes("tiny-llava-onevision", 4) > vision_bytes("tiny-llava-onevision", 1)  # its video frames
+    llava_image = [vision_bytes("tiny-llava-onevision", n, "image") for n in (1, 4)]
+    assert llava_image[0] == llava_image[1]  # its images are encoded block by block
 
 
 def test_vision_ahead_below_one_is_refused():

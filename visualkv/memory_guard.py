@@ -130,7 +130,7 @@ def estimate_prefill(
     held = vis_held = 0  # entries of one layer (per KV head) before the block, and how many are visual
     kv_peak = act_peak = vision_peak = peak = 0
     window_rows = getattr(adapter, "window_rows", None)
-    ahead = vision_ahead if getattr(adapter, "encodes_ahead", False) else 1
+    ahead = vision_ahead if adapter.encodes_ahead(prepared) else 1
     call_tokens = [_vision_call_tokens(b.units, window_rows) for b in blocks]
     ahead_until = 0
     for i, block in enumerate(blocks):

@@ -237,9 +237,8 @@ class ModelAdapter:
     #: sharing its tower call, so the default `encode_ahead` may put several blocks' units in one call
     units_independent = False
 
-    @property
-    def encodes_ahead(self) -> bool:
-        """Whether `encode_ahead` encodes several blocks' media in one call (else it does nothing)."""
+    def encodes_ahead(self, prepared: PreparedInput) -> bool:
+        """Whether `encode_ahead` encodes several blocks' media of `prepared` in one call (else it does nothing)."""
         return self.units_independent
 
     def encode_ahead(self, prepared: PreparedInput, groups: list[list[VisualUnit]]) -> None:
@@ -248,7 +247,7 @@ class ModelAdapter:
         alone returns, does so now and holds the results for those calls (freed as they are read, and by
         `reset_stream`). This default does it for independent units (one `encode_units` call over all of them,
         split per unit); otherwise it encodes block by block: nothing to do here."""
-        if not self.units_independent:
+        if not self.encodes_ahead(prepared):
             return
         units = [u for group in groups for u in group if (u.kind, u.frame) not in self._ahead_units]
         if len(units) < 2:

@@ -232,7 +232,12 @@ class LlavaOnevisionAdapter(ModelAdapter):
 
     # -- vision -------------------------------------------------------------------
     def reset_stream(self) -> None:
+        super().reset_stream()
         self._tile_rows = {}
+
+    def encodes_ahead(self, prepared: PreparedInput) -> bool:
+        # video frames are pooled one by one (several blocks' share a call); an image's map rows share tile rows
+        return "video" in prepared.vision_inputs
 
     @torch.no_grad()
     def encode_units(self, prepared: PreparedInput, units: list[VisualUnit]) -> torch.Tensor:

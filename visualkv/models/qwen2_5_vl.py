@@ -50,7 +50,6 @@ class Qwen25VLAdapter(ModelAdapter):
     family = "qwen2_5_vl"
     default_block_size = 784  # best block size for Qwen2.5-VL-7B in the block-wise paper
     position_axes = 3
-    encodes_ahead = True
 
     def __init__(self, model, processor, name: str) -> None:
         super().__init__(model, processor, name)
@@ -262,6 +261,9 @@ class Qwen25VLAdapter(ModelAdapter):
     def reset_stream(self) -> None:
         self._strip = None
         self._ahead_strips, self._ahead_frames = {}, {}
+
+    def encodes_ahead(self, prepared: PreparedInput) -> bool:
+        return True
 
     @torch.no_grad()
     def encode_ahead(self, prepared: PreparedInput, groups: list[list[VisualUnit]]) -> None:
