@@ -199,3 +199,13 @@ def plan_blocks(
     if cursor < seq_len:
         blocks.append(Block(len(blocks), "text", cursor, seq_len, []))
     return blocks
+
+
+def consecutive_runs(items: list[int]) -> list[tuple[int, int]]:
+    """Consecutive runs [start, end) of sorted integers (rows or frames with gaps where units are absent)."""
+    runs, start = [], 0
+    for i in range(1, len(items) + 1):
+        if i == len(items) or items[i] != items[i - 1] + 1:
+            runs.append((items[start], items[i - 1] + 1))
+            start = i
+    return runs

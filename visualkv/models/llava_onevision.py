@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from PIL import Image
 from transformers.image_processing_utils import select_best_resolution
 
-from visualkv.layout import FrameInfo, VisualLayout, VisualUnit, grid_boxes
+from visualkv.layout import FrameInfo, VisualLayout, VisualUnit, consecutive_runs, grid_boxes
 from visualkv.media import Media
 from visualkv.models.base import (
     ModelAdapter,
@@ -253,11 +253,7 @@ class LlavaOnevisionAdapter(ModelAdapter):
             else:
                 rows.append(unit.row)
         # consecutive runs of map rows (rows whose every token was pruned are absent)
-        start = 0
-        for i in range(1, len(rows) + 1):
-            if i == len(rows) or rows[i] != rows[i - 1] + 1:
-                parts.append(self._encode_rows(vision, rows[start], rows[i - 1] + 1))
-                start = i
+        parts += [self._encode_rows(vision, r0, r1) for r0, r1 in consecutive_runs(rows)]
         return torch.cat(parts).to(self.dtype)
 
     def _tiles(self, pixels: torch.Tensor) -> torch.Tensor:

@@ -32,7 +32,7 @@ import torch
 from transformers.models.qwen2_vl.video_processing_qwen2_vl import smart_resize
 from transformers.vision_utils import get_vision_position_ids
 
-from visualkv.layout import FrameInfo, VisualLayout, VisualUnit, grid_boxes
+from visualkv.layout import FrameInfo, VisualLayout, VisualUnit, consecutive_runs, grid_boxes
 from visualkv.media import Media
 from visualkv.models.base import (
     ModelAdapter,
@@ -283,7 +283,7 @@ class Qwen25VLAdapter(ModelAdapter):
 
     def _frames_ahead(self, frames: list[int], vision: dict) -> None:
         _t, gh, gw = (int(x) for x in vision["video_grid_thw"][0])
-        pixels = torch.cat([self._pixels_frames(vision, f0, f1) for f0, f1 in _runs(frames)])
+        pixels = torch.cat([self._pixels_frames(vision, f0, f1) for f0, f1 in consecutive_runs(frames)])
         # one grid entry per temporal patch would be the same: the tower never attends across temporal patches
         out = self._run_visual(pixels, torch.tensor([[len(frames), gh, gw]]))
         self._ahead_frames.update(zip(frames, out.split(out.shape[0] // len(frames))))
@@ -298,7 +298,7 @@ class Qwen25VLAdapter(ModelAdapter):
                 continue
             if rows[0] == 0 and rows[-1] == n_rows - 1:
                 return []  # a whole image (pruned rows or not) is encoded whole, exactly: nothing to batch
-            for r0, r1 in _runs(rows):
+            for r0, r1 in consecutive_runs(rows):
                 steps, current = self._strip_steps(r0, r1, current, n_rows)
                 strips += [(s0, s1) for s0, s1, new, _, _ in steps if new and (s0, s1) not in self._ahead_strips]
         return strips
@@ -345,7 +345,7 @@ class Qwen25VLAdapter(ModelAdapter):
             whole = self._encode_rows(0, n_rows, prepared.vision_inputs).view(n_rows, cols, -1)
             return whole[torch.tensor(rows)].reshape(len(rows) * cols, -1)
         # otherwise rows whose every token was pruned are absent: encode each consecutive run
-        return torch.cat([self._encode_rows(r0, r1, prepared.vision_inputs) for r0, r1 in _runs(rows)])
+        return torch.cat([self._encode_rows(r0, r1, prepared.vision_inputs) for r0, r1 in consecutive_runs(rows)])
 
     def _run_visual(
         self, pixels: torch.Tensor, grid: torch.Tensor, row_offset: int | Sequence[int] = 0
@@ -398,16 +398,6 @@ class Qwen25VLAdapter(ModelAdapter):
             if take == s1:
                 self._strip = None  # fully consumed: free it
         return torch.cat(parts)
-
-
-def _runs(items: list[int]) -> list[tuple[int, int]]:
-    """Consecutive runs [start, end) of sorted integers."""
-    runs, start = [], 0
-    for i in range(1, len(items) + 1):
-        if i == len(items) or items[i] != items[i - 1] + 1:
-            runs.append((items[start], items[i - 1] + 1))
-            start = i
-    return runs
 
 
 def _as_tensor(x):
