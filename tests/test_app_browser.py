@@ -154,6 +154,9 @@ def dropdown_options(pg, elem: str) -> list[str]:
         "els => els.map(e => e.getAttribute('aria-label'))"
     )
     pg.keyboard.press("Escape")
+    # Escape closes the list but leaves the box focused, and only a focus event opens it again: a click on a
+    # focused box does nothing. Leave it unfocused for the next `choose`.
+    pg.locator(f"{elem} input").blur()
     return options
 
 
@@ -168,6 +171,8 @@ def choose(pg, elem: str, value: str) -> None:
     option = pg.locator(f'{elem} li[data-testid="dropdown-option"][aria-label="{value}"]')
     for _ in range(3):
         try:
+            # the list opens on focus only (a click on a box already focused, e.g. after Escape, leaves it shut)
+            box.blur()
             box.click()
             # the option takes the pick on mousedown; a real click waits for the open list to hold still, which
             # it may not while the page scrolls it into view
