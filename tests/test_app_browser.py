@@ -3,8 +3,8 @@
 One app process serves every test of this module (in file order), in a 1440x900 window: a 4K image chat
 with a live memory chart, the result in view (summary and before/after kept-token slider), a follow-up
 turn, the bad files and bad control values a new user tries, Stop during a prefill, a video with the
-frame timeline, Compare (and its Stop), LightKV's merge map, a text-only question, Load model, and two users at once (with the queue
-message). Screenshots go to artifacts/ (and the 1440x900 one to docs/screenshot.png).
+frame timeline, Compare (and its Stop), LightKV's merge map, a text-only question, Load model, two users at once (with the queue
+message), and Stop while a turn waits in the queue. Screenshots go to artifacts/ (and the 1440x900 one to docs/screenshot.png).
 """
 
 from __future__ import annotations
@@ -851,5 +851,48 @@ def test_two_users_at_once_keep_separate_chats(browser, app_url, tmp_path):
     assert reports[0]["visual_tokens"] < reports[1]["visual_tokens"]
     shot(a, "05_user_a")
     shot(b, "05_user_b")
+    for pg in pages:
+        pg.context.close()
+
+
+def test_stop_while_waiting_in_the_queue_withdraws_the_turn(browser, app_url, tmp_path):
+    pages = []
+    for _ in range(2):
+        ctx = browser.new_context(viewport=VIEWPORT)
+        pg = ctx.new_page()
+        open_app(pg, app_url)
+        pages.append(pg)
+    a, b = pages
+    attach(b, small_png(tmp_path / "b.png", 448, 336, seed=3))  # B is ready first: A's turn must still run
+    b.fill("#vkv-input textarea", "Question B never asked?")
+    # A's turn holds the model for a while: the 4K image in ~70 blocks of one strip
+    set_number(a, "#vkv-block-size", 256)
+    attach(a, REPO / "assets" / "example_4k.png")
+    a.fill("#vkv-input textarea", "Where is the small red star?")
+    a.click("#vkv-send")
+    a.wait_for_function(
+        "() => /prefill block \\d+\\//.test(document.querySelector('#vkv-progress').innerText)",
+        timeout=TURN_TIMEOUT_MS,
+    )
+    watch(b)
+    b.click("#vkv-send")
+    b.wait_for_function("() => window.__vkv.progress.some(p => p.startsWith('waiting: position 2'))")
+    b.click("#vkv-stop")
+    b.wait_for_function(
+        "() => document.querySelector('#vkv-progress').innerText.includes('Stopped while it waited')", timeout=5_000
+    )
+    assert not a.inner_text("#vkv-progress").startswith("done")  # B stopped while A's turn still ran
+    a.wait_for_function(
+        "() => document.querySelector('#vkv-progress').innerText.startsWith('done')", timeout=TURN_TIMEOUT_MS
+    )
+    time.sleep(2.0)  # B's withdrawn turn has come up by now: it must not have run
+    assert "Stopped while it waited" in b.inner_text("#vkv-progress")
+    assert bot_messages(b) == [] and user_messages(b) == []
+    assert b.input_value("#vkv-input textarea") == "Question B never asked?"  # nothing lost
+    b.click("#vkv-send")  # the same question, sent again, runs
+    b.wait_for_function(
+        "() => document.querySelector('#vkv-progress').innerText.startsWith('done')", timeout=TURN_TIMEOUT_MS
+    )
+    assert len(bot_messages(b)) == 1 and user_messages(b)[-1].strip().endswith("never asked?")
     for pg in pages:
         pg.context.close()

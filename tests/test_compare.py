@@ -11,6 +11,7 @@ import threading
 from types import SimpleNamespace
 from typing import ClassVar
 
+import gradio as gr
 import pytest
 from PIL import Image
 
@@ -208,17 +209,22 @@ def test_an_answer_cut_short_is_marked_in_the_table(adapter, image):
 # -- the app's handlers ----------------------------------------------------------------------------
 
 
+def _who(name: str) -> SimpleNamespace:
+    """A request from the browser session `name`."""
+    return SimpleNamespace(session_hash=name)
+
+
 def _app(turn_time_limit=None) -> handlers.Handlers:
     h = handlers.Handlers(ModelCache(device="cpu"), MODEL)
     h.turn_time_limit = turn_time_limit
     return h
 
 
-def _compare(h, state, path, methods, max_new=3):
+def _compare(h, state, path, methods, max_new=3, session="alice"):
     #         state, methods, question, file, method, budget, block size, max new, temperature, followup,
     #         prefill, fps, max frames
     return h.compare(
-        SimpleNamespace(session_hash="alice"),
+        SimpleNamespace(session_hash=session),
         state,
         methods,
         PROMPT,
@@ -250,14 +256,16 @@ def test_compares_stop_button_stops_it_and_the_chats_does_not(png):
         if isinstance(table, list):
             tables.append(table)
         if status == "1/3 done":
-            assert h.stop(state) is not None and not state.stop.is_set()  # the chat's Stop: nothing of it runs
-            h.stop_compare(state)
+            assert (
+                h.stop(_who("alice"), state) is not None and not state.stop.is_set()
+            )  # the chat's Stop: nothing of it runs
+            h.stop_compare(_who("alice"), state)
             assert state.stop.is_set()
     assert statuses[-1] == "⏹ Stopped after 1 of 3 methods; the table keeps the finished ones", statuses
     assert [row[0] for row in tables[-1]] == ["full"]
     assert any("· full: prefill block" in s for s in statuses), statuses  # progress inside a method
     state.stop.clear()
-    h.stop_compare(state)
+    h.stop_compare(_who("alice"), state)
     assert not state.stop.is_set() and h._active == {}  # nothing left running to stop
 
 
@@ -271,7 +279,7 @@ def test_a_compare_as_a_sessions_first_event_can_be_stopped(png):
         if isinstance(state, UserState):
             page_state = state  # what Gradio keeps for the page's next events
         if status == "1/3 done":
-            h.stop_compare(page_state)
+            h.stop_compare(_who("alice"), page_state)
     assert statuses[-1].startswith("⏹ Stopped after 1 of 3 methods"), statuses
 
 
@@ -324,3 +332,74 @@ def test_chat_answer_cut_by_the_time_limit_is_not_called_yours(png, timers):
     answer = state.history[-1]["content"]
     assert "(stopped by this instance's turn time limit of 90 s after" in answer, answer
     assert "stopped by you" not in answer and last is not None
+
+
+# -- the queue line: chat turns and comparisons share one compute queue -----------------------------
+
+
+def test_a_waiting_comparison_counts_in_a_chat_turns_position_and_back():
+    h = _app()
+    assert h.compare_queued(_who("alice"), None) == "starting…"  # nothing ahead
+    said = str(h.queued(_who("bob"), {"text": "a question"}, None))
+    assert "position 2" in said and "1 computation(s) ahead" in said, said
+    said = h.compare_queued(_who("carol"), None)
+    assert said.startswith("waiting: position 3") and "2 computation(s) ahead" in said, said
+
+
+def test_one_session_may_have_a_turn_and_a_comparison_waiting():
+    h = _app()
+    h.queued(_who("alice"), {"text": "a question"}, None)
+    h.compare_queued(_who("alice"), None)
+    h._leave_queue(_who("alice"), "compare")  # the comparison comes up and runs; the turn still waits
+    h._started(_who("alice"), "compare")
+    said = str(h.queued(_who("bob"), {"text": "another"}, None))
+    assert "position 3" in said, said
+
+
+def test_a_comparison_refused_for_its_input_leaves_the_queue(png):
+    h, state = _app(), UserState(model_name=MODEL)
+    h.compare_queued(_who("alice"), state)
+    (out,) = list(_compare(h, state, png, []))  # nothing ticked: refused before it runs
+    assert "tick at least one method" in out[2]
+    assert "starting" in str(h.queued(_who("bob"), {"text": "a question"}, None))
+
+
+def test_a_finished_comparison_leaves_the_queue(png):
+    h, state = _app(), UserState(model_name=MODEL)
+    h.compare_queued(_who("alice"), state)
+    list(_compare(h, state, png, ["full"]))
+    assert "starting" in str(h.queued(_who("bob"), {"text": "a question"}, None))
+
+
+def test_stop_while_a_turn_waits_withdraws_it(png):
+    h, state = _app(), UserState(model_name=MODEL)
+    h.queued(_who("bob"), {"text": "ahead"}, None)  # Bob's turn is ahead of Alice's
+    h.queued(_who("alice"), {"text": PROMPT}, None)
+    assert handlers.WITHDRAWN_TURN in h.stop(_who("alice"), state)  # said at once
+    said = str(h.queued(_who("carol"), {"text": "later"}, None))
+    assert "position 2" in said, said  # Alice's withdrawn turn no longer counts
+    outs = list(_chat(h, state, PROMPT, [png]))  # when her turn comes up, it does not run
+    assert len(outs) == 1 and handlers.WITHDRAWN_TURN in outs[0][4] and state.history == []
+    assert not isinstance(outs[0][1], dict) or "text" not in outs[0][1]  # the input is left as it is
+    outs = list(_chat(h, state, PROMPT, [png]))  # her next turn runs
+    assert len(state.history) == 2 and outs[-1][4].count("done") == 1
+
+
+def test_stop_while_a_comparison_waits_withdraws_it(png):
+    h, state = _app(), UserState(model_name=MODEL)
+    h.queued(_who("bob"), {"text": "ahead"}, None)
+    h.compare_queued(_who("alice"), state)
+    assert h.stop(_who("alice"), state) == gr.skip()  # the chat's Stop: no turn of hers waits
+    assert h.stop_compare(_who("alice"), state) == handlers.WITHDRAWN_COMPARE
+    assert [out[2] for out in _compare(h, state, png, ["full"])] == [handlers.WITHDRAWN_COMPARE]
+    statuses = [out[2] for out in _compare(h, state, png, ["full"])]  # her next comparison runs
+    assert statuses[-1].startswith("done: 1 methods"), statuses
+    assert h.stop_compare(_who("alice"), state) == gr.skip()  # nothing waits or runs: nothing to stop
+
+
+def test_an_at_once_event_arriving_after_its_turn_started_registers_nothing():
+    h = _app()
+    h._started(_who("alice"), "turn")  # her queued turn started before its at-once event arrived
+    assert h.queued(_who("alice"), {"text": PROMPT}, None) == gr.skip()
+    said = str(h.queued(_who("bob"), {"text": "later"}, None))
+    assert "position 2" in said and "1 computation(s) ahead" in said, said

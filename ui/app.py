@@ -15,7 +15,16 @@ from visualkv.models.registry import HUB_MODELS, OFFLINE_MODELS, offline_aliases
 from visualkv.streaming import method_settings
 
 from . import text
-from .handlers import COMPARE_STOPPING, PREFILL_LABEL, READING_LABEL, STOPPING_LABEL, Handlers, stopping_html
+from .handlers import (
+    COMPARE_STOPPING,
+    PREFILL_LABEL,
+    READING_LABEL,
+    STARTING_LABEL,
+    STOPPING_LABEL,
+    WAITING_LABEL,
+    Handlers,
+    stopping_html,
+)
 from .sharing import ServeOptions, limit_heap_arenas, release_on_close, release_state
 from .state import ModelCache, default_offline_model, is_offline_model
 
@@ -448,6 +457,8 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
         h.group_names = list(groups)
         layer_dd.input(h.layer_changed, [state, layer_dd, opacity], [heatmap], **light)
         opacity.release(h.layer_changed, [state, layer_dd, opacity], [heatmap], **light)
+        # at once (no queue), as for a chat turn: where the comparison waits
+        cmp_btn.click(h.compare_queued, [state], [cmp_status], queue=False, show_progress="hidden")
         cmp_btn.click(
             h.compare,
             [state, cmp_methods, cmp_question, cmp_file, *settings, *method_components],
@@ -456,25 +467,28 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
             **compute,
         )
         cmp_stop.click(None, [cmp_status], [cmp_status], js=_compare_stop_ack_js(), queue=False)
-        cmp_stop.click(h.stop_compare, [state], None, queue=False, show_progress="hidden")
+        cmp_stop.click(h.stop_compare, [state], [cmp_status], queue=False, show_progress="hidden")
     demo.vkv_model = model_name  # for app.py's start message
     demo.vkv_serve = serve  # for launch's queue size
     return demo
 
 
 def _stop_ack_js() -> str:
-    """Browser-side Stop: the progress line of a running turn (reading, prefilling or answering) becomes
-    the "stopping…" line; any other line is returned unchanged."""
+    """Browser-side Stop: the progress line of a turn waiting or running (reading, prefilling or answering)
+    becomes the "stopping…" line; any other line is returned unchanged."""
     # each label up to its "…": the stopping line has two endings ("(a prefill ends…" and "(after block k/N…")
-    labels = "|".join(re.escape(label.split("…")[0]) for label in (READING_LABEL, PREFILL_LABEL, STOPPING_LABEL))
+    running_labels = (WAITING_LABEL, STARTING_LABEL, READING_LABEL, PREFILL_LABEL, STOPPING_LABEL)
+    labels = "|".join(re.escape(label.split("…")[0]) for label in running_labels)
     running = rf"vkv-progress-text\">({labels})"
     return f"(p) => (/{running}/.test(p || '') ? {json.dumps(stopping_html())} : p)"
 
 
 def _compare_stop_ack_js() -> str:
-    """Browser-side Stop of Compare: a running comparison's status line ("running 5 methods…", "2/5 · lightkv:
-    prefill block 3/12", "1/5 done") becomes the "stopping…" line; a finished one is returned unchanged."""
-    running = r"^(running \d+ methods|\d+\/\d+ (·|done))"
+    """Browser-side Stop of Compare: a waiting or running comparison's status line ("waiting: position 2…",
+    "running 5 methods…", "2/5 · lightkv: prefill block 3/12", "1/5 done") becomes the "stopping…" line; a
+    finished one is returned unchanged."""
+    waiting = "|".join(re.escape(label.split("…")[0]) for label in (WAITING_LABEL, STARTING_LABEL))
+    running = rf"^({waiting}|running \d+ methods|\d+\/\d+ (·|done))"
     return f"(s) => (/{running}/.test(s || '') ? {json.dumps(COMPARE_STOPPING)} : s)"
 
 

@@ -102,11 +102,20 @@ READING_LABEL = "reading the input…"
 PREFILL_LABEL = "prefill block"  # + " k/N (…)"; the line stays on the last block while the answer streams
 STOPPING_LABEL = "stopping… (a prefill ends at its next block boundary; an answer at its next token)"
 COMPARE_STOPPING = "stopping… (the running method ends at its next block boundary or token)"
+WAITING_LABEL = "waiting: position"  # + " k in the queue (…)"
+STARTING_LABEL = "starting…"
+WITHDRAWN_TURN = "⏹ Stopped while it waited in the queue: nothing ran, and the question is still in the box."
+WITHDRAWN_COMPARE = "⏹ Stopped while it waited in the queue: no method ran."
 
 
 def stopping_html() -> str:
     """The progress line Stop shows: at once in the browser (ui/app.py), then again from the server."""
     return _progress(0, 1, STOPPING_LABEL)
+
+
+def _session_key(request) -> str | None:
+    """The browser session a queue entry belongs to (None in calls without a request, e.g. some tests)."""
+    return getattr(request, "session_hash", None)
 
 
 class Handlers:
@@ -123,8 +132,9 @@ class Handlers:
         self.group_names: list[str] = []  # methods with a settings group, in output order
         self._tmp = Path(tempfile.mkdtemp(prefix="visualkv-reports-"))
         self._queue_lock = threading.Lock()
-        self._waiting: dict[Any, float] = {}  # session -> when its turn was sent, until it starts
-        self._running = 0  # turns computing now
+        self._waiting: dict[tuple, float] = {}  # (session, kind) -> when it was sent, until it starts
+        self._withdrawn: set[tuple] = set()  # (session, kind) stopped while waiting: skipped when it comes up
+        self._running_since: dict[tuple, float] = {}  # (session, kind) computing now -> when it started
         self._turn_seconds = 0.0  # moving average of recent turn times
         # id() of the UserStates with a computation running -> "turn" or "compare" (what each Stop button stops)
         self._active: dict[int, str] = {}
@@ -179,40 +189,69 @@ class Handlers:
         return str(path)
 
     # -- queue ----------------------------------------------------------------------------------
-    def queued(self, request: gr.Request, message, state):
-        """Runs at once when a turn is sent: where it waits while other sessions' turns run."""
-        if not (message or {}).get("text", "").strip():
-            return gr.skip()
+    # Chat turns and comparisons share one compute queue (ui/app.py), so each counts in the other's position.
+    # A session may have one of each waiting: entries are keyed by (session, kind), kind "turn" or "compare".
+    def _enqueue(self, request, kind: str) -> int | None:
+        """Registers a computation sent now: how many run or wait ahead of it. None when it is already running
+        (this at-once event arrived after the queued one had started: an entry then would never be removed)."""
         now = time.monotonic()
+        key = (_session_key(request), kind)
         with self._queue_lock:
+            if now - self._running_since.get(key, float("-inf")) < 2.0:
+                return None
             self._waiting = {k: t for k, t in self._waiting.items() if now - t < 1800}  # forget lost entries
-            key = getattr(request, "session_hash", None) or id(state)
             self._waiting[key] = now
-            ahead = sum(t < now for t in self._waiting.values()) + (1 if self._running else 0)
+            return sum(t < now for t in self._waiting.values()) + (1 if self._running_since else 0)
+
+    def _waiting_line(self, ahead: int) -> str:
         if not ahead:
-            return _progress(0, 1, "starting…")
-        per_turn = f" Recent turns took about {self._turn_seconds:.0f} s each." if self._turn_seconds else ""
-        return _progress(
-            0,
-            1,
-            f"waiting: position {ahead + 1} in the queue ({ahead} turn(s) ahead of yours; "
-            f"one model computation runs at a time).{per_turn}",
+            return STARTING_LABEL
+        per_turn = f" Recent chat turns took about {self._turn_seconds:.0f} s each." if self._turn_seconds else ""
+        return (
+            f"{WAITING_LABEL} {ahead + 1} in the queue ({ahead} computation(s) ahead of yours: chat turns or "
+            f"comparisons; one runs at a time).{per_turn}"
         )
 
-    def _started(self, request) -> None:
-        with self._queue_lock:
-            self._waiting.pop(getattr(request, "session_hash", None), None)
-            self._running += 1
+    def queued(self, request: gr.Request, message, state):
+        """Runs at once when a turn is sent: where it waits while other computations run."""
+        if not (message or {}).get("text", "").strip():
+            return gr.skip()
+        ahead = self._enqueue(request, "turn")
+        return gr.skip() if ahead is None else _progress(0, 1, self._waiting_line(ahead))
 
-    def _forget_waiting(self, request) -> None:
-        """A turn cancelled before it started (New chat) no longer counts in other sessions' positions."""
-        with self._queue_lock:
-            self._waiting.pop(getattr(request, "session_hash", None), None)
+    def compare_queued(self, request: gr.Request, state):
+        """Runs at once when Compare is clicked: where the comparison waits, in Compare's status line."""
+        ahead = self._enqueue(request, "compare")
+        return gr.skip() if ahead is None else self._waiting_line(ahead)
 
-    def _finished(self, seconds: float | None) -> None:
+    def _leave_queue(self, request, kind: str) -> bool:
+        """A queued computation reached the front (or was refused, or cancelled by New chat): it no longer
+        counts in others' positions. False if its Stop withdrew it while it waited: it must not run."""
+        key = (_session_key(request), kind)
+        with self._queue_lock:
+            self._waiting.pop(key, None)
+            if key in self._withdrawn:
+                self._withdrawn.discard(key)
+                return False
+            return True
+
+    def _withdraw(self, request, kind: str) -> bool:
+        """Stop while waiting: True if this session had a computation of `kind` waiting (it will not run)."""
+        key = (_session_key(request), kind)
+        with self._queue_lock:
+            if self._waiting.pop(key, None) is None:
+                return False
+            self._withdrawn.add(key)
+            return True
+
+    def _started(self, request, kind: str) -> None:
+        with self._queue_lock:
+            self._running_since[(_session_key(request), kind)] = time.monotonic()
+
+    def _finished(self, request, kind: str, seconds: float | None) -> None:
         """A computation ended; `seconds`: a chat turn's time (None for a comparison, not a turn)."""
         with self._queue_lock:
-            self._running = max(0, self._running - 1)
+            self._running_since.pop((_session_key(request), kind), None)
             if seconds is not None:  # a moving average of turn times, for the waiting message
                 self._turn_seconds = seconds if not self._turn_seconds else 0.7 * self._turn_seconds + 0.3 * seconds
 
@@ -236,7 +275,11 @@ class Handlers:
     ):
         """Generator: one turn, streamed. Outputs: chatbot, input, state, error, progress, plot, download,
         summary, follow-up note."""
-        self._started(request)
+        if not self._leave_queue(request, "turn"):
+            skip = gr.skip()
+            yield (skip, skip, skip, skip, _progress(0, 1, WITHDRAWN_TURN), skip, skip, skip, skip)
+            return
+        self._started(request, "turn")
         t0 = time.monotonic()
         try:
             yield from self._turn(
@@ -254,7 +297,7 @@ class Handlers:
                 method_values,
             )
         finally:
-            self._finished(time.monotonic() - t0)
+            self._finished(request, "turn", time.monotonic() - t0)
 
     def _turn(
         self,
@@ -434,21 +477,27 @@ class Handlers:
                     skip,
                 )
 
-    def stop(self, state):
-        if state is None or self._active.get(id(state)) != "turn":
-            return gr.skip()  # no turn of this session is running: nothing to stop
-        state.stop.set()
-        return stopping_html()
+    def stop(self, request: gr.Request, state):
+        """The chat's Stop: a running turn ends at its next block boundary or token; a waiting one will not run."""
+        if state is not None and self._active.get(id(state)) == "turn":
+            state.stop.set()
+            return stopping_html()
+        if self._withdraw(request, "turn"):
+            return _progress(0, 1, WITHDRAWN_TURN)
+        return gr.skip()  # nothing of this session's is running or waiting: nothing to stop
 
-    def stop_compare(self, state) -> None:
-        """Compare's own Stop: the running method ends at its next block boundary or token. It writes no output:
-        the browser shows "stopping…" itself (ui/app.py), and the comparison's own last status line, which may
-        come first, must not be overwritten by this answer."""
+    def stop_compare(self, request: gr.Request, state):
+        """Compare's own Stop: the running method ends at its next block boundary or token, and a waiting
+        comparison will not run. For a running one it writes nothing: the browser shows "stopping…" itself
+        (ui/app.py), and the comparison's own last status line, which may come first, must not be overwritten."""
         if state is not None and self._active.get(id(state)) == "compare":
             state.stop.set()
+        elif self._withdraw(request, "compare"):
+            return WITHDRAWN_COMPARE
+        return gr.skip()
 
     def new_chat(self, request: gr.Request, state, method, followup):
-        self._forget_waiting(request)
+        self._leave_queue(request, "turn")  # a waiting turn is cancelled (ui/app.py): it will not run
         st = self._state(state)
         st.new_chat()
         return (
@@ -650,8 +699,11 @@ class Handlers:
 
         Stoppable (`stop_compare`, New chat) and bounded by the turn time limit as a whole: on a shared
         instance one comparison holds the model no longer than one chat turn may."""
-        st = self._state(state)
         skip = gr.skip()
+        if not self._leave_queue(request, "compare"):
+            yield skip, skip, WITHDRAWN_COMPARE, skip
+            return
+        st = self._state(state)
         question = (question or "").strip() or st.first_prompt
         path = file or st.media_path
         try:
@@ -677,7 +729,7 @@ class Handlers:
             return
         st.stop = threading.Event()
         self._active[id(st)] = "compare"
-        self._started(request)
+        self._started(request, "compare")
         results: dict[str, Any] = {}
         try:
             yield skip, skip, f"running {len(methods)} methods…", st
@@ -719,7 +771,7 @@ class Handlers:
             yield skip, skip, _error(failure_message(exc), [path]), skip
         finally:
             self._active.pop(id(st), None)
-            self._finished(None)
+            self._finished(request, "compare", None)
 
 
 def _layer_index(choice: str | None) -> int | None:
