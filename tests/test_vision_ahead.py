@@ -2,7 +2,8 @@
 
 Each block's strip (image rows) or temporal patches (video) is its own sequence in that call, so the result must
 be what a call per block gives: the same logits and answer, every patch through the tower once, fewer calls.
-Families without `encode_ahead` encode block by block whatever the setting says.
+Every family encodes ahead: Qwen's strips and temporal patches as sequences of their own, the tile families' tiles
+and frames, and LLaVA-OneVision's frames and (for images) tile rows, as images of their own.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from visualkv.session import ChatSession, SessionConfig
 
 QWEN = ("tiny-qwen2.5-vl", "tiny-qwen3-vl")  # strips and temporal patches batched as separate sequences
 TILES = ("tiny-smolvlm2", "tiny-internvl3.5")  # tiles and frames: independent images, batched together
-#: (family, media kind) encoded ahead: the Qwen and tile families on both, LLaVA-OneVision's video frames
-AHEAD = [(name, kind) for name in QWEN + TILES for kind in ("image", "video")] + [("tiny-llava-onevision", "video")]
+#: LLaVA-OneVision: video frames batched; an image's tile rows (its map rows share them) and base image batched
+FAMILIES = (*QWEN, *TILES, "tiny-llava-onevision")
+AHEAD = [(name, kind) for name in FAMILIES for kind in ("image", "video")]
 METHODS = ("blockwise-keydiff", "blockwise-snapkv", "blockwise-keydiff+salicache", "lightkv")
 
 
@@ -77,16 +79,23 @@ def test_encoding_ahead_changes_nothing_but_the_number_of_calls(media, name, kin
     assert patches_4 == patches_1  # every patch through the tower once: nothing encoded twice or for nothing
     assert calls_4 < calls_1, (calls_1, calls_4)
     held = (adapter._ahead_strips, adapter._ahead_frames) if name in QWEN else (adapter._ahead_units,)
-    assert not any(held)  # nothing left held after the prefill
+    assert not any(held) and getattr(adapter, "_ahead_base", None) is None  # nothing left held after the prefill
     assert session.report()["config"]["vision_ahead"] == 4  # recorded in the report
 
 
-def test_llava_onevision_images_run_block_by_block(media):
-    """Its map rows share rows of tiles (buffered between blocks): not batched ahead."""
+def test_llava_onevision_image_tile_rows_are_each_encoded_once_ahead(media):
+    """Its map rows share rows of tiles: encoded ahead, a tile row read by two blocks still goes through the
+    tower once (the buffer holds it), and the base image joins the first call."""
     adapter = _adapter("tiny-llava-onevision")
-    logits_1, ids_1, calls_1, _, _ = _turn(adapter, media["image"], "blockwise-keydiff", 1)
-    logits_4, ids_4, calls_4, _, _ = _turn(adapter, media["image"], "blockwise-keydiff", 4)
-    assert torch.equal(logits_1, logits_4) and ids_1 == ids_4 and calls_1 == calls_4
+    prepared = adapter.prepare(media["image"], "What is in the picture?")
+    geometry = prepared.vision_inputs["geometry"]
+    logits_1, ids_1, calls_1, tiles_1, _ = _turn(adapter, media["image"], "blockwise-keydiff", 1)
+    # 8 blocks: several tile rows in one call (4 read one new tile row each on this small map)
+    logits_8, ids_8, calls_8, tiles_8, _ = _turn(adapter, media["image"], "blockwise-keydiff", 8)
+    assert torch.allclose(logits_1, logits_8, atol=1e-5, rtol=0) and ids_1 == ids_8
+    assert tiles_1 == tiles_8 == 1 + geometry.tile_rows * geometry.tile_cols  # the base image and every tile
+    assert calls_1 == 1 + geometry.tile_rows  # block by block: the base image, then a call per tile row
+    assert calls_8 < calls_1, (calls_1, calls_8)
 
 
 def test_the_memory_guard_counts_the_larger_tower_call(media):
@@ -98,9 +107,8 @@ def test_the_memory_guard_counts_the_larger_tower_call(media):
 
     assert vision_bytes("tiny-qwen2.5-vl", 4) > vision_bytes("tiny-qwen2.5-vl", 1)
     assert vision_bytes("tiny-smolvlm2", 4) > vision_bytes("tiny-smolvlm2", 1)
-    assert vision_bytes("tiny-llava-onevision", 4) > vision_bytes("tiny-llava-onevision", 1)  # its video frames
-    llava_image = [vision_bytes("tiny-llava-onevision", n, "image") for n in (1, 4)]
-    assert llava_image[0] == llava_image[1]  # its images are encoded block by block
+    for kind in ("video", "image"):
+        assert vision_bytes("tiny-llava-onevision", 4, kind) > vision_bytes("tiny-llava-onevision", 1, kind)
 
 
 def test_vision_ahead_below_one_is_refused():

@@ -13,6 +13,8 @@ Streaming is exact. The vision tower runs per 384-px tile; a block of map rows e
 rows its rows come from (a buffer keeps the last tile row for the next block), and the bilinear
 downsampling is applied as the interpolation kernel's own weights (taken from `F.interpolate` on an
 identity matrix), restricted to the block's rows, so a block needs only the source rows it reads.
+Encoding ahead (`vision_ahead` N) puts the tile rows N blocks read, each tile an image of its own, in
+one tower call, into the same buffer.
 
 Video: every frame is one 384-px tile, pooled 2x2 (27 -> 14 per side: 196 tokens), frames written
 back to back with a single newline after the last frame (it belongs to the last frame's unit). The
@@ -109,6 +111,7 @@ class LlavaOnevisionAdapter(ModelAdapter):
         self.tile = vcfg.image_size // vcfg.patch_size  # 27 features per tile side
         self.max_tiles = int(model.config.vision_aspect_ratio.replace("anyres_max_", ""))
         self._tile_rows: dict[int, torch.Tensor] = {}  # tile row -> (tile, tile_cols*tile, d) features
+        self._ahead_base: torch.Tensor | None = None  # the base image's features, encoded ahead with tile rows
 
     @property
     def language_model(self) -> torch.nn.Module:
@@ -234,10 +237,39 @@ class LlavaOnevisionAdapter(ModelAdapter):
     def reset_stream(self) -> None:
         super().reset_stream()
         self._tile_rows = {}
+        self._ahead_base = None
 
     def encodes_ahead(self, prepared: PreparedInput) -> bool:
-        # video frames are pooled one by one (several blocks' share a call); an image's map rows share tile rows
-        return "video" in prepared.vision_inputs
+        # video: frames pooled one by one (the base class batches them); image: tile rows (and the base image)
+        return True
+
+    @torch.no_grad()
+    def encode_ahead(self, prepared: PreparedInput, groups: list[list[VisualUnit]]) -> None:
+        """Video as the base class does it. Image: the tile rows every map row of these blocks reads, and the
+        base image if a block holds it, in one tower call; each tile is an image of its own there, as in a call
+        per block. They wait in the tile-row buffer that `_crop_rows` reads and empties as blocks move down."""
+        vision = prepared.vision_inputs
+        if "video" in vision:
+            super().encode_ahead(prepared, groups)
+            return
+        g: AnyresGeometry = vision["geometry"]
+        units = [u for group in groups for u in group]
+        rows = sorted({u.row for u in units if u.kind != "tile"})
+        needed: set[int] = set()
+        for r0, r1 in consecutive_runs(rows):  # runs of rows read the same source rows as a block's runs do
+            s0, s1, _ = self._source_rows(g, r0, r1)
+            needed.update(range((g.crop_top + s0) // self.tile, (g.crop_top + s1 - 1) // self.tile + 1))
+        missing = sorted(needed - self._tile_rows.keys())
+        base = self._ahead_base is None and any(u.kind == "tile" for u in units)
+        if len(missing) + base < 2:
+            return  # one tile row or the base image alone: what a block's own call encodes
+        index = [0] * base + [1 + r * g.tile_cols + c for r in missing for c in range(g.tile_cols)]
+        feats = self._tiles(vision["pixel_values"][index])  # (k, t, t, d); pixel tile 0 is the base image
+        if base:
+            self._ahead_base, feats = feats[0].flatten(0, 1), feats[1:]
+        for i, r in enumerate(missing):
+            row = feats[i * g.tile_cols : (i + 1) * g.tile_cols]
+            self._tile_rows[r] = row.permute(1, 0, 2, 3).reshape(self.tile, g.tile_cols * self.tile, -1)
 
     @torch.no_grad()
     def encode_units(self, prepared: PreparedInput, units: list[VisualUnit]) -> torch.Tensor:
@@ -249,7 +281,8 @@ class LlavaOnevisionAdapter(ModelAdapter):
         parts, rows = [], []
         for unit in units:
             if unit.kind == "tile":  # the base image
-                parts.append(self._tiles(vision["pixel_values"][:1])[0].flatten(0, 1))
+                base, self._ahead_base = self._ahead_base, None
+                parts.append(base if base is not None else self._tiles(vision["pixel_values"][:1])[0].flatten(0, 1))
             else:
                 rows.append(unit.row)
         # consecutive runs of map rows (rows whose every token was pruned are absent)
@@ -290,14 +323,21 @@ class LlavaOnevisionAdapter(ModelAdapter):
         top = g.crop_top + s0 - first * self.tile
         return joined[top : top + s1 - s0, g.crop_left : g.crop_left + g.crop_w]
 
+    def _source_rows(self, g: AnyresGeometry, r0: int, r1: int) -> tuple[int, int, torch.Tensor | None]:
+        """The rows [s0, s1) of the unpadded map that packed rows [r0, r1) read, and their (r1 - r0, crop_h)
+        downsampling weights (None where the map is not downsampled: row r is source row r)."""
+        if not g.downsampled:
+            return r0, r1, None
+        w_rows = _interp_weights(g.rows, g.crop_h, self.model.model.image_newline)[r0:r1]  # (r, crop_h)
+        used = w_rows.abs().sum(0).nonzero().flatten()  # host sync (vision side, once per block): which tile rows
+        return int(used[0]), int(used[-1]) + 1, w_rows
+
     def _encode_rows(self, vision: dict, r0: int, r1: int) -> torch.Tensor:
         """((r1 - r0) * (cols + 1), d): packed map rows [r0, r1), each followed by the newline token."""
         g: AnyresGeometry = vision["geometry"]
         if g.downsampled:
             probe = self.model.model.image_newline
-            w_rows = _interp_weights(g.rows, g.crop_h, probe)[r0:r1]  # (r, crop_h)
-            used = w_rows.abs().sum(0).nonzero().flatten()  # host sync (vision side, once per block): which tile rows
-            s0, s1 = int(used[0]), int(used[-1]) + 1
+            s0, s1, w_rows = self._source_rows(g, r0, r1)
             source = self._crop_rows(vision, s0, s1)  # (s1 - s0, crop_w, d)
             w_cols = _interp_weights(g.cols, g.crop_w, probe)  # (cols, crop_w)
             feats = torch.einsum("rs,scd,wc->rwd", w_rows[:, s0:s1].to(source.dtype), source, w_cols.to(source.dtype))
