@@ -56,6 +56,55 @@ def test_kv_estimate_matches_measured_peak(alias, method):
     assert abs(estimated - measured) <= 0.25 * measured, (estimated, measured)
 
 
+def _tower_calls(adapter, media, cfg: SessionConfig) -> list[int]:
+    """Patches of every vision-tower call a turn makes: Qwen's tower takes (patches, values); the tile
+    families' take images (k, channels, height, width), each of (height / patch) x (width / patch) patches."""
+    inner = adapter.model.model
+    tower = getattr(adapter, "visual", None) or getattr(inner, "vision_model", None) or inner.vision_tower
+    patch = adapter.model.config.vision_config.patch_size
+    patch = patch[0] if isinstance(patch, (list, tuple)) else patch
+    calls: list[int] = []
+    forward = tower.forward
+
+    def counted(*args, **kwargs):
+        x = args[0] if args else next(v for v in kwargs.values() if isinstance(v, torch.Tensor))
+        calls.append(
+            int(x.shape[0]) if x.dim() == 2 else int(x.shape[0]) * (x.shape[-2] // patch) * (x.shape[-1] // patch)
+        )
+        return forward(*args, **kwargs)
+
+    tower.forward = counted
+    try:
+        ChatSession(adapter, cfg).ask(QUESTION, media)
+    finally:
+        del tower.forward  # back to the class's method
+    return calls
+
+
+@pytest.mark.parametrize("ahead", [1, 4])
+@pytest.mark.parametrize("kind", ["image", "video"])
+@pytest.mark.parametrize(
+    "alias", ["tiny-qwen2.5-vl", "tiny-qwen3-vl", "tiny-smolvlm2", "tiny-internvl3.5", "tiny-llava-onevision"]
+)
+def test_vision_estimate_bounds_the_largest_tower_call(alias, kind, ahead):
+    """The guard's vision term is at least what the largest tower call really ran on (patches: InternVL packs
+    4 into a token, LLaVA-OneVision encodes whole rows of tiles), and not twice it; encoded ahead, Qwen2.5-VL
+    counts a strip for every block that reads it (blocks of 128 tokens here: four share one strip)."""
+    from visualkv.memory_guard import _VisionDims
+
+    adapter = get_adapter(alias)
+    media = image_media(1920, 1080, seed=3) if kind == "image" else video_media(24, 320, 180, seed=2)
+    cfg = _config("blockwise-keydiff", budget=64, block_size=128, prefill="blockwise", vision_ahead=ahead)
+    largest = max(_tower_calls(adapter, media, cfg))
+    estimate = estimate_prefill(
+        adapter, adapter.prepare(media, QUESTION), METHODS[cfg.method], 64, 128, "blockwise", ahead
+    ).vision_bytes
+    itemsize = torch.empty((), dtype=adapter.dtype).element_size()
+    actual = _VisionDims.of(adapter).bytes(largest, largest // adapter.patches_per_token, itemsize)
+    slack = 2 * (ahead if alias == "tiny-qwen2.5-vl" else 1)
+    assert actual <= estimate <= slack * actual, (estimate / actual, largest)
+
+
 @pytest.mark.parametrize("prefill", ["blockwise", "bulk"])
 def test_kv_estimate_follows_the_prefill_mode(prefill):
     measured, estimated = _measured_and_estimated(

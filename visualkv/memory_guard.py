@@ -129,9 +129,9 @@ def estimate_prefill(
 
     held = vis_held = 0  # entries of one layer (per KV head) before the block, and how many are visual
     kv_peak = act_peak = vision_peak = peak = 0
-    window_rows = getattr(adapter, "window_rows", None)
     ahead = vision_ahead if adapter.encodes_ahead(prepared) else 1
-    call_tokens = [_vision_call_tokens(b.units, window_rows) for b in blocks]
+    call_patches = [adapter.vision_call_patches(prepared, [b.units]) if b.units else 0 for b in blocks]
+    per_token = adapter.patches_per_token  # a call's output: its patches packed into tokens
     ahead_until = 0
     for i, block in enumerate(blocks):
         q = int(prepared.keep[block.start : block.end].sum())
@@ -146,11 +146,13 @@ def estimate_prefill(
         embeddings = 2 * q * hidden * itemsize  # the block's embeddings and the vision output folded in
         if ahead > 1 and i >= ahead_until and block.units:  # one tower call for this block and the next ones
             ahead_until = i + ahead
-            vision_b = vision.bytes(sum(call_tokens[i:ahead_until]), itemsize)
+            groups = [b.units for b in blocks[i:ahead_until] if b.units]
+            patches = adapter.vision_call_patches(prepared, groups)
+            vision_b = vision.bytes(patches, patches // per_token, itemsize)
         else:
-            vision_b = vision.bytes(call_tokens[i], itemsize) if ahead == 1 else 0
+            vision_b = vision.bytes(call_patches[i], call_patches[i] // per_token, itemsize) if ahead == 1 else 0
         # embeddings encoded ahead wait for their blocks: at most the rest of the call's output
-        embeddings += sum(call_tokens[i + 1 : ahead_until]) * hidden * itemsize
+        embeddings += sum(call_patches[i + 1 : ahead_until]) // per_token * hidden * itemsize
         # bool mask over cache + block; none for a first block (SDPA's causal flag), as the engine does
         mask = q * (held + q) if held else 0
         act_b = q * per_token + mask
@@ -185,23 +187,10 @@ def _media_bytes(prepared, blocks) -> int:
     return (media.frames.cache_size + 2 * per_block) * media.frame_bytes
 
 
-def _vision_call_tokens(units, window_rows: int | None) -> int:
-    """Visual tokens the vision tower runs on for a block's units. Row units of an encoder with windowed
-    attention (Qwen2.5-VL) are encoded in strips of whole windows (`window_rows` token rows)."""
-    if not units:
-        return 0
-    if window_rows and all(u.kind == "rows" for u in units):
-        first, last = min(u.row for u in units), max(u.row for u in units) + 1
-        rows = -(-last // window_rows) * window_rows - first // window_rows * window_rows
-        return rows * max(u.seq_end - u.seq_start for u in units)
-    return sum(u.seq_end - u.seq_start for u in units)
-
-
 @dataclass(frozen=True)
 class _VisionDims:
     """What the vision tower's memory depends on, read from the model's config."""
 
-    patches_per_token: int
     patch_values: int  # input values per patch: channels x temporal x patch x patch
     hidden: int
     inter: int
@@ -212,9 +201,7 @@ class _VisionDims:
         config = adapter.model.config
         vision = _cfg(config, "vision_config")
         if vision is None:
-            return cls(0, 0, 0, 0, 0)
-        merge = _cfg(vision, "spatial_merge_size")  # Qwen: 2x2 patches per token; SmolVLM: pixel shuffle
-        per_token = merge**2 if merge else _cfg(config, "scale_factor", default=1) ** 2
+            return cls(0, 0, 0, 0)
         patch = _cfg(vision, "patch_size", default=14)
         values = (
             _cfg(vision, "in_channels", "num_channels", default=3)
@@ -224,16 +211,15 @@ class _VisionDims:
         )
         v_hidden = _cfg(vision, "hidden_size", "embed_dim")
         return cls(
-            per_token,
             values,
             v_hidden,
             _cfg(vision, "intermediate_size", default=4 * v_hidden),
             _cfg(adapter.text_config, "hidden_size"),
         )
 
-    def bytes(self, tokens: int, itemsize: int) -> int:
-        """Patch inputs + one vision layer's activations over `tokens` visual tokens' patches + the output."""
-        patches = tokens * self.patches_per_token
+    def bytes(self, patches: int, tokens: int, itemsize: int) -> int:
+        """Patch inputs + one vision layer's activations over a call's `patches` + its `tokens` of output (all
+        it encodes, before any is sliced away: Qwen's whole-window strips, LLaVA-OneVision's whole tiles)."""
         per_patch = self.patch_values + 6 * self.hidden + 3 * self.inter
         return (patches * per_patch + tokens * self.out_hidden) * itemsize
 

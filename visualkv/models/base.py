@@ -233,6 +233,22 @@ class ModelAdapter:
             held.pop((u.kind, u.frame), None)
         return self.encode_units(prepared, units), []
 
+    @property
+    def patches_per_token(self) -> int:
+        """Vision-tower inputs (patches) behind one visual token: the spatial merge (Qwen: 2x2) or the pixel
+        shuffle (SmolVLM: `scale_factor`^2) that packs several patches into a token; 1 where none does."""
+        config = self.model.config
+        vision = getattr(config, "vision_config", None)
+        merge = getattr(vision, "spatial_merge_size", None)
+        return int(merge) ** 2 if merge else int(getattr(config, "scale_factor", None) or 1) ** 2
+
+    def vision_call_patches(self, prepared: PreparedInput, groups: list[list[VisualUnit]]) -> int:
+        """Patches in the largest single vision-tower call that encoding `groups` makes: one group is a
+        block's own call, several are blocks encoded ahead in one call (`encode_ahead`). An upper bound
+        (what a buffer already holds is counted again): the memory guard's vision term.
+        This default: every unit's tokens, times `patches_per_token`, in one call."""
+        return sum(u.seq_end - u.seq_start for group in groups for u in group) * self.patches_per_token
+
     #: each unit (a tile, a frame) is encoded as an image of its own: its embeddings do not depend on the units
     #: sharing its tower call, so the default `encode_ahead` may put several blocks' units in one call
     units_independent = False

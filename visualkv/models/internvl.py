@@ -48,6 +48,11 @@ class InternVLAdapter(ModelAdapter):
     def tokens_per_tile(self) -> int:
         return int(self.model.config.image_seq_length)
 
+    @property
+    def patches_per_token(self) -> int:
+        # the projector's pixel shuffle packs (1 / downsample_ratio)^2 patches into one token (0.5: 4)
+        return round(1 / self.model.config.downsample_ratio) ** 2
+
     # -- video frames resized at decode -------------------------------------------
     def video_frame_size(self, height: int, width: int, num_frames: int) -> tuple[int, int] | None:
         """Every frame is resized to the video processor's fixed height x width (one tile)."""

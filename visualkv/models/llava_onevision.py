@@ -254,12 +254,7 @@ class LlavaOnevisionAdapter(ModelAdapter):
             return
         g: AnyresGeometry = vision["geometry"]
         units = [u for group in groups for u in group]
-        rows = sorted({u.row for u in units if u.kind != "tile"})
-        needed: set[int] = set()
-        for r0, r1 in consecutive_runs(rows):  # runs of rows read the same source rows as a block's runs do
-            s0, s1, _ = self._source_rows(g, r0, r1)
-            needed.update(range((g.crop_top + s0) // self.tile, (g.crop_top + s1 - 1) // self.tile + 1))
-        missing = sorted(needed - self._tile_rows.keys())
+        missing = sorted(self._tile_rows_read(g, units) - self._tile_rows.keys())
         base = self._ahead_base is None and any(u.kind == "tile" for u in units)
         if len(missing) + base < 2:
             return  # one tile row or the base image alone: what a block's own call encodes
@@ -270,6 +265,28 @@ class LlavaOnevisionAdapter(ModelAdapter):
         for i, r in enumerate(missing):
             row = feats[i * g.tile_cols : (i + 1) * g.tile_cols]
             self._tile_rows[r] = row.permute(1, 0, 2, 3).reshape(self.tile, g.tile_cols * self.tile, -1)
+
+    def _tile_rows_read(self, g: AnyresGeometry, units: list[VisualUnit]) -> set[int]:
+        """The tile rows the map rows among `units` read."""
+        needed: set[int] = set()
+        rows = sorted({u.row for u in units if u.kind != "tile"})
+        for r0, r1 in consecutive_runs(rows):  # runs of rows read the same source rows as a block's runs do
+            s0, s1, _ = self._source_rows(g, r0, r1)
+            needed.update(range((g.crop_top + s0) // self.tile, (g.crop_top + s1 - 1) // self.tile + 1))
+        return needed
+
+    def vision_call_patches(self, prepared: PreparedInput, groups: list[list[VisualUnit]]) -> int:
+        """Every tower input is a 384-px tile of tile x tile patches. Video: one call for the blocks' frames.
+        Image: every tile row the blocks' map rows read, and the base image. A block's own call encodes one
+        tile row at a time, but the rows it reads are held together (joined, then cropped): counting them as
+        one call bounds both."""
+        per_tile = self.tile**2
+        units = [u for group in groups for u in group]
+        if "video" in prepared.vision_inputs:
+            return len(units) * per_tile  # one unit per frame
+        g: AnyresGeometry = prepared.vision_inputs["geometry"]
+        base = any(u.kind == "tile" for u in units)
+        return (base + len(self._tile_rows_read(g, units)) * g.tile_cols) * per_tile
 
     @torch.no_grad()
     def encode_units(self, prepared: PreparedInput, units: list[VisualUnit]) -> torch.Tensor:

@@ -303,6 +303,22 @@ class Qwen25VLAdapter(ModelAdapter):
                 strips += [(s0, s1) for s0, s1, new, _, _ in steps if new and (s0, s1) not in self._ahead_strips]
         return strips
 
+    def vision_call_patches(self, prepared: PreparedInput, groups: list[list[VisualUnit]]) -> int:
+        """Image rows are encoded in strips of whole vision windows (`window_rows` token rows), a strip per
+        block; blocks encoded ahead put their strips in one call. A strip that two blocks read is counted for
+        both (it is encoded once): on CPU the strips' pixels pass through more float copies than the one
+        `memory_guard` counts, and the excess covers them (scripts/guard_check.py). Video: the blocks'
+        temporal patches."""
+        tokens = 0
+        for units in groups:
+            if units and all(u.kind == "rows" for u in units):
+                first, last, w = min(u.row for u in units), max(u.row for u in units) + 1, self.window_rows
+                rows = -(-last // w) * w - first // w * w  # the whole windows these rows lie in
+                tokens += rows * max(u.seq_end - u.seq_start for u in units)
+            else:
+                tokens += sum(u.seq_end - u.seq_start for u in units)
+        return tokens * self.patches_per_token
+
     def _strip_steps(
         self, r0: int, r1: int, current: tuple[int, int] | None, n_rows: int
     ) -> tuple[list[tuple[int, int, bool, int, int]], tuple[int, int] | None]:
