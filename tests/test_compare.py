@@ -403,3 +403,17 @@ def test_an_at_once_event_arriving_after_its_turn_started_registers_nothing():
     assert h.queued(_who("alice"), {"text": PROMPT}, None) == gr.skip()
     said = str(h.queued(_who("bob"), {"text": "later"}, None))
     assert "position 2" in said and "1 computation(s) ahead" in said, said
+
+
+def test_a_model_loading_counts_in_the_positions_behind_it():
+    h, state, said = _app(), UserState(model_name=MODEL), []
+
+    def get(name):  # while the model loads, Bob sends a turn
+        said.append(str(h.queued(_who("bob"), {"text": "a question"}, None)))
+        h._leave_queue(_who("bob"), "turn")  # (his turn then waits on; only the line matters here)
+
+    h.cache = SimpleNamespace(get=get)
+    outs = h.load_model(_who("alice"), MODEL, "", state, progress=lambda *a, **k: None)
+    assert "Loaded" in outs[4], outs
+    assert "position 2" in said[0] and "1 computation(s) ahead" in said[0], said
+    assert "starting" in str(h.queued(_who("carol"), {"text": "later"}, None))  # the load is over

@@ -208,8 +208,8 @@ class Handlers:
             return STARTING_LABEL
         per_turn = f" Recent chat turns took about {self._turn_seconds:.0f} s each." if self._turn_seconds else ""
         return (
-            f"{WAITING_LABEL} {ahead + 1} in the queue ({ahead} computation(s) ahead of yours: chat turns or "
-            f"comparisons; one runs at a time).{per_turn}"
+            f"{WAITING_LABEL} {ahead + 1} in the queue ({ahead} computation(s) ahead of yours: chat turns, "
+            f"comparisons or model loads; one runs at a time).{per_turn}"
         )
 
     def queued(self, request: gr.Request, message, state):
@@ -635,7 +635,9 @@ class Handlers:
         return self._before_after(st, layer_choice, opacity)
 
     # -- model ------------------------------------------------------------------------------------
-    def load_model(self, choice, typed, state, progress=gr.Progress()):  # noqa: B008 - how Gradio injects progress
+    def load_model(self, request: gr.Request, choice, typed, state, progress=gr.Progress()):  # noqa: B008 - Gradio injects progress
+        """Loads (or builds) a model into the shared cache: it holds the compute queue like a turn, so it counts in
+        the positions of the turns and comparisons waiting behind it."""
         st = self._state(state)
         skip = gr.skip()
         name = (typed or "").strip() or (choice or "").strip()
@@ -643,10 +645,13 @@ class Handlers:
         if not name:
             return (st, skip, _error("Choose a model or type a Hub id / local folder."), *keep)
         progress(0.1, desc=f"loading {name}…")
+        self._started(request, "load")
         try:
             self.cache.get(name)
         except Exception as exc:  # noqa: BLE001 - ModelLoadError or anything else: keep the current model
             return (st, skip, _error(f"{failure_message(exc)} — still using {st.model_name}."), *keep)
+        finally:
+            self._finished(request, "load", None)
         progress(1.0, desc="loaded")
         st.model_name = name
         st.new_chat()  # a chat's cache belongs to its model: every result view of the old one goes
