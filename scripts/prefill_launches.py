@@ -1,7 +1,9 @@
 """Operations a whole prefill dispatches: transformers' `generate` against VisualKV's methods, same input.
 
-Usage: python scripts/prefill_launches.py OUT.json [--shape shape-qwen2.5-vl-7b] [--image 1920x1080]
-  [--methods full,blockwise-keydiff,...] [--budget 1024] [--vision-ahead N] [--video FRAMES]
+Usage: python scripts/prefill_launches.py OUT.json [--shape shape-qwen2.5-vl-7b|shape-smolvlm2-2.2b]
+  [--image 1920x1080] [--methods full,blockwise-keydiff,...] [--budget 1024] [--vision-ahead N] [--video FRAMES]
+  [--text-width 512] [--vision-width 128] [--heads 4] [--kv-heads 2]
+  (SmolVLM2 has no GQA: the committed SmolVLM runs pass --kv-heads 4, as many KV heads as heads)
 
 --vision-ahead N adds, for each block-wise method, its hybrid plan with N blocks' media per vision-tower call
 (`SessionConfig.vision_ahead`), beside the one call per block.
@@ -11,11 +13,12 @@ not on arithmetic (issue 11: a block-wise 4K prefill made 51,179 launches and 3,
 two thirds of the time). Both numbers depend on the model's structure and the input, not on its widths, so
 they can be counted on a CPU: the model here has the released depths and layer structure (LLM layers, vision
 blocks, windows, full-attention blocks, GQA) with narrow widths (`--text-width`, `--vision-width`; head_dim kept
-at the released value where rotary sections need it). Each case runs until the first answer token (the TTFT
-path: processor, vision tower, prefill, logits), counting dispatched ATen operations (`OpCounter`: host time),
-those that launch a kernel on a GPU (all but views; split into the vision tower, the decoder layers and the
-rest: the method's scoring and eviction, embeddings, processor) and attention calls, in one process, the
-model built once.
+at the released value where rotary sections need it). Qwen2.5-VL and SmolVLM2 shapes; the vision tower counted
+is Qwen's `visual` (its patch merger inside), SmolVLM's SigLIP `vision_model` and its connector. Each case runs
+until the first answer token (the TTFT path: processor, vision tower, prefill, logits), counting dispatched ATen
+operations (`OpCounter`: host time), those that launch a kernel on a GPU (all but views; split into the vision
+tower, the decoder layers and the rest: the method's scoring and eviction, embeddings, processor) and attention
+calls, in one process, the model built once.
 Host reads are not counted here: on a CPU the engine's deliberate host-side planning (token indices, masks,
 block plans) cannot be told from reads of device values; tests/test_sync_free.py checks the latter per method.
 """
@@ -56,9 +59,26 @@ def _narrow_adapter(shape: str, text_width: int, vision_width: int, heads: int, 
     model = _model_class(shape_spec(shape))._from_config(cfg, dtype=torch.float32).eval()
     gen = model.generation_config
     tok = processor.tokenizer
-    end = [tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")]
-    gen.bos_token_id, gen.eos_token_id, gen.pad_token_id, gen.do_sample = end[1], end, end[1], False
+    if shape_spec(shape).family == "smolvlm":  # the tokenizer's own ids, as build_shape sets them
+        gen.bos_token_id, gen.eos_token_id, gen.pad_token_id = tok.bos_token_id, tok.eos_token_id, tok.pad_token_id
+    else:  # the Qwen chat tokens
+        end = [tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")]
+        gen.bos_token_id, gen.eos_token_id, gen.pad_token_id = end[1], end, end[1]
+    gen.do_sample = False
     return _adapter(model, processor, f"{shape} (narrow)")
+
+
+def _tower(adapter) -> torch.nn.Module:
+    """The vision tower: Qwen's `visual` (its patch merger inside), SmolVLM's SigLIP `vision_model`."""
+    return adapter.visual if hasattr(adapter, "visual") else adapter.model.model.vision_model
+
+
+def _tower_modules(adapter) -> list[torch.nn.Module]:
+    """What counts as the vision tower: Qwen's `visual`; SmolVLM's SigLIP and its connector (pixel shuffle and
+    projection, the counterpart of the merger inside Qwen's `visual`)."""
+    if hasattr(adapter, "visual"):
+        return [adapter.visual]
+    return [_tower(adapter), adapter.model.model.connector]
 
 
 def _generate(adapter, media) -> None:
@@ -68,9 +88,11 @@ def _generate(adapter, media) -> None:
     from visualkv.models.base import video_metadata
     from visualkv.models.vision_attention import stock_vision_attention
 
-    with stock_vision_attention(adapter.visual), torch.no_grad():
+    with stock_vision_attention(_tower(adapter)), torch.no_grad():
         text = adapter.chat_text(media, PROMPT)
-        if media.kind == "image":
+        if media.kind == "image" and adapter.family == "smolvlm":  # one list of images per prompt
+            enc = adapter.processor(text=[text], images=[[Image.fromarray(media.frames[0])]], return_tensors="pt")
+        elif media.kind == "image":
             enc = adapter.processor(text=[text], images=[Image.fromarray(media.frames[0])], return_tensors="pt")
         else:  # as bench gpu's reference: every frame stacked, one processor call
             enc = adapter.processor(
@@ -107,7 +129,11 @@ def _ours(adapter, media, method: str, budget: int, prefill: str | None, vision_
 
 def _counted(adapter, fn) -> dict:
     ops = OpCounter()
-    with ops.count_inside([adapter.visual], "vision tower"), ops.count_inside(adapter.layers, "decoder layers"), ops:
+    with (
+        ops.count_inside(_tower_modules(adapter), "vision tower"),
+        ops.count_inside(adapter.layers, "decoder layers"),
+        ops,
+    ):
         fn()
     parts = {part: ops.kernels_by_part[part] for part in ("vision tower", "decoder layers", "rest")}
     return {"ops": ops.ops, "kernels": ops.kernels, "kernels_by_part": parts, "attention_calls": ops.attention}
@@ -157,7 +183,7 @@ def main() -> None:
         "budget": args.budget,
         "structure": {
             "text_layers": cfg.text_config.num_hidden_layers,
-            "vision_blocks": getattr(cfg.vision_config, "depth", None),
+            "vision_blocks": getattr(cfg.vision_config, "depth", None) or cfg.vision_config.num_hidden_layers,
             "text_width": cfg.text_config.hidden_size,
             "vision_width": cfg.vision_config.hidden_size,
             "heads": args.heads,
