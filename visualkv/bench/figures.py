@@ -1062,12 +1062,18 @@ def table_prefill_launches(results: Path) -> str:
         "kernels: vision tower / decoder layers / rest",
         "attention calls",
     ]
-    first = sources[0][1] if sources else {"structure": {}, "budget": 0}
-    st = first["structure"]
+    structures = {}  # per shape, as its first file records it
+    for _, d in sources:
+        structures.setdefault(d["shape"], (d["structure"], d.get("budget")))
+    shapes = "; ".join(
+        f"`{shape}`: {st.get('text_layers')} LLM layers, {st.get('vision_blocks')} vision blocks, "
+        f"{st.get('heads')} heads / {st.get('kv_heads')} KV heads, LLM {st.get('text_width')} wide, vision "
+        f"{st.get('vision_width')}, M = {budget}"
+        for shape, (st, budget) in structures.items()
+    )
     note = (
-        f"Released depths ({st.get('text_layers')} LLM layers, {st.get('vision_blocks')} vision blocks, windows and "
-        f"GQA as released) at narrow widths (LLM {st.get('text_width')}, vision {st.get('vision_width')}); M = "
-        f"{first.get('budget')}; processor, vision tower, prefill and first logits. Counts depend on the structure "
+        f"Released depths and layer structure (windows, GQA or none, as released) at narrow widths ({shapes}); "
+        "processor, vision tower, prefill and first logits. Counts depend on the structure "
         "and the input, not on the widths: every dispatched op costs host time, the kernel-launching ones also a "
         "GPU launch (what a launch-bound GPU pays for). The rest: the method's scoring and eviction, the cache, "
         "embeddings, and host-side work (processor, block plans) that launches nothing on a GPU."
