@@ -189,8 +189,9 @@ class Handlers:
         return str(path)
 
     # -- queue ----------------------------------------------------------------------------------
-    # Chat turns and comparisons share one compute queue (ui/app.py), so each counts in the other's position.
-    # A session may have one of each waiting: entries are keyed by (session, kind), kind "turn" or "compare".
+    # Chat turns, comparisons and model loads share one compute queue (ui/app.py): each counts in the others'
+    # positions. A session may have one of each waiting: entries are keyed by (session, kind), kind "turn",
+    # "compare" or "load" (a load only runs here: its own wait is Gradio's progress on the model note).
     def _enqueue(self, request, kind: str) -> int | None:
         """Registers a computation sent now: how many run or wait ahead of it. None when it is already running
         (this at-once event arrived after the queued one had started: an entry then would never be removed)."""
@@ -249,7 +250,7 @@ class Handlers:
             self._running_since[(_session_key(request), kind)] = time.monotonic()
 
     def _finished(self, request, kind: str, seconds: float | None) -> None:
-        """A computation ended; `seconds`: a chat turn's time (None for a comparison, not a turn)."""
+        """A computation ended; `seconds`: a chat turn's time (None for a comparison or a load, not a turn)."""
         with self._queue_lock:
             self._running_since.pop((_session_key(request), kind), None)
             if seconds is not None:  # a moving average of turn times, for the waiting message
