@@ -74,8 +74,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=1,
         metavar="N",
-        help="blocks whose media go through the vision tower in one call (not LLaVA-OneVision's images; the "
-        "same embeddings: fewer tower launches, a larger transient)",
+        help="blocks whose media go through the vision tower in one call (every family; the same embeddings: "
+        "fewer tower launches, a larger transient)",
     )
     p.add_argument("--fps", type=positive_float, default=1.0, help="video frames sampled per second")
     p.add_argument(
