@@ -417,3 +417,50 @@ def test_a_model_loading_counts_in_the_positions_behind_it():
     assert "Loaded" in outs[4], outs
     assert "position 2" in said[0] and "1 computation(s) ahead" in said[0], said
     assert "starting" in str(h.queued(_who("carol"), {"text": "later"}, None))  # the load is over
+
+
+def test_a_send_after_stop_keeps_its_place_when_the_withdrawn_turn_comes_up(png):
+    h, state = _app(), UserState(model_name=MODEL)
+    h.queued(_who("bob"), {"text": "ahead"}, None)
+    h.queued(_who("alice"), {"text": PROMPT}, None)
+    h.stop(_who("alice"), state)  # withdrawn while it waits
+    h.queued(_who("alice"), {"text": PROMPT}, None)  # and sent again before the withdrawn one comes up
+    h._leave_queue(_who("bob"), "turn")  # Bob's turn comes up and runs
+    h._started(_who("bob"), "turn")
+    outs = list(_chat(h, state, PROMPT, [png]))  # the withdrawn one comes up: skipped
+    assert len(outs) == 1 and handlers.WITHDRAWN_TURN in outs[0][4]
+    said = str(h.queued(_who("carol"), {"text": "later"}, None))
+    assert "position 3" in said and "2 computation(s) ahead" in said, said  # Bob's running, Alice's resent
+    outs = list(_chat(h, state, PROMPT, [png]))  # her second send runs
+    assert len(state.history) == 2 and outs[-1][4].count("done") == 1
+
+
+def test_two_waiting_turns_of_one_session_each_count_until_each_comes_up():
+    h = _app()
+    h.queued(_who("alice"), {"text": "with Enter"}, None)
+    h.queued(_who("alice"), {"text": "with Send"}, None)
+    h._leave_queue(_who("alice"), "turn")  # the first comes up
+    said = str(h.queued(_who("bob"), {"text": "later"}, None))
+    assert "position 2" in said and "1 computation(s) ahead" in said, said
+
+
+def test_stop_withdraws_every_waiting_turn_of_the_session(png):
+    h, state = _app(), UserState(model_name=MODEL)
+    h.queued(_who("alice"), {"text": "with Enter"}, None)
+    h.queued(_who("alice"), {"text": "with Send"}, None)
+    assert handlers.WITHDRAWN_TURN in h.stop(_who("alice"), state)
+    for _ in range(2):  # neither runs when it comes up
+        outs = list(_chat(h, state, PROMPT, [png]))
+        assert len(outs) == 1 and handlers.WITHDRAWN_TURN in outs[0][4]
+    assert state.history == []
+
+
+def test_new_chat_forgets_waiting_and_withdrawn_turns(png):
+    h, state = _app(), UserState(model_name=MODEL)
+    h.queued(_who("alice"), {"text": "withdrawn"}, None)
+    h.stop(_who("alice"), state)
+    h.queued(_who("alice"), {"text": "waiting"}, None)
+    h.new_chat(_who("alice"), state, "full", "reuse")  # Gradio cancels both events: neither comes up
+    assert "starting" in str(h.queued(_who("bob"), {"text": "later"}, None))
+    outs = list(_chat(h, state, PROMPT, [png]))  # her next turn runs: no withdrawal outlived New chat
+    assert len(state.history) == 2 and outs[-1][4].count("done") == 1

@@ -15,6 +15,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -132,8 +133,13 @@ class Handlers:
         self.group_names: list[str] = []  # methods with a settings group, in output order
         self._tmp = Path(tempfile.mkdtemp(prefix="visualkv-reports-"))
         self._queue_lock = threading.Lock()
-        self._waiting: dict[tuple, float] = {}  # (session, kind) -> when it was sent, until it starts
-        self._withdrawn: set[tuple] = set()  # (session, kind) stopped while waiting: skipped when it comes up
+        # (session, kind) -> when each of its waiting computations was sent, oldest first (Gradio's queue is
+        # first in, first out, so the oldest is the next to come up; a session can have two of a kind waiting,
+        # e.g. a turn sent with Enter and another with Send, or a second send after a Stop)
+        self._waiting: dict[tuple, list[float]] = {}
+        # (session, kind) -> how many of its computations Stop withdrew while they waited: that many of the next
+        # to come up are skipped (they are the oldest: all that waited when Stop was pressed)
+        self._withdrawn: Counter[tuple] = Counter()
         self._running_since: dict[tuple, float] = {}  # (session, kind) computing now -> when it started
         self._turn_seconds = 0.0  # moving average of recent turn times
         # id() of the UserStates with a computation running -> "turn" or "compare" (what each Stop button stops)
@@ -200,9 +206,16 @@ class Handlers:
         with self._queue_lock:
             if now - self._running_since.get(key, float("-inf")) < 2.0:
                 return None
-            self._waiting = {k: t for k, t in self._waiting.items() if now - t < 1800}  # forget lost entries
-            self._waiting[key] = now
-            return sum(t < now for t in self._waiting.values()) + (1 if self._running_since else 0)
+            self._forget_lost(now)
+            self._waiting.setdefault(key, []).append(now)
+            ahead = sum(t < now for sent in self._waiting.values() for t in sent)
+            return ahead + (1 if self._running_since else 0)
+
+    def _forget_lost(self, now: float) -> None:
+        """Drops entries older than half an hour: an event whose handler never ran (a closed tab, a Gradio
+        cancel) would otherwise count in every later position."""
+        fresh = {key: [t for t in sent if now - t < 1800] for key, sent in self._waiting.items()}
+        self._waiting = {key: sent for key, sent in fresh.items() if sent}
 
     def _waiting_line(self, ahead: int) -> str:
         if not ahead:
@@ -226,24 +239,40 @@ class Handlers:
         return gr.skip() if ahead is None else self._waiting_line(ahead)
 
     def _leave_queue(self, request, kind: str) -> bool:
-        """A queued computation reached the front (or was refused, or cancelled by New chat): it no longer
-        counts in others' positions. False if its Stop withdrew it while it waited: it must not run."""
+        """A queued computation reached the front (or was refused): it no longer counts in others' positions.
+        False if Stop withdrew it while it waited: it must not run (its entry went with the Stop, so an entry
+        still there belongs to a later send, which keeps its place)."""
         key = (_session_key(request), kind)
         with self._queue_lock:
-            self._waiting.pop(key, None)
-            if key in self._withdrawn:
-                self._withdrawn.discard(key)
+            if self._withdrawn[key]:
+                self._withdrawn[key] -= 1
+                if not self._withdrawn[key]:
+                    del self._withdrawn[key]
                 return False
+            sent = self._waiting.get(key)
+            if sent:
+                sent.pop(0)
+                if not sent:
+                    del self._waiting[key]
             return True
 
     def _withdraw(self, request, kind: str) -> bool:
-        """Stop while waiting: True if this session had a computation of `kind` waiting (it will not run)."""
+        """Stop while waiting: True if this session had computations of `kind` waiting (none of them will run)."""
         key = (_session_key(request), kind)
         with self._queue_lock:
-            if self._waiting.pop(key, None) is None:
+            sent = self._waiting.pop(key, None)
+            if not sent:
                 return False
-            self._withdrawn.add(key)
+            self._withdrawn[key] += len(sent)
             return True
+
+    def _cancel_waiting(self, request, kind: str) -> None:
+        """New chat cancels this session's waiting events of `kind` in Gradio's queue (ui/app.py): none of them
+        comes up, so neither their entries nor a withdrawal of them may outlive it."""
+        key = (_session_key(request), kind)
+        with self._queue_lock:
+            self._waiting.pop(key, None)
+            self._withdrawn.pop(key, None)
 
     def _started(self, request, kind: str) -> None:
         with self._queue_lock:
@@ -498,7 +527,7 @@ class Handlers:
         return gr.skip()
 
     def new_chat(self, request: gr.Request, state, method, followup):
-        self._leave_queue(request, "turn")  # a waiting turn is cancelled (ui/app.py): it will not run
+        self._cancel_waiting(request, "turn")
         st = self._state(state)
         st.new_chat()
         return (
