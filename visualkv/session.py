@@ -58,8 +58,7 @@ class SessionConfig:
       answer where it applies, else "eager"), "graph", "static" (fixed shapes without a graph) or "eager".
     vision_ahead: blocks whose media go through the vision tower in one call (1: a call per block). The
       embeddings are the same (each block's strip or frames a separate sequence in that call); more blocks
-      per call mean fewer tower launches and a larger transient (counted by the memory guard). Every family
-      but LLaVA-OneVision's images, which are encoded block by block.
+      per call mean fewer tower launches and a larger transient (counted by the memory guard). Every family.
     """
 
     method: str = "full"
