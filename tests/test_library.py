@@ -80,3 +80,27 @@ def test_import_is_light_and_every_public_name_resolves():
     )
     done = _run(code)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_turn_takes_a_path_a_pil_image_or_an_array_as_media(tmp_path, small_image):
+    from PIL import Image
+
+    from tests.conftest import get_adapter
+    from visualkv import ChatSession, ConfigError, SessionConfig
+
+    adapter = get_adapter("tiny-qwen2.5-vl")
+    pixels = small_image.frames[0]
+    path = tmp_path / "scene.png"
+    Image.fromarray(pixels).save(path)
+    config = SessionConfig(method="blockwise-keydiff", budget=32, block_size=64, max_new_tokens=4)
+    turns = {}
+    for name, media in {"Media": small_image, "str": str(path), "Path": path, "PIL": Image.fromarray(pixels)}.items():
+        session = ChatSession(adapter, config)
+        turns[name] = session.ask("what is here?", media)
+        assert session.media is not None and session.media.kind == "image", name
+        assert session.media.size == small_image.size, name
+    session = ChatSession(adapter, config)
+    turns["array"] = session.ask("what is here?", pixels)
+    assert {name: t.token_ids for name, t in turns.items()} == {name: turns["Media"].token_ids for name in turns}
+    with pytest.raises(ConfigError, match="media must be a file path, a PIL image, an RGB array"):
+        ChatSession(adapter, config).ask("what is here?", b"\x89PNG")

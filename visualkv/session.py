@@ -24,12 +24,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
 
 from visualkv.cache import CompressibleCache
 from visualkv.detokenize import IncrementalDetokenizer
 from visualkv.engine import Engine, PrefillResult
 from visualkv.errors import ConfigError
-from visualkv.media import Media
+from visualkv.media import Media, load_image, load_media
 from visualkv.memory_guard import MemoryGuard
 from visualkv.methods import make_method, media_limits, method_traits
 from visualkv.models.base import ModelAdapter, PreparedInput
@@ -98,6 +99,9 @@ class SessionConfig:
             raise ConfigError(f"decode must be one of {', '.join(DECODE_MODES)}, got {self.decode!r}")
 
 
+#: what a turn's media may be given as (see ChatSession.stream)
+MediaSource = Media | str | os.PathLike | Image.Image | np.ndarray
+
 #: most (layer, visual token) keep fractions written to the JSON report (~14 MB of JSON); beyond it only the
 #: per-token average over layers (`retained`) is written
 REPORT_PER_LAYER_VALUES = 2_000_000
@@ -135,7 +139,7 @@ class ChatSession:
         self.method = make_method(self.config.method, **self.config.method_options)
 
     # -- public API ---------------------------------------------------------------
-    def ask(self, prompt: str, media: Media | None = None, **kwargs) -> TurnRecord:
+    def ask(self, prompt: str, media: MediaSource | None = None, **kwargs) -> TurnRecord:
         """Run one turn to completion and return its record."""
         for _ in self.stream(prompt, media, **kwargs):
             pass
@@ -144,13 +148,15 @@ class ChatSession:
     def stream(
         self,
         prompt: str,
-        media: Media | None = None,
+        media: MediaSource | None = None,
         on_block: Callable[[BlockEvent], None] | None = None,
         stop: threading.Event | None = None,
     ) -> Iterator[str]:
         """Yield answer text pieces as they are decoded.
 
-        The first turn may carry media; later turns reuse it. If anything fails
+        The first turn may carry media: a `Media` from `load_media`, or a file path, a PIL image or an RGB array,
+        loaded here with the method's limits (default frame sampling; use `load_media` to choose it). Later
+        turns reuse it. If anything fails
         before decoding starts, the session is left exactly as it was. `stop` is
         checked between prefill blocks (raising `PrefillStopped`, session unchanged)
         and between decoded tokens (the answer so far is kept).
@@ -159,6 +165,7 @@ class ChatSession:
             raise ConfigError("the question is empty; type a question about the image or video")
         if media is not None and self.turns:
             raise ConfigError("this chat already has media; start a new chat to use another file")
+        media = self._as_media(media)
         record = TurnRecord(prompt=prompt)
         reset_cuda_peak()  # cuda_peak_bytes is per turn: the same meaning in the CLI, the app and the benches
         t0 = time.perf_counter()
@@ -176,6 +183,20 @@ class ChatSession:
         self.turns.append(record)
         yield from self._decode(logits, record, t0, stop)
         record.cuda_peak_bytes = cuda_peak()
+
+    def _as_media(self, media: MediaSource | None) -> Media | None:
+        """`media` as a validated Media: a path or an image is loaded under the method's limits."""
+        if media is None or isinstance(media, Media):
+            return media
+        limits = media_limits(self.config.method)
+        if isinstance(media, (str, os.PathLike)):
+            return load_media(media, limits=limits)
+        if isinstance(media, (Image.Image, np.ndarray)):
+            return load_image(media, limits=limits)
+        raise ConfigError(
+            f"media must be a file path, a PIL image, an RGB array or a visualkv.Media (from load_media), "
+            f"not {type(media).__name__}"
+        )
 
     # -- turns --------------------------------------------------------------------
     def _first_turn(self, prompt: str, media: Media | None, on_block, should_stop=None) -> torch.Tensor:
