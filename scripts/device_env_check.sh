@@ -7,16 +7,27 @@
 #   scripts/device_env_check.sh              # dry run without gradio/plotly/decord/kaleido (as there), then the
 #                                            # suite but the browser tests, with them installed
 #   scripts/device_env_check.sh tests/test_quant.py -x     # the dry run, then these pytest arguments instead
+#   scripts/device_env_check.sh --which-python             # print the Python 3.12 it would use, and stop
 #
-# Needs PyPI and a Python 3.12 (PY312=/path/to/python3.12, else python3.12 on PATH or pyenv's). The venv stays
-# at $VENV (default /tmp/visualkv-device-env) for the next run. Found this way (2026-12-02): SmolVLM's image
-# processor differs below torchvision 0.27 (transformers loads its PIL backend there), so a built tiny model
-# and the same model saved and reloaded disagreed; fixed in models/tiny.py.
+# Needs PyPI and a Python 3.12 (PY312=/path/to/python3.12, else the first of python3.12 on PATH and pyenv's that
+# runs as 3.12). The venv stays at $VENV (default /tmp/visualkv-device-env) for the next run. Found this way
+# (2026-12-02): SmolVLM's image processor differs below torchvision 0.27 (transformers loads its PIL backend
+# there), so a built tiny model and the same model saved and reloaded disagreed; fixed in models/tiny.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-/tmp/visualkv-device-env}
-PY312=${PY312:-$(command -v python3.12 || ls /root/.pyenv/versions/3.12*/bin/python 2>/dev/null | head -n 1 || true)}
-[ -n "$PY312" ] || { echo "no Python 3.12 found: set PY312=/path/to/python3.12"; exit 2; }
+if [ -z "${PY312:-}" ]; then
+  # the first candidate that runs as 3.12: a pyenv shim named python3.12 is on PATH even when pyenv's selected
+  # version is another one, and then it only fails (found 2026-12-03: the venv step died on it)
+  for candidate in "$(command -v python3.12 || true)" /root/.pyenv/versions/3.12*/bin/python; do
+    if [ -x "$candidate" ] && "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then
+      PY312=$candidate
+      break
+    fi
+  done
+fi
+[ -n "${PY312:-}" ] || { echo "no Python 3.12 found: set PY312=/path/to/python3.12"; exit 2; }
+if [ "${1:-}" = --which-python ]; then echo "$PY312"; exit 0; fi  # the interpreter it would use (a test asks)
 transformers=$(grep -E '^transformers==' requirements.txt | cut -d' ' -f1)
 
 if [ ! -x "$VENV/bin/python" ]; then

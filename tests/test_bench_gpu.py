@@ -5,8 +5,10 @@ measured rows for the bounded methods."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -144,6 +146,7 @@ def test_gpu_code_paths_import_without_plotly_gradio_decord_kaleido(tmp_path):
     """The GPU machine has none of them: bench gpu must import and save JSON without them."""
     script = f"""
 import sys
+from pathlib import Path
 for name in ("plotly", "gradio", "decord", "kaleido"):
     sys.modules[name] = None  # any import of them now raises ImportError
 import visualkv.__main__, visualkv.bench, visualkv.session
@@ -217,3 +220,31 @@ def test_past_the_cap_bounded_methods_are_measured_per_hour(past_cap):
         protected = row["prompt_tokens"] - row["visual_tokens"] + 3
         assert 0 < row["cache_peak_bytes"] <= (48 + 32 + protected) * entry  # M + b: bounded over 520 frames
         assert f"| {method} | {row['ttft_seconds']:.2f} | {row['ttft_seconds_per_hour']:,.0f} |" in table
+
+
+# -- scripts/device_env_check.sh (the GPU image's versions on CPU) picks a Python 3.12 that runs --
+
+
+def test_device_env_check_skips_a_python312_that_does_not_run(tmp_path):
+    # a pyenv shim named python3.12 is on PATH even when pyenv selects another version; it only fails. The
+    # script took it and its venv step died before any check ran.
+    script = Path(__file__).resolve().parent.parent / "scripts" / "device_env_check.sh"
+    shim = tmp_path / "python3.12"
+    shim.write_text("#!/bin/sh\necho 'pyenv: python3.12: command not found' >&2\nexit 127\n")
+    shim.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "PY312"}
+    env["PATH"] = f"{tmp_path}{os.pathsep}{env.get('PATH', '')}"
+    env["VENV"] = str(tmp_path / "venv")  # were the flag ignored, nothing of a real venv is touched
+    out = subprocess.run(
+        ["bash", str(script), "--which-python"], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    if out.returncode == 2:  # no other Python 3.12 on this machine: refused with the reason, not the shim
+        assert "no Python 3.12 found" in out.stdout
+        return
+    assert out.returncode == 0, out.stdout + out.stderr
+    chosen = out.stdout.strip()
+    assert chosen != str(shim)
+    version = subprocess.run(
+        [chosen, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True, check=True
+    )
+    assert version.stdout.strip() == "(3, 12)"
