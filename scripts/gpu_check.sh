@@ -10,7 +10,9 @@
 #
 # Time on one H200 (estimates, not measured: nothing here has run on a GPU yet). The machine's start (a few
 # minutes) counts against the session's device time too.
-#   tests  about 6 min (the earlier estimate, ~10 min for tests + the bench of one 7B shape, less that bench).
+#   tests  about 6 min for the 56 tests tests/test_cuda.py held then (the earlier estimate, ~10 min for tests + the
+#          bench of one 7B shape, less that bench); it holds 92 now (graph decoding x26 and vision ahead x10 came
+#          since, tiny models), so perhaps 7-8 min: the second call below may be cut short (its log keeps what ran).
 #   bench  about 3-4 min per shape (4K image + 512-frame video x transformers generate and 6 methods; issue 10/11:
 #          generate 14.7 s and block-wise KeyDiff 24.2 s on the 512-frame video, ~2 s per 4K case), about a
 #          minute more with the forced block-wise rows (2 methods x 2 inputs), about another with the
@@ -28,9 +30,10 @@
 # A 15-minute session (the machine's start included) fits two of the steps, not three, each its own call
 # (one call may run 10 min at most):
 #   call 1: `bench` with GPU_CHECK_FAMILIES=qwen2.5-vl-7b and STEP_TIMEOUT=420 (issue 10's table, which also
-#   judges issue 11's targets); call 2: `tests` with STEP_TIMEOUT set to what `status` says is left, less a
-#   minute. Those two are what issue 10's "done when" asks for; `hour` (issue 14's GPU figure) in a later
-#   session, with HOUR_STEP_TIMEOUT=450. `bench gpu` rewrites its JSON after every case, so a step stopped by
+#   judges issue 11's targets); call 2, at once (the machine stays warm 30 s after a call; a fresh start costs a
+#   minute or more): `tests` with STEP_TIMEOUT set to what `status` says is left, less a minute. Those two are
+#   what issue 10's "done when" asks for; `hour` (issue 14's GPU figure) in a later session, with
+#   HOUR_STEP_TIMEOUT=450. `bench gpu` rewrites its JSON after every case, so a step stopped by
 #   its timeout keeps the cases it finished.
 #
 # `bench gpu` runs once per shape model (each its own process: one model in GPU memory at a time). Which:
