@@ -34,7 +34,8 @@
 #   minute or more): `tests` with STEP_TIMEOUT set to what `status` says is left, less a minute. Those two are
 #   what issue 10's "done when" asks for; `hour` (issue 14's GPU figure) in a later session, with
 #   HOUR_STEP_TIMEOUT=450. `bench gpu` rewrites its JSON after every case, so a step stopped by
-#   its timeout keeps the cases it finished.
+#   its timeout keeps the cases it finished; the tests step stopped by its timeout still ends with pytest's summary
+#   and JUnit XML of the tests that ran (SIGINT, as a Ctrl-C).
 #
 # `bench gpu` runs once per shape model (each its own process: one model in GPU memory at a time). Which:
 #   GPU_CHECK_FAMILIES unset      shape-qwen2.5-vl-7b and shape-qwen3-vl-8b (the default)
@@ -107,8 +108,11 @@ if [ "$STEPS" = all ] || [ "$STEPS" = tests ]; then
     tests=(-m cuda tests/test_cuda.py)
   fi
   echo "== pytest ${tests[*]}"
-  timeout "$STEP_TIMEOUT" "$PY" -m pytest -q -rs "${tests[@]}" --junitxml="$OUT/pytest_cuda.xml" \
-    >"$OUT/pytest_cuda.log" 2>&1
+  # SIGINT at the limit, not SIGTERM: pytest then stops like a Ctrl-C and still prints its summary and writes
+  # the JUnit XML of the tests that ran (SIGKILL 30 s later if a kernel holds it); -v names each test's outcome
+  # in the log as it ends, so a step cut short still says which passed.
+  timeout --signal=INT --kill-after=30 "$STEP_TIMEOUT" "$PY" -m pytest -v -rs --durations=15 "${tests[@]}" \
+    --junitxml="$OUT/pytest_cuda.xml" >"$OUT/pytest_cuda.log" 2>&1
   rc=$?
   tail -n 25 "$OUT/pytest_cuda.log"
   echo "pytest exit $rc"
