@@ -558,6 +558,7 @@ BAD_VALUES = [
     ("#vkv-max-new", "0", "max new tokens"),
     ("#vkv-max-new", "", "max new tokens"),
     ("#vkv-temperature", "-1", "temperature"),
+    ("#vkv-vision-ahead", "0", "blocks per vision-tower call"),
 ]
 
 

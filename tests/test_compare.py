@@ -222,7 +222,7 @@ def _app(turn_time_limit=None) -> handlers.Handlers:
 
 def _compare(h, state, path, methods, max_new=3, session="alice"):
     #         state, methods, question, file, method, budget, block size, max new, temperature, followup,
-    #         prefill, fps, max frames
+    #         prefill, blocks per vision-tower call, fps, max frames
     return h.compare(
         SimpleNamespace(session_hash=session),
         state,
@@ -236,6 +236,7 @@ def _compare(h, state, path, methods, max_new=3, session="alice"):
         0.0,
         "reuse",
         "blockwise",
+        1,
         1.0,
         8,
     )
@@ -306,10 +307,10 @@ def test_compare_with_nothing_ticked_is_one_line(png):
     assert "tick at least one method" in out[2] and h._active == {}
 
 
-def _chat(h, state, text, files=(), max_new=3):
+def _chat(h, state, text, files=(), max_new=3, method="full", vision_ahead=1):
     request = SimpleNamespace(session_hash="alice")
     message = {"text": text, "files": list(files)}
-    return h.chat(request, message, state, "full", BUDGET, 32, max_new, 0.0, "reuse", "blockwise", 1.0, 8)
+    return h.chat(request, message, state, method, BUDGET, 32, max_new, 0.0, "reuse", "blockwise", vision_ahead, 1.0, 8)
 
 
 def test_chat_turn_stopped_by_the_time_limit_while_reading_says_so(png, timers):
@@ -464,3 +465,17 @@ def test_new_chat_forgets_waiting_and_withdrawn_turns(png):
     assert "starting" in str(h.queued(_who("bob"), {"text": "later"}, None))
     outs = list(_chat(h, state, PROMPT, [png]))  # her next turn runs: no withdrawal outlived New chat
     assert len(state.history) == 2 and outs[-1][4].count("done") == 1
+
+
+def test_blocks_per_vision_tower_call_reaches_the_chat_and_a_bad_value_is_one_line(png):
+    """The app's 'blocks per vision-tower call' field is the CLI's --vision-ahead: it reaches the chat's config
+    (and so the engine and the report), and 0 or a fraction is refused in one line before anything runs."""
+    h, state = _app(), UserState(model_name=MODEL)
+    outs = list(_chat(h, state, PROMPT, [png], method="blockwise-keydiff", vision_ahead=4))
+    assert outs[-1][3] == "", outs[-1][3]
+    assert state.session.config.vision_ahead == 4
+    for bad in (0, 2.5, None):
+        h, state = _app(), UserState(model_name=MODEL)
+        (out,) = list(_chat(h, state, PROMPT, [png], method="blockwise-keydiff", vision_ahead=bad))
+        assert "blocks per vision-tower call" in out[3] and "\n" not in out[3], out[3]
+        assert state.session is None and out[2] is state

@@ -223,6 +223,14 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
                         label="prefill",
                         info="auto = the method's default",
                     )
+                    vision_ahead = gr.Number(
+                        1,
+                        precision=0,
+                        label="blocks per vision-tower call",
+                        info="1 = a call per block; more = fewer tower launches, the same embeddings, "
+                        "a larger transient (counted by the memory guard)",
+                        elem_id="vkv-vision-ahead",
+                    )
                 with gr.Accordion("Video sampling", open=False):
                     fps = gr.Number(1.0, label="frames per second sampled", elem_id="vkv-fps")
                     max_frames = gr.Number(
@@ -366,7 +374,18 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
                 memory_plot = gr.Plot(label="KV memory per prefill block", elem_id="vkv-memory")
 
         # ---- wiring ---------------------------------------------------------------------------------
-        settings = [method_dd, budget, block_size, max_new, temperature, followup, prefill, fps, max_frames]
+        settings = [
+            method_dd,
+            budget,
+            block_size,
+            max_new,
+            temperature,
+            followup,
+            prefill,
+            vision_ahead,
+            fps,
+            max_frames,
+        ]
         h.method_keys = [(name, key) for name, key, _ in method_inputs]
         method_components = [c for _, _, c in method_inputs]
         chat_outputs = [

@@ -51,6 +51,9 @@ except Exception:  # noqa: BLE001 - not on a Space (ImportError) or spaces unusa
 
 
 MAX_FILE_BYTES = 200 * 1024**2  # default upload limit (a Space); `python app.py --max-upload 4GB` raises it
+# the "blocks per vision-tower call" field's bound: more is one call for most inputs anyway, and the memory
+# guard refuses a call that would not fit
+MAX_VISION_AHEAD = 64
 MAX_SAMPLED_FRAMES = 10_800  # the "frames sampled at most" field's bound: 3 h at 1 fps (MediaLimits caps further)
 NOT_AVAILABLE = "_Not available for this method._"
 
@@ -150,7 +153,7 @@ class Handlers:
         return state if state is not None else UserState(model_name=self.default_model)
 
     def _config(
-        self, method, budget, block_size, max_new, temperature, followup, prefill, method_values
+        self, method, budget, block_size, max_new, temperature, followup, prefill, vision_ahead, method_values
     ) -> SessionConfig:
         """The session config from the form, checking every field first (one line naming the field)."""
         if method not in text.method_choices():
@@ -167,6 +170,9 @@ class Handlers:
             max_new_tokens=_whole(max_new, "max new tokens", 1, 4096),
             temperature=_real(temperature, "temperature", 0.0, 5.0),
             followup=followup or "reuse",
+            vision_ahead=_whole(
+                vision_ahead, "blocks per vision-tower call", 1, MAX_VISION_AHEAD, hint=" (1 = a call per block)"
+            ),
             method_options=method_options(method, values),
         )
         cfg.validate()
@@ -299,6 +305,7 @@ class Handlers:
         temperature,
         followup,
         prefill,
+        vision_ahead,
         fps,
         max_frames,
         *method_values,
@@ -322,6 +329,7 @@ class Handlers:
                 temperature,
                 followup,
                 prefill,
+                vision_ahead,
                 fps,
                 max_frames,
                 method_values,
@@ -340,6 +348,7 @@ class Handlers:
         temperature,
         followup,
         prefill,
+        vision_ahead,
         fps,
         max_frames,
         method_values,
@@ -357,7 +366,9 @@ class Handlers:
             yield fail("The question is empty: type a question about the image or video, then send.")
             return
         try:
-            cfg = self._config(method, budget, block_size, max_new, temperature, followup, prefill, method_values)
+            cfg = self._config(
+                method, budget, block_size, max_new, temperature, followup, prefill, vision_ahead, method_values
+            )
             media = None
             if files:  # validate the file first, so its own problem is what the user reads
                 media = load_media(
@@ -725,6 +736,7 @@ class Handlers:
         temperature,
         followup,
         prefill,
+        vision_ahead,
         fps,
         max_frames,
         *method_values,
@@ -748,7 +760,9 @@ class Handlers:
                 raise ConfigError("give a file here or start a chat with an image or video first")
             if not methods:
                 raise ConfigError("tick at least one method to compare")
-            base = self._config(method, budget, block_size, max_new, temperature, followup, prefill, method_values)
+            base = self._config(
+                method, budget, block_size, max_new, temperature, followup, prefill, vision_ahead, method_values
+            )
             base = dataclasses.replace(base, budget=int(budget) if budget else None)  # for the methods that use one
             options = {}
             for name in methods:
