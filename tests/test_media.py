@@ -156,6 +156,57 @@ def test_grayscale_16bit_and_gif_first_frame(tmp_path: Path) -> None:
     assert load_image(tmp_path / "anim.gif").frames[0][0, 0].tolist() == [0, 0, 255]
 
 
+@pytest.mark.parametrize(
+    "file, words",
+    [
+        ("anim.gif", "is an animated GIF (3 frames): only the first frame is read — convert it to a video"),
+        ("anim.png", "is an animated PNG (APNG) (3 frames): only the first frame is read"),
+        ("anim.webp", "is an animated WebP (3 frames): only the first frame is read"),
+        ("pages.tif", "is a multi-page TIFF (3 pages): only the first page is read"),
+    ],
+)
+def test_frames_past_the_first_are_named_in_a_warning(tmp_path: Path, file: str, words: str) -> None:
+    first, *rest = (Image.new("RGB", (40, 40), colour) for colour in ((0, 0, 255), (0, 255, 0), (255, 0, 0)))
+    first.save(tmp_path / file, save_all=True, append_images=rest, **({"duration": 100} if "anim" in file else {}))
+    loaded = load_media(tmp_path / file)
+    assert np.abs(loaded.frames[0][0, 0].astype(int) - [0, 0, 255]).max() <= 4  # WebP is lossy
+    assert len(loaded.warnings) == 1 and words in loaded.warnings[0] and file in loaded.warnings[0]
+    assert load_image(Image.open(tmp_path / file)).warnings == loaded.warnings  # a PIL image is told too
+    first.save(tmp_path / ("one_" + file))  # one frame: nothing to say
+    assert load_media(tmp_path / ("one_" + file)).warnings == []
+
+
+def test_wide_range_grayscale_is_stretched_and_said(tmp_path: Path) -> None:
+    ramp = np.linspace(-5.0, 20.0, 64 * 64, dtype=np.float32).reshape(64, 64)
+    Image.fromarray(ramp, mode="F").save(tmp_path / "depth.tif")
+    loaded = load_media(tmp_path / "depth.tif")
+    gray = loaded.frames[0][..., 0]
+    # min to max over 0-255 (clipping to [0, 255] left 5/25 of it black before)
+    assert gray.min() == 0 and gray.max() == 255 and abs(int(gray[32, 0]) - 128) <= 2
+    assert loaded.warnings == [
+        "'" + str(tmp_path / "depth.tif") + "' is a 32-bit float image with values -5 to 20: stretched to 0-255"
+    ]
+    counts = (np.arange(64 * 64).reshape(64, 64) * 1000).astype(np.int32)  # up to 4.1 million
+    Image.fromarray(counts, mode="I").save(tmp_path / "counts.tif")
+    stretched = load_media(tmp_path / "counts.tif")
+    assert stretched.frames[0].max() == 255 and stretched.frames[0][32, 0, 0] in (127, 128)
+    assert "32-bit integer image with values 0 to 4.095e+06" in stretched.warnings[0]
+    # the usual ranges are scaled as before, without a warning
+    unit = np.linspace(0.0, 1.0, 64 * 64, dtype=np.float32).reshape(64, 64)
+    Image.fromarray(unit, mode="F").save(tmp_path / "unit.tif")
+    plain = load_media(tmp_path / "unit.tif")
+    assert plain.warnings == [] and plain.frames[0].max() == 255 and plain.frames[0][0, 0, 0] == 0
+
+
+def test_aspect_limit_can_be_raised(tmp_path: Path) -> None:
+    path = _make_bad_input("thin", tmp_path)
+    assert load_media(path, limits=MediaLimits(max_aspect_ratio=400)).size == (8400, 28)
+    Image.new("RGB", (28 * 200, 28)).save(tmp_path / "edge.png")
+    assert load_media(tmp_path / "edge.png").size == (5600, 28)  # exactly the limit passes
+    with pytest.raises(MediaError, match="max_aspect_ratio must be >= 1"):
+        MediaLimits(max_aspect_ratio=0.5)
+
+
 def test_pil_and_array_inputs(still: np.ndarray) -> None:
     assert np.array_equal(load_image(Image.fromarray(still)).frames[0], still)
     assert np.array_equal(load_image(still).frames[0], still)
@@ -225,6 +276,16 @@ def _make_bad_input(kind: str, tmp: Path) -> Path:
     if kind == "undecodable_video":
         path = write_video(tmp / "broken.avi", noise_frames(6), fourcc="MJPG")
         return corrupt_mjpeg(path, frames=None)
+    if kind == "thin":  # 300:1, which the Qwen processors refuse (a traceback mid-turn before)
+        Image.new("RGB", (28 * 300, 28)).save(tmp / "strip.png")
+        return tmp / "strip.png"
+    if kind == "tall_video":
+        return write_video(tmp / "tall.avi", noise_frames(2, width=32, height=32 * 210), fourcc="MJPG")
+    if kind == "nan_tiff":
+        values = np.linspace(0, 1, 64 * 64, dtype=np.float32).reshape(64, 64)
+        values[3, 7] = np.nan
+        Image.fromarray(values, mode="F").save(tmp / "measured.tif")
+        return tmp / "measured.tif"
     raise AssertionError(kind)
 
 
@@ -240,6 +301,9 @@ BAD_INPUTS = {
     "tiny": r"image 1x1 is too small; each side must be at least 28 px",
     "huge": r"image 20000x20000 is 400.0 MP; the limit is 64.0 MP — downscale it",
     "undecodable_video": r"'.*broken.avi': video has no decodable frame",
+    "thin": r"'.*strip.png': image 8400x28 has an aspect ratio of 300:1; the limit is 200:1 — crop it",
+    "tall_video": r"'.*tall.avi': video frame 32x6720 has an aspect ratio of 210:1; the limit is 200:1",
+    "nan_tiff": r"'.*measured.tif': the image holds NaN or infinite values",
 }
 
 
@@ -425,6 +489,10 @@ def test_sample_frame_indices_edge_cases() -> None:
     assert sample_frame_indices(1, 30.0, FrameSampling()) == [0]
     # Sampling faster than the source: each source frame once.
     assert sample_frame_indices(12, 4.0, FrameSampling(fps=10.0, max_frames=100)) == list(range(12))
+    # ... without listing duration x fps sample times (1e12 here: this ran out of memory before)
+    assert sample_frame_indices(12, 4.0, FrameSampling(fps=1e12, max_frames=None)) == list(range(12))
+    assert sample_frame_indices(12, 4.0, FrameSampling(fps=1e12, max_frames=4)) == [0, 4, 7, 11]
+    assert sample_frame_indices(12, 4.0, FrameSampling(fps=4.0, max_frames=None)) == list(range(12))
     # 29.97 fps NTSC, 1 fps: the frame on screen at each whole second.
     assert sample_frame_indices(300, 29.97, FrameSampling(fps=1.0))[:4] == [
         0,

@@ -7,10 +7,15 @@ type escapes ``load_media`` / ``load_image`` / ``load_video`` / ``media_kind``.
 Limits, stated honestly:
 
 * Images are decoded by Pillow: PNG, JPEG (and phone MPO), WebP, BMP, GIF (first frame only),
-  TIFF (first page only) and PPM. EXIF orientation is applied; alpha is composited on white;
-  16-bit images are scaled to 8 bits. Other formats Pillow knows (PSD, ICO, ...) are refused.
+  TIFF (first page only) and PPM; an animated GIF/APNG/WebP or a multi-page TIFF gets a warning in
+  ``Media.warnings`` saying the rest is unread. EXIF orientation is applied; alpha is composited on
+  white; 16-bit images are scaled to 8 bits; a float image outside [0, 1] and [0, 255], or a 32-bit
+  integer one outside [0, 65535], is stretched from its minimum to its maximum (with a warning), and
+  one holding NaN is refused. Other formats Pillow knows (PSD, ICO, ...) are refused.
 * The pixel limit is checked from the header before any pixel is decoded, so an image bomb costs
-  nothing. Pillow's own bomb check is bypassed only for that header read.
+  nothing. Pillow's own bomb check is bypassed only for that header read. The smallest side and
+  the aspect ratio (``MediaLimits.max_aspect_ratio``, 200: the Qwen processors refuse more) are
+  checked there too, and on video frames.
 * Eager loading (``lazy=False``) decodes with decord, with OpenCV (FFmpeg) as the fallback when decord
   is missing, cannot open the file, or fails on a frame; lazy loading (the default) reads with OpenCV
   first and decord as the fallback (see :class:`_FrameDecoder`: decord's memory grew with the frames
@@ -113,6 +118,9 @@ class MediaLimits:
     # 8K (7680x4320 = 33 MP) passes; a 20000x20000 bomb (400 MP) does not.
     max_image_pixels: int = 64_000_000
     min_image_side: int = 28  # one ViT patch; smaller images carry no usable detail
+    # Longer side / shorter side at most this: the Qwen processors refuse more than 200 (a traceback
+    # in the middle of a turn before), and a thinner strip is a few patches wide on every family.
+    max_aspect_ratio: float = 200.0
     max_video_seconds: float = 3 * 3600
     # Most sampled frames a video may have; more is refused (one-line MediaError), never resampled.
     # None: no frame cap (methods whose memory is bounded; see visualkv.methods.media_limits).
@@ -135,6 +143,8 @@ class MediaLimits:
                 raise MediaError(f"MediaLimits.{name} must be >= 1, got {value}")
         if not self.max_video_seconds > 0:
             raise MediaError(f"MediaLimits.max_video_seconds must be > 0, got {self.max_video_seconds}")
+        if not self.max_aspect_ratio >= 1:
+            raise MediaError(f"MediaLimits.max_aspect_ratio must be >= 1, got {self.max_aspect_ratio}")
 
     def check_frame_count(self, frames: int, name: str, fps: float) -> None:
         """Refuse more sampled frames than ``max_frames`` with one line naming the bounded methods."""
@@ -283,7 +293,7 @@ def load_media(
     name = str(path)
     file = _check_file(path, name, limits)
     if _sniff(file, name) == "image":
-        return _image_media(_decode_image_file(file, name, limits), name)
+        return _image_media(*_decode_image_file(file, name, limits), name)
     return _load_video_file(file, name, limits, sampling, backend, lazy)
 
 
@@ -295,14 +305,15 @@ def load_image(source: PathLike | Image.Image | np.ndarray, limits: MediaLimits 
     if isinstance(source, Image.Image):
         name = getattr(source, "filename", "") or "<PIL image>"
         _check_pixels(source.size, name, limits, "image")
-        return _image_media(_pil_to_rgb(source, name), None)
+        notes = _unread_frames(source, name)
+        return _image_media(_pil_to_rgb(source, name, notes), notes, None)
     if isinstance(source, np.ndarray):
-        return _image_media(_array_to_rgb(source, limits), None)
+        return _image_media(_array_to_rgb(source, limits), [], None)
     name = str(source)
     file = _check_file(source, name, limits)
     if _sniff(file, name) == "video":
         raise MediaError(f"'{name}' is a video, not an image — use load_video() or load_media()")
-    return _image_media(_decode_image_file(file, name, limits), name)
+    return _image_media(*_decode_image_file(file, name, limits), name)
 
 
 def load_video(
@@ -336,14 +347,22 @@ def sample_frame_indices(
     caps = [c for c in (sampling.max_frames, hard_cap) if c is not None]
     cap = min(caps) if caps else math.inf
     duration = frame_count / source_fps
-    # Samples at t = k / fps for every t < duration; the epsilon keeps exact multiples exact.
-    wanted = max(1, math.ceil(duration * sampling.fps - 1e-6))
-    if wanted <= cap:
+    every_frame = sampling.fps >= source_fps
+    if every_frame:
+        # every source frame is on screen at some sampled time, so each is taken once (listing the
+        # duration x fps sample times instead would build billions for an fps of 1e9)
+        wanted = frame_count
+    else:
+        # Samples at t = k / fps for every t < duration; the epsilon keeps exact multiples exact.
+        wanted = max(1, math.ceil(duration * sampling.fps - 1e-6))
+    if wanted > cap:
+        picked = np.linspace(0, frame_count - 1, cap).round().astype(int).tolist()
+    elif every_frame:
+        picked = list(range(frame_count))
+    else:
         # The frame on screen at time t is floor(t * source_fps).
         picked = [math.floor(k / sampling.fps * source_fps + 1e-6) for k in range(wanted)]
         picked = [min(frame_count - 1, i) for i in picked]
-    else:
-        picked = np.linspace(0, frame_count - 1, cap).round().astype(int).tolist()
     return sorted(set(picked))
 
 
@@ -523,24 +542,45 @@ def _check_pixels(size: tuple[int, int], name: str, limits: MediaLimits, what: s
             f"'{name}': {what} {width}x{height} is too small; each side must be at least "
             f"{limits.min_image_side} px — use a larger {what}"
         )
+    ratio = max(width, height) / min(width, height)
+    if ratio > limits.max_aspect_ratio:
+        raise MediaError(
+            f"'{name}': {what} {width}x{height} has an aspect ratio of {ratio:.4g}:1; the limit is "
+            f"{limits.max_aspect_ratio:g}:1 — crop it into pieces (or raise MediaLimits.max_aspect_ratio)"
+        )
 
 
-def _decode_image_file(file: Path, name: str, limits: MediaLimits) -> np.ndarray:
+def _decode_image_file(file: Path, name: str, limits: MediaLimits) -> tuple[np.ndarray, list[str]]:
+    """The first frame as RGB uint8, and the warnings for the user (frames not read, values rescaled)."""
     try:
         image = _open_pil(file, IMAGE_FORMATS)
     except Exception as err:  # noqa: BLE001 - sniffing said image: the header is broken
         raise MediaError(f"'{name}': corrupt image header (PIL: {_one_line(err)}) — re-export it") from None
     with image:
         _check_pixels(image.size, name, limits, "image")  # before any pixel is decoded
-        return _pil_to_rgb(image, name)
+        notes = _unread_frames(image, name)
+        return _pil_to_rgb(image, name, notes), notes
 
 
-def _pil_to_rgb(image: Image.Image, name: str) -> np.ndarray:
+def _unread_frames(image: Image.Image, name: str) -> list[str]:
+    """A warning when the file holds more frames or pages than the first, which alone is read (MPO's
+    second picture is a phone's preview or depth map, not content: no warning)."""
+    if image.format == "MPO" or not getattr(image, "is_animated", False):
+        return []
+    count = getattr(image, "n_frames", 2)
+    if image.format == "TIFF":
+        return [f"'{name}' is a multi-page TIFF ({count} pages): only the first page is read"]
+    kind = {"PNG": "PNG (APNG)", "WEBP": "WebP"}.get(image.format, image.format)
+    what = f"'{name}' is an animated {kind} ({count} frames): only the first frame is read"
+    return [f"{what} — convert it to a video (e.g. ffmpeg -i {Path(name).name} out.mp4) to use them all"]
+
+
+def _pil_to_rgb(image: Image.Image, name: str, notes: list[str]) -> np.ndarray:
     """Decode (first frame/page), apply EXIF orientation, convert to RGB uint8 HxWx3."""
     try:
         image.load()
         image = ImageOps.exif_transpose(image)
-        return _rgb_array(image)
+        return _rgb_array(image, name, notes)
     except MediaError:
         raise
     except Exception as err:  # noqa: BLE001 - Pillow raises OSError, SyntaxError, zlib.error...
@@ -552,15 +592,34 @@ def _pil_to_rgb(image: Image.Image, name: str) -> np.ndarray:
         raise MediaError(f"'{name}': corrupt image data (PIL: {detail}) — re-export or re-download it") from None
 
 
-def _rgb_array(image: Image.Image) -> np.ndarray:
+def _rgb_array(image: Image.Image, name: str, notes: list[str]) -> np.ndarray:
     if image.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N", "F"):
-        gray = _to_uint8(np.asarray(image))
+        gray = _wide_to_uint8(np.asarray(image), image.mode, name, notes)
         return np.ascontiguousarray(np.repeat(gray[..., None], 3, axis=2))
     if image.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in image.info:
         rgba = image.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         image = Image.alpha_composite(white, rgba)
     return np.array(image.convert("RGB"), dtype=np.uint8)
+
+
+def _wide_to_uint8(values: np.ndarray, mode: str, name: str, notes: list[str]) -> np.ndarray:
+    """A 16-bit, 32-bit integer or float grayscale file onto 8 bits. Values in the usual ranges (float in
+    [0, 1] or [0, 255], integers in [0, 65535]) are scaled as :func:`_to_uint8` does; others (a 32-bit float TIFF of
+    measurements, negative integers) are stretched from their minimum to their maximum, with a warning,
+    since clipping them to [0, 255] would leave a blank or saturated picture."""
+    if mode == "F" and not np.isfinite(values).all():
+        raise MediaError(
+            f"'{name}': the image holds NaN or infinite values — replace them (e.g. with 0) and save it again"
+        )
+    low, high = float(values.min(initial=0.0)), float(values.max(initial=0.0))
+    usual_high = (1.0 if high <= 1.0 else 255.0) if mode == "F" else 65535.0
+    if (low >= 0.0 and high <= usual_high) or high == low:
+        return _to_uint8(values)
+    kind = "32-bit float" if mode == "F" else "32-bit integer"
+    notes.append(f"'{name}' is a {kind} image with values {low:.4g} to {high:.4g}: stretched to 0-255")
+    stretched = (values.astype(np.float64) - low) * (255.0 / (high - low))
+    return np.clip(np.rint(stretched), 0, 255).astype(np.uint8)
 
 
 def _to_uint8(array: np.ndarray) -> np.ndarray:
@@ -597,8 +656,8 @@ def _array_to_rgb(array: np.ndarray, limits: MediaLimits) -> np.ndarray:
     return np.ascontiguousarray(pixels)
 
 
-def _image_media(rgb: np.ndarray, path: str | None) -> Media:
-    return Media(kind="image", frames=[rgb], times=[0.0], path=path, backend="pil")
+def _image_media(rgb: np.ndarray, notes: list[str], path: str | None) -> Media:
+    return Media(kind="image", frames=[rgb], times=[0.0], path=path, warnings=notes, backend="pil")
 
 
 # --------------------------------------------------------------------------------------------
