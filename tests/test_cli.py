@@ -49,6 +49,8 @@ def _assert_one_line_error(code: int, err: str, *words: str) -> None:
         ("huge", ["20000x20000", "downscale"]),
         ("undecodable_video", ["no decodable frame"]),
         ("pdf", ["pdf"]),
+        ("thin", ["strip.png", "aspect ratio of 300:1", "crop"]),
+        ("nan_tiff", ["measured.tif", "nan"]),
     ],
 )
 def test_bad_media_exits_2_with_one_line(tmp_path, capsys, kind, words):
@@ -69,6 +71,9 @@ def test_bad_media_exits_2_with_one_line(tmp_path, capsys, kind, words):
         (["--prompt", "hi", "--method", "magic"], ["invalid choice"]),
         (["--prompt", "hi", "--decode", "graph"], ["decode 'graph' is not possible", "CUDA", "static"]),
         (["--prompt", "hi", "--vision-ahead", "0"], ["--vision-ahead", "positive"]),
+        (["--prompt", "hi", "--media", ""], ["--media", "empty"]),  # answered from the text alone before
+        (["--prompt", "hi", "--fps", "inf"], ["--fps", "finite", "inf"]),
+        (["--prompt", "hi", "--fps", "nan"], ["--fps", "nan"]),
     ],
 )
 def test_bad_options_exit_2_with_one_line(image_file, capsys, args, words):
@@ -277,3 +282,25 @@ def test_block_progress_says_how_far_into_the_video(tmp_path, capsys):
     seconds = [int(m[1]) * 60 + int(m[2]) for m in frames]
     assert seconds == sorted(seconds) and seconds[0] < 10 and seconds[-1] >= 38, seconds
     assert "video" not in lines[0]  # the text before the video has read none of it
+
+
+def test_media_warnings_reach_stderr_and_the_report(tmp_path, capsys):
+    """A frame that cannot be decoded (found during the prefill) and an animated image's unread frames are told
+    on stderr (at load) and kept in the report's media.warnings (everything found by the end of the turn)."""
+    from tests.test_media import corrupt_mjpeg, noise_frames, write_video
+
+    video = corrupt_mjpeg(write_video(tmp_path / "clip.avi", noise_frames(6), fourcc="MJPG"), frames=[3])
+    out = tmp_path / "video.json"
+    argv = ["run", "--prompt", "What happens?", "--max-new-tokens", "2", "--quiet", "--model", "tiny-smolvlm2"]
+    code, _, err = _run(capsys, *argv, "--media", str(video), "--fps", "4", "--json", str(out))
+    assert code == 0, err
+    stood_in = "frame 3 (t=0.75 s) could not be decoded; frame 2 (t=0.50 s) shown in its place"
+    assert json.loads(out.read_text())["media"]["warnings"] == [stood_in]
+    first, second = (Image.new("RGB", (64, 64), colour) for colour in ("blue", "green"))
+    first.save(tmp_path / "anim.gif", save_all=True, append_images=[second], duration=100)
+    code, _, err = _run(capsys, *argv, "--media", str(tmp_path / "anim.gif"), "--json", str(out))
+    assert code == 0, err
+    assert "warning: '" in err and "anim.gif' is an animated GIF (2 frames): only the first frame is read" in err
+    report_warnings = json.loads(out.read_text())["media"]["warnings"]
+    assert len(report_warnings) == 1 and report_warnings[0].startswith("'anim.gif' is an animated GIF")
+    assert str(tmp_path) not in out.read_text()  # the server's folders stay out of the report

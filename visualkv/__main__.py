@@ -25,6 +25,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         DEVICES,
         DTYPES,
         HelpFormatter,
+        media_path,
         non_negative_int,
         output_file,
         positive_float,
@@ -40,7 +41,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         help="offline alias, Hub id or local path (default: %(default)s, the bundled demo model when "
         "present; it answers questions about its synthetic scenes only)",
     )
-    p.add_argument("--media", help="image or video file")
+    p.add_argument("--media", type=media_path, help="image or video file (leave it out to chat about text alone)")
     p.add_argument("--prompt", action="append", required=True, help="one turn; repeat for several turns")
     p.add_argument(
         "--method",

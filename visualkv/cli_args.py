@@ -7,6 +7,7 @@ expected; the CLI's parser prints it on one line and exits with code 2 before an
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import tempfile
 from collections.abc import Callable
@@ -53,10 +54,17 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def media_path(text: str) -> str:
+    """A media file's path: an empty one is refused here (it would otherwise read as "no media")."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty: give an image or video file")
+    return text
+
+
 def positive_float(text: str) -> float:
     value = _number(text, float)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
     return value
 
 

@@ -27,6 +27,7 @@ from visualkv.cli_args import (
     check_output_folder,
     comma_list,
     fraction,
+    media_path,
     method_list,
     non_negative_int,
     output_file,
@@ -128,7 +129,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="(one/needle) also write the result to this file (checked before the run)",
     )
-    p.add_argument("--media", default="assets/example_video.mp4", help="(salicache) video or image file")
+    p.add_argument(
+        "--media", type=media_path, default="assets/example_video.mp4", help="(salicache) video or image file"
+    )
     p.add_argument(
         "--fps",
         type=positive_float,
@@ -190,7 +193,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         help="(salicache) also run the ablation: temporal filter only, spatial tiers only, "
         "quantization only (each against the same full run)",
     )
-    p.add_argument("--media-file", default=None, help="(one) load this file instead of generating the input")
+    p.add_argument(
+        "--media-file", type=media_path, default=None, help="(one) load this file instead of generating the input"
+    )
     p.add_argument(
         "--minutes",
         type=comma_list(positive_float),
