@@ -313,6 +313,20 @@ def _chat(h, state, text, files=(), max_new=3, method="full", vision_ahead=1):
     return h.chat(request, message, state, method, BUDGET, 32, max_new, 0.0, "reuse", "blockwise", vision_ahead, 1.0, 8)
 
 
+def test_the_summary_tells_the_media_warnings(tmp_path):
+    """An animated GIF is read from its first frame only: the app's summary says so (it was silent)."""
+    first, second = (Image.new("RGB", (112, 112), colour) for colour in ("red", "blue"))
+    first.save(tmp_path / "wave.gif", save_all=True, append_images=[second], duration=100)
+    h, state = _app(), UserState(model_name=MODEL)
+    summary = list(_chat(h, state, PROMPT, [str(tmp_path / "wave.gif")]))[-1][7]
+    assert "⚠️ 'wave.gif' is an animated GIF (2 frames): only the first frame is read" in summary, summary
+    assert str(tmp_path) not in summary  # the file's name, not the server's folder
+    plain = tmp_path / "still.png"
+    first.save(plain)
+    h, state = _app(), UserState(model_name=MODEL)
+    assert "⚠️" not in list(_chat(h, state, PROMPT, [str(plain)]))[-1][7]
+
+
 def test_chat_turn_stopped_by_the_time_limit_while_reading_says_so(png, timers):
     timers.fire_at_start = True
     h, state = _app(turn_time_limit=90), UserState(model_name=MODEL)

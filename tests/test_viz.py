@@ -230,6 +230,16 @@ def test_summary_rows_name_the_key_numbers(snap):
     assert viz.decode_speed(graph) == "3.0 tokens/s (CUDA graph)"
 
 
+def test_summary_line_quotes_two_media_warnings_and_counts_the_rest(snap):
+    _, report, _ = snap
+    assert "⚠️" not in viz.summary_line(report)
+    found = [f"frame {k} could not be decoded" for k in range(5)]
+    line = viz.summary_line({**report, "media": {**(report.get("media") or {}), "warnings": found}})
+    assert line.endswith(
+        "⚠️ frame 0 could not be decoded; frame 1 could not be decoded (+3 more in the report's media.warnings)"
+    )
+
+
 def test_views_of_absent_method_fields_are_none(snap):
     _, report, _ = snap
     assert not viz.has_saliency(report) and not viz.has_merge_map(report) and not viz.is_video(report)

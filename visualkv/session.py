@@ -517,4 +517,7 @@ def _media_summary(media: Media | None) -> dict[str, Any] | None:
         "height": height,
         "frames": len(media.frames),
         "duration": media.duration,
+        # what the user should know about the file (first frame only read, frames undecodable and stood in
+        # for, values stretched), with the file's folder left out as above
+        "warnings": [w.replace(media.path, name) if media.path else w for w in media.warnings],
     }

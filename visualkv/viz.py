@@ -1197,7 +1197,22 @@ def summary_line(report: dict[str, Any]) -> str:
         parts.append(f"{ratio:.1f}× less at peak" if ratio >= 1.05 else "no saving (the full cache)")
     ttft = turn.get("ttft_seconds")
     parts.append(f"TTFT {ttft:.2f} s" if ttft is not None else "TTFT n/a")
-    return " · ".join(parts)
+    return " · ".join(parts) + media_warnings_line(report)
+
+
+#: media warnings the summary line quotes; the rest are counted (all of them are in the report)
+SUMMARY_WARNINGS = 2
+
+
+def media_warnings_line(report: dict[str, Any]) -> str:
+    """The media's warnings (first frame only read, undecodable frames stood in for, values stretched) as a
+    line to append to the summary: "" when there are none."""
+    found = list((report.get("media") or {}).get("warnings") or [])
+    if not found:
+        return ""
+    more = len(found) - SUMMARY_WARNINGS
+    tail = f" (+{more} more in the report's media.warnings)" if more > 0 else ""
+    return "\n\n⚠️ " + "; ".join(found[:SUMMARY_WARNINGS]) + tail
 
 
 def summary_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
