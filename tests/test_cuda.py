@@ -215,14 +215,21 @@ def test_entries_never_exceed_budget_plus_block_on_cuda(method, small_image, sma
 
 # -- the CUDA peak is per turn -----------------------------------------------------------------------------------------
 def test_cuda_peak_is_reset_for_every_turn(small_image):
+    import gc
+
     adapter = cuda_adapter(FAMILIES[0])
     s = _session(adapter, "blockwise-keydiff", max_new_tokens=3)
     s.ask(PROMPT, small_image)
-    scratch_bytes = 1 << 30  # a 1 GiB allocation between the turns, freed before the next one
+    # the peak counts everything the process holds on the GPU (earlier tests' cached models and graph pools
+    # too; on the H200 that was 1.2 GB), so the turn is judged against what was allocated before it
+    gc.collect()
+    before = torch.cuda.memory_allocated()
+    scratch_bytes = 4 << 30  # a 4 GiB allocation between the turns, freed before the next one
     scratch = torch.empty(scratch_bytes, dtype=torch.uint8, device=adapter.device)
     del scratch
     record = s.ask("And what else?")
-    assert 0 < record.cuda_peak_bytes < scratch_bytes  # the tiny model's turn is far below 1 GiB
+    # the tiny model's follow-up adds far less than 4 GiB; without the reset the scratch would be in the peak
+    assert before <= record.cuda_peak_bytes < before + scratch_bytes
     assert s.report()["cuda_peak_bytes"] == record.cuda_peak_bytes
 
 
@@ -279,7 +286,8 @@ def test_graph_decode_in_bf16_on_cuda(small_image):
     s = _session(adapter, "blockwise-keydiff", max_new_tokens=32)
     stop = threading.Event()
     for _ in s.stream(PROMPT, small_image, stop=stop):
-        if len(s.turns[-1].token_ids) == 5:
+        # >=, not ==: a piece is yielded only when text completes, and random weights' byte tokens often do not
+        if len(s.turns[-1].token_ids) >= 5:
             stop.set()
     s.ask("And what else?")
     assert [t.decode_mode for t in s.turns] == ["graph", "graph"]
