@@ -248,3 +248,42 @@ def test_device_env_check_skips_a_python312_that_does_not_run(tmp_path):
         [chosen, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True, check=True
     )
     assert version.stdout.strip() == "(3, 12)"
+
+
+@pytest.mark.parametrize("warmup", [True, False])
+def test_every_case_is_warmed_up_once_before_the_measured_ones(warmup, monkeypatch, tmp_path):
+    """The first CUDA call of each path pays one-off costs: every case runs once, untimed, on a small image and
+    a short video first (two new tokens), so no measured row carries them; `--no-warmup` skips that."""
+    from visualkv.bench import gpu
+
+    calls = []  # (case label, media kind, frame size, new tokens) of every run
+    original = gpu.run_case
+
+    def spy(adapter, media, case, cfg):
+        calls.append((case.label, media.kind, media.frames[0].shape[:2], cfg.new_tokens))
+        return original(adapter, media, case, cfg)
+
+    monkeypatch.setattr(gpu, "run_case", spy)
+    cfg = GpuBenchConfig(
+        model="tiny-qwen2.5-vl",
+        device="cpu",
+        methods=("blockwise-keydiff",),
+        budget=48,
+        image_size=(3000, 1400),  # larger than the warm-up's cap: the warm-up image is smaller
+        video_seconds=3,
+        video_size=(320, 240),
+        new_tokens=3,
+        out=str(tmp_path),
+        video_dir=str(tmp_path),
+        warmup=warmup,
+    )
+    res = run_gpu_bench(cfg, log=lambda line: None)
+    labels = [REFERENCE, "blockwise-keydiff"]
+    measured = [
+        (label, kind, size, 3) for kind, size in (("image", (1400, 3000)), ("video", (240, 320))) for label in labels
+    ]
+    warm = [
+        (label, kind, size, 2) for kind, size in (("image", (756, 1344)), ("video", (240, 320))) for label in labels
+    ]
+    assert calls == (warm + measured if warmup else measured)
+    assert ("warmup_seconds" in res) == warmup and all("error" not in c for c in res["cases"])

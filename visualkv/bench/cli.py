@@ -172,6 +172,12 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         "(1: no such rows)",
     )
     p.add_argument(
+        "--no-warmup",
+        action="store_true",
+        help="(gpu) measure from the first case: skip running every case once, untimed, on a small image (and a "
+        "short video) first, so the first rows carry the one-off CUDA start-up costs",
+    )
+    p.add_argument(
         "--inputs",
         type=comma_list(_gpu_input),
         default=["image", "video"],

@@ -48,7 +48,7 @@ import torch
 from visualkv import packed_attention
 from visualkv.bench import gpu_targets, provenance
 from visualkv.bench.gpu_targets import case_label, input_label, measured
-from visualkv.bench.synthetic import image_media
+from visualkv.bench.synthetic import image_media, video_media
 from visualkv.errors import MediaError
 from visualkv.media import FrameSampling, Media, MediaLimits, load_media
 from visualkv.methods import FULL_FRAME_CAP, METHODS, media_limits, method_traits
@@ -92,6 +92,10 @@ class GpuBenchConfig:
     # also run each method whose default prefill is hybrid with this many blocks' media per vision-tower call
     # (SessionConfig.vision_ahead; 1: no such rows): the tower-launch lever beside the default
     vision_ahead: int = 1
+    # run every case once, untimed, on a small image before the measured ones: the first CUDA call of each
+    # code path pays one-off costs (library handles, lazily loaded kernels, the first graph capture) that a
+    # user pays once per process, not per question; without it the first rows' TTFT carries them
+    warmup: bool = True
 
 
 def machine() -> str:
@@ -383,6 +387,11 @@ def run_gpu_bench(
             video = video_input(cfg, kind, log)
             result["videos"].append(asdict(video))
             sources.append(video)
+    if cfg.warmup:
+        result["warmup_seconds"] = warm_up(adapter, cfg)
+        video = f" and a {WARMUP_VIDEO_FRAMES}-frame video" if "video" in cfg.inputs else ""
+        size = "x".join(map(str, warmup_size(cfg)))
+        log(f"warm-up: every case once on a {size} image{video}, untimed: {result['warmup_seconds']:.1f} s")
     for source in sources:
         rows = []
         for case in cases(cfg):
@@ -395,6 +404,35 @@ def run_gpu_bench(
                 on_case(result)
     result["complete"] = True
     return result
+
+
+WARMUP_MAX_SIZE = (1344, 756)  # ~1.3k visual tokens on Qwen2.5-VL: past the default budget, so eviction runs too
+
+
+def warmup_size(cfg: GpuBenchConfig) -> tuple[int, int]:
+    """The warm-up image: the bench's image size, at most `WARMUP_MAX_SIZE`."""
+    return (min(cfg.image_size[0], WARMUP_MAX_SIZE[0]), min(cfg.image_size[1], WARMUP_MAX_SIZE[1]))
+
+
+WARMUP_VIDEO_FRAMES = 8  # a video's own paths (its processor, the tower's temporal patches) warm up too
+
+
+def warm_up(adapter: ModelAdapter, cfg: GpuBenchConfig) -> float:
+    """Every case once on a small image (and a short video when the bench has one) with two new tokens,
+    results dropped; returns the seconds it took. A failing case is left to fail again, measured, in its own
+    row (the warm-up never stops the bench)."""
+    t0 = time.perf_counter()
+    small = dataclasses.replace(cfg, new_tokens=2)
+    width, height = warmup_size(cfg)
+    inputs = [image_media(width, height, seed=11)]
+    if "video" in cfg.inputs:
+        inputs.append(video_media(WARMUP_VIDEO_FRAMES, *cfg.video_size, fps=cfg.video_fps, seed=11))
+    for media in inputs:
+        for case in cases(cfg):
+            with contextlib.suppress(Exception):
+                run_case(adapter, media, case, small)
+    _sync()
+    return time.perf_counter() - t0
 
 
 def _one_case(adapter: ModelAdapter, source: Media | VideoInput, case: Case, cfg: GpuBenchConfig) -> dict[str, Any]:
@@ -547,6 +585,7 @@ def bench_gpu(args) -> int:
         session_overrides=session_overrides(args),
         forced_blockwise=bool(getattr(args, "forced_blockwise", False)),
         vision_ahead=getattr(args, "vision_ahead", 1),
+        warmup=not getattr(args, "no_warmup", False),
     )
     prov = getattr(args, "provenance", None)
     # rewritten after every case: a run stopped by a time limit keeps what it measured
