@@ -73,3 +73,22 @@ def test_provenance_says_idle_or_loaded_from_the_load_average():
     assert busy["condition"] == "loaded" and machine_label(busy).startswith("2 CPU cores, loaded")
     quiet = finish({**prov, "cpu_cores": 64, "load_start": 1.0})
     assert quiet["condition"] in ("idle", "loaded")  # load_end is this machine's, read now
+
+
+def test_provenance_commit_says_when_the_tree_differs_from_it(tmp_path):
+    import subprocess
+
+    from visualkv.bench.provenance import _git_commit
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    git("add", "a.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "a")
+    clean = _git_commit(str(tmp_path))
+    assert clean and "+" not in clean
+    (tmp_path / "a.py").write_text("x = 2\n")  # the code measured is no longer that commit
+    assert _git_commit(str(tmp_path)) == clean + "+changes"
+    assert _git_commit(str(tmp_path / "nowhere")) is None

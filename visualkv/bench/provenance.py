@@ -28,15 +28,22 @@ def _loadavg() -> float | None:
         return None
 
 
-def _git_commit() -> str | None:
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5, check=False
-        )
-    except (OSError, subprocess.SubprocessError):
+def _git_commit(folder: str | None = None) -> str | None:
+    """The checkout's HEAD, with "+changes" when tracked files differ from it (the measured code is not
+    that commit then; a GPU run measures the working tree it was sent, committed or not)."""
+    here = folder or os.path.dirname(os.path.abspath(__file__))
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, timeout=5, check=False)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    head = git("rev-parse", "--short", "HEAD")
+    if not head:
         return None
-    return out.stdout.strip() or None
+    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def _gpu_name() -> str | None:
