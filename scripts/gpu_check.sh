@@ -8,34 +8,27 @@
 #   OUT=/tmp/out scripts/gpu_check.sh            # all three, one after the other (does not fit one call: below)
 #   GPU_CHECK_SMALL=1 OUT=/tmp/out scripts/gpu_check.sh [step]   # dry run anywhere (CPU too): tiny models, small inputs
 #
-# Time on one H200 (estimates, not measured: nothing here has run on a GPU yet). The machine's start (a few
-# minutes) counts against the session's device time too.
-#   tests  about 6 min for the 56 tests tests/test_cuda.py held then (the earlier estimate, ~10 min for tests + the
-#          bench of one 7B shape, less that bench); it holds 92 now (graph decoding x26 and vision ahead x10 came
-#          since, tiny models), so perhaps 7-8 min: the second call below may be cut short (its log keeps what ran).
-#   bench  about 3-4 min per shape (4K image + 512-frame video x transformers generate and 6 methods; issue 10/11:
-#          generate 14.7 s and block-wise KeyDiff 24.2 s on the 512-frame video, ~2 s per 4K case), about a
-#          minute more with the forced block-wise rows (2 methods x 2 inputs), about another with the
-#          vision-ahead rows (the same count); twice that with the default two shapes.
-#   hour   about 4-7 min: an hour at 1 fps is 3,600 frames, ~540k visual tokens (538,200 on Qwen2.5-VL at
-#          640x360), 7x issue 10's 76,544 tokens (512 frames) on which block-wise KeyDiff took 24.2 s TTFT, so
-#          ~170 s for block-wise KeyDiff (linear: its cache is bounded) and at most as much for
-#          blockwise-keydiff+salicache on the mix video (0.69x block-wise alone on CPU with the tiny model:
-#          frames skipped; docs/results/memory_long_video_tiny-qwen2.5-vl.json), plus ~30 s to start and build
-#          the model and a few seconds per case for the 540k-token report and the decode. The reference (transformers
-#          generate) and `full` are refused rows past 512 frames (no time). Writing the hour-long mix video took
-#          3.6 s on the 2-core CPU machine this was prepared on (4.6 s the moving one; 4 MB): it is generated
-#          on the GPU box, nothing to carry. On that CPU machine the whole step with tiny-qwen2.5-vl at full
-#          size took 2 min 48 s (block-wise 105 s TTFT, composed 53 s; loaded; not committed).
-# A 15-minute session (the machine's start included) fits two of the steps, not three, each its own call
-# (one call may run 10 min at most):
-#   call 1: `bench` with GPU_CHECK_FAMILIES=qwen2.5-vl-7b and STEP_TIMEOUT=420 (issue 10's table, which also
-#   judges issue 11's targets); call 2, at once (the machine stays warm 30 s after a call; a fresh start costs a
-#   minute or more): `tests` with STEP_TIMEOUT set to what `status` says is left, less a minute. Those two are
-#   what issue 10's "done when" asks for; `hour` (issue 14's GPU figure) in a later session, with
-#   HOUR_STEP_TIMEOUT=450. `bench gpu` rewrites its JSON after every case, so a step stopped by
-#   its timeout keeps the cases it finished; the tests step stopped by its timeout still ends with pytest's summary
-#   and JUnit XML of the tests that ran (SIGINT, as a Ctrl-C).
+# Time on one H200, measured 2026-12-04 (a fresh machine's start and the transfers took about 30 s per call;
+# pip installing the wheels a few seconds):
+#   tests  125 s for the 92 tests of tests/test_cuda.py (112 s in a first run); the slowest test took 10 s.
+#   bench  191 s for shape-qwen2.5-vl-7b without the warm-up and the forced rows (GPU_CHECK_FORCED=0: 4K image and
+#          the 512-s mix video x transformers generate, 6 methods and the 2 vision-ahead rows); with the warm-up
+#          (every case once on a small image and an 8-frame video: 16 s) about 215 s. The forced rows add 4 cases,
+#          ~25 s by the rows' TTFT. The 7B shape builds in 1.2 s and the 512-s video is written in 0.8 s.
+#   hour   not run yet; estimated 4-7 min: an hour at 1 fps is 3,600 frames, ~540k visual tokens (538,200 on
+#          Qwen2.5-VL at 640x360), 7x the 512-s video's 76,544, on which block-wise KeyDiff took 14.6 s TTFT
+#          (H200, warmed up), so ~105 s for block-wise KeyDiff (linear: its cache is bounded) and at most as much
+#          for blockwise-keydiff+salicache on the mix video (Sali-Cache alone took 0.63x block-wise's TTFT on the
+#          512-s video), plus the start, the warm-up and writing the hour-long video (3.6 s on a 2-core CPU).
+#          The reference (transformers generate) and `full` are refused rows past 512 frames (no time).
+# A 15-minute session (the machine's start included) fits the three steps for one shape by those times, each
+# its own call or two in one (one call may run 10 min at most): e.g. call 1 `tests` then `bench` with
+# GPU_CHECK_FAMILIES=qwen2.5-vl-7b (each into its own $OUT/<step>, ~6 min), call 2 at once (the machine stays warm
+# 30 s after a call) `hour` with HOUR_STEP_TIMEOUT set to what `status` says is left, less a minute. Issue 10's
+# tests and 7B table were measured on 2026-12-04 (docs/results/gpu/); what a next GPU session should run first is
+# `hour` (issue 14's GPU figure), then the other shapes. `bench gpu` rewrites its JSON after every case, so a
+# step stopped by its timeout keeps the cases it finished; the tests step stopped by its timeout still ends with
+# pytest's summary and JUnit XML of the tests that ran (SIGINT, as a Ctrl-C).
 #
 # `bench gpu` runs once per shape model (each its own process: one model in GPU memory at a time). Which:
 #   GPU_CHECK_FAMILIES unset      shape-qwen2.5-vl-7b and shape-qwen3-vl-8b (the default)
@@ -45,9 +38,9 @@
 #   GPU_CHECK_VIDEO_KINDS=mix,moving   the bench's video inputs (default mix; moving: nothing can be skipped)
 #   GPU_CHECK_DECODE=eager        how the methods decode (default auto: one CUDA graph per answer)
 #   GPU_CHECK_FORCED=0            without the forced block-wise rows (default: each block-wise method also runs
-#                                 with every block of b tokens, ~1 min more per shape by issue 10's timings)
+#                                 with every block of b tokens, ~25 s more per shape on the H200's 7B shape)
 #   GPU_CHECK_AHEAD=1             without the vision-ahead rows (default 4: each block-wise method also runs with
-#                                 4 blocks' media per vision-tower call, `--vision-ahead 4`; ~1 min more per shape)
+#                                 4 blocks' media per vision-tower call, `--vision-ahead 4`; ~30 s more on the 7B shape)
 # Each bench table is followed by the issues' GPU targets judged on its rows (visualkv/bench/gpu_targets.py:
 # met / not met / not measured), in the .md, the JSON (`targets`) and summary.md.
 # With GPU_CHECK_SMALL each shape is replaced by the tiny alias of its family. The `hour` step always runs

@@ -1165,6 +1165,47 @@ def table_packed_decode(results: Path) -> str:
 
 
 #: tables computed from the code (no benchmark JSON): their source line says so
+GPU_RESULTS = "gpu/gpu_shape-qwen2.5-vl-7b.json"
+GPU_NO_WARMUP_RESULTS = "gpu/gpu_shape-qwen2.5-vl-7b.no-warmup.json"  # the same bench before it warmed up
+
+
+def table_gpu(results: Path) -> str:
+    """`bench gpu` on shape-qwen2.5-vl-7b: its own table and the issues' targets judged on its rows."""
+    from visualkv.bench import gpu, gpu_targets  # torch and the models: only when this table is drawn
+
+    d = load(GPU_RESULTS, results)
+    note = (
+        f"torch {d['torch']}, transformers {d['transformers']}; the model built in {d['load_seconds']:.1f} s "
+        f"({d['weights_bytes'] / 2**30:.2f} GiB of bf16 weights); every case run once untimed first "
+        f"({d['warmup_seconds']:.0f} s)."
+    )
+    return "\n\n".join([gpu.markdown_table(d), gpu_targets.markdown(d), note, source_line((GPU_RESULTS, d))])
+
+
+def table_gpu_warmup(results: Path) -> str:
+    """The first cases of a cold process pay one-off CUDA costs: the same bench without and with the warm-up."""
+    cold, warm = load(GPU_NO_WARMUP_RESULTS, results), load(GPU_RESULTS, results)
+
+    def rows(d: dict[str, Any]) -> dict[str, dict]:
+        return {(r["input"], r.get("case", r["method"])): r for r in d["cases"] if "ttft_seconds" in r}
+
+    cold_rows, warm_rows = rows(cold), rows(warm)
+    body = []
+    for key, c in list(cold_rows.items())[:3]:  # the first three cases ran cold; later ones were warm anyway
+        w = warm_rows[key]
+        body.append(
+            [
+                f"{key[0]}, {key[1]}",
+                f"{c['ttft_seconds']:.2f} s",
+                f"{w['ttft_seconds']:.2f} s",
+                f"{c['decode_tokens_per_second']:.1f}",
+                f"{w['decode_tokens_per_second']:.1f}",
+            ]
+        )
+    header = ["first cases of the run", "TTFT cold", "TTFT warmed up", "decode tok/s cold", "warmed up"]
+    return _render(header, body, [(GPU_NO_WARMUP_RESULTS, cold), (GPU_RESULTS, warm)])
+
+
 COMPUTED = {"lightkv-schedule", "salicache-bytes"}
 
 TABLES: dict[str, Callable[[Path], str]] = {
@@ -1198,6 +1239,8 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "prefill-launches": table_prefill_launches,
     "packed-decode": table_packed_decode,
     "frame-resize": table_frame_resize,
+    "gpu": table_gpu,
+    "gpu-warmup": table_gpu_warmup,
 }
 
 
