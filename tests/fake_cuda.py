@@ -8,8 +8,10 @@
 - an operation that mixes a "CUDA" tensor with a CPU tensor of one or more dimensions raises, as PyTorch
   does on a real GPU ("Expected all tensors to be on the same device"). PyTorch's own exceptions are
   mirrored: 0-dim CPU tensors mix freely, CPU index tensors may index a CUDA tensor (but not the reverse),
-  and `torch.Generator` / `torch.multinomial` must share the probabilities' device;
-- `torch.cuda.synchronize` / `is_available` / memory counters answer as a GPU machine would.
+  and `torch.Generator` / `torch.multinomial` must share the probabilities' device; `.numpy()` (and
+  `np.asarray`) of a "CUDA" tensor raises PyTorch's TypeError;
+- `torch.cuda.synchronize` / `is_available` / memory counters answer as a GPU machine would;
+- threads started inside it (the app runs each turn in a worker thread) run under the same rules.
 
 So a model moved "to CUDA" runs the real engine on CPU numbers, and every tensor that a step creates on the
 host without saying so, or forgets to move, fails the run the way it would on a GPU. Not covered: kernels
@@ -19,6 +21,7 @@ that only exist on CUDA (flash attention) and real CUDA memory figures (the coun
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from unittest import mock
 
@@ -79,6 +82,12 @@ class _Mode(TorchFunctionMode):
             return isinstance(args[0], FakeCudaTensor)
         if name in _TO_NAMES and args and isinstance(args[0], torch.Tensor):
             return self._move(func, name, args, kwargs)
+        if name in ("numpy", "__array__") and args and isinstance(args[0], FakeCudaTensor):
+            # PyTorch's own refusal: a CUDA tensor's memory is not host memory (np.asarray goes through __array__)
+            raise TypeError(
+                "can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor "
+                "to host memory first."
+            )
         if name == "pin_memory" and args and isinstance(args[0], torch.Tensor):
             return args[0]  # page-locked host memory needs a driver; the tensor stays a host tensor either way
         to_cuda = _is_cuda(kwargs.get("device"))
@@ -175,7 +184,14 @@ def fake_cuda() -> Iterator[_Mode]:
         _CUDA_GENERATORS[id(gen)] = gen
         return gen
 
+    thread_run = threading.Thread.run
+
+    def run_in_mode(thread: threading.Thread) -> None:
+        with mode:  # torch function modes are per thread: a worker (the app's turn thread) joins this one
+            thread_run(thread)
+
     patches = [
+        mock.patch.object(threading.Thread, "run", run_in_mode),
         mock.patch.object(torch, "Generator", generator),
         mock.patch.object(torch.cuda, "is_available", lambda: True),
         mock.patch.object(torch.cuda, "synchronize", lambda device=None: None),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -115,3 +116,49 @@ def test_fake_cuda_catches_a_host_tensor_mixed_in():
         with pytest.raises(RuntimeError, match="same device"):
             torch.multinomial(x / 4, 1, generator=torch.Generator())  # CPU generator, CUDA probabilities
         torch.multinomial(x / 4, 1, generator=torch.Generator(device="cuda"))
+        with pytest.raises(TypeError, match="cuda:0 device type tensor to numpy"):
+            x.numpy()  # a view or report that forgets .cpu() fails as on a GPU
+        with pytest.raises(TypeError, match="cuda:0 device type tensor to numpy"):
+            np.asarray(x)
+        assert x.cpu().numpy().tolist() == [1.0] * 4
+
+
+def test_the_app_chats_compares_and_draws_on_cuda(tmp_path):
+    """The app on a (pretend) GPU: a chat turn with an image, a follow-up, every view of every layer and a
+    Compare of every method go through the handlers with the model on CUDA, and nothing fails (the GPU machine
+    this project is lent has no gradio, so this is where the app's device handling is checked)."""
+    from types import SimpleNamespace
+
+    from PIL import Image
+
+    from ui import handlers
+    from ui.state import ModelCache, UserState
+    from visualkv.bench.synthetic import synthetic_image
+
+    alias = FAMILIES[0]
+    png = tmp_path / "scene.png"
+    Image.fromarray(synthetic_image(448, 336, seed=1)).save(png)
+    cache = ModelCache(device="cuda")
+    cache._adapters[alias] = _fake_cuda_adapter(alias)  # loaded once, moved to the pretend GPU
+    h, state = handlers.Handlers(cache, alias), UserState(model_name=alias)
+    who = SimpleNamespace(session_hash="gpu-user")
+    with fake_cuda() as mode:
+        for method in ("salicache", "lightkv"):  # the two with their own views (tiers and saliency, merges)
+            state.new_chat()
+            for text, files in (("What is in it?", [str(png)]), ("And what else?", [])):
+                message = {"text": text, "files": files}
+                args = (method, 48, 32, 3, 0.7, "reuse", "blockwise", 1, 1.0, 8)
+                outs = list(h.chat(who, message, state, *args))
+                errors = [o[3] for o in outs if isinstance(o[3], str) and o[3].startswith("⚠️")]
+                assert not errors, errors  # the error line stays empty
+            assert state.session.cache is not None and len(state.session.turns) == 2
+            _assert_cache_on_cuda(state.session)
+            for layer in (None, "layer 0", "layer 1"):
+                views = h.views(state, layer)
+                assert views is not None
+        rows = None
+        args = ("What is in it?", str(png), "full", 48, 32, 3, 0.0, "reuse", "blockwise", 1, 1.0, 8)
+        for table, _fig, status, _state in h.compare(who, state, list(METHODS), *args):
+            rows = table if isinstance(table, list) else rows
+        assert rows is not None and len(rows) == len(METHODS), status
+        assert not mode.mixes
