@@ -10,7 +10,8 @@
 #
 # Time on one H200, measured 2026-12-04 (a fresh machine's start and the transfers took about 30 s per call;
 # pip installing the wheels a few seconds):
-#   tests  125 s for the 92 tests of tests/test_cuda.py (112 s in a first run); the slowest test took 10 s.
+#   tests  125 s for the 92 tests tests/test_cuda.py held then (112 s in a first run; the slowest took 10 s). It holds
+#          107 now (device "auto" through device_map x12, the CLI on CUDA x2, the 3B shape), perhaps 3 min.
 #   bench  191 s for shape-qwen2.5-vl-7b without the warm-up and the forced rows (GPU_CHECK_FORCED=0: 4K image and
 #          the 512-s mix video x transformers generate, 6 methods and the 2 vision-ahead rows); with the warm-up
 #          (every case once on a small image and an 8-frame video: 16 s) about 215 s. The forced rows add 4 cases,

@@ -238,6 +238,7 @@ def test_cuda_peak_is_reset_for_every_turn(small_image):
     "alias",
     [
         "shape-qwen2.5-vl-7b",
+        "shape-qwen2.5-vl-3b",
         "shape-smolvlm2-2.2b",
         "shape-qwen3-vl-8b",
         "shape-llava-onevision-7b",
@@ -314,3 +315,83 @@ def test_vision_ahead_matches_a_call_per_block_on_cuda(alias, method, small_imag
             runs[ahead] = (s.prefill_result.logits.float(), record.token_ids)
         (l1, t1), (l4, t4) = runs[1], runs[4]
         assert (l1 - l4).abs().max() <= FLOAT32_TOLERANCE and t1 == t4, media.kind
+
+
+# -- device "auto" (device_map="auto") and the CLI on the GPU ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def saved_checkpoints(tmp_path_factory):
+    """Each family's tiny model written as a local checkpoint: loading it goes through `from_pretrained` with
+    `device_map`, the path a Hub id or a local folder takes (the offline aliases are built, not loaded)."""
+    from visualkv.models.tiny import save_tiny
+
+    return {alias: save_tiny(alias, tmp_path_factory.mktemp(alias), dtype=torch.bfloat16) for alias in FAMILIES}
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("alias", FAMILIES)
+def test_device_auto_loads_with_device_map_and_runs_every_method(
+    alias, method, saved_checkpoints, small_image, small_video
+):
+    """`--device auto` on a local checkpoint: transformers places it (device_map="auto") on the GPU, and every
+    method runs an image chat greedily and a video chat sampled, two turns each, with the cache on the GPU."""
+    adapter = _ADAPTERS.get(("auto", alias)) or _ADAPTERS.setdefault(
+        ("auto", alias), load_model(saved_checkpoints[alias], device="auto")
+    )
+    assert adapter.device.type == "cuda" and all(p.device.type == "cuda" for p in adapter.model.parameters())
+    for media, temperature in ((small_image, 0.0), (small_video, 0.8)):
+        s = _session(adapter, method, max_new_tokens=4, temperature=temperature)
+        s.ask(PROMPT, media)
+        s.ask("And what else?")
+        assert all(t.token_ids for t in s.turns)
+        assert all(layer.keys.device.type == "cuda" for layer in s.cache.layers if layer.is_initialized)
+
+
+@pytest.mark.parametrize(
+    ("alias", "method", "media_kind"),
+    [("tiny-qwen2.5-vl", "lightkv", "image"), ("tiny-smolvlm2", "blockwise-keydiff", "video")],
+)
+def test_cli_runs_on_cuda(alias, method, media_kind, tmp_path):
+    """`python -m visualkv run --device cuda` as the issue's user ran it (it crashed at the first image): two
+    sampled turns, exit 0, a report whose per-turn CUDA peak is measured."""
+    import json
+    import subprocess
+    import sys
+
+    from visualkv.bench.synthetic import synthetic_image, write_video_file
+
+    if media_kind == "image":
+        media = tmp_path / "a.png"
+        Image.fromarray(synthetic_image(640, 480, seed=3)).save(media)
+    else:
+        media = write_video_file(str(tmp_path / "v.mp4"), 6, 320, 240)
+    report = tmp_path / "report.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "visualkv",
+        "run",
+        "--model",
+        alias,
+        "--device",
+        "cuda",
+        "--media",
+        str(media),
+        "--prompt",
+        "hi",
+        "--prompt",
+        "and then?",
+        "--method",
+        method,
+        "--budget",
+        "64",
+        "--temperature",
+        "0.7",
+        "--max-new-tokens",
+        "4",
+        "--json",
+        str(report),
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads(report.read_text())
+    assert len(data["turns"]) == 2 and data["cuda_peak_bytes"] > 0
