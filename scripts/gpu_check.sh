@@ -16,7 +16,7 @@
 #          the 512-s mix video x transformers generate, 6 methods and the 2 vision-ahead rows); with the warm-up
 #          (every case once on a small image and an 8-frame video: 16 s) about 215 s. The forced rows add 4 cases,
 #          ~25 s by the rows' TTFT. The 7B shape builds in 1.2 s and the 512-s video is written in 0.8 s.
-#   hour   not run yet; estimated 4-7 min: an hour at 1 fps is 3,600 frames, ~540k visual tokens (538,200 on
+#   hour   not run yet; estimated 3-5 min: an hour at 1 fps is 3,600 frames, ~540k visual tokens (538,200 on
 #          Qwen2.5-VL at 640x360), 7x the 512-s video's 76,544, on which block-wise KeyDiff took 14.6 s TTFT
 #          (H200, warmed up), so ~105 s for block-wise KeyDiff (linear: its cache is bounded) and at most as much
 #          for blockwise-keydiff+salicache on the mix video (Sali-Cache alone took 0.63x block-wise's TTFT on the
