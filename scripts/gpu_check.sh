@@ -48,9 +48,10 @@
 # shape-qwen2.5-vl-7b (tiny-qwen2.5-vl with GPU_CHECK_SMALL: 540 s of 384x216 video, past the 512-frame cap).
 #
 # Writes under $OUT: env.txt (versions, GPU), pytest_cuda.log (+ junit XML), bench_gpu_<model>.log,
-# gpu_<model>.json and .md (the README table) per model; the hour step writes bench_gpu_hour_<model>.log and
-# hour/gpu_<model>.json and .md. At the end they are packed into $OUT/gpu_check_<step>.tgz beside
-# $OUT/summary.md (versions, the test summary, every table): the device tool brings back at most 8 files, and
+# gpu_<model>.json and .md (the README table) per model, decode_attention_<shape>.json and .log per shape
+# (scripts/decode_attention.py: one decode step's attention three ways over 1k to 538k entries); the hour step
+# writes bench_gpu_hour_<model>.log and hour/gpu_<model>.json and .md. At the end they are packed into
+# $OUT/gpu_check_<step>.tgz beside $OUT/summary.md (versions, the test summary, every table): the device tool brings back at most 8 files, and
 # two shapes' logs, JSON and tables alone are more (a step cut short by the call's own limit leaves them loose).
 # Unpack with `tar xzf gpu_check_<step>.tgz`; the JSON files go to docs/results/gpu/ (`bench report` renders them).
 #
@@ -149,6 +150,18 @@ if [ "$STEPS" = all ] || [ "$STEPS" = bench ]; then
     rc=$?
     tail -n 30 "$OUT/bench_gpu_$model.log"
     echo "bench $model exit $rc"
+    [ $rc -eq 0 ] || status=1
+    # the decode step's attention three ways at this shape's dimensions (why long caches decode slowly; ~20 s)
+    if [ -n "${GPU_CHECK_SMALL:-}" ]; then
+      attention=(--entries 64,500 --repeats 2 --dtype float32)
+    else
+      attention=(--entries 1024,10579,76574,538200)
+    fi
+    timeout 120 "$PY" scripts/decode_attention.py "$OUT/decode_attention_shape-$shape.json" --shape "shape-$shape" \
+      "${attention[@]}" >"$OUT/decode_attention_shape-$shape.log" 2>&1
+    rc=$?
+    cat "$OUT/decode_attention_shape-$shape.log"
+    echo "decode attention shape-$shape exit $rc"
     [ $rc -eq 0 ] || status=1
   done
   rm -f "$OUT"/*.html  # plotly is absent on the GPU box anyway; keep $OUT to the files that come back
