@@ -238,6 +238,10 @@ def test_summary_line_quotes_two_media_warnings_and_counts_the_rest(snap):
     assert line.endswith(
         "⚠️ frame 0 could not be decoded; frame 1 could not be decoded (+3 more in the report's media.warnings)"
     )
+    # a file name is shown as it is, not as Markdown (the summary is rendered as Markdown)
+    named = ["'my_scan*1*.tif' (3 pages): only the first page is read"]
+    line = viz.summary_line({**report, "media": {**(report.get("media") or {}), "warnings": named}})
+    assert line.endswith("⚠️ 'my\\_scan\\*1\\*.tif' (3 pages): only the first page is read"), line
 
 
 def test_views_of_absent_method_fields_are_none(snap):

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 from visualkv.errors import ConfigError
 from visualkv.methods import MethodTraits, method_names, method_traits
+from visualkv.viz import md_literal
 
 INTRO = (
     "## VisualKV: chat with 4K images and long videos while the model's KV cache is compressed\n"
@@ -52,7 +52,7 @@ def traits(name: str) -> MethodTraits | None:
 
 def md_escape(text: str) -> str:
     """Show `text` literally inside Markdown (error messages carry paths, quotes, underscores)."""
-    return re.sub(r"([\\`*_\[\]<>#|])", r"\\\1", text)
+    return md_literal(text)
 
 
 def method_line(name: str) -> str:

@@ -13,6 +13,7 @@ has no such field; `has_*` helpers say which views apply to a report.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Sequence
 from typing import Any
@@ -1204,15 +1205,20 @@ def summary_line(report: dict[str, Any]) -> str:
 SUMMARY_WARNINGS = 2
 
 
+def md_literal(text: str) -> str:
+    """`text` shown literally inside Markdown (file names and messages carry underscores, stars, brackets)."""
+    return re.sub(r"([\\`*_\[\]<>#|])", r"\\\1", text)
+
+
 def media_warnings_line(report: dict[str, Any]) -> str:
     """The media's warnings (first frame only read, undecodable frames stood in for, values stretched) as a
-    line to append to the summary: "" when there are none."""
+    Markdown line to append to the summary, file names shown literally: "" when there are none."""
     found = list((report.get("media") or {}).get("warnings") or [])
     if not found:
         return ""
     more = len(found) - SUMMARY_WARNINGS
     tail = f" (+{more} more in the report's media.warnings)" if more > 0 else ""
-    return "\n\n⚠️ " + "; ".join(found[:SUMMARY_WARNINGS]) + tail
+    return "\n\n⚠️ " + "; ".join(md_literal(w) for w in found[:SUMMARY_WARNINGS]) + tail
 
 
 def summary_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
