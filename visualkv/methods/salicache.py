@@ -44,7 +44,7 @@ patches for Qwen), ``vision_encoder_units`` (their indices), ``vision_encoder_so
 Limits: the flow threshold is calibrated on synthetic footage (see ``MotionConfig``); heavy noise
 keeps frames (never wrongly skips them). Saliency is a pixel heuristic, blind to what the question
 asks. A video with undecodable frames is handled: the filter compares the frames around a gap
-(``media_warnings`` in the report lists what was missing).
+(the report's ``media.warnings`` lists what was missing).
 """
 
 from __future__ import annotations
@@ -228,8 +228,6 @@ class SaliCache(Method):
             "kv_bytes_by_tier": _bytes_by_tier(ctx),
             "salicache_seconds": state["seconds"],
         }
-        if media is not None:
-            out["media_warnings"] = list(media.warnings)
         if media is not None and media.kind == "video":
             unit_of_frame: dict[int, int] = {}
             for f, info in enumerate(layout.frames):
