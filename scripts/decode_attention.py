@@ -24,6 +24,7 @@ Times are this machine's; on a CPU they do not predict a GPU's.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -71,8 +72,7 @@ def run_case(case: str, query, key, value, written: int):
 
 
 def _timed(fn, repeats: int, cuda: bool) -> float:
-    """Median seconds per call of `fn` (one warm-up call first)."""
-    fn()
+    """Median seconds per call of `fn` (the caller has run it once already: that call is the warm-up)."""
     times = []
     for _ in range(repeats):
         if cuda:
@@ -105,9 +105,8 @@ def measure(shape: str, entries: list[int], room: int, repeats: int, dtype: str,
         q, k, v = (t.to(device=device, dtype=torch_dtype) for t in (q, k, v))
         kv_bytes = 2 * k[:, :, :written].numel() * k.element_size()
         for case in CASES:
-            out = run_case(case, q, k, v, written)
-            call = lambda case=case, q=q, k=k, v=v, written=written: run_case(case, q, k, v, written)
-            seconds = _timed(call, repeats, cuda)
+            out = run_case(case, q, k, v, written)  # checked below; also the warm-up of the timed calls
+            seconds = _timed(functools.partial(run_case, case, q, k, v, written), repeats, cuda)
             rows.append(
                 {
                     "entries": n,

@@ -1164,7 +1164,6 @@ def table_packed_decode(results: Path) -> str:
     return _render(header, body, sources, *(n for n in (note, summary) if n))
 
 
-#: tables computed from the code (no benchmark JSON): their source line says so
 GPU_RESULTS = "gpu/gpu_shape-qwen2.5-vl-7b.json"
 GPU_NO_WARMUP_RESULTS = "gpu/gpu_shape-qwen2.5-vl-7b.no-warmup.json"  # the same bench before it warmed up
 
@@ -1206,6 +1205,7 @@ def table_gpu_warmup(results: Path) -> str:
     return _render(header, body, [(GPU_NO_WARMUP_RESULTS, cold), (GPU_RESULTS, warm)])
 
 
+#: tables computed from the code (no benchmark JSON): their source line says so
 COMPUTED = {"lightkv-schedule", "salicache-bytes"}
 
 TABLES: dict[str, Callable[[Path], str]] = {

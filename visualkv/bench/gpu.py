@@ -407,14 +407,12 @@ def run_gpu_bench(
 
 
 WARMUP_MAX_SIZE = (1344, 756)  # ~1.3k visual tokens on Qwen2.5-VL: past the default budget, so eviction runs too
+WARMUP_VIDEO_FRAMES = 8  # a video's own paths (its processor, the tower's temporal patches) warm up too
 
 
 def warmup_size(cfg: GpuBenchConfig) -> tuple[int, int]:
     """The warm-up image: the bench's image size, at most `WARMUP_MAX_SIZE`."""
     return (min(cfg.image_size[0], WARMUP_MAX_SIZE[0]), min(cfg.image_size[1], WARMUP_MAX_SIZE[1]))
-
-
-WARMUP_VIDEO_FRAMES = 8  # a video's own paths (its processor, the tower's temporal patches) warm up too
 
 
 def warm_up(adapter: ModelAdapter, cfg: GpuBenchConfig) -> float:
