@@ -334,9 +334,9 @@ def test_device_auto_loads_with_device_map_and_runs_every_method(
 ):
     """`--device auto` on a local checkpoint: transformers places it (device_map="auto") on the GPU, and every
     method runs an image chat greedily and a video chat sampled, two turns each, with the cache on the GPU."""
-    adapter = _ADAPTERS.get(("auto", alias)) or _ADAPTERS.setdefault(
-        ("auto", alias), load_model(saved_checkpoints[alias], device="auto")
-    )
+    if ("auto", alias) not in _ADAPTERS:  # loaded once per family, like `cuda_adapter`
+        _ADAPTERS["auto", alias] = load_model(saved_checkpoints[alias], device="auto")
+    adapter = _ADAPTERS["auto", alias]
     assert adapter.device.type == "cuda" and all(p.device.type == "cuda" for p in adapter.model.parameters())
     for media, temperature in ((small_image, 0.0), (small_video, 0.8)):
         s = _session(adapter, method, max_new_tokens=4, temperature=temperature)
