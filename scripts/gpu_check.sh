@@ -151,7 +151,7 @@ if [ "$STEPS" = all ] || [ "$STEPS" = bench ]; then
     tail -n 30 "$OUT/bench_gpu_$model.log"
     echo "bench $model exit $rc"
     [ $rc -eq 0 ] || status=1
-    # the decode step's attention three ways at this shape's dimensions (why long caches decode slowly; ~20 s)
+    # the decode step's attention three ways at this shape's dimensions (why long caches decode slowly; an estimated ~20 s)
     if [ -n "${GPU_CHECK_SMALL:-}" ]; then
       attention=(--entries 64,500 --repeats 2 --dtype float32)
     else
