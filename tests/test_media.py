@@ -151,6 +151,9 @@ def test_exif_orientation_is_applied(tmp_path: Path) -> None:
 def test_grayscale_16bit_and_gif_first_frame(tmp_path: Path) -> None:
     Image.fromarray(np.full((40, 40), 65535, np.uint16)).save(tmp_path / "g16.png")
     assert load_image(tmp_path / "g16.png").frames[0].min() == 255
+    # a dark 16-bit file (every value <= 255) is still 16-bit: 200/65535 is black, not 8-bit 200
+    Image.fromarray(np.full((40, 40), 200, np.uint16)).save(tmp_path / "dark16.png")
+    assert load_image(tmp_path / "dark16.png").frames[0].max() == 1
     first, second = (Image.new("RGB", (40, 40), colour) for colour in ((0, 0, 255), (0, 255, 0)))
     first.save(tmp_path / "anim.gif", save_all=True, append_images=[second], duration=100)
     assert load_image(tmp_path / "anim.gif").frames[0][0, 0].tolist() == [0, 0, 255]
@@ -174,6 +177,20 @@ def test_frames_past_the_first_are_named_in_a_warning(tmp_path: Path, file: str,
     assert load_image(Image.open(tmp_path / file)).warnings == loaded.warnings  # a PIL image is told too
     first.save(tmp_path / ("one_" + file))  # one frame: nothing to say
     assert load_media(tmp_path / ("one_" + file)).warnings == []
+
+
+def test_tiff_that_pillow_cannot_decode_is_read_with_opencv(tmp_path: Path) -> None:
+    """An uncompressed TIFF tagged as 2x2-subsampled YCbCr: Pillow calls it truncated, libtiff (OpenCV) reads it."""
+    from PIL import TiffImagePlugin
+
+    tags = TiffImagePlugin.ImageFileDirectory_v2()
+    tags[262], tags[530] = 6, (2, 2)  # PhotometricInterpretation YCbCr, YCbCrSubsampling 2x2
+    Image.new("YCbCr", (80, 64), (128, 128, 128)).save(tmp_path / "scan.tif", tiffinfo=tags)
+    with pytest.raises(OSError, match="truncated"), Image.open(tmp_path / "scan.tif") as image:
+        image.load()  # the premise: Pillow alone refuses it
+    loaded = load_media(tmp_path / "scan.tif")
+    assert loaded.kind == "image" and loaded.size == (80, 64) and loaded.warnings == []
+    assert np.abs(loaded.frames[0].astype(int) - 128).max() <= 3  # mid grey stays mid grey
 
 
 def test_wide_range_grayscale_is_stretched_and_said(tmp_path: Path) -> None:
@@ -268,6 +285,11 @@ def _make_bad_input(kind: str, tmp: Path) -> Path:
         data = (tmp / "cut.jpg").read_bytes()
         (tmp / "cut.jpg").write_bytes(data[: len(data) // 2])
         return tmp / "cut.jpg"
+    if kind == "truncated_tiff":  # refused although OpenCV is tried after Pillow for TIFFs
+        Image.fromarray(np.tile(noise, (4, 4, 1))).save(tmp / "cut.tif")
+        data = (tmp / "cut.tif").read_bytes()
+        (tmp / "cut.tif").write_bytes(data[: len(data) // 2])
+        return tmp / "cut.tif"
     if kind == "tiny":
         Image.new("RGB", (1, 1)).save(tmp / "dot.png")
         return tmp / "dot.png"
@@ -298,6 +320,7 @@ BAD_INPUTS = {
     "pdf": r"'.*paper.png' is not a video or image \(looks like a PDF document\)",
     "corrupt_png": r"'.*bad.png': corrupt image data \(PIL: ",
     "truncated_jpeg": r"'.*cut.jpg': the image is truncated",
+    "truncated_tiff": r"'.*cut.tif': the image is truncated",
     "tiny": r"image 1x1 is too small; each side must be at least 28 px",
     "huge": r"image 20000x20000 is 400.0 MP; the limit is 64.0 MP — downscale it",
     "undecodable_video": r"'.*broken.avi': video has no decodable frame",
@@ -308,12 +331,15 @@ BAD_INPUTS = {
 
 
 @pytest.mark.parametrize("kind", sorted(BAD_INPUTS))
-def test_bad_input_raises_one_line_media_error(tmp_path: Path, kind: str) -> None:
+def test_bad_input_raises_one_line_media_error(tmp_path: Path, kind: str, capfd: pytest.CaptureFixture) -> None:
     path = _make_bad_input(kind, tmp_path)
+    capfd.readouterr()
     with pytest.raises(MediaError, match=BAD_INPUTS[kind]) as caught:
         load_media(path)
     message = str(caught.value)
     assert "\n" not in message and len(message) < 400
+    if kind not in ("undecodable_video", "tall_video"):  # FFmpeg's lines: quiet_decoders() (test_cli checks it)
+        assert capfd.readouterr().err == ""  # no decoder's log lines around the one line (libtiff's, for a TIFF)
     assert isinstance(caught.value, VisualKVError)
 
 
@@ -511,7 +537,10 @@ def test_too_long_video_refused_before_decoding(tmp_path: Path, monkeypatch: pyt
 
     monkeypatch.setattr(media, "_DecordReader", no_decoding)
     monkeypatch.setattr(media, "_OpenCVReader", no_decoding)
-    with pytest.raises(MediaError, match=r"video is 10.0 h long; the limit is 3.0 h — trim it"):
+    with pytest.raises(
+        MediaError,
+        match=r"video is 10.0 h long \(360 frames at 0.01 fps, per its header\); the limit is 3.0 h — trim it",
+    ):
         load_media(path)
     monkeypatch.undo()
     # Without the OpenCV header probe, decord's packet index (no decoding) tells the same.

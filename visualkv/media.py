@@ -559,7 +559,40 @@ def _decode_image_file(file: Path, name: str, limits: MediaLimits) -> tuple[np.n
     with image:
         _check_pixels(image.size, name, limits, "image")  # before any pixel is decoded
         notes = _unread_frames(image, name)
-        return _pil_to_rgb(image, name, notes), notes
+        try:
+            return _pil_to_rgb(image, name, notes), notes
+        except _PillowDecodeError:
+            # Pillow cannot decode some valid TIFF layouts (uncompressed subsampled YCbCr: "truncated"); OpenCV's
+            # libtiff reads them, and returns None for a file that really is truncated or corrupt
+            rgb = _opencv_tiff(file) if image.format == "TIFF" else None
+            if rgb is None:
+                raise
+            return rgb, notes
+
+
+def _opencv_tiff(file: Path) -> np.ndarray | None:
+    """The first page of a TIFF as RGB uint8 through OpenCV (EXIF orientation applied), or None."""
+    cv2 = _import_cv2()
+    if cv2 is None:
+        return None
+    logging = cv2.utils.logging
+    with _OPENCV_LOG_LOCK:  # libtiff's complaints about a broken file would print around our one-line error
+        level = logging.getLogLevel()
+        logging.setLogLevel(logging.LOG_LEVEL_SILENT)
+        try:
+            bgr = cv2.imread(str(file), cv2.IMREAD_COLOR)
+        except cv2.error:
+            bgr = None
+        finally:
+            logging.setLogLevel(level)
+    return None if bgr is None else np.ascontiguousarray(bgr[..., ::-1])
+
+
+_OPENCV_LOG_LOCK = threading.Lock()  # OpenCV's log level is process-wide
+
+
+class _PillowDecodeError(MediaError):
+    """Pillow could not decode the pixels (truncated or corrupt data, or a layout it does not read)."""
 
 
 def _unread_frames(image: Image.Image, name: str) -> list[str]:
@@ -586,10 +619,12 @@ def _pil_to_rgb(image: Image.Image, name: str, notes: list[str]) -> np.ndarray:
     except Exception as err:  # noqa: BLE001 - Pillow raises OSError, SyntaxError, zlib.error...
         detail = _one_line(err)
         if "truncated" in detail.lower():
-            raise MediaError(
+            raise _PillowDecodeError(
                 f"'{name}': the image is truncated (PIL: {detail}) — re-download or re-export it"
             ) from None
-        raise MediaError(f"'{name}': corrupt image data (PIL: {detail}) — re-export or re-download it") from None
+        raise _PillowDecodeError(
+            f"'{name}': corrupt image data (PIL: {detail}) — re-export or re-download it"
+        ) from None
 
 
 def _rgb_array(image: Image.Image, name: str, notes: list[str]) -> np.ndarray:
@@ -604,14 +639,17 @@ def _rgb_array(image: Image.Image, name: str, notes: list[str]) -> np.ndarray:
 
 
 def _wide_to_uint8(values: np.ndarray, mode: str, name: str, notes: list[str]) -> np.ndarray:
-    """A 16-bit, 32-bit integer or float grayscale file onto 8 bits. Values in the usual ranges (float in
-    [0, 1] or [0, 255], integers in [0, 65535]) are scaled as :func:`_to_uint8` does; others (a 32-bit float TIFF of
+    """A 16-bit, 32-bit integer or float grayscale file onto 8 bits. A 16-bit file is divided by 257 (a dark one
+    stays dark). Values in the usual ranges (float in [0, 1] or [0, 255], 32-bit integers in [0, 65535]) are
+    scaled as :func:`_to_uint8` does; others (a 32-bit float TIFF of
     measurements, negative integers) are stretched from their minimum to their maximum, with a warning,
     since clipping them to [0, 255] would leave a blank or saturated picture."""
     if mode == "F" and not np.isfinite(values).all():
         raise MediaError(
             f"'{name}': the image holds NaN or infinite values — replace them (e.g. with 0) and save it again"
         )
+    if mode.startswith("I;16"):  # declared 16-bit: scale from 16 bits even when every value is dark (<= 255)
+        return np.clip(np.rint(values.astype(np.float64) / 257.0), 0, 255).astype(np.uint8)
     low, high = float(values.min(initial=0.0)), float(values.max(initial=0.0))
     usual_high = (1.0 if high <= 1.0 else 255.0) if mode == "F" else 65535.0
     if (low >= 0.0 and high <= usual_high) or high == low:
