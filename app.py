@@ -69,6 +69,9 @@ def main() -> None:
         parser.error(f"--max-upload: {exc}")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from visualkv.media import quiet_decoders
+
+    quiet_decoders()  # users' broken videos are reported on the page; FFmpeg's lines would flood the log
     import torch
 
     from ui.app import build_app, launch

@@ -220,12 +220,13 @@ def test_video_report_has_frames(tmp_path, capsys):
     assert report["frames"] and {"index", "time", "skipped"} <= set(report["frames"][0])
 
 
-def test_subprocess_entry_point_no_traceback(tmp_path):
-    """The real `python -m visualkv` process: exit code 2, one line, for a zero-byte file."""
-    empty = tmp_path / "zero.jpg"
-    empty.touch()
+@pytest.mark.parametrize("kind, words", [("empty", "empty"), ("undecodable_video", "no decodable frame")])
+def test_subprocess_entry_point_no_traceback(tmp_path, kind, words):
+    """The real `python -m visualkv` process: exit code 2, one line, for a zero-byte file; and for a broken video,
+    whose decoders (FFmpeg in decord and in OpenCV) print their own lines unless silenced."""
+    path = _make_bad_input(kind, tmp_path)
     proc = subprocess.run(
-        [sys.executable, "-m", "visualkv", "run", "--media", str(empty), "--prompt", "x"],
+        [sys.executable, "-m", "visualkv", "run", "--media", str(path), "--prompt", "x"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -233,7 +234,7 @@ def test_subprocess_entry_point_no_traceback(tmp_path):
     )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1 and "empty" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and words in proc.stderr, proc.stderr
 
 
 def test_models_lists_aliases(capsys):

@@ -368,7 +368,7 @@ def test_ten_hour_video_is_refused(tmp_path, capsys):
     path = _write_video(tmp_path / "ten_hours.mp4", _noise_frames(360, 32, 32), 0.01, "mp4v")
     code, err = _run(capsys, "--media", str(path), "--method", "salicache")
     assert code == 2 and len(err.strip().splitlines()) == 1
-    assert "video is 10.0 h long; the limit is 3.0 h" in err
+    assert "video is 10.0 h long (360 frames at 0.01 fps, per its header); the limit is 3.0 h" in err
 
 
 @pytest.mark.parametrize("prefill", ["bulk", "blockwise"])

@@ -285,6 +285,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # --help, or a bad option already reported on one line
         return int(exc.code or 0)
+    from visualkv.media import quiet_decoders
+
+    quiet_decoders()  # a broken video's FFmpeg lines would print around the one-line error
     try:
         if args.command == "run":
             return cmd_run(args)

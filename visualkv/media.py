@@ -85,6 +85,7 @@ __all__ = [
     "load_media",
     "load_video",
     "media_kind",
+    "quiet_decoders",
     "sample_frame_indices",
 ]
 
@@ -718,6 +719,20 @@ def _import_cv2() -> ModuleType | None:
     return cv2
 
 
+def quiet_decoders() -> None:
+    """Silence FFmpeg's own logging in decord and in OpenCV for this process ("[mjpeg @ 0x…] No JPEG data found"
+    per broken frame): a decoder failure already becomes one :class:`MediaError`, and those lines would print
+    around it. Process-wide, so the library never calls it; the CLI and the app, which own their process, do,
+    before the first video is opened (OpenCV reads OPENCV_FFMPEG_LOGLEVEL once, when FFmpeg starts; a value
+    already set is kept). VISUALKV_DEBUG=1 keeps them."""
+    if os.environ.get("VISUALKV_DEBUG"):
+        return
+    os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")  # AV_LOG_QUIET
+    decord = _import_decord()
+    if decord is not None:
+        decord.logging.set_level(decord.logging.QUIET)
+
+
 def _opencv_opens(file: Path) -> bool:
     cv2 = _import_cv2()
     if cv2 is None:
@@ -766,10 +781,11 @@ def _check_video_info(info: _VideoInfo, name: str, limits: MediaLimits) -> None:
     if info.frame_count > 0 and _valid_fps(info.fps):
         seconds = info.frame_count / info.fps
         if seconds > limits.max_video_seconds:
+            # the header's own figures, so that a damaged one (a wrong timescale: 0.01 fps) shows as such
             raise MediaError(
-                f"'{name}': video is {_human_duration(seconds)} long; the limit is "
-                f"{_human_duration(limits.max_video_seconds)} — trim it (e.g. ffmpeg -t) "
-                "or raise MediaLimits.max_video_seconds"
+                f"'{name}': video is {_human_duration(seconds)} long ({info.frame_count:,} frames at "
+                f"{info.fps:.3g} fps, per its header); the limit is {_human_duration(limits.max_video_seconds)} "
+                "— trim it (e.g. ffmpeg -t) or raise MediaLimits.max_video_seconds"
             )
     if info.width > 0 and info.height > 0:
         _check_pixels((info.width, info.height), name, limits, "video frame")
