@@ -264,19 +264,54 @@ def test_shape_model_builds_on_cuda_in_bf16(alias, small_image):
 @pytest.mark.parametrize("method", ["full", "blockwise-keydiff", "salicache", "lightkv", "blockwise-keydiff+salicache"])
 @pytest.mark.parametrize("alias", ALL_FAMILIES)
 def test_graph_decode_matches_eager_on_cuda(alias, method, small_image, small_video, no_tf32):
-    """float32 (TF32 off): the replayed graph gives the plain decode's tokens over two turns, and `auto` picks it."""
+    """float32 (TF32 off): the replayed graph gives the plain decode's tokens over two turns, and `auto` picks it;
+    with the grouped window attention (`decode_attention="grouped"`) too."""
     adapter = cuda_adapter(alias, "float32")
     media = small_video if "salicache" in method else small_image
     budget = 48 if method.startswith("blockwise") else None
     turns = {}
-    for decode in ("eager", "auto"):
-        s = ChatSession(adapter, SessionConfig(method=method, budget=budget, max_new_tokens=12, decode=decode))
+    for decode, attention in (("eager", "auto"), ("auto", "auto"), ("graph", "grouped")):
+        config = SessionConfig(
+            method=method, budget=budget, max_new_tokens=12, decode=decode, decode_attention=attention
+        )
+        s = ChatSession(adapter, config)
         s.ask(PROMPT, media)
         s.ask("And what else?")
         turns[decode] = (s.turns, s.cache.entries_per_layer())
-    (graph, graph_entries), (eager, eager_entries) = turns["auto"], turns["eager"]
-    assert [t.decode_mode for t in graph] == ["graph", "graph"]
-    assert [t.token_ids for t in graph] == [t.token_ids for t in eager] and graph_entries == eager_entries
+    eager, eager_entries = turns["eager"]
+    for decode, attention in (("auto", "model"), ("graph", "grouped")):  # tiny windows: auto keeps the model's
+        graph, graph_entries = turns[decode]
+        assert [(t.decode_mode, t.decode_attention) for t in graph] == [("graph", attention)] * 2
+        assert [t.token_ids for t in graph] == [t.token_ids for t in eager] and graph_entries == eager_entries
+
+
+def test_grouped_decode_attention_is_as_precise_as_sdpa_on_cuda():
+    """bf16, one query over a long masked window at Qwen2.5-VL-7B's heads: `one_query` (float32 scores through
+    bmm's out_dtype) is at least as close to a float64 reference as the masked SDPA kernel it replaces."""
+    from visualkv import packed_attention
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    n, written, heads, kv_heads, dim = 20_000, 19_950, 28, 4, 128
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen, device="cuda") * scale).to(torch.bfloat16)
+
+    q, k, v = rand(1, heads, 1, dim, scale=2.0), rand(1, kv_heads, n, dim, scale=2.0), rand(1, kv_heads, n, dim)
+    mask = (torch.arange(n, device="cuda") < written).view(1, 1, 1, n)
+    group = heads // kv_heads
+    k64, v64 = (t.double().repeat_interleave(group, dim=1)[:, :, :written] for t in (k, v))
+    reference = torch.softmax(q.double() @ k64.transpose(-1, -2) / dim**0.5, dim=-1) @ v64  # (1, H, 1, d)
+    ours = packed_attention.one_query(q, k, v, mask, [], None)[0].transpose(1, 2)  # (1, H, 1, d)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), attn_mask=mask
+    )
+    assert packed_attention._float_out_matmul(q), "bmm(out_dtype=float32) is missing: scores round to bf16"
+    ours_error = float((ours.double() - reference).abs().max())
+    sdpa_error = float((sdpa.double() - reference).abs().max())
+    # one bf16 ulp of the output's largest value on top: the probabilities are rounded to bf16 before P @ V, as
+    # the fused kernels do too. Scores rounded to bf16 fail this (on a CPU, where out_dtype is missing, the same
+    # draw gives 0.030 against SDPA's 0.0038 and a bound of 0.015; float32 scores give 0.0062)
+    assert ours_error <= 2 * sdpa_error + 2**-8 * float(reference.abs().max()), (ours_error, sdpa_error)
 
 
 def test_graph_decode_in_bf16_on_cuda(small_image):

@@ -15,11 +15,12 @@ from tests.conftest import get_adapter
 from tests.fake_cuda import FakeCudaTensor, fake_cuda
 from tests.test_device import _fake_cuda_adapter
 from tests.test_sync_free import SyncGuard
+from visualkv import packed_attention
 from visualkv.bench.synthetic import image_media, video_media
 from visualkv.cache import CompressibleLayer
 from visualkv.errors import ConfigError
 from visualkv.session import ChatSession, SessionConfig
-from visualkv.static_decode import StaticDecoder, graph_unsupported
+from visualkv.static_decode import GROUPED_MIN_ENTRIES, StaticDecoder, decode_attention, graph_unsupported
 
 ALL_FAMILIES = ["tiny-qwen2.5-vl", "tiny-smolvlm2", "tiny-qwen3-vl", "tiny-llava-onevision", "tiny-internvl3.5"]
 METHODS = [
@@ -31,11 +32,20 @@ METHODS = [
 ]
 
 
-def _run(adapter, method: str, budget: int | None, decode: str, media, stop_after: int | None = None):
+def _run(
+    adapter,
+    method: str,
+    budget: int | None,
+    decode: str,
+    media,
+    stop_after: int | None = None,
+    attention: str = "auto",
+):
     """Two turns; returns (token ids per turn, logits per sampled token, final cache bookkeeping, session)."""
-    session = ChatSession(
-        adapter, SessionConfig(method=method, budget=budget, block_size=48, max_new_tokens=10, decode=decode)
+    config = SessionConfig(
+        method=method, budget=budget, block_size=48, max_new_tokens=10, decode=decode, decode_attention=attention
     )
+    session = ChatSession(adapter, config)
     logits: list[torch.Tensor] = []
     sample = session._sample
 
@@ -60,14 +70,19 @@ def test_static_decode_matches_eager(family, method, budget):
     adapter = get_adapter(family)
     media = video_media(4, 224, 168, fps=1.0, seed=3) if "salicache" in method else image_media(448, 336, seed=1)
     eager_ids, eager_logits, eager_cache, eager = _run(adapter, method, budget, "eager", media)
-    static_ids, static_logits, static_cache, static = _run(adapter, method, budget, "static", media)
     assert [t.decode_mode for t in eager.turns] == ["eager"] * 2
-    assert [t.decode_mode for t in static.turns] == ["static"] * 2
-    assert static_ids == eager_ids
-    # float32 on CPU: the same sums with masked slots added as exact zeros; only the kernel's order differs
-    assert max((a - b).abs().max().item() for a, b in zip(eager_logits, static_logits)) < 1e-4
-    assert static_cache[0] == eager_cache[0]  # entries per layer after two turns
-    assert all(torch.equal(a, b) for a, b in zip(static_cache[1], eager_cache[1]))  # same tokens, same order
+    assert [t.decode_attention for t in eager.turns] == [""] * 2
+    for attention in ("model", "grouped"):  # the model's masked SDPA / eager function, or one_query's matmuls
+        static_ids, static_logits, static_cache, static = _run(
+            adapter, method, budget, "static", media, attention=attention
+        )
+        assert [t.decode_mode for t in static.turns] == ["static"] * 2
+        assert [t.decode_attention for t in static.turns] == [attention] * 2
+        assert static_ids == eager_ids
+        # float32 on CPU: the same sums with masked slots added as exact zeros; only the kernels' order differs
+        assert max((a - b).abs().max().item() for a, b in zip(eager_logits, static_logits)) < 1e-4
+        assert static_cache[0] == eager_cache[0]  # entries per layer after two turns
+        assert all(torch.equal(a, b) for a, b in zip(static_cache[1], eager_cache[1]))  # same tokens, same order
 
 
 def test_static_decode_counts_a_stopped_answer():
@@ -105,8 +120,39 @@ class HostToDevice(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+@pytest.mark.parametrize("attention, grouped_calls", [("model", 0), ("grouped", 2 * 9 * 2)])
+def test_decode_attention_routes_the_window(monkeypatch, attention, grouped_calls):
+    """ "grouped" sends every layer's one-query call of a fixed-shape step through `one_query` (no packed parts);
+    "model" leaves them to the model's function. tiny-smolvlm2: 2 layers; 10 tokens = 9 steps; two turns."""
+    calls = []
+    original = packed_attention.one_query
+
+    def spy(query, key, value, mask, parts, scaling):
+        calls.append(len(parts))
+        return original(query, key, value, mask, parts, scaling)
+
+    monkeypatch.setattr(packed_attention, "one_query", spy)
+    adapter = get_adapter("tiny-smolvlm2")
+    assert adapter.num_layers == 2
+    _run(adapter, "full", None, "static", image_media(448, 336, seed=1), attention=attention)
+    assert calls == [0] * grouped_calls
+    calls.clear()
+    _run(adapter, "full", None, "eager", image_media(448, 336, seed=1), attention=attention)
+    assert calls == []  # plain steps never: the switch is the fixed-shape step's own
+
+
+def test_auto_decode_attention_is_grouped_on_long_cuda_windows():
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert decode_attention("auto", cuda, GROUPED_MIN_ENTRIES) == "grouped"
+    assert decode_attention("auto", cuda, GROUPED_MIN_ENTRIES - 1) == "model"
+    assert decode_attention("auto", cpu, 10 * GROUPED_MIN_ENTRIES) == "model"
+    assert decode_attention("model", cuda, 10 * GROUPED_MIN_ENTRIES) == "model"
+    assert decode_attention("grouped", cpu, 1) == "grouped"
+
+
+@pytest.mark.parametrize("attention", ["model", "grouped"])
 @pytest.mark.parametrize("family", ALL_FAMILIES)
-def test_static_step_is_capturable(monkeypatch, family):
+def test_static_step_is_capturable(monkeypatch, family, attention):
     """The step a CUDA graph captures (on the pretend GPU of tests/fake_cuda.py): no device value read on the
     host (`.item()`, `.cpu()`, `nonzero()`, boolean indexing...), no copy from host memory, no device mix-up."""
     reads, copies = SyncGuard(), HostToDevice()
@@ -122,10 +168,12 @@ def test_static_step_is_capturable(monkeypatch, family):
     monkeypatch.setattr(StaticDecoder, "_run", armed)
     adapter = _fake_cuda_adapter(family)
     with fake_cuda(), reads, copies:
-        session = ChatSession(adapter, SessionConfig(method="salicache", max_new_tokens=6, decode="static"))
+        config = SessionConfig(method="salicache", max_new_tokens=6, decode="static", decode_attention=attention)
+        session = ChatSession(adapter, config)
         session.ask("What is in it?", video_media(4, 224, 168, fps=1.0, seed=3))
         session.ask("And then?")
     assert [t.decode_mode for t in session.turns] == ["static"] * 2
+    assert [t.decode_attention for t in session.turns] == [attention] * 2
     assert all(len(t.token_ids) == 6 for t in session.turns)
     assert reads.hits == [] and copies.hits == []
 
@@ -153,6 +201,8 @@ def test_decode_mode_is_validated():
     adapter = get_adapter("tiny-qwen2.5-vl")
     with pytest.raises(ConfigError, match="decode must be one of"):
         ChatSession(adapter, SessionConfig(decode="fast"))
+    with pytest.raises(ConfigError, match="decode_attention must be one of auto, model, grouped, got 'flash'"):
+        ChatSession(adapter, SessionConfig(decode_attention="flash"))
     with pytest.raises(ConfigError, match="decode 'graph' is not possible here: CUDA graphs need"):
         ChatSession(adapter, SessionConfig(decode="graph"))
     assert graph_unsupported(adapter) is not None

@@ -39,6 +39,7 @@ from visualkv.quant import dequantize_all
 WRAPPED = {"sdpa": "visualkv_sdpa", "eager": "visualkv_eager"}
 _BASE = {wrapped: base for base, wrapped in WRAPPED.items()}
 _pending = threading.local()  # .keys: the key tensor announced last in this thread; .segments: its segments
+_decode = threading.local()  # .grouped: one-query calls run `one_query` even without packed segments
 
 
 def announce(keys: torch.Tensor, segments: list) -> None:
@@ -83,6 +84,24 @@ def stock(text_config: Any) -> Iterator[None]:
         text_config._attn_implementation = name
 
 
+@contextlib.contextmanager
+def grouped_decode(enabled: bool = True) -> Iterator[None]:
+    """Within (this thread): a one-query call through the wrappers runs `one_query` even with no packed segments.
+
+    Why (reasoned from decode rates on an H200, not yet measured per kernel: scripts/decode_attention.py does): the
+    fixed-shape decoder (visualkv.static_decode) attends over a window with a boolean mask, and a mask keeps
+    PyTorch's SDPA off its flash kernels; transformers then packs a KV head's query heads as its queries, so on
+    CUDA the masked kernel would run one thread block per KV head (4 on Qwen2.5-VL-7B), each streaming its head's
+    whole window. `one_query`'s batched matmuls spread the window over the GPU instead.
+    """
+    previous = getattr(_decode, "grouped", False)
+    _decode.grouped = enabled
+    try:
+        yield
+    finally:
+        _decode.grouped = previous
+
+
 def _base_function(name: str, module: torch.nn.Module):
     if name == "sdpa":
         return ALL_ATTENTION_FUNCTIONS["sdpa"]
@@ -95,6 +114,8 @@ def _wrapper(base: str):
         segments = _take(key)
         fn = _base_function(base, module)
         if not segments:
+            if query.shape[2] == 1 and getattr(_decode, "grouped", False):
+                return one_query(query, key, value, attention_mask, [], kwargs.get("scaling"))
             return fn(module, query, key, value, attention_mask, **kwargs)
         if query.shape[2] == 1:  # every segment in one part beside the window: nothing of the cache is copied
             part = dequantized(segments)  # this call's transient
@@ -181,20 +202,56 @@ def one_query(query, key, value, mask, parts, scaling: float | None):
     grouped = query.reshape(b, kv_heads, group, d)  # query head h reads KV head h // group (repeat_kv's order)
     scale = scaling if scaling is not None else d**-0.5
     pairs = [*parts, (key, value)]
-    scores = [torch.matmul(grouped, k.transpose(-1, -2)).float() * scale for k, _ in pairs]  # (b, Hkv, g, m)
+    scores = [_float_scores(grouped, k) * scale for k, _ in pairs]  # (b, Hkv, g, m)
     if mask is not None:
         window = mask[..., -key.shape[2] :].reshape(mask.shape[0], 1, 1, -1)
         if window.dtype == torch.bool:
             scores[-1] = scores[-1].masked_fill(~window, float("-inf"))
         else:
             scores[-1] = scores[-1] + window.float()
-    probs = torch.softmax(torch.cat(scores, dim=-1), dim=-1).to(value.dtype)
+    probs = torch.softmax(torch.cat(scores, dim=-1) if parts else scores[0], dim=-1).to(value.dtype)
     out, start = None, 0
     for k, v in pairs:  # each part's values times its share of the probabilities, summed in float32
         share = torch.matmul(probs[..., start : start + k.shape[2]], v).float()
         out = share if out is None else out + share
         start += k.shape[2]
     return out.to(value.dtype).reshape(b, heads, 1, d).transpose(1, 2).contiguous(), None
+
+
+def one_query_working_bytes(heads: int, entries: int) -> int:
+    """Transient bytes of `one_query` over `entries` per KV head with no packed parts: the float32 scores, their
+    probabilities and the rounded probabilities, per query head (the output is one token's)."""
+    return 3 * 4 * heads * entries
+
+
+def _float_scores(grouped: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """(b, Hkv, g, d) x (b, Hkv, m, d) -> float32 (b, Hkv, g, m). On CUDA in 16-bit, one batched matmul that writes
+    float32 (`out_dtype`), as the SDPA kernels keep their scores: rounding a score of 30 to bfloat16 moves it by up
+    to 0.06, its weight by 6 %. Elsewhere (or where the kernel is missing) the matmul's own dtype, then float32."""
+    b, kv_heads, g, _ = grouped.shape
+    if b == 1 and _float_out_matmul(grouped):  # b = 1 (one chat): flattening the heads is a view, not a copy
+        out = torch.bmm(grouped[0], key[0].transpose(-1, -2), out_dtype=torch.float32)
+        return out.view(1, kv_heads, g, key.shape[2])
+    return torch.matmul(grouped, key.transpose(-1, -2)).float()
+
+
+_FLOAT_OUT: dict[torch.device, bool] = {}  # per device: whether bmm(..., out_dtype=float32) runs there
+
+
+def _float_out_matmul(t: torch.Tensor) -> bool:
+    """Whether `torch.bmm(..., out_dtype=torch.float32)` runs for `t`'s device and dtype (CUDA, 16-bit; PyTorch >=
+    2.8). Probed once per device on a tiny product, at the first call: a decoder's warm-up step, before any graph
+    capture (a failed kernel inside a capture would void it)."""
+    if not t.is_cuda or t.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    if t.device not in _FLOAT_OUT:
+        try:
+            a = torch.ones(1, 2, 8, dtype=t.dtype, device=t.device)
+            torch.bmm(a, a.transpose(-1, -2), out_dtype=torch.float32)
+            _FLOAT_OUT[t.device] = True
+        except (RuntimeError, TypeError, NotImplementedError):
+            _FLOAT_OUT[t.device] = False
+    return _FLOAT_OUT[t.device]
 
 
 for _base, _name in WRAPPED.items():

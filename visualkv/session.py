@@ -34,7 +34,7 @@ from visualkv.media import Media, load_image, load_media
 from visualkv.memory_guard import MemoryGuard
 from visualkv.methods import make_method, media_limits, method_traits
 from visualkv.models.base import ModelAdapter, PreparedInput
-from visualkv.static_decode import DECODE_MODES, StaticDecoder, graph_unsupported
+from visualkv.static_decode import DECODE_ATTENTION, DECODE_MODES, StaticDecoder, graph_unsupported
 from visualkv.telemetry import BlockEvent, TurnRecord, cuda_peak, peak_rss_bytes, reset_cuda_peak
 
 
@@ -57,6 +57,9 @@ class SessionConfig:
     method_options: extra keyword arguments for the method's constructor.
     decode: how answer tokens run through the model (see visualkv.static_decode): "auto" (a CUDA graph per
       answer where it applies, else "eager"), "graph", "static" (fixed shapes without a graph) or "eager".
+    decode_attention: attention of a fixed-shape decode step ("graph", "static"; see visualkv.static_decode):
+      "auto" ("grouped" on CUDA over long windows, else "model"), "model" (the model's own SDPA or eager function
+      with the window's mask) or "grouped" (batched matmuls over the masked window). Same answers either way.
     vision_ahead: blocks whose media go through the vision tower in one call (1: a call per block). The
       embeddings are the same (each block's strip or frames a separate sequence in that call); more blocks
       per call mean fewer tower launches and a larger transient (counted by the memory guard). Every family.
@@ -73,6 +76,7 @@ class SessionConfig:
     followup: str = "reuse"
     method_options: dict[str, Any] = field(default_factory=dict)
     decode: str = "auto"
+    decode_attention: str = "auto"
     vision_ahead: int = 1
 
     def validate(self) -> None:
@@ -97,6 +101,10 @@ class SessionConfig:
             raise ConfigError(f"vision_ahead must be >= 1 (blocks per vision-tower call), got {self.vision_ahead}")
         if self.decode not in DECODE_MODES:
             raise ConfigError(f"decode must be one of {', '.join(DECODE_MODES)}, got {self.decode!r}")
+        if self.decode_attention not in DECODE_ATTENTION:
+            raise ConfigError(
+                f"decode_attention must be one of {', '.join(DECODE_ATTENTION)}, got {self.decode_attention!r}"
+            )
 
 
 #: what a turn's media may be given as (see ChatSession.stream)
@@ -377,16 +385,21 @@ class ChatSession:
             if self._graph_failure:
                 record.decode_mode = f"eager (graph capture failed: {self._graph_failure})"
             return None
-        args = (self.adapter, self.cache, steps, self._next_position, self._seq_len)
+        args = (self.adapter, self.cache, steps, self._next_position, self._seq_len, mode == "graph")
+        attention = self.config.decode_attention
         if mode == "static":
-            return StaticDecoder(*args, graph=False)
+            decoder = StaticDecoder(*args, attention=attention)
+            record.decode_attention = decoder.attention
+            return decoder
         try:
-            return StaticDecoder(*args, graph=True)
+            decoder = StaticDecoder(*args, attention=attention)
         except Exception as exc:  # noqa: BLE001 - a kernel that cannot be captured: decode this turn eagerly
             self._graph_failure = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
             warnings.warn(f"CUDA graph decoding unavailable, decoding eagerly: {self._graph_failure}", stacklevel=2)
             record.decode_mode = f"eager (graph capture failed: {self._graph_failure})"
             return None
+        record.decode_attention = decoder.attention
+        return decoder
 
     def _sample(self, logits: torch.Tensor, generator: torch.Generator) -> int:
         """Greedy or top-p sampling of one token; `generator` lives on the logits' device.

@@ -12,6 +12,11 @@ once per answer and replayed per token:
   written yet: the same entries a plain step attends to, in the same order;
 - the token to feed is written into a device buffer before each replay (`fill_`, no host read).
 
+Attention over the window (`SessionConfig.decode_attention`): "model" runs the model's own function (SDPA or eager)
+with the mask; "grouped" runs `packed_attention.one_query` (two batched matmuls, a float32 softmax, KV heads not
+repeated), which spreads a long window over the GPU where masked SDPA streams it with one thread block per KV head;
+"auto" takes "grouped" on CUDA once the widest window holds `GROUPED_MIN_ENTRIES`, else "model".
+
 The host reads one value per token, the sampled id (for EOS and the streamed text), as the plain path does.
 The entries written are counted on the host once, when the answer ends (`finish`).
 
@@ -26,12 +31,26 @@ from __future__ import annotations
 
 import torch
 
+from visualkv import packed_attention
 from visualkv.cache import CompressibleCache, CompressibleLayer
 from visualkv.engine import attention_working_bytes
 from visualkv.models.base import ModelAdapter
 
 DECODE_MODES = ("auto", "eager", "static", "graph")
 GRAPH_ATTENTION = ("sdpa", "eager")  # kernels that take an explicit mask (flash attention does not)
+DECODE_ATTENTION = ("auto", "model", "grouped")
+# "auto" takes "grouped" from this many entries in a layer's window (on CUDA): below it the masked kernel's few
+# thread blocks still cover the window quickly and the grouped path's extra kernels would cost more. A first choice,
+# not yet tuned on a GPU: `bench gpu --decode-attention-rows` and scripts/decode_attention.py measure both.
+GROUPED_MIN_ENTRIES = 4096
+
+
+def decode_attention(requested: str, device: torch.device, widest: int) -> str:
+    """The attention a fixed-shape decoder runs ("model" or "grouped") for `requested` (DECODE_ATTENTION), the
+    model's device and its widest window (entries per KV head)."""
+    if requested != "auto":
+        return requested
+    return "grouped" if device.type == "cuda" and widest >= GROUPED_MIN_ENTRIES else "model"
 
 
 def graph_unsupported(adapter: ModelAdapter) -> str | None:
@@ -63,6 +82,7 @@ class StaticDecoder:
         start_position: int,
         seq_offset: int,
         graph: bool,
+        attention: str = "auto",
     ) -> None:
         self.adapter, self.cache, self.steps = adapter, cache, steps
         device = adapter.device
@@ -80,7 +100,13 @@ class StaticDecoder:
         packed = [layer.packed_working_bytes() for layer in cache.layers]
         n_packed = [layer.total_entries_per_head() - layer.n_full for layer in cache.layers]
         widest = max(w + p for w, p in zip(self.windows, n_packed))
-        cache.note_working(attention_working_bytes(adapter, 1, widest, True, adapter.dtype) + max(packed))
+        self.attention = decode_attention(attention, torch.device(device), max(self.windows))
+        if self.attention == "grouped":
+            heads = adapter.text_config.num_attention_heads
+            transient = packed_attention.one_query_working_bytes(heads, widest) + widest  # + the bool mask
+        else:
+            transient = attention_working_bytes(adapter, 1, widest, True, adapter.dtype)
+        cache.note_working(transient + max(packed))
         # one slot arange per distinct window (layers of one model usually share it)
         self._slots = {w: torch.arange(w, device=device) for w in set(self.windows)}
         self._masks: dict[tuple[int, int], torch.Tensor] = {}
@@ -106,17 +132,18 @@ class StaticDecoder:
         cos, sin = adapter.rotary(hidden, positions)
         self._slot_of = {n: self.step_index + n for n in set(self.held)}
         self._masks = {}
-        for layer_idx, layer in enumerate(adapter.layers):
-            key = (self.held[layer_idx], self.windows[layer_idx])
-            if key not in self._masks:
-                self._masks[key] = self._mask(*key, hidden.dtype)
-            hidden = layer(
-                hidden,
-                attention_mask=self._masks[key],
-                position_embeddings=(cos, sin),
-                past_key_values=self.cache,
-                use_cache=True,
-            )
+        with packed_attention.grouped_decode(self.attention == "grouped"):
+            for layer_idx, layer in enumerate(adapter.layers):
+                key = (self.held[layer_idx], self.windows[layer_idx])
+                if key not in self._masks:
+                    self._masks[key] = self._mask(*key, hidden.dtype)
+                hidden = layer(
+                    hidden,
+                    attention_mask=self._masks[key],
+                    position_embeddings=(cos, sin),
+                    past_key_values=self.cache,
+                    use_cache=True,
+                )
         logits = adapter.final_hidden_to_logits(hidden[:, -1:])[0, -1]
         self.step_index += 1
         return logits
