@@ -42,6 +42,9 @@
 #                                 with every block of b tokens, ~25 s more per shape on the H200's 7B shape)
 #   GPU_CHECK_AHEAD=1             without the vision-ahead rows (default 4: each block-wise method also runs with
 #                                 4 blocks' media per vision-tower call, `--vision-ahead 4`; ~30 s more on the 7B shape)
+#   GPU_CHECK_DECODE_ROWS=        without the decode-attention rows (default model: each method also decodes with the
+#                                 model's own masked SDPA beside auto's choice, `--decode-attention-rows model`; an
+#                                 estimated ~85 s more on the 7B shape by the rows' TTFT and decode times, not measured)
 # Each bench table is followed by the issues' GPU targets judged on its rows (visualkv/bench/gpu_targets.py:
 # met / not met / not measured), in the .md, the JSON (`targets`) and summary.md.
 # With GPU_CHECK_SMALL each shape is replaced by the tiny alias of its family. The `hour` step always runs
@@ -145,6 +148,9 @@ if [ "$STEPS" = all ] || [ "$STEPS" = bench ]; then
     [ "${GPU_CHECK_FORCED:-1}" != 0 ] && bench+=(--forced-blockwise)
     # the tower-launch lever beside each block-wise default: N blocks' media per vision-tower call (same embeddings)
     [ "${GPU_CHECK_AHEAD:-4}" != 1 ] && bench+=(--vision-ahead "${GPU_CHECK_AHEAD:-4}")
+    # the decode step's attention: each method also with the model's own masked SDPA, beside auto (grouped over
+    # long windows): the decode tok/s of the two side by side
+    [ -n "${GPU_CHECK_DECODE_ROWS-model}" ] && bench+=(--decode-attention-rows "${GPU_CHECK_DECODE_ROWS-model}")
     echo "== bench gpu ${bench[*]}"
     timeout "$STEP_TIMEOUT" "$PY" -m visualkv bench gpu "${bench[@]}" --out "$OUT" >"$OUT/bench_gpu_$model.log" 2>&1
     rc=$?

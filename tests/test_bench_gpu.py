@@ -57,7 +57,7 @@ def test_every_case_ran_and_decoded_every_token(result):
     assert all(c["decode_setup_seconds"] > 0 for c in ours)
     assert all(c["decode_steady_tokens_per_second"] > c["decode_tokens_per_second"] for c in ours)
     table = markdown_table(result).splitlines()
-    assert sum("(static) |" in line for line in table) == len(ours)
+    assert sum("(static, model) |" in line for line in table) == len(ours)  # auto on CPU: the model's attention
 
 
 def test_generate_reference_runs_transformers_own_vision_attention(monkeypatch):
@@ -164,6 +164,8 @@ def test_cli_refuses_a_bad_input_kind(capsys):
 
     code, _, err = _run(capsys, "bench", "gpu", "--inputs", "image,audio")
     _assert_one_line_error(code, err, "audio")
+    code, _, err = _run(capsys, "bench", "gpu", "--decode-attention-rows", "model,flash")
+    _assert_one_line_error(code, err, "a decode attention is model or grouped, got 'flash'")
 
 
 # -- a video past the frame cap of full and of the reference (the hour-long run of scripts/gpu_check.sh, small) --

@@ -71,6 +71,7 @@ def test_bad_media_exits_2_with_one_line(tmp_path, capsys, kind, words):
         (["--prompt", "hi", "--method", "magic"], ["invalid choice"]),
         (["--prompt", "hi", "--decode", "graph"], ["decode 'graph' is not possible", "CUDA", "static"]),
         (["--prompt", "hi", "--vision-ahead", "0"], ["--vision-ahead", "positive"]),
+        (["--prompt", "hi", "--decode-attention", "flash"], ["--decode-attention", "invalid choice", "grouped"]),
         (["--prompt", "hi", "--media", ""], ["--media", "empty"]),  # answered from the text alone before
         (["--prompt", "hi", "--fps", "inf"], ["--fps", "finite", "inf"]),
         (["--prompt", "hi", "--fps", "nan"], ["--fps", "nan"]),
@@ -164,11 +165,17 @@ def test_run_two_turns_writes_report(image_file, tmp_path, capsys):
         "64",
         "--max-new-tokens",
         "4",
+        "--decode",
+        "static",
+        "--decode-attention",
+        "grouped",
         "--json",
         str(out),
     )
     assert code == 0, err
     report = json.loads(out.read_text())
+    assert [t["decode_attention"] for t in report["turns"]] == ["grouped", "grouped"]
+    assert err.count(" tok/s (static, grouped)") == 2
     for key in (
         "model",
         "method",

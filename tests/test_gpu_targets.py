@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from visualkv.bench import gpu_targets
-from visualkv.bench.gpu import REFERENCE, GpuBenchConfig, cases, run_gpu_bench
+from visualkv.bench.gpu import REFERENCE, GpuBenchConfig, cases, markdown_table, run_gpu_bench
+from visualkv.bench.gpu_targets import case_label
 
 GIB = 2**30
 
@@ -196,3 +197,39 @@ def test_vision_ahead_adds_a_case_per_block_wise_method(tmp_path):
     assert "vision_ahead" not in default and ahead["vision_ahead"] == 4
     assert ahead["case"] == "blockwise-keydiff (vision ahead 4)"
     assert all("error" not in r for r in result["cases"]), [r.get("error") for r in result["cases"]]
+
+
+def test_decode_attention_rows_run_each_method_with_the_attention_forced(tmp_path):
+    """`--decode-attention-rows grouped`: a row per method beside its default, decoded with that attention, judged by
+    no target (the default row is what a user runs)."""
+    cfg = GpuBenchConfig(
+        model="tiny-qwen2.5-vl",
+        device="cpu",
+        methods=("full", "blockwise-keydiff"),
+        budget=48,
+        block_size=64,
+        image_size=(448, 252),
+        new_tokens=3,
+        inputs=("image",),
+        session_overrides={"decode": "static"},  # the graph's fixed-shape step, on CPU
+        decode_attention_rows=("grouped",),
+        warmup=False,
+        out=str(tmp_path),
+    )
+    labels = [c.label for c in cases(cfg)]
+    assert labels == [
+        REFERENCE,
+        "full",
+        "full (decode attention grouped)",
+        "blockwise-keydiff",
+        "blockwise-keydiff (decode attention grouped)",
+    ]
+    result = run_gpu_bench(cfg, log=lambda line: None)
+    assert all("error" not in r for r in result["cases"]), [r.get("error") for r in result["cases"]]
+    rows = {case_label(r): r for r in result["cases"]}
+    assert rows["full"]["decode_attention"] == "model" and "forced_decode_attention" not in rows["full"]
+    forced_row = rows["full (decode attention grouped)"]
+    assert forced_row["decode_attention"] == "grouped" and forced_row["forced_decode_attention"] == "grouped"
+    judged = {v.case for v in gpu_targets.evaluate(result)}
+    assert "blockwise-keydiff" in judged and not any("decode attention" in case for case in judged)
+    assert "| full (decode attention grouped) |" in markdown_table(result)

@@ -71,6 +71,13 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         "static (the graph's fixed-shape step without a graph) or eager (plain steps)",
     )
     p.add_argument(
+        "--decode-attention",
+        choices=["auto", "model", "grouped"],
+        default="auto",
+        help="a graph/static step's attention over its window: auto (grouped on CUDA from 4096 entries, else "
+        "model), model (the model's own SDPA/eager with a mask) or grouped (batched matmuls; the same answers)",
+    )
+    p.add_argument(
         "--vision-ahead",
         type=positive_int,
         default=1,
@@ -206,6 +213,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         followup=args.followup,
         method_options=method_options,
         decode=args.decode,
+        decode_attention=args.decode_attention,
         vision_ahead=args.vision_ahead,
     )
     config.validate()
@@ -256,7 +264,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         turn = session.turns[-1]
         if not args.quiet and turn.decode_mode:
             print(
-                f"  ttft {turn.ttft_seconds:.2f} s, decode {turn.decode_tokens_per_second:.1f} tok/s ({turn.decode_mode})",
+                f"  ttft {turn.ttft_seconds:.2f} s, decode {turn.decode_tokens_per_second:.1f} tok/s "
+                f"({', '.join(x for x in (turn.decode_mode, turn.decode_attention) if x)})",
                 file=sys.stderr,
             )
     report = session.report()

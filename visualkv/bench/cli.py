@@ -158,6 +158,21 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         help="(gpu) how the methods decode (SessionConfig.decode; default auto: a CUDA graph per answer on one GPU)",
     )
     p.add_argument(
+        "--decode-attention",
+        choices=["auto", "model", "grouped"],
+        default=None,
+        help="(gpu) a fixed-shape decode step's attention (SessionConfig.decode_attention; default auto: grouped "
+        "on CUDA over windows of 4096+ entries, else the model's own masked SDPA)",
+    )
+    p.add_argument(
+        "--decode-attention-rows",
+        type=comma_list(_decode_attention),
+        default=None,
+        metavar="KINDS",
+        help="(gpu) also run each method with the decode attention forced to each of these (model, grouped), "
+        "beside its default: the two measured side by side",
+    )
+    p.add_argument(
         "--forced-blockwise",
         action="store_true",
         help="(gpu) also run each block-wise method with every block of b tokens (prefill blockwise), beside its "
@@ -260,6 +275,12 @@ def _video_kind(text: str) -> str:
 
     if text not in VIDEO_KINDS:
         raise argparse.ArgumentTypeError(f"a video kind is one of {', '.join(VIDEO_KINDS)}, got {text!r}")
+    return text
+
+
+def _decode_attention(text: str) -> str:
+    if text not in ("model", "grouped"):
+        raise argparse.ArgumentTypeError(f"a decode attention is model or grouped, got {text!r}")
     return text
 
 

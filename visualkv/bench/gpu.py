@@ -92,6 +92,9 @@ class GpuBenchConfig:
     # also run each method whose default prefill is hybrid with this many blocks' media per vision-tower call
     # (SessionConfig.vision_ahead; 1: no such rows): the tower-launch lever beside the default
     vision_ahead: int = 1
+    # also run each method with the fixed-shape decode's attention forced to each of these ("model", "grouped"),
+    # beside its default ("auto"): SessionConfig.decode_attention, measured side by side on the same input
+    decode_attention_rows: tuple[str, ...] = ()
     # run every case once, untimed, on a small image before the measured ones: the first CUDA call of each
     # code path pays one-off costs (library handles, lazily loaded kernels, the first graph capture) that a
     # user pays once per process, not per question; without it the first rows' TTFT carries them
@@ -149,9 +152,11 @@ def run_method(
     cfg: GpuBenchConfig,
     prefill: str | None = None,
     vision_ahead: int = 1,
+    decode_attention: str | None = None,
 ) -> dict[str, Any]:
     """One turn of `method` through ChatSession; `prefill` forces a prefill plan (None: the method's default);
-    `vision_ahead` > 1: that many blocks' media per vision-tower call."""
+    `vision_ahead` > 1: that many blocks' media per vision-tower call; `decode_attention` forces the fixed-shape
+    decode's attention (None: the session's)."""
     base = _start_case()
     budget = cfg.budget if method_traits(method).needs_budget else None
     options = {"method": method, "budget": budget, "block_size": cfg.block_size, "max_new_tokens": cfg.new_tokens}
@@ -160,6 +165,8 @@ def run_method(
         options["prefill"] = prefill
     if vision_ahead > 1:
         options["vision_ahead"] = vision_ahead
+    if decode_attention is not None:
+        options["decode_attention"] = decode_attention
     session = ChatSession(adapter, SessionConfig(**options))
     with _ignoring_eos(adapter):
         record = session.ask(PROMPT, media)
@@ -169,6 +176,7 @@ def run_method(
         "ttft_seconds": record.ttft_seconds,
         "decode_tokens_per_second": record.decode_tokens_per_second,
         "decode_mode": record.decode_mode,  # graph / static / eager (visualkv.static_decode)
+        "decode_attention": record.decode_attention,  # a fixed-shape step's: model / grouped ("" when eager)
         # building that decoder (a CUDA graph's capture), counted in the tokens/s above; the steady rate without it
         "decode_setup_seconds": record.decode_setup_seconds,
         "decode_steady_tokens_per_second": _steady_rate(record),
@@ -325,18 +333,21 @@ class Case:
     method: str
     forced_prefill: str | None = None  # "blockwise": every block of b tokens; None: the method's default plan
     vision_ahead: int = 1  # blocks' media per vision-tower call (SessionConfig.vision_ahead)
+    decode_attention: str | None = None  # a fixed-shape decode's attention forced; None: the session's default
 
     @property
     def label(self) -> str:
         if self.forced_prefill is not None:
             return f"{self.method} ({self.forced_prefill} forced)"
+        if self.decode_attention is not None:
+            return f"{self.method} (decode attention {self.decode_attention})"
         return self.method if self.vision_ahead == 1 else f"{self.method} (vision ahead {self.vision_ahead})"
 
 
 def cases(cfg: GpuBenchConfig) -> list[Case]:
     """The reference, then every method in `cfg.methods`, each block-wise one followed by its forced
     block-wise variant when `cfg.forced_blockwise` (a hybrid plan may give the first block more tokens) and by
-    its vision-ahead variant when `cfg.vision_ahead` > 1."""
+    its vision-ahead variant when `cfg.vision_ahead` > 1; every method by one row per `cfg.decode_attention_rows`."""
     out = [Case(REFERENCE)]
     for method in cfg.methods:
         out.append(Case(method))
@@ -345,13 +356,22 @@ def cases(cfg: GpuBenchConfig) -> list[Case]:
             out.append(Case(method, "blockwise"))
         if cfg.vision_ahead > 1 and hybrid:
             out.append(Case(method, vision_ahead=cfg.vision_ahead))
+        out.extend(Case(method, decode_attention=attention) for attention in cfg.decode_attention_rows)
     return out
 
 
 def run_case(adapter: ModelAdapter, media: Media, case: Case, cfg: GpuBenchConfig) -> dict[str, Any]:
     if case.method == REFERENCE:
         return run_generate(adapter, media, cfg)
-    return run_method(adapter, media, case.method, cfg, prefill=case.forced_prefill, vision_ahead=case.vision_ahead)
+    return run_method(
+        adapter,
+        media,
+        case.method,
+        cfg,
+        prefill=case.forced_prefill,
+        vision_ahead=case.vision_ahead,
+        decode_attention=case.decode_attention,
+    )
 
 
 def run_gpu_bench(
@@ -439,6 +459,8 @@ def _one_case(adapter: ModelAdapter, source: Media | VideoInput, case: Case, cfg
         head.update(case=case.label, forced_prefill=case.forced_prefill)
     if case.vision_ahead > 1:
         head.update(case=case.label, vision_ahead=case.vision_ahead)
+    if case.decode_attention is not None:
+        head.update(case=case.label, forced_decode_attention=case.decode_attention)
     if isinstance(source, VideoInput):
         head.update(video_kind=source.kind, video_frames=source.frames, video_seconds=source.seconds)
     try:
@@ -489,9 +511,14 @@ def _line(row: dict[str, Any]) -> str:
     return (
         f"{head} TTFT {row['ttft_seconds']:7.2f} s"
         + (f" ({per_hour:.0f} s per hour of video)" if per_hour is not None else "")
-        + f"  decode {row['decode_tokens_per_second']:7.1f} tok/s ({row.get('decode_mode') or 'generate'})  {peak_txt}  "
+        + f"  decode {row['decode_tokens_per_second']:7.1f} tok/s ({_decode_how(row)})  {peak_txt}  "
         f"cache peak {row['cache_peak_bytes'] / 2**20:9.1f} MiB"
     )
+
+
+def _decode_how(row: dict[str, Any]) -> str:
+    """ "graph, grouped" (the decode mode and a fixed-shape step's attention), or "generate" for the reference."""
+    return ", ".join(x for x in (row.get("decode_mode"), row.get("decode_attention")) if x) or "generate"
 
 
 def markdown_table(result: dict[str, Any]) -> str:
@@ -508,7 +535,7 @@ def markdown_table(result: dict[str, Any]) -> str:
         peak = r["peak_over_weights_bytes"]
         ratio = (r.get("vs_generate") or {}).get("peak_over_weights_bytes")
         per_hour = r.get("ttft_seconds_per_hour")
-        mode = f" ({r['decode_mode']})" if r.get("decode_mode") else ""
+        mode = f" ({_decode_how(r)})" if r.get("decode_mode") else ""
         lines.append(
             f"| {label} | {case_label(r)} | {r['ttft_seconds']:.2f} | {'' if per_hour is None else f'{per_hour:,.0f}'} | "
             f"{r['decode_tokens_per_second']:.1f}{mode} | {'' if peak is None else f'{peak / 2**20:,.0f}'} | "
@@ -555,7 +582,7 @@ def save(result: dict[str, Any], out: str, prov: dict[str, Any] | None = None, c
 
 #: `bench` CLI options handed to SessionConfig as they are, when given (a SessionConfig field of the same name);
 #: exposing another session option to `bench gpu` is one name here plus its argparse option
-SESSION_OPTIONS: tuple[str, ...] = ("decode",)
+SESSION_OPTIONS: tuple[str, ...] = ("decode", "decode_attention")
 
 
 def session_overrides(args) -> dict[str, Any]:
@@ -583,6 +610,7 @@ def bench_gpu(args) -> int:
         session_overrides=session_overrides(args),
         forced_blockwise=bool(getattr(args, "forced_blockwise", False)),
         vision_ahead=getattr(args, "vision_ahead", 1),
+        decode_attention_rows=tuple(getattr(args, "decode_attention_rows", None) or ()),
         warmup=not getattr(args, "no_warmup", False),
     )
     prov = getattr(args, "provenance", None)

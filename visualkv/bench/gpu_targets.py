@@ -55,7 +55,8 @@ def input_label(row: dict[str, Any]) -> str:
 
 
 def case_label(row: dict[str, Any]) -> str:
-    """The method, or "blockwise-keydiff (blockwise forced)" / "… (vision ahead 4)" for a variant row."""
+    """The method, or "blockwise-keydiff (blockwise forced)" / "… (vision ahead 4)" / "full (decode attention
+    model)" for a variant row."""
     return row.get("case", row["method"])
 
 
@@ -87,15 +88,18 @@ def _find(rows: list[dict[str, Any]], method: str, forced: bool = False, ahead: 
         (
             r
             for r in rows
-            if r["method"] == method and ("forced_prefill" in r) == forced and ("vision_ahead" in r) == ahead
+            if r["method"] == method
+            and ("forced_prefill" in r) == forced
+            and ("vision_ahead" in r) == ahead
+            and "forced_decode_attention" not in r
         ),
         None,
     )
 
 
 def _variant(row: dict[str, Any]) -> bool:
-    """A forced-plan or vision-ahead row beside a method's default row."""
-    return "forced_prefill" in row or "vision_ahead" in row
+    """A forced-plan, vision-ahead or decode-attention row beside a method's default row."""
+    return "forced_prefill" in row or "vision_ahead" in row or "forced_decode_attention" in row
 
 
 def _peak_over(a: dict[str, Any] | None, b: dict[str, Any] | None) -> float | None:
