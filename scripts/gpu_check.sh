@@ -24,9 +24,12 @@
 #          The reference (transformers generate) and `full` are refused rows past 512 frames (no time).
 # A 15-minute session (the machine's start included) fits the three steps for one shape by those times, each
 # its own call or two in one (one call may run 10 min at most): e.g. call 1 `tests` then `bench` with
-# GPU_CHECK_FAMILIES=qwen2.5-vl-7b (each into its own $OUT/<step>, ~6 min), call 2 at once (the machine stays warm
-# 30 s after a call) `hour` with HOUR_STEP_TIMEOUT set to what `status` says is left, less a minute. Issue 10's
-# tests and 7B table were measured on 2026-12-04 (docs/results/gpu/); what a next GPU session should run first is
+# GPU_CHECK_FAMILIES=qwen2.5-vl-7b (each into its own $OUT/<step>, ~8 min with the decode-attention rows), call 2 at
+# once (the machine stays warm 30 s after a call) `hour` with HOUR_STEP_TIMEOUT set to what `status` says is left,
+# less a minute. Issue 10's first 92 tests and the 7B table were measured on 2026-12-04 (docs/results/gpu/). What a
+# next GPU session should run, in order: `tests` (the 107 tests now; issue 10 closes on them), `bench` on the 7B
+# shape (the grouped decode attention, new since that table and `auto`'s choice over long windows, beside the
+# model's masked SDPA: its decode tok/s and decode_attention_<shape>.json decide GROUPED_MIN_ENTRIES), then
 # `hour` (issue 14's GPU figure), then the other shapes. `bench gpu` rewrites its JSON after every case, so a
 # step stopped by its timeout keeps the cases it finished; the tests step stopped by its timeout still ends with
 # pytest's summary and JUnit XML of the tests that ran (SIGINT, as a Ctrl-C).
