@@ -14,8 +14,9 @@ once per answer and replayed per token:
 
 Attention over the window (`SessionConfig.decode_attention`): "model" runs the model's own function (SDPA or eager)
 with the mask; "grouped" runs `packed_attention.one_query` (two batched matmuls, a float32 softmax, KV heads not
-repeated), which spreads a long window over the GPU where masked SDPA streams it with one thread block per KV head;
-"auto" takes "grouped" on CUDA once the widest window holds `GROUPED_MIN_ENTRIES`, else "model".
+repeated), which spreads a long window over the GPU where masked SDPA may stream it with one thread block per KV
+head (the reasoning, not yet measured: `packed_attention.grouped_decode`); "auto" takes "grouped" on CUDA once the
+widest window holds `GROUPED_MIN_ENTRIES`, else "model".
 
 The host reads one value per token, the sampled id (for EOS and the streamed text), as the plain path does.
 The entries written are counted on the host once, when the answer ends (`finish`).
