@@ -228,6 +228,8 @@ def test_summary_rows_name_the_key_numbers(snap):
     assert viz.decode_speed({"decode_tokens_per_second": 3.0, "token_ids": [5, 6]}) == "3.0 tokens/s"
     graph = {"decode_tokens_per_second": 3.0, "token_ids": [5, 6], "decode_mode": "graph"}
     assert viz.decode_speed(graph) == "3.0 tokens/s (CUDA graph)"
+    grouped = {**graph, "decode_attention": "grouped"}
+    assert viz.decode_speed(grouped) == "3.0 tokens/s (CUDA graph, grouped attention)"
 
 
 def test_summary_line_quotes_two_media_warnings_and_counts_the_rest(snap):

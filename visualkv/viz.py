@@ -1176,11 +1176,15 @@ def _mib(n: float | None) -> str:
 
 def decode_speed(turn: dict[str, Any]) -> str:
     """Tokens per second of a turn's answer, "n/a" when it had fewer than two tokens (no rate to measure);
-    "(CUDA graph)" when its steps were replayed as one (visualkv.static_decode)."""
+    "(CUDA graph)" when its steps were replayed as one (visualkv.static_decode), "(CUDA graph, grouped attention)"
+    when that graph attended its window with the grouped matmuls."""
     speed = turn.get("decode_tokens_per_second") or 0
     if not (speed > 0 and len(turn.get("token_ids") or []) > 1):
         return "n/a"
-    return f"{speed:.1f} tokens/s" + (" (CUDA graph)" if turn.get("decode_mode") == "graph" else "")
+    if turn.get("decode_mode") != "graph":
+        return f"{speed:.1f} tokens/s"
+    grouped = ", grouped attention" if turn.get("decode_attention") == "grouped" else ""
+    return f"{speed:.1f} tokens/s (CUDA graph{grouped})"
 
 
 def summary_line(report: dict[str, Any]) -> str:
