@@ -612,3 +612,23 @@ def test_example_assets_match_their_description() -> None:
     }
     loaded = load_video(REPO / "assets" / info["file"], sampling=FrameSampling(fps=1.0, max_frames=64))
     assert loaded.num_frames == 64 and loaded.size == (info["width"], info["height"])
+
+
+def test_a_video_of_flat_frames_is_said_to_be_damaged(tmp_path: Path) -> None:
+    """Zeroed picture data decodes as one flat colour: said once every sampled frame has been decoded and found flat
+    (lazily: when the last one is read; eagerly: at load), never for a video with content after a blank start."""
+    grey = write_video(tmp_path / "grey.avi", [np.full((48, 64, 3), 128, np.uint8)] * 6, fourcc="MJPG")
+    words = "'" + str(grey) + "': every sampled frame is one flat colour, so its picture data is likely damaged"
+    every = FrameSampling(fps=4.0)  # the file's own rate: all six frames
+    lazy = load_media(grey, sampling=every)
+    assert len(lazy.frames) == 6 and lazy.warnings == []  # only the first frame decoded so far
+    _ = lazy.frames[:5]
+    assert lazy.warnings == []
+    _ = lazy.frames[5], list(lazy.frames)
+    assert len(lazy.warnings) == 1 and lazy.warnings[0].startswith(words)
+    assert load_media(grey, lazy=False, sampling=every).warnings[0].startswith(words)
+    fade = [np.zeros((48, 64, 3), np.uint8)] * 3 + noise_frames(3)  # a black start, then content
+    faded = write_video(tmp_path / "fade.avi", fade, fourcc="MJPG")
+    lazy_fade = load_media(faded, sampling=every)
+    _ = list(lazy_fade.frames)
+    assert lazy_fade.warnings == [] and load_media(faded, lazy=False, sampling=every).warnings == []

@@ -36,7 +36,9 @@ Limits, stated honestly:
   Only the first sampled frame is decoded when loading (it proves the file decodes and gives the
   size). A frame that cannot be decoded when its turn comes is replaced by the nearest earlier
   decodable frame, with a warning appended to :attr:`Media.warnings` (a long prefill is never lost
-  at frame 3,000); if even the first sampled frame is undecodable, later ones are tried at load.
+  at frame 3,000); if even the first sampled frame is undecodable, later ones are tried at load. A video whose
+  every sampled frame decodes as one flat colour (zeroed picture data decodes as the decoder's grey) gets a
+  warning once the last of them is decoded (at load when decoded eagerly).
   ``Media.iter_small(width)`` streams all frames downscaled (Sali-Cache's motion pass) with one
   full-size frame alive at a time. ``Media.resized_at_decode(size, resize)`` gives a view whose frames
   are resized right after decoding, before caching (:meth:`LazyFrames.resized`): a model adapter reads a
@@ -1026,6 +1028,8 @@ def _video_media(
             seconds = index / info.fps
             notes.append(f"frame {index} (t={seconds:.2f} s) could not be decoded; skipped")
     frames = [np.ascontiguousarray(decoded[i], dtype=np.uint8) for i in kept]
+    if all(_is_flat(frame) for frame in frames):  # stops at the first frame with content
+        notes.append(_flat_video_note(name))
     return _sampled_video(frames, frames[0].shape, name, limits, info, kept, notes, backend)
 
 
@@ -1170,6 +1174,7 @@ class LazyFrames(Sequence[np.ndarray]):
         self._shape: tuple[int, ...] | None = None  # size of the frames given out (== source unless resized)
         self._resize: Callable[[np.ndarray], np.ndarray] | None = None
         self._base: LazyFrames | None = None  # the sequence a resized view shares its decoder with
+        self._flat = _FlatWatch(name, len(self._indices), notes)  # shared with resized views
         weakref.finalize(self, decoder.close)
         first = next((k for k in range(len(self._indices)) if self._fetch(k, remember=True) is not None), None)
         if first is None:
@@ -1289,6 +1294,7 @@ class LazyFrames(Sequence[np.ndarray]):
         if frame is None:
             return None
         frame = np.ascontiguousarray(frame, dtype=np.uint8)
+        self._flat.saw(k, frame)
         if self._source_shape is None:
             self._source_shape = self._shape = tuple(frame.shape)
         elif tuple(frame.shape) != self._source_shape:  # a mid-stream size change: keep one frame size
@@ -1312,6 +1318,45 @@ class LazyFrames(Sequence[np.ndarray]):
             f"frame {index} (t={index / self._fps:.2f} s) could not be decoded; frame {other} "
             f"(t={other / self._fps:.2f} s) shown in its place"
         )
+
+
+def _is_flat(frame: np.ndarray, tolerance: int = 2) -> bool:
+    """Every channel of an (H, W, 3) frame one value, within `tolerance` levels: what a video whose picture data
+    was zeroed or lost decodes to (the decoder's grey). A sparse grid of pixels is tried first, so a frame with
+    content costs next to nothing."""
+    for sample in (frame[::16, ::16], frame):
+        pixels = sample.reshape(-1, sample.shape[-1])
+        if int((pixels.max(axis=0).astype(np.int16) - pixels.min(axis=0)).max()) > tolerance:
+            return False
+    return True
+
+
+def _flat_video_note(name: str) -> str:
+    return (
+        f"'{name}': every sampled frame is one flat colour, so its picture data is likely damaged (the model "
+        "sees a blank video) — re-download or re-encode it"
+    )
+
+
+class _FlatWatch:
+    """Says once, in the Media's warnings, that every sampled frame of a lazily decoded video is flat (`_is_flat`),
+    when the last of them has been decoded; looks no further once a frame with content is seen."""
+
+    def __init__(self, name: str, frames: int, notes: list[str]) -> None:
+        self.name, self.frames, self.notes = name, frames, notes
+        self.flat: set[int] = set()  # positions decoded so far, all flat
+        self.done = False  # a frame with content was seen, or the warning was given
+
+    def saw(self, k: int, frame: np.ndarray) -> None:
+        if self.done or k in self.flat:
+            return
+        if not _is_flat(frame):
+            self.done = True
+            return
+        self.flat.add(k)
+        if len(self.flat) == self.frames:
+            self.notes.append(_flat_video_note(self.name))
+            self.done = True
 
 
 def _resize_to(frame: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
