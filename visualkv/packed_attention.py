@@ -14,6 +14,9 @@ here with transformers' `AttentionInterface` and `AttentionMaskInterface`, `inst
   also receives the block's K/V (one copy per layer per block, as a quantized block already makes) and the
   wrapped function runs as usual; the engine's mask already spans every entry before the block.
 
+Inside `grouped_decode()` (the fixed-shape decoder's step with `SessionConfig.decode_attention` "grouped") a
+one-query call without segments takes the same `one_query` path over its window alone.
+
 Either way the dequantized segments live for one layer's attention only, so the device holds the packed
 bytes plus one layer's transient (`working_bytes`), never a full-precision copy of every packed tier.
 Dequantizing is one kernel for INT8 and four for INT4, in the model dtype (`quant.dequantize`). Announcements are kept
