@@ -75,7 +75,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         choices=["auto", "model", "grouped"],
         default="auto",
         help="a graph/static step's attention over its window: auto (grouped on CUDA from 4096 entries, else "
-        "model), model (the model's own SDPA/eager with a mask) or grouped (batched matmuls; the same answers)",
+        "model), model (the model's own SDPA/eager with a mask) or grouped (batched matmuls; the same answers up "
+        "to rounding)",
     )
     p.add_argument(
         "--vision-ahead",

@@ -59,7 +59,7 @@ class SessionConfig:
       answer where it applies, else "eager"), "graph", "static" (fixed shapes without a graph) or "eager".
     decode_attention: attention of a fixed-shape decode step ("graph", "static"; see visualkv.static_decode):
       "auto" ("grouped" on CUDA over long windows, else "model"), "model" (the model's own SDPA or eager function
-      with the window's mask) or "grouped" (batched matmuls over the masked window). Same answers either way.
+      with the window's mask) or "grouped" (batched matmuls over the masked window): the same answers up to rounding.
     vision_ahead: blocks whose media go through the vision tower in one call (1: a call per block). The
       embeddings are the same (each block's strip or frames a separate sequence in that call); more blocks
       per call mean fewer tower launches and a larger transient (counted by the memory guard). Every family.
