@@ -128,20 +128,25 @@ def test_bandwidth_share_needs_a_known_gpu():
     assert "tok/s = " in gpu_targets.markdown(result)
 
 
+def _tiny_image_bench(out, **overrides) -> GpuBenchConfig:
+    """`bench gpu` on tiny-qwen2.5-vl, CPU, one small image, full and block-wise KeyDiff, 3 new tokens."""
+    settings = {
+        "model": "tiny-qwen2.5-vl",
+        "device": "cpu",
+        "methods": ("full", "blockwise-keydiff"),
+        "budget": 48,
+        "block_size": 32,
+        "image_size": (448, 252),
+        "new_tokens": 3,
+        "inputs": ("image",),
+        "out": str(out),
+    }
+    return GpuBenchConfig(**{**settings, **overrides})
+
+
 @pytest.fixture(scope="module")
 def forced(tmp_path_factory):
-    cfg = GpuBenchConfig(
-        model="tiny-qwen2.5-vl",
-        device="cpu",
-        methods=("full", "blockwise-keydiff"),
-        budget=48,
-        block_size=32,
-        image_size=(448, 252),
-        new_tokens=3,
-        inputs=("image",),
-        forced_blockwise=True,
-        out=str(tmp_path_factory.mktemp("bench_gpu_forced")),
-    )
+    cfg = _tiny_image_bench(tmp_path_factory.mktemp("bench_gpu_forced"), forced_blockwise=True)
     return cfg, run_gpu_bench(cfg, log=lambda line: None)
 
 
@@ -178,17 +183,12 @@ def test_vision_ahead_rows_get_the_ttft_verdict_only():
 
 
 def test_vision_ahead_adds_a_case_per_block_wise_method(tmp_path):
-    cfg = GpuBenchConfig(
-        model="tiny-qwen2.5-vl",
-        device="cpu",
+    cfg = _tiny_image_bench(
+        tmp_path,
         methods=("full", "blockwise-keydiff", "salicache"),
-        budget=48,
         block_size=64,
         image_size=(896, 504),
-        new_tokens=3,
-        inputs=("image",),
         vision_ahead=4,
-        out=str(tmp_path),
     )
     labels = [c.label for c in cases(cfg)]
     assert labels == [REFERENCE, "full", "blockwise-keydiff", "blockwise-keydiff (vision ahead 4)", "salicache"]
@@ -202,19 +202,12 @@ def test_vision_ahead_adds_a_case_per_block_wise_method(tmp_path):
 def test_decode_attention_rows_run_each_method_with_the_attention_forced(tmp_path):
     """`--decode-attention-rows grouped`: a row per method beside its default, decoded with that attention, judged by
     no target (the default row is what a user runs)."""
-    cfg = GpuBenchConfig(
-        model="tiny-qwen2.5-vl",
-        device="cpu",
-        methods=("full", "blockwise-keydiff"),
-        budget=48,
+    cfg = _tiny_image_bench(
+        tmp_path,
         block_size=64,
-        image_size=(448, 252),
-        new_tokens=3,
-        inputs=("image",),
         session_overrides={"decode": "static"},  # the graph's fixed-shape step, on CPU
         decode_attention_rows=("grouped",),
         warmup=False,
-        out=str(tmp_path),
     )
     labels = [c.label for c in cases(cfg)]
     assert labels == [
