@@ -21,7 +21,7 @@ Byte accounting (all exact, from tensor shapes):
   zero points). `peak_kv_bytes` is its high-water mark, taken right after each
   append (before eviction), when a block-wise cache is fullest.
 - `allocated_bytes()`: bytes of the buffers really allocated (unused capacity
-  included): what the device holds.
+  included): what the device holds. `peak_allocated_bytes` is its high-water mark.
 - `peak_device_bytes`: high-water mark of allocated bytes plus the transient
   working memory of a step (buffer growth, the gathers and scores of an
   eviction, the concatenation of a quantized block, one layer's dequantized
@@ -51,8 +51,8 @@ GROWTH = 1.25  # geometric growth factor of a buffer without a capacity hint
 MIN_GROWTH = 256  # entries added at least per growth
 
 
-def _grown(needed: int, capacity: int, hint: int | None) -> int:
-    """New capacity (entries) for `needed` entries in a buffer of `capacity`."""
+def grown_capacity(needed: int, capacity: int, hint: int | None) -> int:
+    """New capacity (entries) for `needed` entries in a buffer of `capacity` (the memory guard mirrors this)."""
     if hint is not None and needed <= hint:
         return hint
     if capacity == 0:
@@ -84,7 +84,7 @@ class _Rows:
         """Room for `needed` entries; returns the bytes of the old buffers copied (transient), 0 if none."""
         if self.buffers and needed <= self.capacity:
             return 0
-        cap = _grown(needed, self.capacity, hint)
+        cap = grown_capacity(needed, self.capacity, hint)
         old = self.buffers
         new = [_alloc_like(t, cap) for t in (old or like)]
         for dst, src in zip(new, old):
@@ -469,6 +469,7 @@ class CompressibleCache(Cache):
         self.pending_visual = 0  # visual tokens among the pending ones (host int)
         self.static = None  # a `StaticDecoder` while it decodes: it routes `update` to `write_slot`
         self.peak_kv_bytes = 0
+        self.peak_allocated_bytes = 0
         self.peak_device_bytes = 0
         self._layer_bytes = [0] * num_layers
         self._layer_alloc = [0] * num_layers
@@ -504,6 +505,7 @@ class CompressibleCache(Cache):
         self._layer_bytes[layer_idx] = layer.kv_bytes()
         self._layer_alloc[layer_idx] = layer.allocated_bytes()
         self.peak_kv_bytes = max(self.peak_kv_bytes, sum(self._layer_bytes))
+        self.peak_allocated_bytes = max(self.peak_allocated_bytes, sum(self._layer_alloc))
         self.note_working(working)
 
     def note_working(self, nbytes: int) -> None:

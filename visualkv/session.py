@@ -79,6 +79,12 @@ class SessionConfig:
     decode_attention: str = "auto"
     vision_ahead: int = 1
 
+    @property
+    def cache_headroom(self) -> int:
+        """Entries a turn's cache allocates beyond its prefill: the answer's tokens and the last one fed back
+        (so decoding never grows a buffer; the memory guard counts them too)."""
+        return self.max_new_tokens + 1
+
     def validate(self) -> None:
         traits = method_traits(self.method)  # ConfigError for an unknown name or a refused composition
         if self.budget is not None and self.budget < 1:
@@ -238,7 +244,7 @@ class ChatSession:
     def _new_cache(self) -> CompressibleCache:
         """An empty cache for this model, with room for the answer (decoding never grows a buffer)."""
         return CompressibleCache(
-            self.adapter.num_layers, headroom=self.config.max_new_tokens + 1, query_group=self.adapter.query_group
+            self.adapter.num_layers, headroom=self.config.cache_headroom, query_group=self.adapter.query_group
         )
 
     def _fresh_method(self):
@@ -332,7 +338,7 @@ class ChatSession:
         detok = IncrementalDetokenizer(self.adapter.tokenizer)
         t_first = None
         record.stopped = "max_new_tokens"
-        self.cache.reserve(self.config.max_new_tokens + 1)  # one growth now, none while decoding
+        self.cache.reserve(self.config.cache_headroom)  # one growth now, none while decoding
         decoder: StaticDecoder | None = None
         try:
             for step in range(self.config.max_new_tokens):

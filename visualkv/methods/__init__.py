@@ -39,6 +39,15 @@ def method_traits(name: str) -> MethodTraits:
     return combine_traits([_single(name)])
 
 
+def capacity_bound(method: type[Method] | MethodTraits, budget: int | None, blocks, prepared) -> int | None:
+    """Entries per layer the cache will be sized for by `method` (a class, or the traits of a single or
+    composed name) over the planned `blocks`: the smallest bound of its stages, as a pipeline's
+    `capacity_hint`; None when no stage bounds it (the cache grows geometrically)."""
+    classes = [METHODS[n] for n in method.stages] if isinstance(method, MethodTraits) else [method]
+    bounds = [b for b in (c.capacity_bound(budget, blocks, prepared) for c in classes) if b is not None]
+    return min(bounds, default=None)
+
+
 def make_method(name: str, **options: Any) -> Method:
     """Instantiate a method by name (single or composed with "+"); ConfigError (a ValueError for callers
     that catch that too) listing the known ones."""

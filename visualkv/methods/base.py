@@ -97,6 +97,9 @@ class Method:
     #: does the prefill evict each layer to the budget right after every block (so the cache's peak is
     #: about budget + one block, not the whole input)? Read by visualkv.memory_guard's estimate.
     evicts_per_block: ClassVar[bool] = False
+    #: may the method store entries in packed INT8 / INT4 tiers besides full precision (Sali-Cache)? The memory
+    #: guard then bounds those buffers too.
+    stores_packed: ClassVar[bool] = False
     #: does the kept set depend on the question (so a follow-up may miss things)?
     query_aware: ClassVar[bool] = False
     #: run the question as a block of its own after the media, so it reads the media from the cache as
@@ -117,6 +120,12 @@ class Method:
     def capacity_hint(self, ctx: PrefillContext) -> int | None:
         """Entries per layer and head the cache will hold at most during this prefill, if the method
         bounds it (the cache then allocates its buffers once); None = unbounded (geometric growth)."""
+        return self.capacity_bound(ctx.budget, ctx.blocks, ctx.prepared)
+
+    @classmethod
+    def capacity_bound(cls, budget: int | None, blocks: list[Block], prepared: PreparedInput) -> int | None:
+        """`capacity_hint` from what is known before a prefill (the memory guard asks it with the planned
+        blocks, without building the method)."""
         return None
 
     def after_layer(self, ctx: PrefillContext, state: LayerState) -> LayerState | None:

@@ -29,8 +29,10 @@ from dataclasses import dataclass
 
 import torch
 
+from visualkv.layout import Block
 from visualkv.methods.base import LayerState, Method, PrefillContext
 from visualkv.methods.eviction import evict_tiers
+from visualkv.models.base import PreparedInput
 from visualkv.scoring import keydiff_scores, keydiff_working_bytes, snapkv_scores, snapkv_working_bytes
 
 
@@ -57,11 +59,12 @@ class BlockwiseKeyDiff(Method):
     def scratch_bytes(self, ctx: PrefillContext, layer_idx: int, keys: torch.Tensor) -> int:
         return keydiff_working_bytes(keys)
 
-    def capacity_hint(self, ctx: PrefillContext) -> int | None:
-        if ctx.budget is None or not ctx.blocks:
+    @classmethod
+    def capacity_bound(cls, budget: int | None, blocks: list[Block], prepared: PreparedInput) -> int | None:
+        if budget is None or not blocks:
             return None
-        protected = ctx.prepared.seq_len - int(ctx.prepared.visual_mask.sum())
-        return ctx.budget + max(b.end - b.start for b in ctx.blocks) + protected
+        protected = prepared.seq_len - int(prepared.visual_mask.sum())
+        return min(budget + max(b.end - b.start for b in blocks) + protected, prepared.seq_len)  # never past the input
 
     def after_layer(self, ctx: PrefillContext, state: LayerState) -> None:
         if ctx.budget is not None and ctx.block is not None and ctx.block.units:

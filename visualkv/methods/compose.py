@@ -54,6 +54,7 @@ class MethodTraits:
     evicts_per_block: bool
     query_aware: bool
     question_apart: bool
+    stores_packed: bool
     stages: tuple[str, ...]
 
 
@@ -73,6 +74,7 @@ def combine_traits(classes: list[type[Method]]) -> MethodTraits:
         evicts_per_block=any(c.evicts_per_block for c in classes),
         query_aware=any(c.query_aware for c in classes),
         question_apart=any(c.question_apart for c in classes),
+        stores_packed=any(c.stores_packed for c in classes),
         stages=tuple(c.name for c in classes),
     )
 
@@ -129,6 +131,7 @@ class Pipeline(Method):
     evicts_per_block = property(lambda self: self.traits.evicts_per_block)  # type: ignore[assignment]
     query_aware = property(lambda self: self.traits.query_aware)  # type: ignore[assignment]
     question_apart = property(lambda self: self.traits.question_apart)  # type: ignore[assignment]
+    stores_packed = property(lambda self: self.traits.stores_packed)  # type: ignore[assignment]
 
     @property  # type: ignore[override]
     def proxy_ids(self):

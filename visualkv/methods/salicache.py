@@ -108,6 +108,7 @@ class SaliCache(Method):
     description = "Skip redundant video frames before encoding; keep tokens at FP / INT8 / INT4 / pruned by saliency."
     default_prefill = "bulk"
     question_apart = True  # the question reads the media as stored (packed tiers), see the module doc
+    stores_packed = True
     compose_role = "entry"  # composes with block-wise eviction (visualkv.methods.compose)
 
     def __init__(self, config: SaliCacheConfig | None = None, **options: Any) -> None:
