@@ -24,7 +24,7 @@ from tests.conftest import get_adapter
 from visualkv.bench.synthetic import image_media, video_media
 from visualkv.errors import VisualKVError
 from visualkv.memory_guard import MemoryGuard, MemoryGuardError, estimate_prefill, out_of_memory_caught
-from visualkv.methods import METHODS
+from visualkv.methods import METHODS, method_traits
 from visualkv.session import ChatSession, SessionConfig
 from visualkv.streaming import TIME_LIMIT_STOPPED, stream_turn
 from visualkv.telemetry import TIME_LIMIT_STOP
@@ -34,17 +34,27 @@ MODELED = ["full", "blockwise-keydiff", "blockwise-snapkv", "post-snapkv"]
 
 
 def _config(method: str, budget: int = 96, **kw) -> SessionConfig:
-    return SessionConfig(method=method, budget=budget if METHODS[method].needs_budget else None, max_new_tokens=2, **kw)
+    budget = budget if method_traits(method).needs_budget else None
+    return SessionConfig(method=method, budget=budget, max_new_tokens=2, **kw)
 
 
-def _measured_and_estimated(alias: str, media, method: str, **kw) -> tuple[int, int]:
+def _measured_and_estimated(alias: str, media, method: str, allocated: bool = False, **kw) -> tuple[int, int]:
+    """(measured, estimated) bytes of the entries held at the cache's peak, or with `allocated` of its buffers."""
     adapter = get_adapter(alias)
     cfg = _config(method, **kw)
     estimate = estimate_prefill(
-        adapter, adapter.prepare(media, QUESTION), METHODS[method], cfg.budget, cfg.block_size, cfg.prefill
+        adapter,
+        adapter.prepare(media, QUESTION),
+        method_traits(method),
+        cfg.budget,
+        cfg.block_size,
+        cfg.prefill,
+        headroom=cfg.cache_headroom,
     )
     session = ChatSession(adapter, cfg)
     session.ask(QUESTION, media)
+    if allocated:
+        return session.cache.peak_allocated_bytes, estimate.kv_allocated_bytes
     return session.cache.peak_kv_bytes, estimate.kv_bytes
 
 
@@ -54,6 +64,41 @@ def test_kv_estimate_matches_measured_peak(alias, method):
     measured, estimated = _measured_and_estimated(alias, image_media(896, 504, seed=3), method)
     assert measured > 0
     assert abs(estimated - measured) <= 0.25 * measured, (estimated, measured)
+
+
+@pytest.mark.parametrize("kind", ["image", "video"])
+@pytest.mark.parametrize("method", MODELED)
+def test_allocated_kv_estimate_is_the_caches_allocation(method, kind):
+    """The cache's buffers as it sizes them (block-wise: once, for budget + largest block + text + the answer;
+    the others exactly at the first block, grown after it), not only the entries they hold: before this was
+    counted, the guard fell short of block-wise prefills by a fifth on the bench model."""
+    media = image_media(896, 504, seed=3) if kind == "image" else video_media(8, 224, 168, seed=2)
+    measured, estimated = _measured_and_estimated(
+        "tiny-qwen2.5-vl", media, method, allocated=True, prefill="blockwise", block_size=64
+    )
+    assert estimated == measured > 0
+
+
+@pytest.mark.parametrize("method", ["salicache", "lightkv", "blockwise-keydiff+salicache"])
+def test_allocated_kv_estimate_bounds_methods_that_store_less(method):
+    """Sali-Cache's packed INT8 / INT4 stores have buffers of their own, bounded as if each held every entry."""
+    media = video_media(8, 224, 168, seed=2)
+    measured, estimated = _measured_and_estimated(
+        "tiny-qwen2.5-vl", media, method, allocated=True, prefill="blockwise", block_size=64
+    )
+    assert measured <= estimated <= 2 * measured, (estimated, measured)
+
+
+@pytest.mark.parametrize("alias", ["tiny-qwen2.5-vl", "tiny-internvl3.5"])
+def test_activation_term_covers_a_bulk_blocks_mlp(alias):
+    """One decoder layer over a whole bulk prefill holds at least its MLP's three intermediate tensors for every
+    token (gate activation, up, their product): the estimate's activation term is never below that."""
+    adapter = get_adapter(alias)
+    prepared = adapter.prepare(image_media(896, 504, seed=3), QUESTION)
+    estimate = estimate_prefill(adapter, prepared, METHODS["full"], None, None, "bulk")
+    itemsize = torch.empty((), dtype=adapter.dtype).element_size()
+    mlp = prepared.seq_len * 3 * adapter.text_config.intermediate_size * itemsize
+    assert estimate.activation_bytes >= mlp, (estimate.activation_bytes, mlp)
 
 
 def _tower_calls(adapter, media, cfg: SessionConfig) -> list[int]:
@@ -119,16 +164,17 @@ def test_kv_estimate_bounds_methods_that_store_less(method):
     assert estimated >= measured > 0
 
 
-def test_guard_refuses_with_one_line_and_a_method_that_fits(small_image):
+def test_guard_refuses_with_one_line_and_a_method_that_fits():
+    image = image_media(1792, 1008, seed=3)  # several blocks: the KV outweighs a block's transients
     adapter = get_adapter("tiny-qwen2.5-vl")
-    prepared = adapter.prepare(small_image, QUESTION)
+    prepared = adapter.prepare(image, QUESTION)
     full = estimate_prefill(adapter, prepared, METHODS["full"], None, None, None)
     small = estimate_prefill(adapter, prepared, METHODS["blockwise-keydiff"], 16, None, None)
     assert small.to_allocate < full.to_allocate
     free = (small.to_allocate + full.to_allocate) // 2  # the block-wise method fits, full does not
     session = ChatSession(adapter, _config("full"), guard=MemoryGuard(free_bytes=lambda: free, headroom=1.0))
     with pytest.raises(MemoryGuardError) as err:
-        session.ask(QUESTION, small_image)
+        session.ask(QUESTION, image)
     message = str(err.value)
     assert "\n" not in message
     assert message.startswith("full needs ~") and "free: try blockwise-" in message, message
@@ -210,9 +256,11 @@ def test_turn_within_its_time_limit_is_untouched(small_image):
 
 @pytest.mark.slow
 def test_whole_estimate_against_measured_rss(tmp_path):
-    """scripts/guard_check.py on a 4K image (tiny model; the bench model's figures are in README): the whole
-    estimate within 25 % of the process's measured RSS growth over the prefill, the KV part exact; block-wise
-    KeyDiff also with 4 blocks per vision-tower call (the larger transient the guard must count)."""
+    """scripts/guard_check.py on a 4K image (tiny models; the bench model's figures are in README): the whole
+    estimate within 25 % of the process's measured RSS growth over the prefill (35 % above with 4 blocks per
+    vision-tower call: strips shared by two blocks count for both), the KV parts exact; block-wise KeyDiff also
+    with 4 blocks per call (the larger transient the guard must count). SmolVLM2 too: its vision call holds
+    3.5 copies of its pixels, which the guard missed (it fell short by 2.6x on this model)."""
     repo = Path(__file__).resolve().parent.parent
     out = tmp_path / "guard.json"
     subprocess.run(
@@ -220,7 +268,7 @@ def test_whole_estimate_against_measured_rss(tmp_path):
             sys.executable,
             "scripts/guard_check.py",
             "--model",
-            "tiny-qwen2.5-vl",
+            "tiny-qwen2.5-vl,tiny-smolvlm2",
             "--methods",
             "full,blockwise-keydiff",
             "--vision-ahead",
@@ -234,11 +282,10 @@ def test_whole_estimate_against_measured_rss(tmp_path):
         env={**os.environ, "PYTHONPATH": str(repo)},
     )
     rows = json.loads(out.read_text())["results"]
-    assert [(r["method"], r["vision_ahead"]) for r in rows] == [
-        ("full", 1),
-        ("blockwise-keydiff", 1),
-        ("blockwise-keydiff", 4),
+    runs = [("full", 1), ("blockwise-keydiff", 1), ("blockwise-keydiff", 4)]
+    assert [(r["model"], r["method"], r["vision_ahead"]) for r in rows] == [
+        (model, *run) for model in ("tiny-qwen2.5-vl", "tiny-smolvlm2") for run in runs
     ]
     for row in rows:
-        assert abs(row["kv_ratio"] - 1) < 0.01, row
-        assert 0.75 <= row["whole_ratio"] <= 1.25, row
+        assert abs(row["kv_ratio"] - 1) < 0.01 and abs(row["kv_allocated_ratio"] - 1) < 0.01, row
+        assert 0.75 <= row["whole_ratio"] <= (1.35 if row["vision_ahead"] > 1 else 1.25), row

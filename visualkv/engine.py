@@ -42,6 +42,11 @@ class PrefillResult:
     seconds: float
 
 
+def needs_mask(q: int, n_past: int, impl: str) -> bool:
+    """Does attention for q new tokens after n_past cached entries take a mask (`attention_mask`)?"""
+    return not (q == 1 or (n_past == 0 and impl != "eager"))
+
+
 def attention_mask(q: int, n_past: int, impl: str, dtype: torch.dtype, device) -> torch.Tensor | None:
     """Mask for q new tokens after n_past cached entries (all of which are older).
 
@@ -50,7 +55,7 @@ def attention_mask(q: int, n_past: int, impl: str, dtype: torch.dtype, device) -
     SDPA-like kernel (its own causal flag is used, as transformers does).
     Bool for SDPA-like kernels, additive float for eager attention.
     """
-    if q == 1 or (n_past == 0 and impl != "eager"):
+    if not needs_mask(q, n_past, impl):
         return None  # SDPA-like kernels then run causally without materialising a mask
     allowed = torch.ones((q, n_past + q), dtype=torch.bool, device=device)
     allowed[:, n_past:] = torch.ones((q, q), dtype=torch.bool, device=device).tril()
@@ -117,6 +122,8 @@ def attention_working_bytes(adapter: ModelAdapter, q: int, n: int, causal_flag: 
 
     transformers' SDPA path expands K/V to every query head (`repeat_kv`) unless it can use the kernel's
     own GQA (no mask); eager attention also materialises the (heads, q, n) scores and probabilities.
+    A mask (none with the causal flag): eager's is additive in `dtype`; SDPA's is bool, and PyTorch's SDPA
+    makes an additive copy of it in `dtype` before its kernel runs (both seen in the CPU profiler).
     """
     cfg = adapter.text_config
     hq, hkv, hd = cfg.num_attention_heads, adapter.num_kv_heads, adapter.head_dim
@@ -124,7 +131,8 @@ def attention_working_bytes(adapter: ModelAdapter, q: int, n: int, causal_flag: 
     impl = adapter.attn_implementation
     expand = 0 if (impl == "sdpa" and causal_flag) or hq == hkv else 2 * hq * n * hd * itemsize
     scores = 2 * hq * q * n * itemsize if impl == "eager" else 0
-    return expand + scores + q * n  # + the bool mask
+    mask = 0 if causal_flag else q * n * (itemsize if impl == "eager" else 1 + itemsize)
+    return expand + scores + mask
 
 
 def kept_units(prepared: PreparedInput, block: Block) -> list:

@@ -4,17 +4,24 @@ A shared instance must not be killed mid-turn by one user's `full` prefill of a 
 (that would take every user's chat with it). Before a prefill, `MemoryGuard.check` estimates
 the turn's peak from the model's dimensions and the planned blocks, weights aside:
 
-- **KV**: the cache's high-water mark, walked over the blocks the engine will run. A method
-  that evicts per block (`Method.evicts_per_block`) holds, while block i passes layer l, the
+- **KV**: the cache's buffers as it allocates them, walked over the blocks the engine will run: sized
+  once by the method's bound (`Method.capacity_bound`, block-wise: budget + largest block + text) plus
+  the answer's headroom, or else exactly at the first block and grown geometrically after it
+  (`visualkv.cache.grown_capacity`; a layer being grown holds its old buffers and the new ones), and a
+  method with packed tiers (`Method.stores_packed`) an INT8 and an INT4 store that could each hold every
+  entry (at the default group size). The
+  entries held are walked too (`kv_bytes`, the high-water mark of the cache's `peak_kv_bytes`): a
+  method that evicts per block (`Method.evicts_per_block`) holds, while block i passes layer l, the
   evicted entries of layers < l, its previous entries + block i at layer l, and its previous
   entries at layers > l; any other method keeps everything it read (salicache and lightkv
-  store less than that, so for them this is an upper bound).
+  store less than that, so for them both figures are upper bounds).
 - **LLM activations** of each block, one decoder layer at a time: the residual stream plus the larger
   of the attention phase (q, k, v, their rotated and GQA-repeated copies, the output) and the MLP
   phase (gate activation, up, product), per token of the block, plus the attention mask; SDPA's fused
   kernels (CPU and CUDA) never hold the (queries × keys) score matrix, so none is counted.
 - **Vision tower** on each block's units (a tile, a row strip, a frame; the whole media in one bulk
-  block): its patch inputs and one layer's activations over their patches.
+  block): its pixel inputs while prepared, or as the tower holds them with one layer's activations over
+  their patches (`ModelAdapter.vision_prep_copies`, `vision_input_copies`).
 - **Decoded media**: the frames as held in memory (already resident when the check runs, so they
   are reported but not asked of the free memory). A lazily decoded video (``Media.is_lazy``) holds
   a few cached frames plus the frames of the block being encoded, estimated from metadata.
@@ -41,10 +48,13 @@ from dataclasses import dataclass
 import psutil
 import torch
 
+from visualkv.cache import grown_capacity
+from visualkv.engine import attention_working_bytes, needs_mask
 from visualkv.errors import VisualKVError
 from visualkv.layout import plan_blocks
 from visualkv.media import Media
-from visualkv.methods import METHODS, method_traits
+from visualkv.methods import METHODS, capacity_bound, method_traits
+from visualkv.quant import QuantSpec, packed_bytes_per_token
 
 
 class MemoryGuardError(VisualKVError):
@@ -55,12 +65,15 @@ class MemoryGuardError(VisualKVError):
 class MemoryEstimate:
     """Bytes a turn needs above the weights (see the module doc).
 
-    kv_bytes: the cache's high-water mark. activation_bytes / vision_bytes: the largest transient of the
-    LLM layers / the vision tower over one block. peak_bytes: the largest sum of what coexists, over the
-    blocks: the cache before the block + the vision tower on it, or the cache during it + its LLM layer.
+    kv_bytes: the high-water mark of the entries held (the cache's `peak_kv_bytes`). kv_allocated_bytes: of
+    its buffers, free capacity included (its `peak_allocated_bytes`). activation_bytes / vision_bytes: the
+    largest transient of the LLM layers / the vision tower over one block. peak_bytes: the largest sum of
+    what coexists, over the blocks: the cache's buffers before the block + the vision tower on it, or its
+    buffers during it (a layer being grown counted twice) + its LLM layer.
     """
 
     kv_bytes: int
+    kv_allocated_bytes: int
     activation_bytes: int
     vision_bytes: int
     media_bytes: int
@@ -103,35 +116,55 @@ def estimate_prefill(
     block_size: int | None,
     prefill_mode: str | None,
     vision_ahead: int = 1,
+    headroom: int = 0,
 ) -> MemoryEstimate:
     """The estimate for prefilling `prepared` with `method_cls` (a class of visualkv.methods.METHODS, or
-    anything with its flags, such as `visualkv.methods.method_traits(name)` for a composed name).
-    vision_ahead: blocks per vision-tower call (the engine's), where the adapter encodes ahead."""
+    `visualkv.methods.method_traits(name)` for any name, composed too).
+    vision_ahead: blocks per vision-tower call (the engine's), where the adapter encodes ahead.
+    headroom: entries the cache allocates beyond the prefill (`SessionConfig.cache_headroom`)."""
     itemsize = torch.empty((), dtype=adapter.dtype).element_size()
     layers, kv_heads, head_dim = adapter.num_layers, adapter.num_kv_heads, adapter.head_dim
     entry_bytes = 2 * kv_heads * head_dim * itemsize  # K and V of one token at one layer
+    # a method with packed tiers (Sali-Cache) may put any entry in the INT8 or the INT4 store, each with buffers
+    # of its own (grown geometrically, no hint): bounded by both holding every entry (default group size)
+    packed_bytes = (
+        sum(
+            2 * kv_heads * packed_bytes_per_token(head_dim, QuantSpec(bits).resolved(head_dim), adapter.dtype)
+            for bits in (8, 4)
+        )
+        if method_cls.stores_packed
+        else 0
+    )
     block_size = block_size or adapter.default_block_size
     mode = prefill_mode or method_cls.default_prefill
     visual = prepared.visual_mask & prepared.keep
-    blocks = plan_blocks(prepared.seq_len, prepared.layout.units, mode, block_size, budget)
+    blocks = plan_blocks(
+        prepared.seq_len, prepared.layout.units, mode, block_size, budget, question_apart=method_cls.question_apart
+    )
+    bound = capacity_bound(method_cls, budget, blocks, prepared)
+    hint = bound + headroom if bound is not None else None  # as `CompressibleCache.set_capacity_hint`
 
     text = adapter.text_config
     hidden = _cfg(text, "hidden_size")
     heads = _cfg(text, "num_attention_heads")
     inter = _cfg(text, "intermediate_size", default=4 * hidden)
-    # one decoder layer's transients per token: the residual stream (in, out) plus the larger of its two
-    # phases, which never coexist: attention (normed input; q, k, v; rotated q, k; k, v repeated to every
-    # query head; attention output; o_proj) or the MLP (normed input; gate activation, up, their product)
-    attention = 2 * hidden + (heads + 2 * kv_heads) * head_dim + (heads + kv_heads) * head_dim + 3 * heads * head_dim
-    mlp = hidden + 3 * inter
-    per_token = (2 * hidden + max(attention, mlp)) * itemsize
+    # one decoder layer's transients: the residual stream (in, out) plus the larger of its two phases, which
+    # never coexist: attention (per token of the block: normed input; q, k, v; rotated q, k; attention output;
+    # o_proj; over every key: the mask, K/V repeated to every query head, as `attention_working_bytes`)
+    # or the MLP (per token: normed input; gate activation, up, their product)
+    residual = 2 * hidden * itemsize
+    attention = (
+        2 * hidden + (heads + 2 * kv_heads) * head_dim + (heads + kv_heads) * head_dim + heads * head_dim
+    ) * itemsize
+    mlp = (hidden + 3 * inter) * itemsize
     vision = _VisionDims.of(adapter)
 
     held = vis_held = 0  # entries of one layer (per KV head) before the block, and how many are visual
-    kv_peak = act_peak = vision_peak = peak = 0
+    capacity = packed_capacity = 0  # entries each layer's full-precision / packed buffers hold room for
+    kv_peak = alloc_peak = act_peak = vision_peak = peak = 0
     ahead = vision_ahead if adapter.encodes_ahead(prepared) else 1
     call_patches = [adapter.vision_call_patches(prepared, [b.units]) if b.units else 0 for b in blocks]
-    per_token = adapter.patches_per_token  # a call's output: its patches packed into tokens
+    patches_per_token = adapter.patches_per_token  # a call's output: its patches packed into tokens
     ahead_until = 0
     for i, block in enumerate(blocks):
         q = int(prepared.keep[block.start : block.end].sum())
@@ -143,27 +176,50 @@ def estimate_prefill(
         after = held + (q - q_vis) + (vis_after - vis_held)
         # the block at the last layer: every other layer already evicted to `after` (or holds `held`)
         entries = max((layers - 1) * after + held + q, layers * held + q)
+        # the cache's buffers before and during the block (`CompressibleLayer.update`: the first allocation is
+        # the block + the headroom, or the hint; a later block that does not fit grows every layer in turn)
+        before = capacity
+        if capacity == 0 and q:  # (a block with nothing kept never reaches the cache)
+            capacity = grown_capacity(q + headroom, 0, hint)
+        if held + q > capacity:
+            capacity = grown_capacity(held + q, capacity, hint)
+        growing = before if before and capacity > before else 0  # the layer being grown holds both
+        packed_before = packed_capacity
+        if packed_bytes and held + q > packed_capacity:
+            packed_capacity = grown_capacity(held + q, packed_capacity, None)
+        # bytes of every layer's buffers before / during the block, and the old buffers of a layer being grown
+        held_alloc = layers * (before * entry_bytes + packed_before * packed_bytes)
+        alloc = layers * (capacity * entry_bytes + packed_capacity * packed_bytes)
+        alloc_growing = growing * entry_bytes + (packed_before if packed_capacity > packed_before else 0) * packed_bytes
         embeddings = 2 * q * hidden * itemsize  # the block's embeddings and the vision output folded in
         if ahead > 1 and i >= ahead_until and block.units:  # one tower call for this block and the next ones
             ahead_until = i + ahead
             groups = [b.units for b in blocks[i:ahead_until] if b.units]
             patches = adapter.vision_call_patches(prepared, groups)
-            vision_b = vision.bytes(patches, patches // per_token, itemsize)
+            vision_b = vision.bytes(patches, patches // patches_per_token, itemsize)
         else:
-            vision_b = vision.bytes(call_patches[i], call_patches[i] // per_token, itemsize) if ahead == 1 else 0
+            vision_b = (
+                vision.bytes(call_patches[i], call_patches[i] // patches_per_token, itemsize) if ahead == 1 else 0
+            )
         # embeddings encoded ahead wait for their blocks: at most the rest of the call's output
-        embeddings += sum(call_patches[i + 1 : ahead_until]) // per_token * hidden * itemsize
-        # bool mask over cache + block; none for a first block (SDPA's causal flag), as the engine does
-        mask = q * (held + q) if held else 0
-        act_b = q * per_token + mask
-        kv_peak = max(kv_peak, entries)
+        embeddings += sum(call_patches[i + 1 : ahead_until]) // patches_per_token * hidden * itemsize
+        causal_flag = not needs_mask(q, held, adapter.attn_implementation)  # as the engine's layer loop
+        keys = attention_working_bytes(adapter, q, held + q, causal_flag, adapter.dtype)
+        act_b = q * residual + max(q * attention + keys, q * mlp)
+        kv_peak, alloc_peak = max(kv_peak, entries), max(alloc_peak, alloc)
         act_peak, vision_peak = max(act_peak, act_b), max(vision_peak, vision_b)
-        peak = max(
-            peak, layers * held * entry_bytes + vision_b + embeddings, entries * entry_bytes + act_b + embeddings
-        )
+        peak = max(peak, held_alloc + vision_b + embeddings, alloc + alloc_growing + act_b + embeddings)
         held, vis_held = after, vis_after
     media_bytes = _media_bytes(prepared, blocks)
-    return MemoryEstimate(kv_peak * entry_bytes, act_peak, vision_peak, media_bytes, peak, kv_peak)
+    return MemoryEstimate(
+        kv_peak * entry_bytes,
+        alloc_peak,
+        act_peak,
+        vision_peak,
+        media_bytes,
+        peak,
+        kv_peak,
+    )
 
 
 def _media_bytes(prepared, blocks) -> int:
@@ -195,13 +251,15 @@ class _VisionDims:
     hidden: int
     inter: int
     out_hidden: int
+    prep_copies: float  # float32 copies of a call's pixel input while prepared (`ModelAdapter.vision_prep_copies`)
+    input_copies: float  # ... and while the tower runs (`ModelAdapter.vision_input_copies`)
 
     @classmethod
     def of(cls, adapter) -> _VisionDims:
         config = adapter.model.config
         vision = _cfg(config, "vision_config")
         if vision is None:
-            return cls(0, 0, 0, 0)
+            return cls(0, 0, 0, 0, 0.0, 0.0)
         patch = _cfg(vision, "patch_size", default=14)
         values = (
             _cfg(vision, "in_channels", "num_channels", default=3)
@@ -215,13 +273,18 @@ class _VisionDims:
             v_hidden,
             _cfg(vision, "intermediate_size", default=4 * v_hidden),
             _cfg(adapter.text_config, "hidden_size"),
+            adapter.vision_prep_copies,
+            adapter.vision_input_copies,
         )
 
     def bytes(self, patches: int, tokens: int, itemsize: int) -> int:
-        """Patch inputs + one vision layer's activations over a call's `patches` + its `tokens` of output (all
-        it encodes, before any is sliced away: Qwen's whole-window strips, LLaVA-OneVision's whole tiles)."""
-        per_patch = self.patch_values + 6 * self.hidden + 3 * self.inter
-        return (patches * per_patch + tokens * self.out_hidden) * itemsize
+        """The larger of a call's two phases, over its `patches` (all it encodes, before any is sliced away:
+        Qwen's whole-window strips, LLaVA-OneVision's whole tiles): the preparation of its pixel inputs (float32,
+        as processors make them), or the inputs it holds + one vision layer's activations; + its `tokens` of
+        output."""
+        pixels = patches * self.patch_values * 4
+        tower = pixels * self.input_copies + patches * (6 * self.hidden + 3 * self.inter) * itemsize
+        return int(max(pixels * self.prep_copies, tower)) + tokens * self.out_hidden * itemsize
 
 
 def free_memory_bytes(device) -> int | None:
@@ -260,7 +323,14 @@ class MemoryGuard:
         """Raise MemoryGuardError (one line) when the prefill of `prepared` under `config` would not fit."""
         method_cls = method_traits(config.method)
         est = estimate_prefill(
-            adapter, prepared, method_cls, config.budget, config.block_size, config.prefill, config.vision_ahead
+            adapter,
+            prepared,
+            method_cls,
+            config.budget,
+            config.block_size,
+            config.prefill,
+            config.vision_ahead,
+            config.cache_headroom,
         )
         if not self.enabled:
             return est
@@ -279,7 +349,9 @@ class MemoryGuard:
             if name == config.method or not cls.evicts_per_block:
                 continue
             for b in (budget, max(1, budget // 4)):
-                est = estimate_prefill(adapter, prepared, cls, b, config.block_size, None, config.vision_ahead)
+                est = estimate_prefill(
+                    adapter, prepared, cls, b, config.block_size, None, config.vision_ahead, config.cache_headroom
+                )
                 if est.to_allocate <= self.headroom * free:
                     return f"try {name} with budget {b}"
         return "try fewer video frames, a smaller image, or a smaller model"

@@ -249,6 +249,13 @@ class ModelAdapter:
         This default: every unit's tokens, times `patches_per_token`, in one call."""
         return sum(u.seq_end - u.seq_start for group in groups for u in group) * self.patches_per_token
 
+    #: float32 copies of a vision call's pixel input alive at once (the processor's output, index and contiguous
+    #: copies, per-pixel masks), in units of the call's pixel values: at the peak of their preparation, and
+    #: still held while the tower runs. The memory guard's input terms, measured on CPU per family on the tiny
+    #: models (their small towers make them show); on a GPU host-side copies do not count (an upper bound).
+    vision_prep_copies: float = 1.0
+    vision_input_copies: float = 1.0
+
     #: each unit (a tile, a frame) is encoded as an image of its own: its embeddings do not depend on the units
     #: sharing its tower call, so the default `encode_ahead` may put several blocks' units in one call
     units_independent = False

@@ -49,6 +49,7 @@ from visualkv.models.vision_attention import batch_vision_chunks
 class Qwen25VLAdapter(ModelAdapter):
     family = "qwen2_5_vl"
     default_block_size = 784  # best block size for Qwen2.5-VL-7B in the block-wise paper
+    vision_prep_copies = 1.5  # the processor's rescale/normalize and patchify of a strip: 1.5 copies measured
     position_axes = 3
 
     def __init__(self, model, processor, name: str) -> None:
