@@ -7,7 +7,8 @@ For each method, in a fresh process: load the model and the media, run one warm-
 (one-time allocations: thread pools, kernel caches), then measure one turn on the media from the moment
 its input is prepared (where the guard runs; the prepared input is part of the baseline) to its end:
 
-- KV: the estimate's KV part against the cache's `peak_kv_bytes` (bytes of K/V tensors really held).
+- KV: the estimate's KV parts against the cache's `peak_kv_bytes` (bytes of K/V entries really held) and
+  `peak_allocated_bytes` (of its buffers, free capacity included).
 - whole: the estimate's peak against the growth of the process's RSS over the turn, sampled every
   millisecond, with glibc's mmap threshold pinned at 64 KiB (`MALLOC_MMAP_THRESHOLD_`), so every tensor
   larger than that is mapped on allocation and unmapped on free, and RSS follows the bytes alive instead
@@ -17,6 +18,7 @@ its input is prepared (where the guard runs; the prepared input is part of the b
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -35,7 +37,7 @@ def measure(model: str, media_path: str, method: str, budget: int, vision_ahead:
     from visualkv.bench.synthetic import image_media
     from visualkv.media import load_media
     from visualkv.memory_guard import MemoryGuard, estimate_prefill
-    from visualkv.methods import METHODS, method_traits
+    from visualkv.methods import method_traits
     from visualkv.models.registry import load_model
     from visualkv.session import ChatSession, SessionConfig
 
@@ -46,7 +48,9 @@ def measure(model: str, media_path: str, method: str, budget: int, vision_ahead:
     unguarded = MemoryGuard(enabled=False)
     ChatSession(adapter, cfg, guard=unguarded).ask(QUESTION, image_media(448, 336, seed=1))  # warm-up
     prepared = adapter.prepare(media, QUESTION)
-    est = estimate_prefill(adapter, prepared, METHODS[method], cfg.budget, None, None, vision_ahead)
+    est = estimate_prefill(
+        adapter, prepared, method_traits(method), cfg.budget, None, None, vision_ahead, cfg.cache_headroom
+    )
     session = ChatSession(adapter, cfg, guard=unguarded)
     proc = psutil.Process()
     base = [proc.memory_info().rss]
@@ -57,6 +61,7 @@ def measure(model: str, media_path: str, method: str, budget: int, vision_ahead:
     def prepared_then_baseline(*args, **kwargs):
         # the guard runs once the input is prepared: measure from there, the prepared input included in the base
         out = prepare(*args, **kwargs)
+        gc.collect()  # the preparation's garbage in reference cycles would otherwise fall in the measured span
         base[0] = peak[0] = proc.memory_info().rss
         return out
 
@@ -82,13 +87,19 @@ def measure(model: str, media_path: str, method: str, budget: int, vision_ahead:
         "visual_tokens": session.report()["visual_tokens"],
         "estimate": {
             "kv_bytes": est.kv_bytes,
+            "kv_allocated_bytes": est.kv_allocated_bytes,
             "activation_bytes": est.activation_bytes,
             "vision_bytes": est.vision_bytes,
             "peak_bytes": est.peak_bytes,
             "media_bytes": est.media_bytes,
         },
-        "measured": {"peak_kv_bytes": session.cache.peak_kv_bytes, "rss_growth_bytes": growth},
+        "measured": {
+            "peak_kv_bytes": session.cache.peak_kv_bytes,
+            "peak_allocated_bytes": session.cache.peak_allocated_bytes,
+            "rss_growth_bytes": growth,
+        },
         "kv_ratio": est.kv_bytes / session.cache.peak_kv_bytes,
+        "kv_allocated_ratio": est.kv_allocated_bytes / session.cache.peak_allocated_bytes,
         "whole_ratio": est.peak_bytes / growth,
         "turn_seconds": round(seconds, 2),
         "torch_threads": torch.get_num_threads(),
@@ -97,7 +108,7 @@ def measure(model: str, media_path: str, method: str, budget: int, vision_ahead:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="bench-qwen2.5-vl")
+    parser.add_argument("--model", default="bench-qwen2.5-vl", help="a model alias, or several joined by commas")
     parser.add_argument("--media", default="assets/example_4k.png")
     parser.add_argument("--methods", default="full,blockwise-keydiff,blockwise-snapkv,post-snapkv")
     parser.add_argument("--budget", type=int, default=1024)
@@ -115,17 +126,18 @@ def main() -> int:
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     rows = []
     runs = []
-    for method in args.methods.split(","):
-        runs.append((method, 1))
-        if args.vision_ahead > 1 and method.startswith("blockwise"):
-            runs.append((method, args.vision_ahead))
-    for method, ahead in runs:
+    for model in args.model.split(","):
+        for method in args.methods.split(","):
+            runs.append((model, method, 1))
+            if args.vision_ahead > 1 and method.startswith("blockwise"):
+                runs.append((model, method, args.vision_ahead))
+    for model, method, ahead in runs:
         out = subprocess.run(
             [
                 sys.executable,
                 __file__,
                 "--model",
-                args.model,
+                model,
                 "--media",
                 args.media,
                 "--budget",
@@ -140,10 +152,10 @@ def main() -> int:
             text=True,
             check=True,
         )
-        row = json.loads(out.stdout.strip().splitlines()[-1])
+        row = {"model": model, **json.loads(out.stdout.strip().splitlines()[-1])}
         rows.append(row)
         print(
-            f"{method:18s} ahead {ahead} KV est/measured {row['kv_ratio']:.3f}   whole est/measured {row['whole_ratio']:.3f} "
+            f"{model:22s} {method:18s} ahead {ahead} KV est/measured {row['kv_ratio']:.3f}, allocated {row['kv_allocated_ratio']:.3f}   whole est/measured {row['whole_ratio']:.3f} "
             f"({row['estimate']['peak_bytes'] / 2**20:.1f} / {row['measured']['rss_growth_bytes'] / 2**20:.1f} MiB)",
             flush=True,
         )

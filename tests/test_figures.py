@@ -25,6 +25,8 @@ def test_readme_has_every_results_table():
         "lightkv",
         "needle",
         "gpu",
+        "memory-guard",
+        "memory-guard-families",
     } <= set(figures.blocks_in(text))
 
 

@@ -759,21 +759,38 @@ def table_families_latency(results: Path) -> str:
 
 def table_memory_guard(results: Path) -> str:
     """The memory guard's estimate against measured memory (scripts/guard_check.py)."""
-    name = "memory_guard_cpu.json"
+    return _memory_guard_rows(results, "memory_guard_cpu.json")
+
+
+def table_memory_guard_families(results: Path) -> str:
+    """The same on every family's tiny model, where a small tower makes the pixel copies show."""
+    return _memory_guard_rows(results, "memory_guard_families_cpu.json")
+
+
+def _memory_guard_rows(results: Path, name: str) -> str:
     d = load(name, results)
+    models = len({r["model"] for r in d["results"]}) > 1
     body = []
     for r in d["results"]:
         e, m = r["estimate"], r["measured"]
         ahead = f" (vision ahead {r['vision_ahead']})" if r.get("vision_ahead", 1) > 1 else ""
         body.append(
             [
+                *([r["model"]] if models else []),
                 f"`{r['method']}`{ahead}",
-                f"{e['kv_bytes'] / MIB:.1f} / {e['peak_bytes'] / MIB:.1f} MiB",
-                f"{m['peak_kv_bytes'] / MIB:.1f} / {m['rss_growth_bytes'] / MIB:.1f} MiB",
+                f"{e['kv_bytes'] / MIB:.1f} / {e['kv_allocated_bytes'] / MIB:.1f} / {e['peak_bytes'] / MIB:.1f} MiB",
+                " / ".join(f"{m[k] / MIB:.1f}" for k in ("peak_kv_bytes", "peak_allocated_bytes", "rss_growth_bytes"))
+                + " MiB",
                 f"{r['whole_ratio']:.2f}",
             ]
         )
-    header = ["method", "estimate, KV / whole", "measured, `peak_kv_bytes` / RSS growth", "whole: estimate / measured"]
+    header = [
+        *(["model"] if models else []),
+        "method",
+        "estimate: KV held / allocated / whole",
+        "measured: `peak_kv_bytes` / `peak_allocated_bytes` / RSS growth",
+        "whole: estimate / measured",
+    ]
     return _render(header, body, [(name, d)])
 
 
@@ -1231,6 +1248,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "families-fidelity": table_families_fidelity,
     "families-latency": table_families_latency,
     "memory-guard": table_memory_guard,
+    "memory-guard-families": table_memory_guard_families,
     "load": table_load,
     "long-video": table_long_video,
     "compose-ratio": table_compose_ratio,
