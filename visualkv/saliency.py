@@ -237,6 +237,42 @@ def _box_sums(integral: np.ndarray, boxes: np.ndarray) -> np.ndarray:
     return integral[y1, x1] - integral[y0, x1] - integral[y1, x0] + integral[y0, x0]
 
 
+#: rows of a frame whose float64 integral images (sum and squares, 3 channels) are built at once, plus the height of
+#: the band's boxes: a whole 4K frame's would take 400 MB, the largest transient of a Sali-Cache prefill
+#: (scripts/guard_check.py found it); a band of 128 + 28 rows takes 29 MB
+_BAND_ROWS = 128
+
+
+def _banded_box_sums(image: np.ndarray, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel sums and sums of squares of an (H, W, C) uint8 image over clipped half-open boxes (n, 4).
+
+    Boxes at most `_BAND_ROWS` tall go by the band of rows their top lies in, each band's integral images
+    built over its rows only; taller boxes (a global tile's cells) are summed directly, `_BAND_ROWS` rows
+    at a time. The same integers as one whole-frame integral (exact: float64 holds sums of 8-bit values
+    and their squares exactly), for a band's memory instead of the frame's; a few calls per band, none
+    per box."""
+    n, channels = boxes.shape[0], image.shape[2]
+    sums, squares = np.zeros((n, channels)), np.zeros((n, channels))
+    height = boxes[:, 3] - boxes[:, 1]
+    tall = height > _BAND_ROWS
+    short = np.flatnonzero(~tall)
+    band_of = boxes[short, 1] // _BAND_ROWS
+    for band in np.unique(band_of):
+        rows = short[band_of == band]
+        top = int(band) * _BAND_ROWS
+        bottom = int(boxes[rows, 3].max())
+        s, sq = cv2.integral2(image[top:bottom], sdepth=cv2.CV_64F, sqdepth=cv2.CV_64F)
+        local = boxes[rows] - np.array([0, top, 0, top])
+        sums[rows], squares[rows] = _box_sums(s, local), _box_sums(sq, local)
+    for i in np.flatnonzero(tall):
+        x0, y0, x1, y1 = (int(v) for v in boxes[i])
+        for start in range(y0, y1, _BAND_ROWS):
+            part = image[start : min(start + _BAND_ROWS, y1), x0:x1].reshape(-1, channels).astype(np.int64)
+            sums[i] += part.sum(0)
+            squares[i] += (part * part).sum(0)
+    return sums, squares
+
+
 def _frame_signals(frame: np.ndarray, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Edge density and mean per-channel LAB variance of each box of one frame."""
     if frame.ndim != 3 or frame.shape[2] != 3 or frame.dtype != np.uint8:
@@ -258,9 +294,9 @@ def _frame_signals(frame: np.ndarray, boxes: np.ndarray) -> tuple[np.ndarray, np
     # +128 offset, so only L's variance needs rescaling to true LAB units. The 8-bit rounding
     # adds < 0.1 to a variance, far below the normalisation floor.
     lab = cv2.cvtColor(frame, cv2.COLOR_RGB2LAB)
-    s, sq = cv2.integral2(lab, sdepth=cv2.CV_64F, sqdepth=cv2.CV_64F)
-    mean = _box_sums(s, clipped) / safe_area[:, None]
-    var = _box_sums(sq, clipped) / safe_area[:, None] - mean**2
+    sums, squares = _banded_box_sums(lab, clipped)
+    mean = sums / safe_area[:, None]
+    var = squares / safe_area[:, None] - mean**2
     var *= _LAB8_VARIANCE_SCALE
     # E[x^2] - E[x]^2 can cancel to slightly below zero on flat boxes.
     colour_var = np.maximum(var, 0.0).mean(axis=1)
