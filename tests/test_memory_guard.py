@@ -50,6 +50,7 @@ def _measured_and_estimated(alias: str, media, method: str, allocated: bool = Fa
         cfg.block_size,
         cfg.prefill,
         headroom=cfg.cache_headroom,
+        method_options=cfg.method_options,
     )
     session = ChatSession(adapter, cfg)
     session.ask(QUESTION, media)
@@ -79,14 +80,48 @@ def test_allocated_kv_estimate_is_the_caches_allocation(method, kind):
     assert estimated == measured > 0
 
 
-@pytest.mark.parametrize("method", ["salicache", "lightkv", "blockwise-keydiff+salicache"])
-def test_allocated_kv_estimate_bounds_methods_that_store_less(method):
-    """Sali-Cache's packed INT8 / INT4 stores have buffers of their own, bounded as if each held every entry."""
+@pytest.mark.parametrize(
+    "method, options",
+    [
+        ("salicache", {}),
+        ("salicache", {"tiers": "0.2,0.5,0.1"}),
+        ("salicache", {"tiers": "1,0,0"}),
+        ("lightkv", {}),
+        ("blockwise-keydiff+salicache", {}),
+    ],
+)
+def test_allocated_kv_estimate_bounds_methods_that_store_less(method, options):
+    """Sali-Cache's packed INT8 / INT4 stores have buffers of their own, each sized by its tier's share of the
+    visual tokens (the method's options), as is the full-precision one; skipped frames make it an upper bound."""
     media = video_media(8, 224, 168, seed=2)
     measured, estimated = _measured_and_estimated(
-        "tiny-qwen2.5-vl", media, method, allocated=True, prefill="blockwise", block_size=64
+        "tiny-qwen2.5-vl",
+        media,
+        method,
+        allocated=True,
+        prefill="blockwise",
+        block_size=64,
+        method_options=options,
     )
     assert measured <= estimated <= 2 * measured, (estimated, measured)
+
+
+def test_salicache_options_size_its_stores():
+    """The guard reads the session's method options: tiers that prune 90 % of the visual tokens need less room."""
+    adapter = get_adapter("tiny-qwen2.5-vl")
+    prepared = adapter.prepare(video_media(8, 224, 168, seed=2), QUESTION)
+    options = {"tiers": "0.1,0,0"}
+    default = estimate_prefill(adapter, prepared, METHODS["salicache"], None, None, None)
+    pruned = estimate_prefill(adapter, prepared, METHODS["salicache"], None, None, None, method_options=options)
+    config = SessionConfig(method="salicache", method_options=options, max_new_tokens=2)
+    checked = MemoryGuard(free_bytes=lambda: 2**40).check(adapter, prepared, config)
+    assert pruned.kv_allocated_bytes < default.kv_allocated_bytes
+    assert (
+        checked.kv_allocated_bytes
+        == estimate_prefill(
+            adapter, prepared, METHODS["salicache"], None, None, None, headroom=3, method_options=options
+        ).kv_allocated_bytes
+    )
 
 
 @pytest.mark.parametrize("alias", ["tiny-qwen2.5-vl", "tiny-internvl3.5"])

@@ -8,8 +8,8 @@ the turn's peak from the model's dimensions and the planned blocks, weights asid
   once by the method's bound (`Method.capacity_bound`, block-wise: budget + largest block + text) plus
   the answer's headroom, or else exactly at the first block and grown geometrically after it
   (`visualkv.cache.grown_capacity`; a layer being grown holds its old buffers and the new ones), and a
-  method with packed tiers (`Method.stores_packed`) an INT8 and an INT4 store that could each hold every
-  entry (at the default group size). The
+  method with packed tiers (`Method.stores_packed`) an INT8 and an INT4 store, each sized for its share of the
+  visual tokens (`Method.stored_shares`; the full-precision buffers likewise). The
   entries held are walked too (`kv_bytes`, the high-water mark of the cache's `peak_kv_bytes`): a
   method that evicts per block (`Method.evicts_per_block`) holds, while block i passes layer l, the
   evicted entries of layers < l, its previous entries + block i at layer l, and its previous
@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -53,7 +54,7 @@ from visualkv.engine import attention_working_bytes, needs_mask
 from visualkv.errors import VisualKVError
 from visualkv.layout import plan_blocks
 from visualkv.media import Media
-from visualkv.methods import METHODS, capacity_bound, method_traits
+from visualkv.methods import METHODS, capacity_bound, make_method, method_traits
 from visualkv.quant import QuantSpec, packed_bytes_per_token
 
 
@@ -117,24 +118,16 @@ def estimate_prefill(
     prefill_mode: str | None,
     vision_ahead: int = 1,
     headroom: int = 0,
+    method_options: dict | None = None,
 ) -> MemoryEstimate:
     """The estimate for prefilling `prepared` with `method_cls` (a class of visualkv.methods.METHODS, or
     `visualkv.methods.method_traits(name)` for any name, composed too).
     vision_ahead: blocks per vision-tower call (the engine's), where the adapter encodes ahead.
-    headroom: entries the cache allocates beyond the prefill (`SessionConfig.cache_headroom`)."""
+    headroom: entries the cache allocates beyond the prefill (`SessionConfig.cache_headroom`).
+    method_options: the method's options (`SessionConfig.method_options`: Sali-Cache's tiers size its stores)."""
     itemsize = torch.empty((), dtype=adapter.dtype).element_size()
     layers, kv_heads, head_dim = adapter.num_layers, adapter.num_kv_heads, adapter.head_dim
     entry_bytes = 2 * kv_heads * head_dim * itemsize  # K and V of one token at one layer
-    # a method with packed tiers (Sali-Cache) may put any entry in the INT8 or the INT4 store, each with buffers
-    # of its own (grown geometrically, no hint): bounded by both holding every entry (default group size)
-    packed_bytes = (
-        sum(
-            2 * kv_heads * packed_bytes_per_token(head_dim, QuantSpec(bits).resolved(head_dim), adapter.dtype)
-            for bits in (8, 4)
-        )
-        if method_cls.stores_packed
-        else 0
-    )
     block_size = block_size or adapter.default_block_size
     mode = prefill_mode or method_cls.default_prefill
     visual = prepared.visual_mask & prepared.keep
@@ -143,6 +136,7 @@ def estimate_prefill(
     )
     bound = capacity_bound(method_cls, budget, blocks, prepared)
     hint = bound + headroom if bound is not None else None  # as `CompressibleCache.set_capacity_hint`
+    stores = _layer_stores(adapter, prepared, method_cls, method_options, entry_bytes, hint, headroom)
 
     text = adapter.text_config
     hidden = _cfg(text, "hidden_size")
@@ -160,7 +154,6 @@ def estimate_prefill(
     vision = _VisionDims.of(adapter)
 
     held = vis_held = 0  # entries of one layer (per KV head) before the block, and how many are visual
-    capacity = packed_capacity = 0  # entries each layer's full-precision / packed buffers hold room for
     kv_peak = alloc_peak = act_peak = vision_peak = peak = 0
     ahead = vision_ahead if adapter.encodes_ahead(prepared) else 1
     call_patches = [adapter.vision_call_patches(prepared, [b.units]) if b.units else 0 for b in blocks]
@@ -176,21 +169,15 @@ def estimate_prefill(
         after = held + (q - q_vis) + (vis_after - vis_held)
         # the block at the last layer: every other layer already evicted to `after` (or holds `held`)
         entries = max((layers - 1) * after + held + q, layers * held + q)
-        # the cache's buffers before and during the block (`CompressibleLayer.update`: the first allocation is
-        # the block + the headroom, or the hint; a later block that does not fit grows every layer in turn)
-        before = capacity
-        if capacity == 0 and q:  # (a block with nothing kept never reaches the cache)
-            capacity = grown_capacity(q + headroom, 0, hint)
-        if held + q > capacity:
-            capacity = grown_capacity(held + q, capacity, hint)
-        growing = before if before and capacity > before else 0  # the layer being grown holds both
-        packed_before = packed_capacity
-        if packed_bytes and held + q > packed_capacity:
-            packed_capacity = grown_capacity(held + q, packed_capacity, None)
-        # bytes of every layer's buffers before / during the block, and the old buffers of a layer being grown
-        held_alloc = layers * (before * entry_bytes + packed_before * packed_bytes)
-        alloc = layers * (capacity * entry_bytes + packed_capacity * packed_bytes)
-        alloc_growing = growing * entry_bytes + (packed_before if packed_capacity > packed_before else 0) * packed_bytes
+        # the cache's buffers before and during the block (a block that does not fit grows every layer in turn,
+        # the layer being grown holding its old buffers and the new ones)
+        before = [store.capacity for store in stores]
+        if q:  # (a block with nothing kept never reaches the cache)
+            for store in stores:
+                store.hold(held + q)
+        held_alloc = layers * sum(old * store.entry_bytes for old, store in zip(before, stores))
+        alloc = layers * sum(store.capacity * store.entry_bytes for store in stores)
+        alloc_growing = sum(old * st.entry_bytes for old, st in zip(before, stores) if 0 < old < st.capacity)
         embeddings = 2 * q * hidden * itemsize  # the block's embeddings and the vision output folded in
         if ahead > 1 and i >= ahead_until and block.units:  # one tower call for this block and the next ones
             ahead_until = i + ahead
@@ -220,6 +207,52 @@ def estimate_prefill(
         peak,
         kv_peak,
     )
+
+
+@dataclass
+class _Store:
+    """One group of a cache layer's buffers as `visualkv.cache` sizes them: `entry_bytes` per entry, at most
+    `limit` entries ever stored there (None: any), `hint` entries allocated up front (None: exactly what the first
+    block stores + `headroom`, then grown by `grown_capacity`)."""
+
+    entry_bytes: int
+    limit: int | None = None
+    hint: int | None = None
+    headroom: int = 0
+    capacity: int = 0
+
+    def hold(self, entries: int) -> None:
+        """Room for the layer's `entries` (or for this store's share of them, at most `limit`)."""
+        n = entries if self.limit is None else min(entries, self.limit)
+        if self.limit is not None and n and (self.hint is None or n > self.hint):
+            # which block brings how many of a share is not known: whatever the order, the last growth stopped
+            # below n, so the capacity is at most one growth past n
+            self.capacity = max(self.capacity, grown_capacity(n + 1, n, None) + self.headroom)
+            return
+        if self.capacity == 0 and n:
+            self.capacity = grown_capacity(n + self.headroom, 0, self.hint)
+        if n > self.capacity:
+            self.capacity = grown_capacity(n, self.capacity, self.hint)
+
+
+def _layer_stores(adapter, prepared, method_cls, method_options, entry_bytes, hint, headroom) -> list[_Store]:
+    """A layer's full-precision buffers, plus Sali-Cache's packed INT8 and INT4 stores (`Method.stores_packed`),
+    each limited to its tier's share of the visual tokens (`Method.stored_shares`; `saliency.assign_tiers` keeps
+    each within one token of its fraction), at the method's quantization group size."""
+    if not method_cls.stores_packed:
+        return [_Store(entry_bytes, None, hint, headroom)]
+    method = make_method(method_cls.name, **(method_options or {}))
+    shares = method.stored_shares or (1.0, 1.0, 1.0)
+    n_visual = int(prepared.visual_mask.sum())
+    limits = [math.ceil(share * n_visual) + 1 if share > 0 else 0 for share in shares]
+    group = getattr(getattr(method, "config", None), "group_size", None) or QuantSpec(8).group_size
+    kv_heads, head_dim = adapter.num_kv_heads, adapter.head_dim
+    packed = [
+        2 * kv_heads * packed_bytes_per_token(head_dim, QuantSpec(bits, group).resolved(head_dim), adapter.dtype)
+        for bits in (8, 4)
+    ]
+    full = _Store(entry_bytes, prepared.seq_len - n_visual + limits[0], hint, headroom)
+    return [full, *(_Store(b, limit) for b, limit in zip(packed, limits[1:]))]
 
 
 def _media_bytes(prepared, blocks) -> int:
@@ -331,6 +364,7 @@ class MemoryGuard:
             config.prefill,
             config.vision_ahead,
             config.cache_headroom,
+            config.method_options,
         )
         if not self.enabled:
             return est

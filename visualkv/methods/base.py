@@ -122,6 +122,13 @@ class Method:
         bounds it (the cache then allocates its buffers once); None = unbounded (geometric growth)."""
         return self.capacity_bound(ctx.budget, ctx.blocks, ctx.prepared)
 
+    @property
+    def stored_shares(self) -> tuple[float, float, float] | None:
+        """Fractions of the visual tokens read that are stored at full precision, INT8 and INT4 (the rest pruned),
+        when the method fixes them before the prefill (Sali-Cache's tiers; the memory guard sizes the stores by
+        them); None: every token read is stored at full precision."""
+        return None
+
     @classmethod
     def capacity_bound(cls, budget: int | None, blocks: list[Block], prepared: PreparedInput) -> int | None:
         """`capacity_hint` from what is known before a prefill (the memory guard asks it with the planned

@@ -133,6 +133,10 @@ class Pipeline(Method):
     question_apart = property(lambda self: self.traits.question_apart)  # type: ignore[assignment]
     stores_packed = property(lambda self: self.traits.stores_packed)  # type: ignore[assignment]
 
+    @property
+    def stored_shares(self) -> tuple[float, float, float] | None:
+        return next((s.stored_shares for s in self.stages if s.stored_shares is not None), None)
+
     @property  # type: ignore[override]
     def proxy_ids(self):
         return self._proxy_ids

@@ -140,6 +140,10 @@ class SaliCache(Method):
             raise ConfigError(f"salicache: {exc}") from None
         self.tier_spec = TierSpec(self.config.tiers)
 
+    @property
+    def stored_shares(self) -> tuple[float, float, float]:
+        return self.config.tiers
+
     def config_dict(self) -> dict[str, Any]:
         return {"method": self.name, **asdict(self.config), "tiers": list(self.config.tiers)}
 
