@@ -11,8 +11,8 @@
 # Time on one H200, measured 2026-12-04 (a fresh machine's start and the transfers took about 30 s per call;
 # pip installing the wheels a few seconds):
 #   tests  125 s for the 92 tests tests/test_cuda.py held then (112 s in a first run; the slowest took 10 s). It holds
-#          108 now (device "auto" through device_map x12, the CLI on CUDA x2, the 3B shape, the grouped decode
-#          attention's bf16 error), perhaps 3 min.
+#          128 now (device "auto" through device_map x12, the CLI on CUDA x2, the 3B shape, the grouped decode
+#          attention's bf16 error, the memory guard's estimate against the CUDA peak x20), perhaps 3-4 min.
 #   bench  191 s for shape-qwen2.5-vl-7b without the warm-up and the forced rows (GPU_CHECK_FORCED=0: 4K image and
 #          the 512-s mix video x transformers generate, 6 methods and the 2 vision-ahead rows); with the warm-up
 #          (every case once on a small image and an 8-frame video: 16 s) about 215 s. The forced rows add 4 cases,
@@ -28,7 +28,7 @@
 # GPU_CHECK_FAMILIES=qwen2.5-vl-7b (each into its own $OUT/<step>, ~8 min with the decode-attention rows), call 2 at
 # once (the machine stays warm 30 s after a call) `hour` with HOUR_STEP_TIMEOUT set to what `status` says is left,
 # less a minute. Issue 10's first 92 tests and the 7B table were measured on 2026-12-04 (docs/results/gpu/). What a
-# next GPU session should run, in order: `tests` (the 108 tests now; issue 10 closes on them), `bench` on the 7B
+# next GPU session should run, in order: `tests` (the 128 tests now; issue 10 closes on them), `bench` on the 7B
 # shape (the grouped decode attention, new since that table and `auto`'s choice over long windows, beside the
 # model's masked SDPA: its decode tok/s and decode_attention_<shape>.json decide GROUPED_MIN_ENTRIES), then
 # `hour` (issue 14's GPU figure), then the other shapes. `bench gpu` rewrites its JSON after every case, so a

@@ -233,6 +233,50 @@ def test_cuda_peak_is_reset_for_every_turn(small_image):
     assert s.report()["cuda_peak_bytes"] == record.cuda_peak_bytes
 
 
+@pytest.mark.parametrize("media_kind", ["image", "video"])
+@pytest.mark.parametrize("method", ["full", "blockwise-keydiff"])
+@pytest.mark.parametrize("alias", ALL_FAMILIES)
+def test_memory_guard_estimate_bounds_the_cuda_peak(alias, method, media_kind, small_image):
+    """The guard's estimate (what a prefill still has to allocate) is not below what the turn's prefill really
+    allocated on the GPU in bf16: CUDA's peak over what was allocated before it (the README's guard table is
+    measured on CPU, by RSS)."""
+    import gc
+
+    from visualkv.bench.synthetic import image_media, video_media
+    from visualkv.memory_guard import MemoryGuard, estimate_prefill
+    from visualkv.methods import method_traits
+
+    adapter = cuda_adapter(alias)
+    media = image_media(1920, 1080, seed=3) if media_kind == "image" else video_media(24, 640, 360, seed=2)
+    budget = 64 if method_traits(method).needs_budget else None
+    config = SessionConfig(method=method, budget=budget, max_new_tokens=2, decode="eager")
+    unguarded = MemoryGuard(enabled=False)
+    ChatSession(adapter, config, guard=unguarded).ask(PROMPT, small_image)  # one-time allocations (cuBLAS, ...)
+    prepared = adapter.prepare(media, PROMPT)
+    estimate = estimate_prefill(
+        adapter, prepared, method_traits(method), budget, None, None, headroom=config.cache_headroom
+    )
+    session = ChatSession(adapter, config, guard=unguarded)
+    prepare = adapter.prepare
+    base = [0]
+
+    def prepared_then_baseline(*args, **kwargs):  # measured from where the guard runs, as scripts/guard_check.py
+        out = prepare(*args, **kwargs)
+        gc.collect()
+        torch.cuda.synchronize()
+        base[0] = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        return out
+
+    adapter.prepare = prepared_then_baseline
+    try:
+        session.ask(PROMPT, media)
+    finally:
+        del adapter.prepare  # back to the class's method
+    measured = torch.cuda.max_memory_allocated() - base[0]
+    assert 0 < measured <= estimate.to_allocate, (measured, estimate)
+
+
 # -- shape models on the GPU --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "alias",
