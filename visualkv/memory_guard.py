@@ -16,8 +16,9 @@ the turn's peak from the model's dimensions and the planned blocks, weights asid
   entries at layers > l; any other method keeps everything it read (salicache and lightkv
   store less than that, so for them both figures are upper bounds).
 - **LLM activations** of each block, one decoder layer at a time: the residual stream plus the larger
-  of the attention phase (q, k, v, their rotated and GQA-repeated copies, the output) and the MLP
-  phase (gate activation, up, product), per token of the block, plus the attention mask; SDPA's fused
+  of the attention phase (per token of the block: q, k, v, their rotated copies, the output; over every
+  key: the mask with SDPA's float copy of it and K/V repeated to every query head, as the engine's
+  `attention_working_bytes`) and the MLP phase (gate activation, up, product, per token); SDPA's fused
   kernels (CPU and CUDA) never hold the (queries × keys) score matrix, so none is counted.
 - **Vision tower** on each block's units (a tile, a row strip, a frame; the whole media in one bulk
   block): its pixel inputs while prepared, or as the tower holds them with one layer's activations over
