@@ -49,6 +49,8 @@
 #   GPU_CHECK_DECODE_ROWS=        without the decode-attention rows (default model: each method also decodes with the
 #                                 model's own masked SDPA beside auto's choice, `--decode-attention-rows model`; an
 #                                 estimated ~85 s more on the 7B shape by the rows' TTFT and decode times, not measured)
+# Each method row of the bench JSON also holds the memory guard's estimate (`guard_estimate_bytes`) beside its
+# CUDA peak (`peak_over_weights_bytes`): the guard at real scale, never measured on a GPU yet.
 # Each bench table is followed by the issues' GPU targets judged on its rows (visualkv/bench/gpu_targets.py:
 # met / not met / not measured), in the .md, the JSON (`targets`) and summary.md.
 # With GPU_CHECK_SMALL each shape is replaced by the tiny alias of its family. The `hour` step always runs

@@ -138,6 +138,8 @@ def test_json_and_table_are_written_without_cuda_fields(result):
         saved = json.load(fh)
     assert saved["machine"].startswith("CPU only") and saved["config"]["new_tokens"] == 5
     assert all(c["peak_over_weights_bytes"] is None for c in saved["cases"])  # no CUDA here: null, not 0
+    methods = [c for c in saved["cases"] if c.get("method") == "blockwise-keydiff" and not c.get("refused")]
+    assert methods and all(c["guard_estimate_bytes"] > 0 for c in methods)  # the guard's estimate, to set beside it
     assert saved["weights_bytes"] > 0
     assert any(p.endswith(".md") for p in result["paths"])
 

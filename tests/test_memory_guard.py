@@ -106,6 +106,28 @@ def test_allocated_kv_estimate_bounds_methods_that_store_less(method, options):
     assert measured <= estimated <= 2 * measured, (estimated, measured)
 
 
+def test_report_holds_the_estimate_of_the_prefill_that_built_the_cache(small_image):
+    adapter = get_adapter("tiny-qwen2.5-vl")
+    config = _config("blockwise-keydiff", budget=32)
+    session = ChatSession(adapter, config)
+    assert session.report()["memory_estimate"] is None
+    session.ask(QUESTION, small_image)
+    expected = estimate_prefill(
+        adapter,
+        adapter.prepare(small_image, QUESTION),
+        method_traits(config.method),
+        config.budget,
+        None,
+        None,
+        headroom=config.cache_headroom,
+    )
+    reported = session.report()["memory_estimate"]
+    assert reported["to_allocate_bytes"] == expected.to_allocate > 0
+    assert reported["kv_allocated_bytes"] == expected.kv_allocated_bytes
+    session.ask("And what else?")  # a follow-up reuses the cache: the same estimate
+    assert session.report()["memory_estimate"] == reported
+
+
 def test_salicache_options_size_its_stores():
     """The guard reads the session's method options: tiers that prune 90 % of the visual tokens need less room."""
     adapter = get_adapter("tiny-qwen2.5-vl")

@@ -31,7 +31,7 @@ from visualkv.detokenize import IncrementalDetokenizer
 from visualkv.engine import Engine, PrefillResult
 from visualkv.errors import ConfigError
 from visualkv.media import Media, load_image, load_media
-from visualkv.memory_guard import MemoryGuard
+from visualkv.memory_guard import MemoryEstimate, MemoryGuard
 from visualkv.methods import make_method, media_limits, method_traits
 from visualkv.models.base import ModelAdapter, PreparedInput
 from visualkv.static_decode import DECODE_ATTENTION, DECODE_MODES, StaticDecoder, graph_unsupported
@@ -143,6 +143,7 @@ class ChatSession:
         self.media: Media | None = None
         self.prepared: PreparedInput | None = None
         self.prefill_result: PrefillResult | None = None
+        self.memory_estimate: MemoryEstimate | None = None  # the guard's estimate for the prefill that built the cache
         self.turns: list[TurnRecord] = []
         self.blocks: list[BlockEvent] = []
         self._next_position = 0
@@ -219,7 +220,7 @@ class ChatSession:
             fps = (media.num_frames - 1) / span if span > 0 else 1.0
             media_limits(self.config.method).check_frame_count(media.num_frames, media.path or "the video", fps)
         prepared = self.adapter.prepare(media, prompt)
-        self.guard.check(self.adapter, prepared, self.config)
+        estimate = self.guard.check(self.adapter, prepared, self.config)
         cache = self._new_cache()
         try:
             result = self.engine.prefill(
@@ -237,6 +238,7 @@ class ChatSession:
             self.method = self._fresh_method()  # no state of the failed prefill stays behind
             raise
         self.cache, self.media, self.prepared, self.prefill_result = cache, media, prepared, result
+        self.memory_estimate = estimate
         self._seq_len = prepared.seq_len
         self._next_position = prepared.next_position
         return result.logits
@@ -263,7 +265,7 @@ class ChatSession:
 
     def _reprefill(self, prompt: str, ids: torch.Tensor, on_block, should_stop=None) -> torch.Tensor:
         """Rebuild the media cache with `prompt` as the proxy question, replay the history."""
-        self.guard.check(self.adapter, self.prepared, self.config)
+        estimate = self.guard.check(self.adapter, self.prepared, self.config)
         cache = self._new_cache()
         method = self._fresh_method()  # swapped in only when the whole rebuild succeeded
         method.proxy_ids = torch.tensor(self.adapter.tokenizer(prompt, add_special_tokens=False)["input_ids"])
@@ -283,6 +285,7 @@ class ChatSession:
         history = torch.cat(self._history_ids + [ids]) if self._history_ids else ids
         logits = self.engine.extend(history, self.prepared.next_position, self.prepared.seq_len, cache)
         self.cache, self.prefill_result, self.method = cache, result, method
+        self.memory_estimate = estimate
         self._rebuild_cache = False
         self._advance(ids)
         return logits
@@ -315,6 +318,7 @@ class ChatSession:
             "media": self.media,
             "prepared": self.prepared,
             "prefill_result": self.prefill_result,
+            "memory_estimate": self.memory_estimate,
         }
 
     def restore(self, snapshot: dict[str, Any]) -> None:
@@ -328,8 +332,10 @@ class ChatSession:
         self.media, self.prepared, self.prefill_result = snapshot["media"], snapshot["prepared"], None
         self.cache = None
         self._rebuild_cache = snapshot["cache"] is not None
+        self.memory_estimate = None
         if self._rebuild_cache:
             self.prefill_result = snapshot["prefill_result"]
+            self.memory_estimate = snapshot["memory_estimate"]
 
     # -- decoding -----------------------------------------------------------------
     def _decode(self, logits: torch.Tensor, record: TurnRecord, t0: float, stop) -> Iterator[str]:
@@ -477,6 +483,8 @@ class ChatSession:
             # dequantized packed tiers among them: no dequantized copy is kept, see visualkv.packed_attention)
             "allocated_kv_bytes": self.cache.allocated_bytes() if self.cache else 0,
             "peak_device_kv_bytes": self.cache.peak_device_bytes if self.cache else 0,
+            # what the memory guard estimated before the prefill that built this cache (README: *Memory guard*)
+            "memory_estimate": _estimate_summary(self.memory_estimate),
             "full_kv_bytes": self.full_kv_bytes(),
             "peak_rss_bytes": peak_rss_bytes(),
             # the last turn's CUDA peak (reset when each turn starts), not the process's
@@ -521,6 +529,20 @@ class ChatSession:
         if ctx is not None:
             report.update(self.method.report(ctx))
         return report
+
+
+def _estimate_summary(estimate: MemoryEstimate | None) -> dict[str, int] | None:
+    """The guard's estimate in the report: what the prefill was to allocate above the weights, and its parts."""
+    if estimate is None:
+        return None
+    return {
+        "to_allocate_bytes": estimate.to_allocate,
+        "kv_bytes": estimate.kv_bytes,
+        "kv_allocated_bytes": estimate.kv_allocated_bytes,
+        "activation_bytes": estimate.activation_bytes,
+        "vision_bytes": estimate.vision_bytes,
+        "media_bytes": estimate.media_bytes,
+    }
 
 
 def _media_summary(media: Media | None) -> dict[str, Any] | None:

@@ -7,6 +7,8 @@ otherwise run. Per case the CUDA peak is reset and the case reports:
 
 - `peak_over_weights_bytes`: CUDA peak allocated during the case minus what was allocated before it
   (the weights and nothing else: inputs are built on the host),
+- `guard_estimate_bytes` (the methods' rows): the memory guard's estimate of what the prefill was to allocate
+  (`visualkv.memory_guard`), to set beside the peak above (which also holds the media's decoding and the decode),
 - `cache_peak_bytes`: the KV cache's own high-water mark (ours: `peak_kv_bytes`; generate: the bytes of
   the returned cache, which only grows),
 - `ttft_seconds`: from the raw media (processor included, for both) to the first new token; on a video
@@ -182,6 +184,8 @@ def run_method(
         "decode_steady_tokens_per_second": _steady_rate(record),
         "new_tokens": len(record.token_ids),
         "peak_over_weights_bytes": _peak_over(base),
+        # the memory guard's estimate of what the prefill was to allocate (media decoding and decode aside)
+        "guard_estimate_bytes": (report["memory_estimate"] or {}).get("to_allocate_bytes"),
         "cache_peak_bytes": report["peak_kv_bytes"],
         "cache_final_bytes": report["final_kv_bytes"],
         "full_kv_bytes": report["full_kv_bytes"],
