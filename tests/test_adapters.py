@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from PIL import Image
 
@@ -111,6 +112,34 @@ def test_qwen_lazy_video_pixels_equal_the_processor():
     for t0, t1 in [(0, 1), (1, 3), (t - 1, t)]:
         pixels = adapter._pixels_frames(prepared.vision_inputs, t0, t1)
         assert torch.allclose(pixels, enc["pixel_values_videos"][t0 * per : t1 * per], atol=1e-6)
+
+
+@pytest.mark.parametrize("alias", ["tiny-qwen2.5-vl", "tiny-qwen3-vl"])
+def test_qwen_video_pixels_in_chunks_equal_one_call(alias, monkeypatch):
+    """A bulk block's frames go through the video processor a few temporal patches at a time (its float32
+    copies of every frame at once were the largest transient of a `full` video prefill): the same values."""
+    from visualkv.bench.synthetic import video_media
+    from visualkv.models import qwen2_5_vl
+
+    adapter = get_adapter(alias)
+    prepared = adapter.prepare(video_media(13, 320, 180, fps=2.0, seed=4), "What happens?")
+    t = int(prepared.vision_inputs["video_grid_thw"][0, 0])
+    whole = adapter._pixels_frames(prepared.vision_inputs, 0, t)
+    calls = []
+    pixels_frames = adapter._pixels_frames
+
+    def counted(vision, t0, t1, **kwargs):
+        calls.append(t1 - t0)
+        return pixels_frames(vision, t0, t1, **kwargs)
+
+    monkeypatch.setattr(qwen2_5_vl, "VIDEO_CHUNK", 2)
+    monkeypatch.setattr(adapter, "_pixels_frames", counted)
+    chunked = adapter._video_pixels(prepared.vision_inputs, 0, t)
+    assert calls == [2, 2, 2, 1] and torch.equal(chunked, whole)
+    calls.clear()
+    per = whole.shape[0] // t  # pixel patches of one temporal patch
+    assert torch.equal(adapter._video_pixels(prepared.vision_inputs, 1, 6), whole[per : 6 * per])
+    assert calls == [2, 2, 1]
 
 
 def test_smolvlm_lazy_video_equals_the_processor():

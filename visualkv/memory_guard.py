@@ -22,7 +22,7 @@ the turn's peak from the model's dimensions and the planned blocks, weights asid
   kernels (CPU and CUDA) never hold the (queries × keys) score matrix, so none is counted.
 - **Vision tower** on each block's units (a tile, a row strip, a frame; the whole media in one bulk
   block): its pixel inputs while prepared, or as the tower holds them with one layer's activations over
-  their patches (`ModelAdapter.vision_prep_copies`, `vision_input_copies`).
+  their patches (`ModelAdapter.vision_prep_copies_for`, `vision_input_copies`).
 - **Decoded media**: the frames as held in memory (already resident when the check runs, so they
   are reported but not asked of the free memory). A lazily decoded video (``Media.is_lazy``) holds
   a few cached frames plus the frames of the block being encoded, estimated from metadata.
@@ -184,11 +184,13 @@ def estimate_prefill(
             ahead_until = i + ahead
             groups = [b.units for b in blocks[i:ahead_until] if b.units]
             patches = adapter.vision_call_patches(prepared, groups)
-            vision_b = vision.bytes(patches, patches // patches_per_token, itemsize)
-        else:
-            vision_b = (
-                vision.bytes(call_patches[i], call_patches[i] // patches_per_token, itemsize) if ahead == 1 else 0
+            vision_b = vision.bytes(
+                patches, patches // patches_per_token, itemsize, adapter.vision_prep_copies_for(prepared, patches)
             )
+        else:
+            patches = call_patches[i]
+            prep = adapter.vision_prep_copies_for(prepared, patches)
+            vision_b = vision.bytes(patches, patches // patches_per_token, itemsize, prep) if ahead == 1 else 0
         # embeddings encoded ahead wait for their blocks: at most the rest of the call's output
         embeddings += sum(call_patches[i + 1 : ahead_until]) // patches_per_token * hidden * itemsize
         causal_flag = not needs_mask(q, held, adapter.attn_implementation)  # as the engine's layer loop
@@ -285,15 +287,14 @@ class _VisionDims:
     hidden: int
     inter: int
     out_hidden: int
-    prep_copies: float  # float32 copies of a call's pixel input while prepared (`ModelAdapter.vision_prep_copies`)
-    input_copies: float  # ... and while the tower runs (`ModelAdapter.vision_input_copies`)
+    input_copies: float  # float32 copies of a call's pixel input while the tower runs (`vision_input_copies`)
 
     @classmethod
     def of(cls, adapter) -> _VisionDims:
         config = adapter.model.config
         vision = _cfg(config, "vision_config")
         if vision is None:
-            return cls(0, 0, 0, 0, 0.0, 0.0)
+            return cls(0, 0, 0, 0, 0.0)
         patch = _cfg(vision, "patch_size", default=14)
         values = (
             _cfg(vision, "in_channels", "num_channels", default=3)
@@ -307,18 +308,17 @@ class _VisionDims:
             v_hidden,
             _cfg(vision, "intermediate_size", default=4 * v_hidden),
             _cfg(adapter.text_config, "hidden_size"),
-            adapter.vision_prep_copies,
             adapter.vision_input_copies,
         )
 
-    def bytes(self, patches: int, tokens: int, itemsize: int) -> int:
+    def bytes(self, patches: int, tokens: int, itemsize: int, prep_copies: float) -> int:
         """The larger of a call's two phases, over its `patches` (all it encodes, before any is sliced away:
         Qwen's whole-window strips, LLaVA-OneVision's whole tiles): the preparation of its pixel inputs (float32,
-        as processors make them), or the inputs it holds + one vision layer's activations; + its `tokens` of
-        output."""
+        as processors make them, `prep_copies` of them at once: `ModelAdapter.vision_prep_copies_for`), or the
+        inputs it holds + one vision layer's activations; + its `tokens` of output."""
         pixels = patches * self.patch_values * 4
         tower = pixels * self.input_copies + patches * (6 * self.hidden + 3 * self.inter) * itemsize
-        return int(max(pixels * self.prep_copies, tower)) + tokens * self.out_hidden * itemsize
+        return int(max(pixels * prep_copies, tower)) + tokens * self.out_hidden * itemsize
 
 
 def free_memory_bytes(device) -> int | None:

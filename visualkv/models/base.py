@@ -255,6 +255,13 @@ class ModelAdapter:
     #: models (their small towers make them show); on a GPU host-side copies do not count (an upper bound).
     vision_prep_copies: float = 1.0
     vision_input_copies: float = 1.0
+    #: the same while a video's frames go through the family's video processor (measured alike, on
+    #: assets/example_video.mp4: its float32 intermediates of every frame it is given)
+    vision_video_prep_copies: float = 1.0
+
+    def vision_prep_copies_for(self, prepared: PreparedInput, patches: int) -> float:
+        """`vision_prep_copies` for a call of `patches` patches on `prepared` (a video: `vision_video_prep_copies`)."""
+        return self.vision_video_prep_copies if "video" in prepared.vision_inputs else self.vision_prep_copies
 
     #: each unit (a tile, a frame) is encoded as an image of its own: its embeddings do not depend on the units
     #: sharing its tower call, so the default `encode_ahead` may put several blocks' units in one call

@@ -36,6 +36,7 @@ class InternVLAdapter(ModelAdapter):
     units_independent = True  # tiles and frames are images of their own: several blocks' share a call
     default_block_size = 1024  # four 256-token tiles
     position_axes = 1
+    vision_video_prep_copies = 3.0  # its video processor on a block's frames: 2.8 measured
 
     @property
     def language_model(self) -> torch.nn.Module:

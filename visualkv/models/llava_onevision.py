@@ -104,6 +104,7 @@ class LlavaOnevisionAdapter(ModelAdapter):
     family = "llava_onevision"
     default_block_size = 729  # one 384-px tile's worth of tokens: the base image is a block of its own
     position_axes = 1
+    vision_video_prep_copies = 3.0  # its video processor on a block's frames: 2.5 measured
 
     def __init__(self, model, processor, name: str) -> None:
         super().__init__(model, processor, name)

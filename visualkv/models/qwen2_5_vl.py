@@ -45,11 +45,28 @@ from visualkv.models.base import (
 )
 from visualkv.models.vision_attention import batch_vision_chunks
 
+#: temporal patches (2 frames each) per call to the video processor: it holds about four float32 copies of the
+#: frames it is given, so a bulk prefill of a video called it on every frame at once (700 MB for 64 frames of
+#: 640 x 360 on the bench model, scripts/guard_check.py); in chunks only the output grows with the video
+VIDEO_CHUNK = 4
+#: float32 copies of its frames the video processor holds at its peak (3.5-3.9 measured, tiny Qwen2.5/3-VL)
+VIDEO_PROCESSOR_COPIES = 4.0
+
 
 class Qwen25VLAdapter(ModelAdapter):
     family = "qwen2_5_vl"
     default_block_size = 784  # best block size for Qwen2.5-VL-7B in the block-wise paper
     vision_prep_copies = 1.5  # the processor's rescale/normalize and patchify of a strip: 1.5 copies measured
+
+    def vision_prep_copies_for(self, prepared: PreparedInput, patches: int) -> float:
+        """A video call's frames go through the processor `VIDEO_CHUNK` temporal patches at a time, into one
+        buffer (`_video_pixels`): the processor's copies of a chunk, plus the buffer once there are several."""
+        if "video" not in prepared.vision_inputs:
+            return self.vision_prep_copies
+        _, gh, gw = (int(x) for x in prepared.vision_inputs["video_grid_thw"][0])
+        chunk = VIDEO_CHUNK * gh * gw  # patches of one chunk
+        return VIDEO_PROCESSOR_COPIES if patches <= chunk else 1 + VIDEO_PROCESSOR_COPIES * chunk / patches
+
     position_axes = 3
 
     def __init__(self, model, processor, name: str) -> None:
@@ -284,7 +301,7 @@ class Qwen25VLAdapter(ModelAdapter):
 
     def _frames_ahead(self, frames: list[int], vision: dict) -> None:
         _t, gh, gw = (int(x) for x in vision["video_grid_thw"][0])
-        pixels = torch.cat([self._pixels_frames(vision, f0, f1) for f0, f1 in consecutive_runs(frames)])
+        pixels = torch.cat([self._video_pixels(vision, f0, f1) for f0, f1 in consecutive_runs(frames)])
         # one grid entry per temporal patch would be the same: the tower never attends across temporal patches
         out = self._run_visual(pixels, torch.tensor([[len(frames), gh, gw]]))
         self._ahead_frames.update(zip(frames, out.split(out.shape[0] // len(frames))))
@@ -391,9 +408,24 @@ class Qwen25VLAdapter(ModelAdapter):
         f0, f1 = frames[0], frames[-1] + 1
         if frames != list(range(f0, f1)):  # non-contiguous (skipped frames): encode runs
             return torch.cat([self._encode_frames([f], vision) for f in frames])
-        pixels = self._pixels_frames(vision, f0, f1)
+        pixels = self._video_pixels(vision, f0, f1)
         grid = torch.tensor([[f1 - f0, gh, gw]])
         return self._run_visual(pixels, grid)
+
+    def _video_pixels(self, vision: dict, t0: int, t1: int) -> torch.Tensor:
+        """`_pixels_frames` of temporal patches [t0, t1), `VIDEO_CHUNK` at a time, written into one tensor: the
+        same values (each temporal patch is processed on its own), with the processor's copies of a chunk only."""
+        if t1 - t0 <= VIDEO_CHUNK:
+            return self._pixels_frames(vision, t0, t1)
+        out = None
+        for c0 in range(t0, t1, VIDEO_CHUNK):
+            c1 = min(c0 + VIDEO_CHUNK, t1)
+            part = self._pixels_frames(vision, c0, c1)
+            if out is None:
+                per_patch = part.shape[0] // (c1 - c0)  # rows (pixel patches) of one temporal patch
+                out = part.new_empty((per_patch * (t1 - t0), *part.shape[1:]))
+            out[(c0 - t0) * per_patch : (c1 - t0) * per_patch] = part
+        return out
 
     def _encode_rows(self, r0: int, r1: int, vision: dict) -> torch.Tensor:
         _, gh, gw = (int(x) for x in vision["image_grid_thw"][0])

@@ -42,6 +42,7 @@ class SmolVLMAdapter(ModelAdapter):
     # every value and contiguous copies of the tiles and of their int64 per-pixel mask, all held while the
     # tower runs: 3.3 copies measured
     vision_prep_copies = vision_input_copies = 3.5
+    vision_video_prep_copies = 4.5  # its video processor on a block's frames: 4.0-4.2 measured
     position_axes = 1
 
     @property
