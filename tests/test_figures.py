@@ -27,6 +27,7 @@ def test_readme_has_every_results_table():
         "gpu",
         "memory-guard",
         "memory-guard-families",
+        "memory-guard-video",
     } <= set(figures.blocks_in(text))
 
 

@@ -767,6 +767,11 @@ def table_memory_guard_families(results: Path) -> str:
     return _memory_guard_rows(results, "memory_guard_families_cpu.json")
 
 
+def table_memory_guard_video(results: Path) -> str:
+    """The same on a video (assets/example_video.mp4), the bench model and every family's tiny model."""
+    return _memory_guard_rows(results, "memory_guard_video_cpu.json")
+
+
 def _memory_guard_rows(results: Path, name: str) -> str:
     d = load(name, results)
     models = len({r["model"] for r in d["results"]}) > 1
@@ -1249,6 +1254,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "families-latency": table_families_latency,
     "memory-guard": table_memory_guard,
     "memory-guard-families": table_memory_guard_families,
+    "memory-guard-video": table_memory_guard_video,
     "load": table_load,
     "long-video": table_long_video,
     "compose-ratio": table_compose_ratio,
