@@ -142,6 +142,21 @@ def test_qwen_video_pixels_in_chunks_equal_one_call(alias, monkeypatch):
     assert calls == [2, 2, 1]
 
 
+@pytest.mark.parametrize("alias, dim", [("tiny-internvl3.5", 0), ("tiny-llava-onevision", 1)])
+def test_video_frames_in_chunks_equal_one_processor_call(alias, dim):
+    """InternVL's and LLaVA-OneVision's video processors see a block's frames a few at a time (`in_chunks`):
+    each frame is processed on its own, so the pixels are those of one call on every frame."""
+    from visualkv.bench.synthetic import video_media
+    from visualkv.models.base import in_chunks
+
+    adapter = get_adapter(alias)
+    media = adapter.prepare(video_media(7, 320, 180, fps=2.0, seed=4), "What happens?").vision_inputs["video"]
+    frames = [0, 1, 2, 4, 5, 6]
+    whole = adapter._frame_pixels(media, frames)
+    chunked = in_chunks(len(frames), 4, lambda i0, i1: adapter._frame_pixels(media, frames[i0:i1]), dim)
+    assert chunked.shape == whole.shape and torch.equal(chunked, whole)
+
+
 def test_smolvlm_lazy_video_equals_the_processor():
     from visualkv.bench.synthetic import video_media
     from visualkv.models.base import video_metadata

@@ -260,8 +260,17 @@ class ModelAdapter:
     vision_video_prep_copies: float = 1.0
 
     def vision_prep_copies_for(self, prepared: PreparedInput, patches: int) -> float:
-        """`vision_prep_copies` for a call of `patches` patches on `prepared` (a video: `vision_video_prep_copies`)."""
-        return self.vision_video_prep_copies if "video" in prepared.vision_inputs else self.vision_prep_copies
+        """`vision_prep_copies` for a call of `patches` patches on `prepared`. A video: the processor's copies
+        of what it is given at once (`video_patches_per_call`), plus the buffer the chunks fill."""
+        if "video" not in prepared.vision_inputs:
+            return self.vision_prep_copies
+        chunk = self.video_patches_per_call(prepared)
+        copies = self.vision_video_prep_copies
+        return copies if chunk is None or patches <= chunk else 1 + copies * chunk / patches
+
+    def video_patches_per_call(self, prepared: PreparedInput) -> int | None:
+        """Patches the video processor is given at most at once (`in_chunks`); None: a block's frames together."""
+        return None
 
     #: each unit (a tile, a frame) is encoded as an image of its own: its embeddings do not depend on the units
     #: sharing its tower call, so the default `encode_ahead` may put several blocks' units in one call
@@ -344,6 +353,30 @@ class LayerFeatures:
         present = present_index[where] == mine
         add = self.features[layer_idx].to(device, hidden.dtype) * present[:, None].to(hidden.dtype)
         return hidden.index_add(1, where, add[None])  # out of place, like transformers' own injection
+
+
+#: frames per call to a video processor while a block's frames are encoded (`in_chunks`): it holds several
+#: float32 copies of what it is given, and a bulk prefill gave it every frame of the video at once
+VIDEO_FRAMES_PER_CALL = 8
+
+
+def in_chunks(n: int, chunk: int, process, dim: int = 0) -> torch.Tensor:
+    """`process(i0, i1)` over [0, n) at most `chunk` at a time, written into one tensor along `dim`: the same
+    result as `process(0, n)` where every item is processed on its own (a video processor's frames), with the
+    processor's intermediates of one chunk instead of all."""
+    if n <= chunk:
+        return process(0, n)
+    out = None
+    for i0 in range(0, n, chunk):
+        i1 = min(i0 + chunk, n)
+        part = process(i0, i1)
+        if out is None:
+            per_item = part.shape[dim] // (i1 - i0)
+            shape = list(part.shape)
+            shape[dim] = per_item * n
+            out = part.new_empty(shape)
+        out.narrow(dim, i0 * per_item, (i1 - i0) * per_item).copy_(part)
+    return out
 
 
 def video_metadata(media: Media) -> VideoMetadata:

@@ -22,9 +22,11 @@ from transformers.models.got_ocr2.image_processing_got_ocr2 import get_optimal_t
 from visualkv.layout import FrameInfo, VisualLayout, VisualUnit, grid_boxes
 from visualkv.media import Media
 from visualkv.models.base import (
+    VIDEO_FRAMES_PER_CALL,
     ModelAdapter,
     PreparedInput,
     fixed_video_frame_size,
+    in_chunks,
     resize_like_processor,
     text_positions,
     tokenize_runs,
@@ -136,6 +138,15 @@ class InternVLAdapter(ModelAdapter):
         return VisualLayout(seq_index, frame, row, col, box, frames, units, (width, height), media.kind)
 
     # -- vision -------------------------------------------------------------------
+    def _frame_pixels(self, media: Media, frames: list[int]) -> torch.Tensor:
+        """(k, 3, size, size) pixel values of the given frames, through the processor (each frame on its own)."""
+        chosen = np.stack([media.frames[i] for i in frames])
+        return self.processor.video_processor(videos=[chosen], return_tensors="pt")["pixel_values_videos"][0]
+
+    def video_patches_per_call(self, prepared: PreparedInput) -> int | None:
+        unit = prepared.layout.units[0]  # a frame: its tokens, each of `patches_per_token` patches
+        return VIDEO_FRAMES_PER_CALL * (unit.seq_end - unit.seq_start) * self.patches_per_token
+
     @torch.no_grad()
     def encode_units(self, prepared: PreparedInput, units: list[VisualUnit]) -> torch.Tensor:
         if not units:
@@ -143,8 +154,9 @@ class InternVLAdapter(ModelAdapter):
         index = [u.frame for u in units]
         if "video" in prepared.vision_inputs:  # frames are processed only when their block runs
             media: Media = prepared.vision_inputs["video"]
-            chosen = np.stack([media.frames[i] for i in index])
-            pixels = self.processor.video_processor(videos=[chosen], return_tensors="pt")["pixel_values_videos"][0]
+            pixels = in_chunks(
+                len(index), VIDEO_FRAMES_PER_CALL, lambda i0, i1: self._frame_pixels(media, index[i0:i1])
+            )
         else:
             pixels = prepared.vision_inputs["pixel_values"][torch.tensor(index)]
         cfg = self.model.config

@@ -38,9 +38,11 @@ from transformers.image_processing_utils import select_best_resolution
 from visualkv.layout import FrameInfo, VisualLayout, VisualUnit, consecutive_runs, grid_boxes
 from visualkv.media import Media
 from visualkv.models.base import (
+    VIDEO_FRAMES_PER_CALL,
     ModelAdapter,
     PreparedInput,
     fixed_video_frame_size,
+    in_chunks,
     resize_like_processor,
     text_positions,
     tokenize_runs,
@@ -365,10 +367,19 @@ class LlavaOnevisionAdapter(ModelAdapter):
         feats = torch.cat([feats, newline.expand(feats.shape[0], 1, -1)], dim=1)
         return feats.flatten(0, 1)
 
+    def _frame_pixels(self, media: Media, frames: list[int]) -> torch.Tensor:
+        """(1, k, 3, 384, 384) pixel values of the given frames, through the processor (each frame on its own)."""
+        chosen = np.stack([media.frames[i] for i in frames])
+        return self.processor.video_processor(videos=[chosen], return_tensors="pt")["pixel_values_videos"]
+
+    def video_patches_per_call(self, prepared: PreparedInput) -> int | None:
+        return VIDEO_FRAMES_PER_CALL * self.tile**2
+
     def _encode_frames(self, media: Media, frames: list[int]) -> torch.Tensor:
         """(196 per frame (+1 newline if the last frame is asked), d), frames processed here."""
-        chosen = np.stack([media.frames[i] for i in frames])
-        pixels = self.processor.video_processor(videos=[chosen], return_tensors="pt")["pixel_values_videos"]
+        pixels = in_chunks(
+            len(frames), VIDEO_FRAMES_PER_CALL, lambda i0, i1: self._frame_pixels(media, frames[i0:i1]), 1
+        )
         out = self.model.model.get_video_features(pixel_values_videos=pixels.to(self.device, self.model.dtype))
         feats = out.pooler_output[0]  # (k * 196 + 1, d): the model appends one newline
         if frames[-1] != len(media.frames) - 1:

@@ -37,6 +37,7 @@ from visualkv.media import Media
 from visualkv.models.base import (
     ModelAdapter,
     PreparedInput,
+    in_chunks,
     processor_size,
     resize_like_processor,
     splice_runs,
@@ -49,8 +50,6 @@ from visualkv.models.vision_attention import batch_vision_chunks
 #: frames it is given, so a bulk prefill of a video called it on every frame at once (700 MB for 64 frames of
 #: 640 x 360 on the bench model, scripts/guard_check.py); in chunks only the output grows with the video
 VIDEO_CHUNK = 4
-#: float32 copies of its frames the video processor holds at its peak (3.5-3.9 measured, tiny Qwen2.5/3-VL)
-VIDEO_PROCESSOR_COPIES = 4.0
 
 
 class Qwen25VLAdapter(ModelAdapter):
@@ -58,14 +57,11 @@ class Qwen25VLAdapter(ModelAdapter):
     default_block_size = 784  # best block size for Qwen2.5-VL-7B in the block-wise paper
     vision_prep_copies = 1.5  # the processor's rescale/normalize and patchify of a strip: 1.5 copies measured
 
-    def vision_prep_copies_for(self, prepared: PreparedInput, patches: int) -> float:
-        """A video call's frames go through the processor `VIDEO_CHUNK` temporal patches at a time, into one
-        buffer (`_video_pixels`): the processor's copies of a chunk, plus the buffer once there are several."""
-        if "video" not in prepared.vision_inputs:
-            return self.vision_prep_copies
+    vision_video_prep_copies = 4.0  # its video processor on a chunk's frames: 3.5-3.9 measured (Qwen2.5/3-VL)
+
+    def video_patches_per_call(self, prepared: PreparedInput) -> int | None:
         _, gh, gw = (int(x) for x in prepared.vision_inputs["video_grid_thw"][0])
-        chunk = VIDEO_CHUNK * gh * gw  # patches of one chunk
-        return VIDEO_PROCESSOR_COPIES if patches <= chunk else 1 + VIDEO_PROCESSOR_COPIES * chunk / patches
+        return VIDEO_CHUNK * gh * gw  # `_video_pixels`
 
     position_axes = 3
 
@@ -415,17 +411,7 @@ class Qwen25VLAdapter(ModelAdapter):
     def _video_pixels(self, vision: dict, t0: int, t1: int) -> torch.Tensor:
         """`_pixels_frames` of temporal patches [t0, t1), `VIDEO_CHUNK` at a time, written into one tensor: the
         same values (each temporal patch is processed on its own), with the processor's copies of a chunk only."""
-        if t1 - t0 <= VIDEO_CHUNK:
-            return self._pixels_frames(vision, t0, t1)
-        out = None
-        for c0 in range(t0, t1, VIDEO_CHUNK):
-            c1 = min(c0 + VIDEO_CHUNK, t1)
-            part = self._pixels_frames(vision, c0, c1)
-            if out is None:
-                per_patch = part.shape[0] // (c1 - c0)  # rows (pixel patches) of one temporal patch
-                out = part.new_empty((per_patch * (t1 - t0), *part.shape[1:]))
-            out[(c0 - t0) * per_patch : (c1 - t0) * per_patch] = part
-        return out
+        return in_chunks(t1 - t0, VIDEO_CHUNK, lambda i0, i1: self._pixels_frames(vision, t0 + i0, t0 + i1))
 
     def _encode_rows(self, r0: int, r1: int, vision: dict) -> torch.Tensor:
         _, gh, gw = (int(x) for x in vision["image_grid_thw"][0])
