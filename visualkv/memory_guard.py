@@ -91,6 +91,17 @@ class MemoryEstimate:
     def total_bytes(self) -> int:
         return self.peak_bytes + self.media_bytes
 
+    def summary(self) -> dict[str, int]:
+        """What the prefill was to allocate above the weights, and its parts (the session report's `memory_estimate`)."""
+        return {
+            "to_allocate_bytes": self.to_allocate,
+            "kv_bytes": self.kv_bytes,
+            "kv_allocated_bytes": self.kv_allocated_bytes,
+            "activation_bytes": self.activation_bytes,
+            "vision_bytes": self.vision_bytes,
+            "media_bytes": self.media_bytes,
+        }
+
 
 def format_bytes(n: float) -> str:
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
@@ -159,6 +170,11 @@ def estimate_prefill(
     ahead = vision_ahead if adapter.encodes_ahead(prepared) else 1
     call_patches = [adapter.vision_call_patches(prepared, [b.units]) if b.units else 0 for b in blocks]
     patches_per_token = adapter.patches_per_token  # a call's output: its patches packed into tokens
+
+    def tower_bytes(patches: int) -> int:  # one vision-tower call over `patches`
+        prep_copies = adapter.vision_prep_copies_for(prepared, patches)
+        return vision.bytes(patches, patches // patches_per_token, itemsize, prep_copies)
+
     ahead_until = 0
     for i, block in enumerate(blocks):
         q = int(prepared.keep[block.start : block.end].sum())
@@ -183,14 +199,9 @@ def estimate_prefill(
         if ahead > 1 and i >= ahead_until and block.units:  # one tower call for this block and the next ones
             ahead_until = i + ahead
             groups = [b.units for b in blocks[i:ahead_until] if b.units]
-            patches = adapter.vision_call_patches(prepared, groups)
-            vision_b = vision.bytes(
-                patches, patches // patches_per_token, itemsize, adapter.vision_prep_copies_for(prepared, patches)
-            )
+            vision_b = tower_bytes(adapter.vision_call_patches(prepared, groups))
         else:
-            patches = call_patches[i]
-            prep = adapter.vision_prep_copies_for(prepared, patches)
-            vision_b = vision.bytes(patches, patches // patches_per_token, itemsize, prep) if ahead == 1 else 0
+            vision_b = tower_bytes(call_patches[i]) if ahead == 1 else 0
         # embeddings encoded ahead wait for their blocks: at most the rest of the call's output
         embeddings += sum(call_patches[i + 1 : ahead_until]) // patches_per_token * hidden * itemsize
         causal_flag = not needs_mask(q, held, adapter.attn_implementation)  # as the engine's layer loop

@@ -484,7 +484,7 @@ class ChatSession:
             "allocated_kv_bytes": self.cache.allocated_bytes() if self.cache else 0,
             "peak_device_kv_bytes": self.cache.peak_device_bytes if self.cache else 0,
             # what the memory guard estimated before the prefill that built this cache (README: *Memory guard*)
-            "memory_estimate": _estimate_summary(self.memory_estimate),
+            "memory_estimate": self.memory_estimate.summary() if self.memory_estimate else None,
             "full_kv_bytes": self.full_kv_bytes(),
             "peak_rss_bytes": peak_rss_bytes(),
             # the last turn's CUDA peak (reset when each turn starts), not the process's
@@ -529,20 +529,6 @@ class ChatSession:
         if ctx is not None:
             report.update(self.method.report(ctx))
         return report
-
-
-def _estimate_summary(estimate: MemoryEstimate | None) -> dict[str, int] | None:
-    """The guard's estimate in the report: what the prefill was to allocate above the weights, and its parts."""
-    if estimate is None:
-        return None
-    return {
-        "to_allocate_bytes": estimate.to_allocate,
-        "kv_bytes": estimate.kv_bytes,
-        "kv_allocated_bytes": estimate.kv_allocated_bytes,
-        "activation_bytes": estimate.activation_bytes,
-        "vision_bytes": estimate.vision_bytes,
-        "media_bytes": estimate.media_bytes,
-    }
 
 
 def _media_summary(media: Media | None) -> dict[str, Any] | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -360,7 +360,7 @@ class LayerFeatures:
 VIDEO_FRAMES_PER_CALL = 8
 
 
-def in_chunks(n: int, chunk: int, process, dim: int = 0) -> torch.Tensor:
+def in_chunks(n: int, chunk: int, process: Callable[[int, int], torch.Tensor], dim: int = 0) -> torch.Tensor:
     """`process(i0, i1)` over [0, n) at most `chunk` at a time, written into one tensor along `dim`: the same
     result as `process(0, n)` where every item is processed on its own (a video processor's frames), with the
     processor's intermediates of one chunk instead of all."""

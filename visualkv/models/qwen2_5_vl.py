@@ -56,13 +56,7 @@ class Qwen25VLAdapter(ModelAdapter):
     family = "qwen2_5_vl"
     default_block_size = 784  # best block size for Qwen2.5-VL-7B in the block-wise paper
     vision_prep_copies = 1.5  # the processor's rescale/normalize and patchify of a strip: 1.5 copies measured
-
     vision_video_prep_copies = 4.0  # its video processor on a chunk's frames: 3.5-3.9 measured (Qwen2.5/3-VL)
-
-    def video_patches_per_call(self, prepared: PreparedInput) -> int | None:
-        _, gh, gw = (int(x) for x in prepared.vision_inputs["video_grid_thw"][0])
-        return VIDEO_CHUNK * gh * gw  # `_video_pixels`
-
     position_axes = 3
 
     def __init__(self, model, processor, name: str) -> None:
@@ -407,6 +401,10 @@ class Qwen25VLAdapter(ModelAdapter):
         pixels = self._video_pixels(vision, f0, f1)
         grid = torch.tensor([[f1 - f0, gh, gw]])
         return self._run_visual(pixels, grid)
+
+    def video_patches_per_call(self, prepared: PreparedInput) -> int | None:
+        _, gh, gw = (int(x) for x in prepared.vision_inputs["video_grid_thw"][0])
+        return VIDEO_CHUNK * gh * gw  # `_video_pixels`
 
     def _video_pixels(self, vision: dict, t0: int, t1: int) -> torch.Tensor:
         """`_pixels_frames` of temporal patches [t0, t1), `VIDEO_CHUNK` at a time, written into one tensor: the
