@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from visualkv import packed_attention
+from visualkv import block_attention, packed_attention
+from visualkv.block_attention import AfterCache
 from visualkv.cache import TIER_FULL, CompressibleCache, split_tiers
 from visualkv.errors import ConfigError, PrefillStopped
 from visualkv.layout import Block, plan_blocks
@@ -47,22 +48,18 @@ def needs_mask(q: int, n_past: int, impl: str) -> bool:
     return not (q == 1 or (n_past == 0 and impl != "eager"))
 
 
-def attention_mask(q: int, n_past: int, impl: str, dtype: torch.dtype, device) -> torch.Tensor | None:
+def attention_mask(q: int, n_past: int, impl: str, device) -> AfterCache | torch.Tensor | None:
     """Mask for q new tokens after n_past cached entries (all of which are older).
 
-    Every cached entry is visible, whatever was evicted; the block itself is
-    causal. One query token needs no mask, nor does a first block under an
-    SDPA-like kernel (its own causal flag is used, as transformers does).
-    Bool for SDPA-like kernels, additive float for eager attention.
+    Every cached entry is visible, whatever was evicted; the block itself is causal. One query token needs no
+    mask, nor does a first block under an SDPA-like kernel (its own causal flag is used, as transformers does).
+    The wrapped sdpa / eager functions (`packed_attention`) take the `AfterCache` marker, which lets sdpa attend
+    without expanding K/V (`block_attention`); any other kernel gets the bool mask.
     """
     if not needs_mask(q, n_past, impl):
         return None  # SDPA-like kernels then run causally without materialising a mask
-    allowed = torch.ones((q, n_past + q), dtype=torch.bool, device=device)
-    allowed[:, n_past:] = torch.ones((q, q), dtype=torch.bool, device=device).tril()
-    allowed = allowed[None, None]
-    if impl == "eager":
-        return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
-    return allowed
+    marker = AfterCache(q)
+    return marker if impl in packed_attention.WRAPPED else marker.dense(n_past + q, device)
 
 
 class BlockPlan:
@@ -118,21 +115,28 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def attention_working_bytes(adapter: ModelAdapter, q: int, n: int, causal_flag: bool, dtype: torch.dtype) -> int:
-    """Transient bytes one attention call holds on top of the cache (estimate from shapes).
+    """Transient bytes one attention call of q queries over n keys holds on top of the cache (from shapes).
 
-    transformers' SDPA path expands K/V to every query head (`repeat_kv`) unless it can use the kernel's
-    own GQA (no mask); eager attention also materialises the (heads, q, n) scores and probabilities.
-    A mask (none with the causal flag): eager's is additive in `dtype`; SDPA's is bool, and PyTorch's SDPA
-    makes an additive copy of it in `dtype` before its kernel runs (both seen in the CPU profiler).
+    Without a mask (`causal_flag`: a first block, or one query) transformers' SDPA path uses the kernel's own
+    GQA. With one (a block after cached entries) the wrapped sdpa takes `block_attention`'s kernel: "flash"
+    holds nothing over the keys; "gqa" the bool mask plus the additive copy PyTorch's SDPA makes of it (seen in
+    the CPU profiler); "stock" (and any unwrapped kernel) that and K/V repeated to every query head
+    (`repeat_kv`). Eager attention always repeats K/V and materialises the (heads, q, n) scores and
+    probabilities, and its mask is additive in `dtype`.
     """
     cfg = adapter.text_config
     hq, hkv, hd = cfg.num_attention_heads, adapter.num_kv_heads, adapter.head_dim
     itemsize = dtype.itemsize
-    impl = adapter.attn_implementation
-    expand = 0 if (impl == "sdpa" and causal_flag) or hq == hkv else 2 * hq * n * hd * itemsize
-    scores = 2 * hq * q * n * itemsize if impl == "eager" else 0
-    mask = 0 if causal_flag else q * n * (itemsize if impl == "eager" else 1 + itemsize)
-    return expand + scores + mask
+    expanded = 0 if hq == hkv else 2 * hq * n * hd * itemsize
+    if adapter.attn_implementation == "eager":
+        return expanded + 2 * hq * q * n * itemsize + (0 if causal_flag else q * n * itemsize)
+    if causal_flag:
+        return 0
+    kernel = block_attention.kernel_for(adapter.device, dtype, hd)
+    if adapter.attn_implementation != "sdpa":
+        kernel = "stock"
+    mask = q * n * (1 + itemsize)
+    return {"flash": 0, "gqa": mask, "stock": mask + expanded}[kernel]
 
 
 def kept_units(prepared: PreparedInput, block: Block) -> list:
@@ -186,7 +190,7 @@ class Engine:
             q, n_past = hidden.shape[1], cache.layers[layer_idx].get_seq_length()  # host ints
             key = (q, n_past, device)
             if key not in masks:  # one mask per block (per distinct cache length and device)
-                masks[key] = attention_mask(q, n_past, adapter.attn_implementation, hidden.dtype, device)
+                masks[key] = attention_mask(q, n_past, adapter.attn_implementation, device)
             mask = masks[key]
             cache.pending_token_index = plan.index_on(device)
             cache.pending_tiers = plan.tiers_on(device)

@@ -17,8 +17,8 @@ the turn's peak from the model's dimensions and the planned blocks, weights asid
   store less than that, so for them both figures are upper bounds).
 - **LLM activations** of each block, one decoder layer at a time: the residual stream plus the larger
   of the attention phase (per token of the block: q, k, v, their rotated copies, the output; over every
-  key: the mask with SDPA's float copy of it and K/V repeated to every query head, as the engine's
-  `attention_working_bytes`) and the MLP phase (gate activation, up, product, per token); SDPA's fused
+  key: the mask with SDPA's float copy of it, and K/V repeated to every query head where the kernel does, as
+  the engine's `attention_working_bytes`) and the MLP phase (gate activation, up, product, per token); SDPA's fused
   kernels (CPU and CUDA) never hold the (queries × keys) score matrix, so none is counted.
 - **Vision tower** on each block's units (a tile, a row strip, a frame; the whole media in one bulk
   block): its pixel inputs while prepared, or as the tower holds them with one layer's activations over
@@ -156,7 +156,7 @@ def estimate_prefill(
     inter = _cfg(text, "intermediate_size", default=4 * hidden)
     # one decoder layer's transients: the residual stream (in, out) plus the larger of its two phases, which
     # never coexist: attention (per token of the block: normed input; q, k, v; rotated q, k; attention output;
-    # o_proj; over every key: the mask, K/V repeated to every query head, as `attention_working_bytes`)
+    # o_proj; over every key: the mask, any K/V repeated to every query head, as `attention_working_bytes`)
     # or the MLP (per token: normed input; gate activation, up, their product)
     residual = 2 * hidden * itemsize
     attention = (

@@ -12,7 +12,11 @@ here with transformers' `AttentionInterface` and `AttentionMaskInterface`, `inst
   the probabilities, so nothing of the cache is copied (the mask, if any, covers the window only);
 - several query tokens (a prefill block after packed ones): the segments are dequantized into one buffer that
   also receives the block's K/V (one copy per layer per block, as a quantized block already makes) and the
-  wrapped function runs as usual; the engine's mask already spans every entry before the block.
+  call goes on as below over the widened keys.
+
+A block after cached entries arrives with the engine's `block_attention.AfterCache` marker instead of a mask
+tensor: under sdpa it goes to `block_attention.attend` (no K/V expansion; flash on CUDA), under eager the
+marker's additive mask is passed to the model's own function.
 
 Inside `grouped_decode()` (the fixed-shape decoder's step with `SessionConfig.decode_attention` "grouped") a
 one-query call without segments takes the same `one_query` path over its window alone.
@@ -36,6 +40,8 @@ import torch
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
+from visualkv import block_attention
+from visualkv.block_attention import AfterCache
 from visualkv.quant import dequantize_all
 
 #: the wrapped name of each implementation that takes an explicit mask (flash attention is left alone)
@@ -116,16 +122,21 @@ def _wrapper(base: str):
     def attention(module, query, key, value, attention_mask, **kwargs):
         segments = _take(key)
         fn = _base_function(base, module)
-        if not segments:
-            if query.shape[2] == 1 and getattr(_decode, "grouped", False):
-                return one_query(query, key, value, attention_mask, [], kwargs.get("scaling"))
-            return fn(module, query, key, value, attention_mask, **kwargs)
-        if query.shape[2] == 1:  # every segment in one part beside the window: nothing of the cache is copied
-            part = dequantized(segments)  # this call's transient
-            return one_query(query, key, value, attention_mask, [part], kwargs.get("scaling"))
-        keys, values = dequantized(segments, key, value)  # [segments | block], this call's transient
-        mask = _widened(attention_mask, keys.shape[2], query, additive=base == "eager")
-        return fn(module, query, keys, values, mask, **kwargs)
+        if query.shape[2] == 1 and (segments or getattr(_decode, "grouped", False)):
+            # one query: every segment in one part beside the window, nothing of the cache is copied
+            parts = [dequantized(segments)] if segments else []  # this call's transient
+            return one_query(query, key, value, attention_mask, parts, kwargs.get("scaling"))
+        if segments:  # a prefill block after packed ones: [segments | block], this call's transient
+            key, value = dequantized(segments, key, value)
+            if attention_mask is None:  # the block is causal, every packed entry older than it
+                attention_mask = AfterCache(query.shape[2])
+            elif not isinstance(attention_mask, AfterCache):
+                attention_mask = _widened(attention_mask, key.shape[2])
+        if isinstance(attention_mask, AfterCache):  # a block after cached entries (`visualkv.block_attention`)
+            if base == "sdpa":
+                return block_attention.attend(module, query, key, value, attention_mask, fn, **kwargs)
+            attention_mask = attention_mask.additive(key.shape[2], key.device, query.dtype)
+        return fn(module, query, key, value, attention_mask, **kwargs)
 
     attention.__name__ = f"visualkv_{base}_attention"
     return attention
@@ -172,20 +183,9 @@ def _elements(p) -> int:
     return _entries(p) * p.shape[-1]
 
 
-def _widened(mask: torch.Tensor | None, width: int, query: torch.Tensor, additive: bool) -> torch.Tensor:
-    """The mask for q queries over `width` entries, the last q of them the queries' own: a given mask over the
-    last entries is widened on the left with visible columns (the packed entries are older than every query);
-    none means causal among the queries (the kernels' own causal flag would align it to the first entry)."""
-    if mask is None:
-        q, device = query.shape[2], query.device
-        allowed = torch.ones((q, width), dtype=torch.bool, device=device)
-        allowed[:, width - q :] = torch.ones((q, q), dtype=torch.bool, device=device).tril()
-        mask = allowed[None, None]
-        if additive:
-            mask = torch.zeros(mask.shape, dtype=query.dtype, device=device).masked_fill(
-                ~mask, torch.finfo(query.dtype).min
-            )
-        return mask
+def _widened(mask: torch.Tensor, width: int) -> torch.Tensor:
+    """A tensor mask over the last entries widened on the left to `width` with visible columns (the packed
+    entries are older than every query)."""
     if mask.shape[-1] == width:
         return mask
     pad = width - mask.shape[-1]
