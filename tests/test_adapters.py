@@ -178,6 +178,32 @@ def test_smolvlm_lazy_video_equals_the_processor():
         assert torch.equal(mask, enc["pixel_attention_mask"][:, [1, 3]])
 
 
+def test_smolvlm_video_frames_in_chunks_equal_one_processor_call(monkeypatch):
+    """SmolVLM2's video processor sees a block's frames a few at a time too: pixels and mask as one call's."""
+    from visualkv.bench.synthetic import video_media
+    from visualkv.models import smolvlm
+
+    adapter = get_adapter("tiny-smolvlm2")
+    media = adapter.prepare(video_media(7, 320, 180, fps=2.0, seed=4), "What happens?").vision_inputs["video"]
+    frames = [0, 1, 2, 4, 5, 6]
+    whole_pixels, whole_mask = adapter._frame_pixels(media, frames)
+    calls = []
+    frame_pixels = adapter._frame_pixels
+
+    def counted(media, chosen):
+        calls.append(len(chosen))
+        return frame_pixels(media, chosen)
+
+    monkeypatch.setattr(smolvlm, "VIDEO_FRAMES_PER_CALL", 4)
+    monkeypatch.setattr(adapter, "_frame_pixels", counted)
+    pixels, mask = adapter._video_pixels(media, frames)
+    assert calls == [4, 2]
+    assert pixels.shape == whole_pixels.shape and torch.equal(pixels, whole_pixels)
+    assert (mask is None) == (whole_mask is None)
+    if mask is not None:
+        assert torch.equal(mask, whole_mask)
+
+
 def test_qwen2_vl_goes_through_the_same_adapter(small_image, small_video):
     """Qwen2-VL (no vision windows) loads as a qwen2_vl family and matches transformers' forward."""
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLProcessor

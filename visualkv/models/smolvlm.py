@@ -23,8 +23,10 @@ from PIL import Image
 from visualkv.layout import FrameInfo, VisualLayout, VisualUnit, grid_boxes
 from visualkv.media import Media
 from visualkv.models.base import (
+    VIDEO_FRAMES_PER_CALL,
     ModelAdapter,
     PreparedInput,
+    in_chunks,
     resize_like_processor,
     text_positions,
     tokenize_runs,
@@ -120,6 +122,23 @@ class SmolVLMAdapter(ModelAdapter):
         )
         return out["pixel_values"], out.get("pixel_attention_mask")
 
+    def _video_pixels(self, media: Media, frames: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`_frame_pixels` of the given frames, the processor seeing `VIDEO_FRAMES_PER_CALL` at a time (it
+        processes each frame on its own: the same values, with its float32 intermediates of one chunk)."""
+        masks: list[torch.Tensor | None] = []
+
+        def chunk(i0: int, i1: int) -> torch.Tensor:
+            pixels, mask = self._frame_pixels(media, frames[i0:i1])
+            masks.append(mask)
+            return pixels
+
+        pixels = in_chunks(len(frames), VIDEO_FRAMES_PER_CALL, chunk, dim=1)
+        return pixels, None if masks[0] is None else torch.cat(masks, dim=1)
+
+    def video_patches_per_call(self, prepared: PreparedInput) -> int | None:
+        unit = prepared.layout.units[0]  # a frame: its tokens, each of `patches_per_token` patches
+        return VIDEO_FRAMES_PER_CALL * (unit.seq_end - unit.seq_start) * self.patches_per_token
+
     def followup_ids(self, prompt: str) -> torch.Tensor:
         text = f"<end_of_utterance>\nUser: {prompt}<end_of_utterance>\nAssistant:"
         return torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
@@ -167,7 +186,7 @@ class SmolVLMAdapter(ModelAdapter):
             return torch.zeros((0, self.text_config.hidden_size), dtype=self.dtype, device=self.device)
         idx = torch.tensor([u.frame for u in units])
         if "video" in prepared.vision_inputs:  # frames are processed only when their block runs
-            pv, pam = self._frame_pixels(prepared.vision_inputs["video"], idx.tolist())
+            pv, pam = self._video_pixels(prepared.vision_inputs["video"], idx.tolist())
         else:
             pv = prepared.vision_inputs["pixel_values"][:, idx]
             pam = prepared.vision_inputs.get("pixel_attention_mask")
