@@ -58,7 +58,9 @@
 #
 # Writes under $OUT: env.txt (versions, GPU), pytest_cuda.log (+ junit XML), bench_gpu_<model>.log,
 # gpu_<model>.json and .md (the README table) per model, decode_attention_<shape>.json and .log per shape
-# (scripts/decode_attention.py: one decode step's attention three ways over 1k to 538k entries); the hour step
+# (scripts/decode_attention.py: one decode step's attention three ways over 1k to 538k entries),
+# block_attention_<shape>.json and .log per shape (scripts/block_attention.py: a block after cached entries, two
+# ways); the hour step
 # writes bench_gpu_hour_<model>.log and hour/gpu_<model>.json and .md. At the end they are packed into
 # $OUT/gpu_check_<step>.tgz beside $OUT/summary.md (versions, the test summary, every table): the device tool brings back at most 8 files, and
 # two shapes' logs, JSON and tables alone are more (a step cut short by the call's own limit leaves them loose).
@@ -174,6 +176,19 @@ if [ "$STEPS" = all ] || [ "$STEPS" = bench ]; then
     rc=$?
     cat "$OUT/decode_attention_shape-$shape.log"
     echo "decode attention shape-$shape exit $rc"
+    [ $rc -eq 0 ] || status=1
+    # a prefill block's / follow-up's attention after cached entries, transformers' (repeat_kv, mask) vs
+    # block_attention's (lower-right flash): the kernel behind every block-wise TTFT (an estimated ~10 s)
+    if [ -n "${GPU_CHECK_SMALL:-}" ]; then
+      blocks=(--cases 64x500 --repeats 2 --dtype float32)
+    else
+      blocks=(--cases 1024x1024,1024x8192,1024x75520,16x76544,16x538200)
+    fi
+    timeout 120 "$PY" scripts/block_attention.py "$OUT/block_attention_shape-$shape.json" --shape "shape-$shape" \
+      "${blocks[@]}" >"$OUT/block_attention_shape-$shape.log" 2>&1
+    rc=$?
+    cat "$OUT/block_attention_shape-$shape.log"
+    echo "block attention shape-$shape exit $rc"
     [ $rc -eq 0 ] || status=1
   done
   rm -f "$OUT"/*.html  # plotly is absent on the GPU box anyway; keep $OUT to the files that come back
