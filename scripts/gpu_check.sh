@@ -12,7 +12,9 @@
 # pip installing the wheels a few seconds):
 #   tests  125 s for the 92 tests tests/test_cuda.py held then (112 s in a first run; the slowest took 10 s). It holds
 #          128 now (device "auto" through device_map x12, the CLI on CUDA x2, the 3B shape, the grouped decode
-#          attention's bf16 error, the memory guard's estimate against the CUDA peak x20), perhaps 3-4 min.
+#          attention's bf16 error, the memory guard's estimate against the CUDA peak x20), perhaps 3-4 min; plus 3 of
+#          tests/test_block_attention.py (the lower-right flash path at three released geometries) and 2 of
+#          tests/test_quant.py (packing on CUDA against CPU), a few seconds.
 #   bench  191 s for shape-qwen2.5-vl-7b without the warm-up and the forced rows (GPU_CHECK_FORCED=0: 4K image and
 #          the 512-s mix video x transformers generate, 6 methods and the 2 vision-ahead rows); with the warm-up
 #          (every case once on a small image and an 8-frame video: 16 s) about 215 s. The forced rows add 4 cases,
@@ -111,7 +113,8 @@ if [ "$STEPS" = all ] || [ "$STEPS" = tests ]; then
   if [ -n "${GPU_CHECK_SMALL:-}" ]; then
     tests=(tests/test_cuda.py tests/test_device.py -k "test_fake_cuda_catches or test_sampling_is_seeded or runs_on_cuda and full")
   else
-    tests=(-m cuda tests/test_cuda.py)
+    # every test marked cuda, in the modules that import without gradio / plotly (absent there)
+    tests=(-m cuda tests/test_cuda.py tests/test_block_attention.py tests/test_quant.py)
   fi
   echo "== pytest ${tests[*]}"
   # SIGINT at the limit, not SIGTERM: pytest then stops like a Ctrl-C and still prints its summary and writes

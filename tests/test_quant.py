@@ -193,6 +193,7 @@ def test_cat_rejects_mismatches() -> None:
         select_tokens(a, torch.zeros(2, 2, 1, dtype=torch.long))
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 @pytest.mark.parametrize("bits", BITS)
 def test_cuda_matches_cpu(bits: int) -> None:
