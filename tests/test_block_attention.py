@@ -167,3 +167,26 @@ def test_working_bytes_count_no_expansion_where_the_kernel_makes_none(adapter):
     assert block_attention.kernel_for(torch.device("cuda"), torch.bfloat16, 128) == "flash"
     assert block_attention.kernel_for(torch.device("cuda"), torch.float32, 128) == "stock"
     assert block_attention.kernel_for(torch.device("cpu"), torch.bfloat16, 128) == "gqa"
+
+
+def test_eager_attention_takes_the_markers_additive_mask(small_image):
+    """Under eager attention the marker becomes the model file's additive mask: block-wise prefill and a follow-up
+    give sdpa's logits (sdpa here attends with `enable_gqa`, eager with K/V repeated)."""
+    from tests.conftest import get_adapter
+    from visualkv.models.registry import _adapter
+    from visualkv.models.tiny import build_tiny
+
+    eager = _adapter(*build_tiny("tiny-qwen2.5-vl", seed=0, attn_implementation="eager"), "tiny-qwen2.5-vl")
+    logits = []
+    for adapter in (get_adapter("tiny-qwen2.5-vl"), eager):
+        config = SessionConfig(
+            method="blockwise-keydiff", budget=48, block_size=16, prefill="blockwise", max_new_tokens=3, decode="eager"
+        )
+        session = ChatSession(adapter, config)
+        seen: list[torch.Tensor] = []
+        session._sample = lambda lg, gen, seen=seen, sample=session._sample: seen.append(lg.clone()) or sample(lg, gen)
+        session.ask("What is shown?", small_image)
+        session.ask("And the colours?")
+        logits.append(torch.stack(seen))
+    assert eager.text_config._attn_implementation == "visualkv_eager"
+    torch.testing.assert_close(logits[1], logits[0], rtol=0, atol=1e-4)
