@@ -13,8 +13,11 @@ the turn's peak from the model's dimensions and the planned blocks, weights asid
   entries held are walked too (`kv_bytes`, the high-water mark of the cache's `peak_kv_bytes`): a
   method that evicts per block (`Method.evicts_per_block`) holds, while block i passes layer l, the
   evicted entries of layers < l, its previous entries + block i at layer l, and its previous
-  entries at layers > l; any other method keeps everything it read (salicache and lightkv
-  store less than that, so for them both figures are upper bounds).
+  entries at layers > l. A method that merges between layers (`Method.merges_between_layers`, LightKV) stores
+  in each later layer only what `Method.visual_kept_by_layer` bounds of a block's visual tokens, the guard
+  walking each group of layers that store alike; any other method keeps everything it read (salicache stores
+  less than that, so for it both figures are upper bounds). The answer's entries are counted after the last
+  block.
 - **LLM activations** of each block, one decoder layer at a time: the residual stream plus the larger
   of the attention phase (per token of the block: q, k, v, their rotated copies, the output; over every
   key: the mask with SDPA's float copy of it, and K/V repeated to every query head where the kernel does, as
@@ -47,13 +50,14 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import psutil
 import torch
 
 from visualkv.cache import grown_capacity
 from visualkv.engine import attention_working_bytes, needs_mask
 from visualkv.errors import VisualKVError
-from visualkv.layout import plan_blocks
+from visualkv.layout import Block, plan_blocks
 from visualkv.media import Media
 from visualkv.methods import METHODS, capacity_bound, make_method, method_traits
 from visualkv.quant import QuantSpec, packed_bytes_per_token
@@ -67,7 +71,7 @@ class MemoryGuardError(VisualKVError):
 class MemoryEstimate:
     """Bytes a turn needs above the weights (see the module doc).
 
-    kv_bytes: the high-water mark of the entries held (the cache's `peak_kv_bytes`). kv_allocated_bytes: of
+    kv_bytes: the high-water mark of the entries held (the cache's `peak_kv_bytes`), the answer's included. kv_allocated_bytes: of
     its buffers, free capacity included (its `peak_allocated_bytes`). activation_bytes / vision_bytes: the
     largest transient of the LLM layers / the vision tower over one block. peak_bytes: the largest sum of
     what coexists, over the blocks: the cache's buffers before the block + the vision tower on it, or its
@@ -138,7 +142,7 @@ def estimate_prefill(
     headroom: entries the cache allocates beyond the prefill (`SessionConfig.cache_headroom`).
     method_options: the method's options (`SessionConfig.method_options`: Sali-Cache's tiers size its stores)."""
     itemsize = torch.empty((), dtype=adapter.dtype).element_size()
-    layers, kv_heads, head_dim = adapter.num_layers, adapter.num_kv_heads, adapter.head_dim
+    kv_heads, head_dim = adapter.num_kv_heads, adapter.head_dim
     entry_bytes = 2 * kv_heads * head_dim * itemsize  # K and V of one token at one layer
     block_size = block_size or adapter.default_block_size
     mode = prefill_mode or method_cls.default_prefill
@@ -148,7 +152,7 @@ def estimate_prefill(
     )
     bound = capacity_bound(method_cls, budget, blocks, prepared)
     hint = bound + headroom if bound is not None else None  # as `CompressibleCache.set_capacity_hint`
-    stores = _layer_stores(adapter, prepared, method_cls, method_options, entry_bytes, hint, headroom)
+    store_args = (adapter, prepared, method_cls, method_options, entry_bytes, hint, headroom)
 
     text = adapter.text_config
     hidden = _cfg(text, "hidden_size")
@@ -165,7 +169,10 @@ def estimate_prefill(
     mlp = (hidden + 3 * inter) * itemsize
     vision = _VisionDims.of(adapter)
 
-    held = vis_held = 0  # entries of one layer (per KV head) before the block, and how many are visual
+    # the layers in groups that store alike (one group unless the method merges between layers, `kept_by_layer`):
+    # per group, the entries of one of its layers (per KV head) before the block, how many are visual, its buffers
+    kept_by_layer = _kept_by_layer(adapter, prepared, method_cls, method_options)
+    state: list[_GroupState] = []
     kv_peak = alloc_peak = act_peak = vision_peak = peak = 0
     ahead = vision_ahead if adapter.encodes_ahead(prepared) else 1
     call_patches = [adapter.vision_call_patches(prepared, [b.units]) if b.units else 0 for b in blocks]
@@ -179,38 +186,54 @@ def estimate_prefill(
     for i, block in enumerate(blocks):
         q = int(prepared.keep[block.start : block.end].sum())
         q_vis = int(visual[block.start : block.end].sum())
-        if method_cls.evicts_per_block and budget is not None and block.units:
-            vis_after = min(vis_held + q_vis, budget)
-        else:
-            vis_after = vis_held + q_vis
-        after = held + (q - q_vis) + (vis_after - vis_held)
-        # the block at the last layer: every other layer already evicted to `after` (or holds `held`)
-        entries = max((layers - 1) * after + held + q, layers * held + q)
+        groups = kept_by_layer(block, q_vis)
+        if not state:
+            state = [_GroupState(n, _layer_stores(*store_args)) for n, _ in groups]
+        evicts = method_cls.evicts_per_block and budget is not None and block.units
+        rise = 0  # entries the groups before this one added while the block passed them (their layers done)
+        entries = sum(g.layers * g.held for g in state)  # the cache when the block starts
+        block_peak, keys = 0, 0
+        for g, (_, kept) in zip(state, groups):
+            q_g = q - q_vis + kept  # what this group's layers store of the block
+            vis_after = min(g.vis_held + kept, budget) if evicts else g.vis_held + kept
+            g.after = g.held + (q - q_vis) + (vis_after - g.vis_held)
+            # the block at this group's last layer: the group's other layers already evicted to `after`
+            block_peak = max(block_peak, rise + (g.layers - 1) * (g.after - g.held) + q_g)
+            rise += g.layers * (g.after - g.held)
+            g.vis_after = vis_after
+            causal_flag = not needs_mask(q_g, g.held, adapter.attn_implementation)  # as the engine's layer loop
+            keys = max(keys, attention_working_bytes(adapter, q_g, g.held + q_g, causal_flag, adapter.dtype))
+        entries += block_peak
         # the cache's buffers before and during the block (a block that does not fit grows every layer in turn,
         # the layer being grown holding its old buffers and the new ones)
-        before = [store.capacity for store in stores]
-        if q:  # (a block with nothing kept never reaches the cache)
-            for store in stores:
-                store.hold(held + q)
-        held_alloc = layers * sum(old * store.entry_bytes for old, store in zip(before, stores))
-        alloc = layers * sum(store.capacity * store.entry_bytes for store in stores)
-        alloc_growing = sum(old * st.entry_bytes for old, st in zip(before, stores) if 0 < old < st.capacity)
+        held_alloc = sum(g.allocated() for g in state)
+        growing = 0
+        for g, (_, kept) in zip(state, groups):
+            before = [store.capacity for store in g.stores]
+            if q:  # (a block with nothing kept never reaches the cache)
+                for store in g.stores:
+                    store.hold(g.held + q - q_vis + kept)
+            growing = max(
+                growing, sum(old * st.entry_bytes for old, st in zip(before, g.stores) if 0 < old < st.capacity)
+            )
+        alloc = sum(g.allocated() for g in state)
         embeddings = 2 * q * hidden * itemsize  # the block's embeddings and the vision output folded in
         if ahead > 1 and i >= ahead_until and block.units:  # one tower call for this block and the next ones
             ahead_until = i + ahead
-            groups = [b.units for b in blocks[i:ahead_until] if b.units]
-            vision_b = tower_bytes(adapter.vision_call_patches(prepared, groups))
+            units = [b.units for b in blocks[i:ahead_until] if b.units]
+            vision_b = tower_bytes(adapter.vision_call_patches(prepared, units))
         else:
             vision_b = tower_bytes(call_patches[i]) if ahead == 1 else 0
         # embeddings encoded ahead wait for their blocks: at most the rest of the call's output
         embeddings += sum(call_patches[i + 1 : ahead_until]) // patches_per_token * hidden * itemsize
-        causal_flag = not needs_mask(q, held, adapter.attn_implementation)  # as the engine's layer loop
-        keys = attention_working_bytes(adapter, q, held + q, causal_flag, adapter.dtype)
         act_b = q * residual + max(q * attention + keys, q * mlp)
         kv_peak, alloc_peak = max(kv_peak, entries), max(alloc_peak, alloc)
         act_peak, vision_peak = max(act_peak, act_b), max(vision_peak, vision_b)
-        peak = max(peak, held_alloc + vision_b + embeddings, alloc + alloc_growing + act_b + embeddings)
-        held, vis_held = after, vis_after
+        peak = max(peak, held_alloc + vision_b + embeddings, alloc + growing + act_b + embeddings)
+        for g in state:
+            g.held, g.vis_held = g.after, g.vis_after
+    # then the answer: at most `headroom` entries more in every layer
+    kv_peak = max(kv_peak, sum(g.layers * (g.held + headroom) for g in state))
     media_bytes = _media_bytes(prepared, blocks)
     return MemoryEstimate(
         kv_peak * entry_bytes,
@@ -221,6 +244,39 @@ def estimate_prefill(
         peak,
         kv_peak,
     )
+
+
+@dataclass
+class _GroupState:
+    """Consecutive decoder layers that store alike, while the guard walks the blocks: how many, and per layer the
+    entries held before the block (per KV head), how many of them are visual, after the block, and its buffers."""
+
+    layers: int
+    stores: list[_Store]
+    held: int = 0
+    vis_held: int = 0
+    after: int = 0
+    vis_after: int = 0
+
+    def allocated(self) -> int:
+        return self.layers * sum(store.capacity * store.entry_bytes for store in self.stores)
+
+
+def _kept_by_layer(adapter, prepared, method_cls, method_options) -> Callable[[Block, int], list[tuple[int, int]]]:
+    """(block, its kept visual tokens) -> per group of layers, (layers, visual tokens each stores of the block):
+    one group of every layer storing all of them, unless the method merges between layers
+    (`Method.visual_kept_by_layer`, LightKV)."""
+    if not method_cls.merges_between_layers:
+        return lambda block, q_vis: [(adapter.num_layers, q_vis)]
+    method = make_method(method_cls.name, **(method_options or {}))
+    visual_id = prepared.layout.visual_id_of_seq(prepared.seq_len)
+    kept_visual = (prepared.visual_mask & prepared.keep).numpy()
+
+    def kept(block: Block, q_vis: int) -> list[tuple[int, int]]:
+        local = np.arange(block.start, block.end)
+        return method.visual_kept_by_layer(adapter, prepared, visual_id[local[kept_visual[block.start : block.end]]])
+
+    return kept
 
 
 @dataclass

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
 from visualkv.cache import CompressibleCache
@@ -128,6 +129,18 @@ class Method:
         when the method fixes them before the prefill (Sali-Cache's tiers; the memory guard sizes the stores by
         them); None: every token read is stored at full precision."""
         return None
+
+    #: does the method shrink a block's visual tokens between decoder layers (LightKV), so that later layers
+    #: store fewer than they read? The memory guard then asks `visual_kept_by_layer`.
+    merges_between_layers: ClassVar[bool] = False
+
+    def visual_kept_by_layer(
+        self, adapter: ModelAdapter, prepared: PreparedInput, visual_ids: np.ndarray
+    ) -> list[tuple[int, int]]:
+        """For the memory guard: per group of consecutive decoder layers, (layers in it, an upper bound on how many
+        of a block's visual tokens `visual_ids` (indices into the layout) each of them stores). This default:
+        every layer stores all of them."""
+        return [(adapter.num_layers, len(visual_ids))]
 
     @classmethod
     def capacity_bound(cls, budget: int | None, blocks: list[Block], prepared: PreparedInput) -> int | None:

@@ -55,6 +55,7 @@ class MethodTraits:
     query_aware: bool
     question_apart: bool
     stores_packed: bool
+    merges_between_layers: bool
     stages: tuple[str, ...]
 
 
@@ -75,6 +76,7 @@ def combine_traits(classes: list[type[Method]]) -> MethodTraits:
         query_aware=any(c.query_aware for c in classes),
         question_apart=any(c.question_apart for c in classes),
         stores_packed=any(c.stores_packed for c in classes),
+        merges_between_layers=any(c.merges_between_layers for c in classes),
         stages=tuple(c.name for c in classes),
     )
 
@@ -132,10 +134,16 @@ class Pipeline(Method):
     query_aware = property(lambda self: self.traits.query_aware)  # type: ignore[assignment]
     question_apart = property(lambda self: self.traits.question_apart)  # type: ignore[assignment]
     stores_packed = property(lambda self: self.traits.stores_packed)  # type: ignore[assignment]
+    merges_between_layers = property(lambda self: self.traits.merges_between_layers)  # type: ignore[assignment]
 
     @property
     def stored_shares(self) -> tuple[float, float, float] | None:
         return next((s.stored_shares for s in self.stages if s.stored_shares is not None), None)
+
+    def visual_kept_by_layer(self, adapter, prepared, visual_ids) -> list[tuple[int, int]]:
+        """The merging stage's (at most one per pipeline; an evicting stage's budget is the guard's own term)."""
+        merging = next((s for s in self.stages if s.merges_between_layers), None)
+        return (merging or super()).visual_kept_by_layer(adapter, prepared, visual_ids)
 
     @property  # type: ignore[override]
     def proxy_ids(self):

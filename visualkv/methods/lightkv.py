@@ -404,6 +404,7 @@ class LightKV(Method):
     name = "lightkv"
     description = "Prompt-aware merging of visual tokens inside the prefill (fewer tokens, FLOPs and KV after λ1)."
     default_prefill = "bulk"
+    merges_between_layers = True
     needs_budget = False
     query_aware = True
 
@@ -418,6 +419,30 @@ class LightKV(Method):
             "windows": list(self.config.windows) if self.config.windows is not None else None,
             "ratios": list(self.config.ratios) if self.config.ratios is not None else None,
         }
+
+    def visual_kept_by_layer(self, adapter, prepared, visual_ids: np.ndarray) -> list[tuple[int, int]]:
+        """Layers up to the first merge store every visual token of the block; after a stage (W windows per side,
+        ratio P) at most n - Σ_w min(⌊P·n_w⌋, ⌊n_w/2⌋) of its n tokens go on. Exact at the first stage, whose
+        windows are the block's tokens' own (as `_plan_windows` cuts them); at a later stage the window sizes
+        depend on which tokens merged, so the merges are bounded below by min(P, 1/2)·n minus the windows the
+        block's tokens fall in (each window rounds down by less than one)."""
+        layout = prepared.layout
+        ids = torch.from_numpy(np.asarray(visual_ids, dtype=np.int64))
+        frame = torch.from_numpy(layout.frame).long()[ids]
+        grids = torch.tensor([f.grid for f in layout.frames], dtype=torch.long).view(-1, 2)
+        row, col = torch.from_numpy(layout.row).long()[ids], torch.from_numpy(layout.col).long()[ids]
+        groups, kept, after = [], len(ids), -1
+        for k, (layer, windows, ratio) in enumerate(self.config.resolve(adapter.family, adapter.num_layers)):
+            groups.append((layer - after, kept))
+            win = window_ids(frame, row, col, grids[frame, 0], grids[frame, 1], windows).numpy()
+            counts = np.unique(win, return_counts=True)[1]
+            if k == 0:
+                kept -= int(merge_counts(counts, ratio).sum())
+            else:
+                kept -= max(0, math.ceil(min(ratio, 0.5) * kept - len(counts)))
+            after = layer
+        groups.append((adapter.num_layers - 1 - after, kept))
+        return [(layers, n) for layers, n in groups if layers > 0]
 
     # -- prefill hooks ----------------------------------------------------------------------------------------------
     def begin(self, ctx: PrefillContext) -> None:
