@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 #: relative tolerance of the CUDA agreement check, as a fraction of the reference output's largest magnitude
 #: (two exact kernels in bfloat16 differ by a few output roundings: 2^-8 each)
@@ -89,17 +90,11 @@ def attend(
 
 def _direct(kernel: str, query, key, value, mask: AfterCache, scaling, dropout: float) -> torch.Tensor:
     width = key.shape[2]
-    bias = _lower_right(mask.q, width) if kernel == "flash" else mask.dense(width, key.device)
+    bias = causal_lower_right(mask.q, width) if kernel == "flash" else mask.dense(width, key.device)
     out = F.scaled_dot_product_attention(
         query, key, value, attn_mask=bias, dropout_p=dropout, scale=scaling, enable_gqa=query.shape[1] != key.shape[1]
     )
     return out.transpose(1, 2).contiguous()
-
-
-def _lower_right(q: int, width: int):
-    from torch.nn.attention.bias import causal_lower_right
-
-    return causal_lower_right(q, width)
 
 
 _CUDA_KERNEL: dict[tuple, str] = {}  # (device, dtype, heads, kv heads, head dim) -> the kernel that agreed
