@@ -30,9 +30,11 @@
 # GPU_CHECK_FAMILIES=qwen2.5-vl-7b (each into its own $OUT/<step>, ~8 min with the decode-attention rows), call 2 at
 # once (the machine stays warm 30 s after a call) `hour` with HOUR_STEP_TIMEOUT set to what `status` says is left,
 # less a minute. Issue 10's first 92 tests and the 7B table were measured on 2026-12-04 (docs/results/gpu/). What a
-# next GPU session should run, in order: `tests` (the 128 tests now; issue 10 closes on them), `bench` on the 7B
+# next GPU session should run, in order: `tests` (the 133 tests now; issue 10 closes on them), `bench` on the 7B
 # shape (the grouped decode attention, new since that table and `auto`'s choice over long windows, beside the
-# model's masked SDPA: its decode tok/s and decode_attention_<shape>.json decide GROUPED_MIN_ENTRIES), then
+# model's masked SDPA: its decode tok/s and decode_attention_<shape>.json decide GROUPED_MIN_ENTRIES; and the
+# lower-right flash attention of every block after the cache, also new: block_attention_<shape>.json times it
+# against transformers' masked path, and the block-wise TTFT rows against the 2026-12-04 table show its effect), then
 # `hour` (issue 14's GPU figure), then the other shapes. `bench gpu` rewrites its JSON after every case, so a
 # step stopped by its timeout keeps the cases it finished; the tests step stopped by its timeout still ends with
 # pytest's summary and JUnit XML of the tests that ran (SIGINT, as a Ctrl-C).
