@@ -32,6 +32,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 
 from visualkv.bench.provenance import save_json, start
+from visualkv.telemetry import reset_peak_rss, rss_bytes, rss_peak_since_reset
 
 KERNELS = ("transformers", "visualkv")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -83,17 +84,10 @@ def child(args: argparse.Namespace) -> None:
     q, n_past = (int(v) for v in args.cases.split("x"))
     query, key, value = inputs(geo, q, n_past, DTYPES[args.dtype], "cpu")
     call(args.kernel, geo, query[:, :, :1], key[:, :, :2], value[:, :, :2])  # load the kernels' code first
-    with open("/proc/self/clear_refs", "w") as fh:  # the peak RSS (VmHWM) starts again from the current RSS
-        fh.write("5")
-    before = _status_kib("VmRSS")
+    reset_peak_rss()  # the peak RSS starts again from the current RSS
+    before = rss_bytes()
     call(args.kernel, geo, query, key, value)
-    print((_status_kib("VmHWM") - before) * 1024)
-
-
-def _status_kib(field: str) -> int:
-    """A /proc/self/status memory field (kiB). (getrusage's ru_maxrss would carry the parent's peak over exec.)"""
-    with open("/proc/self/status") as fh:
-        return next(int(line.split()[1]) for line in fh if line.startswith(field + ":"))
+    print(rss_peak_since_reset() - before)
 
 
 def cpu_transient(geo, kernel: str, q: int, n_past: int, dtype: str) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 
 import pytest
 import torch
@@ -202,3 +203,19 @@ def test_snapkv_proxy_window_is_the_question_only():
     text_pass = prepared.seq_len - prepared.layout.n_visual  # [prefix + question] of the text-only pass
     assert n_question < min(64, text_pass)  # a plain "last 64 tokens" window would reach into the prefix
     assert all(q.shape[2] == n_question for q in queries)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="Linux only: /proc/self/clear_refs")
+def test_rss_peak_since_reset_forgets_an_earlier_peak():
+    """The per-measurement RSS peak the scripts read: a transient after the reset shows; one before it does not."""
+    from visualkv.telemetry import reset_peak_rss, rss_bytes, rss_peak_since_reset
+
+    size = 256 * 2**20
+    transient = torch.ones(size // 4)  # touched, so resident
+    del transient
+    assert reset_peak_rss()
+    before = rss_bytes()
+    assert rss_peak_since_reset() < before + size // 2  # the earlier 256 MiB no longer counts
+    transient = torch.ones(size // 4)
+    del transient
+    assert rss_peak_since_reset() >= before + size // 2

@@ -27,6 +27,27 @@ def peak_rss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
+def reset_peak_rss() -> bool:
+    """Start a new RSS high-water mark (Linux: /proc/self/clear_refs resets VmHWM to the current RSS), for
+    `rss_peak_since_reset`; False where the system has no such file (the peak then never goes down)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def rss_peak_since_reset() -> int | None:
+    """VmHWM: this process's RSS high-water mark since `reset_peak_rss` (or its start; unlike getrusage's
+    ru_maxrss, not carried over from a parent across exec); None off Linux."""
+    try:
+        with open("/proc/self/status") as fh:
+            return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return None
+
+
 def cuda_allocated() -> int | None:
     return int(torch.cuda.memory_allocated()) if torch.cuda.is_available() else None
 
