@@ -92,7 +92,9 @@ def test_a_failing_flash_check_falls_back_to_transformers(monkeypatch):
         calls.append(mask)
         return sdpa_attention_forward(module, q, k, v, mask, **kwargs)
 
-    attend(_module(), query, key, value, AfterCache(4), stock)
+    with block_attention.recording() as kernels:
+        attend(_module(), query, key, value, AfterCache(4), stock)
+    assert kernels == {"stock"}
     assert len(calls) == 1 and calls[0].dtype == torch.bool and calls[0].shape[-1] == 12
     assert set(block_attention._CUDA_KERNEL.values()) == {"stock"}
 
@@ -121,9 +123,21 @@ def test_no_prefill_or_follow_up_expands_kv(count_repeat_kv, adapter, small_imag
         method=method, budget=32, block_size=16, max_new_tokens=2, prefill="blockwise", method_options=options
     )
     session = ChatSession(adapter, config)
-    session.ask("What is shown?", small_image)
-    session.ask("And the colours?")
+    first = session.ask("What is shown?", small_image)
+    followup = session.ask("And the colours?")
     assert count_repeat_kv == []
+    assert first.prefill_attention == followup.prefill_attention == "gqa"  # what ran, in the turn's report
+
+
+def test_a_single_block_reports_no_block_attention(small_image):
+    """A bulk prefill's one block has no cache before it (the kernel's causal flag, no marker): nothing to report."""
+    from tests.conftest import get_adapter
+
+    session = ChatSession(
+        get_adapter("tiny-qwen2.5-vl"), SessionConfig(method="full", prefill="bulk", max_new_tokens=2)
+    )
+    assert session.ask("What is shown?", small_image).prefill_attention == ""
+    assert session.report()["turns"][0]["prefill_attention"] == ""
 
 
 @pytest.mark.cuda

@@ -21,7 +21,9 @@ random problem (`_agrees`); a kernel that fails or disagrees is never used for t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -83,6 +85,9 @@ def attend(
     """transformers' attention-function contract for a block after cached entries: query (b, H, q, d), key /
     value (b, Hkv, n, d); returns ((b, q, H, d), None). `stock` is transformers' own function (the fallback)."""
     kernel = _kernel(query, key, value, stock, module, kwargs)
+    kernels = getattr(_used, "kernels", None)
+    if kernels is not None:
+        kernels.add(kernel)
     if kernel == "stock":
         return stock(module, query, key, value, mask.dense(key.shape[2], key.device), **kwargs)
     return _direct(kernel, query, key, value, mask, kwargs.get("scaling"), kwargs.get("dropout", 0.0)), None
@@ -95,6 +100,21 @@ def _direct(kernel: str, query, key, value, mask: AfterCache, scaling, dropout: 
         query, key, value, attn_mask=bias, dropout_p=dropout, scale=scaling, enable_gqa=query.shape[1] != key.shape[1]
     )
     return out.transpose(1, 2).contiguous()
+
+
+_used = threading.local()  # .kernels: the kernels `attend` ran in this thread since `recording` began
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[set[str]]:
+    """Within: the kernels `attend` runs in this thread are added to the yielded set (a turn's report says which
+    ran: "flash", "gqa" or "stock"; a host-side set, nothing read from the device)."""
+    previous = getattr(_used, "kernels", None)
+    _used.kernels = kernels = set()
+    try:
+        yield kernels
+    finally:
+        _used.kernels = previous
 
 
 _CUDA_KERNEL: dict[tuple, str] = {}  # (device, dtype, heads, kv heads, head dim) -> the kernel that agreed

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from visualkv import block_attention
 from visualkv.cache import CompressibleCache
 from visualkv.detokenize import IncrementalDetokenizer
 from visualkv.engine import Engine, PrefillResult
@@ -187,13 +188,15 @@ class ChatSession:
         should_stop = stop.is_set if stop is not None else None
         blocks_before = list(self.blocks)
         try:
-            if not self.turns:
-                logits = self._first_turn(prompt, media, on_block, should_stop)
-            else:
-                logits = self._followup_turn(prompt, on_block, should_stop)
+            with block_attention.recording() as kernels:
+                if not self.turns:
+                    logits = self._first_turn(prompt, media, on_block, should_stop)
+                else:
+                    logits = self._followup_turn(prompt, on_block, should_stop)
         except Exception:
             self.blocks = blocks_before  # a failed or stopped prefill leaves no block behind
             raise
+        record.prefill_attention = ",".join(sorted(kernels))
         record.prefill_seconds = time.perf_counter() - t0
         self.turns.append(record)
         yield from self._decode(logits, record, t0, stop)

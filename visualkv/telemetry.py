@@ -108,6 +108,9 @@ class TurnRecord:
     cuda_peak_bytes: int | None = None  # CUDA peak of this turn (reset when the turn starts); None without CUDA
     decode_mode: str = ""  # "graph", "static" or "eager" (visualkv.static_decode); "" when one token was made
     decode_attention: str = ""  # a fixed-shape decode's attention: "model" or "grouped"; "" for eager steps
+    # the kernels the prefill's blocks after cached entries ran (visualkv.block_attention: "flash", "gqa", "stock",
+    # comma-separated); "" when none had a cache before it
+    prefill_attention: str = ""
     # seconds spent building the fixed-shape decoder (a CUDA graph's warm-up and capture) after the first token:
     # inside decode_tokens_per_second, which is what a user waits for; apart here to show the steady rate
     decode_setup_seconds: float = 0.0

@@ -1268,6 +1268,35 @@ def table_block_attention(results: Path) -> str:
     return _render(header, body, sources, note)
 
 
+FOLLOWUP_ATTENTION_RESULTS = "followup_attention_bench-qwen2.5-vl.json"
+
+
+def table_followup_attention(results: Path) -> str:
+    """A follow-up question end to end: the engine's dense mask (before block_attention) against the marker
+    (scripts/followup_attention.py)."""
+    d = load(FOLLOWUP_ATTENTION_RESULTS, results)
+    s = d["summary"]
+    before, after = s["tensor mask"], s["marker"]
+    body = [
+        [
+            label,
+            f"{r['entries_per_layer']:,}",
+            f"{r['followup_ttft_median_s']:.3f} s",
+            f"{r['followup_rss_growth_median_bytes'] / MIB:,.1f} MiB",
+        ]
+        for label, r in (("tensor mask (before)", before), ("marker (now)", after))
+    ]
+    header = ["follow-up attention", "entries per layer after", "TTFT (median)", "peak RSS growth (median)"]
+    runs = sum(len(r["followup_ttft_s"]) for r in d["runs"]["marker"])
+    note = (
+        f"`{d['model']}`, `{d['method']}` over a {d['image']} synthetic image, then {runs} follow-up questions per "
+        f"case (two sessions alternating in one process, fresh each repeat): the marker's follow-up TTFT is "
+        f"{_x(after['followup_ttft_median_s'] / before['followup_ttft_median_s'])} of the tensor mask's, its peak RSS "
+        f"growth {_x(after['followup_rss_growth_median_bytes'] / before['followup_rss_growth_median_bytes'])}."
+    )
+    return _render(header, body, [(FOLLOWUP_ATTENTION_RESULTS, d)], note)
+
+
 def _grouped(rows: list[dict], key: Callable[[dict], Any]) -> dict[Any, list[dict]]:
     out: dict[Any, list[dict]] = {}
     for row in rows:
@@ -1311,6 +1340,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "prefill-launches": table_prefill_launches,
     "packed-decode": table_packed_decode,
     "block-attention": table_block_attention,
+    "followup-attention": table_followup_attention,
     "frame-resize": table_frame_resize,
     "gpu": table_gpu,
     "gpu-warmup": table_gpu_warmup,

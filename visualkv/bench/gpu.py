@@ -179,6 +179,7 @@ def run_method(
         "decode_tokens_per_second": record.decode_tokens_per_second,
         "decode_mode": record.decode_mode,  # graph / static / eager (visualkv.static_decode)
         "decode_attention": record.decode_attention,  # a fixed-shape step's: model / grouped ("" when eager)
+        "prefill_attention": record.prefill_attention,  # blocks after the cache: flash / gqa / stock (block_attention)
         # building that decoder (a CUDA graph's capture), counted in the tokens/s above; the steady rate without it
         "decode_setup_seconds": record.decode_setup_seconds,
         "decode_steady_tokens_per_second": _steady_rate(record),
