@@ -28,6 +28,8 @@ def test_readme_has_every_results_table():
         "memory-guard",
         "memory-guard-families",
         "memory-guard-video",
+        "block-attention",
+        "followup-attention",
     } <= set(figures.blocks_in(text))
 
 
