@@ -9,8 +9,10 @@ over a synthetic image (the cache), then follow-up questions, each a block of a 
 Two sessions alternate in one process on the same input: `tensor mask` builds the engine's dense bool mask for
 every block (the code before block_attention: transformers' SDPA then repeats K/V to every query head) and
 `marker` runs as shipped. Per follow-up: TTFT (the question's prefill and the first answer token) and the
-growth of the process's peak RSS over its RSS before the turn (Linux's VmHWM, reset before each follow-up; glibc's
-mmap threshold pinned at 64 KiB, so every tensor's memory is returned when freed and a transient shows).
+growth of the process's peak RSS over its RSS before the turn (Linux's VmHWM, reset before each follow-up). Read
+the memory from a run with `--pin-mmap` (glibc's mmap threshold pinned at 64 KiB, so every tensor's memory is
+returned when freed and a transient shows) and the times from one without (pinned, every large allocation costs
+fresh pages).
 CPU timings are this machine's.
 """
 
@@ -33,6 +35,7 @@ from visualkv.session import ChatSession, SessionConfig
 from visualkv.telemetry import reset_peak_rss, rss_bytes, rss_peak_since_reset
 
 CASES = ("tensor mask", "marker")
+PINNED = "65536"
 QUESTIONS = ("What colour is the largest shape?", "Is there any text in the picture?", "How many circles are there?")
 
 
@@ -68,11 +71,9 @@ def run(case: str, adapter, config: SessionConfig, image, questions: int) -> dic
 
 
 def main() -> None:
-    if os.environ.get("MALLOC_MMAP_THRESHOLD_") != "65536":
-        # glibc would serve a turn's transients from memory freed by earlier turns (its mmap threshold rises after
-        # a large free), hiding them from the RSS peak: pin the threshold, as scripts/guard_check.py does (the
-        # variable is read when the process starts, so start again with it)
-        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    if "--pin-mmap" in sys.argv and os.environ.get("MALLOC_MMAP_THRESHOLD_") != PINNED:
+        # the variable is read when the process starts: start again with it
+        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": PINNED}
         os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]], env)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out")
@@ -81,6 +82,13 @@ def main() -> None:
     parser.add_argument("--image", default="3840x2160")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--questions", type=int, default=3, choices=range(1, len(QUESTIONS) + 1))
+    parser.add_argument(
+        "--pin-mmap",
+        action="store_true",
+        help="pin glibc's mmap threshold at 64 KiB (MALLOC_MMAP_THRESHOLD_), so a turn's transients show in its RSS "
+        "peak (glibc otherwise serves them from memory earlier turns freed); large allocations then cost fresh "
+        "pages, so time without it",
+    )
     args = parser.parse_args()
     provenance = start()
     provenance["command"] = "python scripts/followup_attention.py " + " ".join(sys.argv[1:])
@@ -108,6 +116,7 @@ def main() -> None:
         for case, rs in runs.items()
     }
     result = {"kind": "followup_attention", "model": args.model, "method": args.method, "image": args.image}
+    result["malloc_mmap_threshold"] = os.environ.get("MALLOC_MMAP_THRESHOLD_", "glibc default")
     result.update(summary=summary, runs=runs)
     save_json(result, args.out, provenance)
     for case, s in summary.items():
