@@ -71,8 +71,8 @@ class MemoryGuardError(VisualKVError):
 class MemoryEstimate:
     """Bytes a turn needs above the weights (see the module doc).
 
-    kv_bytes: the high-water mark of the entries held (the cache's `peak_kv_bytes`), the answer's included. kv_allocated_bytes: of
-    its buffers, free capacity included (its `peak_allocated_bytes`). activation_bytes / vision_bytes: the
+    kv_bytes: the high-water mark of the entries held (the cache's `peak_kv_bytes`), the answer's included.
+    kv_allocated_bytes: of its buffers, free capacity included (its `peak_allocated_bytes`). activation_bytes / vision_bytes: the
     largest transient of the LLM layers / the vision tower over one block. peak_bytes: the largest sum of
     what coexists, over the blocks: the cache's buffers before the block + the vision tower on it, or its
     buffers during it (a layer being grown counted twice) + its LLM layer.
@@ -169,10 +169,8 @@ def estimate_prefill(
     mlp = (hidden + 3 * inter) * itemsize
     vision = _VisionDims.of(adapter)
 
-    # the layers in groups that store alike (one group unless the method merges between layers, `kept_by_layer`):
-    # per group, the entries of one of its layers (per KV head) before the block, how many are visual, its buffers
-    kept_by_layer = _kept_by_layer(adapter, prepared, method_cls, method_options)
-    state: list[_GroupState] = []
+    walk = _CacheWalk(adapter, _kept_by_layer(adapter, prepared, method_cls, method_options), store_args)
+    evicts = method_cls.evicts_per_block and budget is not None
     kv_peak = alloc_peak = act_peak = vision_peak = peak = 0
     ahead = vision_ahead if adapter.encodes_ahead(prepared) else 1
     call_patches = [adapter.vision_call_patches(prepared, [b.units]) if b.units else 0 for b in blocks]
@@ -186,37 +184,7 @@ def estimate_prefill(
     for i, block in enumerate(blocks):
         q = int(prepared.keep[block.start : block.end].sum())
         q_vis = int(visual[block.start : block.end].sum())
-        groups = kept_by_layer(block, q_vis)
-        if not state:
-            state = [_GroupState(n, _layer_stores(*store_args)) for n, _ in groups]
-        evicts = method_cls.evicts_per_block and budget is not None and block.units
-        rise = 0  # entries the groups before this one added while the block passed them (their layers done)
-        entries = sum(g.layers * g.held for g in state)  # the cache when the block starts
-        block_peak, keys = 0, 0
-        for g, (_, kept) in zip(state, groups):
-            q_g = q - q_vis + kept  # what this group's layers store of the block
-            vis_after = min(g.vis_held + kept, budget) if evicts else g.vis_held + kept
-            g.after = g.held + (q - q_vis) + (vis_after - g.vis_held)
-            # the block at this group's last layer: the group's other layers already evicted to `after`
-            block_peak = max(block_peak, rise + (g.layers - 1) * (g.after - g.held) + q_g)
-            rise += g.layers * (g.after - g.held)
-            g.vis_after = vis_after
-            causal_flag = not needs_mask(q_g, g.held, adapter.attn_implementation)  # as the engine's layer loop
-            keys = max(keys, attention_working_bytes(adapter, q_g, g.held + q_g, causal_flag, adapter.dtype))
-        entries += block_peak
-        # the cache's buffers before and during the block (a block that does not fit grows every layer in turn,
-        # the layer being grown holding its old buffers and the new ones)
-        held_alloc = sum(g.allocated() for g in state)
-        growing = 0
-        for g, (_, kept) in zip(state, groups):
-            before = [store.capacity for store in g.stores]
-            if q:  # (a block with nothing kept never reaches the cache)
-                for store in g.stores:
-                    store.hold(g.held + q - q_vis + kept)
-            growing = max(
-                growing, sum(old * st.entry_bytes for old, st in zip(before, g.stores) if 0 < old < st.capacity)
-            )
-        alloc = sum(g.allocated() for g in state)
+        kv = walk.block(block, q, q_vis, budget if evicts and block.units else None)
         embeddings = 2 * q * hidden * itemsize  # the block's embeddings and the vision output folded in
         if ahead > 1 and i >= ahead_until and block.units:  # one tower call for this block and the next ones
             ahead_until = i + ahead
@@ -226,14 +194,11 @@ def estimate_prefill(
             vision_b = tower_bytes(call_patches[i]) if ahead == 1 else 0
         # embeddings encoded ahead wait for their blocks: at most the rest of the call's output
         embeddings += sum(call_patches[i + 1 : ahead_until]) // patches_per_token * hidden * itemsize
-        act_b = q * residual + max(q * attention + keys, q * mlp)
-        kv_peak, alloc_peak = max(kv_peak, entries), max(alloc_peak, alloc)
+        act_b = q * residual + max(q * attention + kv.attention_bytes, q * mlp)
+        kv_peak, alloc_peak = max(kv_peak, kv.entries), max(alloc_peak, kv.allocated)
         act_peak, vision_peak = max(act_peak, act_b), max(vision_peak, vision_b)
-        peak = max(peak, held_alloc + vision_b + embeddings, alloc + growing + act_b + embeddings)
-        for g in state:
-            g.held, g.vis_held = g.after, g.vis_after
-    # then the answer: at most `headroom` entries more in every layer
-    kv_peak = max(kv_peak, sum(g.layers * (g.held + headroom) for g in state))
+        peak = max(peak, kv.allocated_before + vision_b + embeddings, kv.allocated + kv.growing + act_b + embeddings)
+    kv_peak = max(kv_peak, walk.entries_with_answer(headroom))
     media_bytes = _media_bytes(prepared, blocks)
     return MemoryEstimate(
         kv_peak * entry_bytes,
@@ -246,6 +211,67 @@ def estimate_prefill(
     )
 
 
+@dataclass(frozen=True)
+class _BlockKV:
+    """The cache while one block passes: entries held at the peak (per KV head, summed over layers), its buffers
+    before and after the block, the old buffers of a layer being grown, and the largest attention transient."""
+
+    entries: int
+    allocated_before: int
+    allocated: int
+    growing: int
+    attention_bytes: int
+
+
+class _CacheWalk:
+    """The cache's entries and buffers walked over the planned blocks, per group of layers that store alike (one
+    group unless the method merges between layers); its `_Store`s are sized as `visualkv.cache` sizes them."""
+
+    def __init__(self, adapter, kept_by_layer: Callable[[Block, int], list[tuple[int, int]]], store_args: tuple):
+        self.adapter = adapter
+        self.kept_by_layer = kept_by_layer
+        self.store_args = store_args
+        self.groups: list[_GroupState] = []
+
+    def block(self, block: Block, q: int, q_vis: int, budget: int | None) -> _BlockKV:
+        """Walk one block of `q` kept tokens (`q_vis` visual); `budget`: each layer evicts to it after the block."""
+        adapter = self.adapter
+        kept_by_group = self.kept_by_layer(block, q_vis)
+        if not self.groups:
+            self.groups = [_GroupState(n, _layer_stores(*self.store_args)) for n, _ in kept_by_group]
+        rise = block_peak = attention_bytes = 0  # rise: entries the earlier groups added (their layers done)
+        entries = sum(g.layers * g.held for g in self.groups)  # the cache when the block starts
+        for g, (_, kept) in zip(self.groups, kept_by_group):
+            q_g = q - q_vis + kept  # what this group's layers store of the block
+            vis_after = min(g.vis_held + kept, budget) if budget is not None else g.vis_held + kept
+            after = g.held + (q - q_vis) + (vis_after - g.vis_held)
+            # the block at this group's last layer: the group's other layers already evicted to `after`
+            block_peak = max(block_peak, rise + (g.layers - 1) * (after - g.held) + q_g)
+            rise += g.layers * (after - g.held)
+            causal_flag = not needs_mask(q_g, g.held, adapter.attn_implementation)  # as the engine's layer loop
+            working = attention_working_bytes(adapter, q_g, g.held + q_g, causal_flag, adapter.dtype)
+            attention_bytes = max(attention_bytes, working)
+            g.q, g.after, g.vis_after = q_g, after, vis_after
+        # the buffers before and during the block (a block that does not fit grows every layer in turn, the
+        # layer being grown holding its old buffers and the new ones)
+        allocated_before = sum(g.allocated() for g in self.groups)
+        growing = 0
+        for g in self.groups:
+            before = [store.capacity for store in g.stores]
+            if q:  # (a block with nothing kept never reaches the cache)
+                for store in g.stores:
+                    store.hold(g.held + g.q)
+            old = sum(b * st.entry_bytes for b, st in zip(before, g.stores) if 0 < b < st.capacity)
+            growing = max(growing, old)
+            g.held, g.vis_held = g.after, g.vis_after
+        allocated = sum(g.allocated() for g in self.groups)
+        return _BlockKV(entries + block_peak, allocated_before, allocated, growing, attention_bytes)
+
+    def entries_with_answer(self, headroom: int) -> int:
+        """Entries held once the answer is decoded: at most `headroom` more in every layer."""
+        return sum(g.layers * (g.held + headroom) for g in self.groups)
+
+
 @dataclass
 class _GroupState:
     """Consecutive decoder layers that store alike, while the guard walks the blocks: how many, and per layer the
@@ -255,6 +281,7 @@ class _GroupState:
     stores: list[_Store]
     held: int = 0
     vis_held: int = 0
+    q: int = 0  # of the block being walked: what a layer stores of it, then what it holds after it
     after: int = 0
     vis_after: int = 0
 
