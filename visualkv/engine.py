@@ -183,7 +183,7 @@ class Engine:
         adapter = self.adapter
         cos, sin = adapter.rotary(hidden, positions)
         plan = BlockPlan(token_index, tiers, ctx)
-        masks: dict[tuple, torch.Tensor | None] = {}
+        masks: dict[tuple, AfterCache | torch.Tensor | None] = {}
         for layer_idx, layer in enumerate(adapter.layers):
             device = layer.input_layernorm.weight.device
             hidden, cos, sin = hidden.to(device), cos.to(device), sin.to(device)
