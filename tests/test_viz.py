@@ -230,6 +230,10 @@ def test_summary_rows_name_the_key_numbers(snap):
     assert viz.decode_speed(graph) == "3.0 tokens/s (CUDA graph)"
     grouped = {**graph, "decode_attention": "grouped"}
     assert viz.decode_speed(grouped) == "3.0 tokens/s (CUDA graph, grouped attention)"
+    # a block-wise prefill on this CPU: its blocks after the first attended with grouped-query SDPA
+    assert rows["attention after the cache (last turn's prefill)"] == viz.PREFILL_ATTENTION["gqa"]
+    assert viz.prefill_attention({"prefill_attention": "flash"}).startswith("flash kernel")
+    assert viz.prefill_attention({"prefill_attention": ""}).startswith("none")
 
 
 def test_summary_line_quotes_two_media_warnings_and_counts_the_rest(snap):

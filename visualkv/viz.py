@@ -1225,6 +1225,20 @@ def media_warnings_line(report: dict[str, Any]) -> str:
     return "\n\n⚠️ " + "; ".join(md_literal(w) for w in found[:SUMMARY_WARNINGS]) + tail
 
 
+#: what each kernel of a prefill block after the cache means to a reader (visualkv.block_attention)
+PREFILL_ATTENTION = {
+    "flash": "flash kernel, lower-right causal (no K/V copy)",
+    "gqa": "SDPA with grouped-query heads (no K/V copy)",
+    "stock": "transformers' SDPA (K/V repeated per query head)",
+}
+
+
+def prefill_attention(turn: dict[str, Any]) -> str:
+    """The kernels a turn's prefill blocks after the cache ran, in words; "none (one block)" when none had one."""
+    kernels = [k for k in (turn.get("prefill_attention") or "").split(",") if k]
+    return "; ".join(PREFILL_ATTENTION.get(k, k) for k in kernels) or "none (one block, no cache before it)"
+
+
 def summary_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
     """(label, value) rows of the numbers panel for the last turn of a report."""
     full = report.get("full_kv_bytes") or 0
@@ -1245,6 +1259,7 @@ def summary_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
         ("full KV (uncompressed, same tokens)", _mib(full)),
         ("TTFT (last turn)", f"{turn.get('ttft_seconds', 0):.2f} s"),
         ("decode speed", decode_speed(turn)),
+        ("attention after the cache (last turn's prefill)", prefill_attention(turn)),
         ("peak process RSS", _mib(report.get("peak_rss_bytes"))),
     ]
     if report.get("cuda_peak_bytes"):
