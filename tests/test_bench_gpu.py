@@ -58,6 +58,11 @@ def test_every_case_ran_and_decoded_every_token(result):
     assert all(c["decode_steady_tokens_per_second"] > c["decode_tokens_per_second"] for c in ours)
     table = markdown_table(result).splitlines()
     assert sum("(static, model) |" in line for line in table) == len(ours)  # auto on CPU: the model's attention
+    # every method row with a block after the cache says which kernel attended it (on this CPU: grouped-query SDPA)
+    blockwise = [c for c in ours if c["method"].startswith("blockwise")]
+    assert blockwise and all(c["prefill_attention"] == "gqa" for c in blockwise)
+    assert sum(" (gqa) |" in line for line in table) == sum(bool(c["prefill_attention"]) for c in ours)
+    assert all("prefill_attention" not in c for c in cases if c["method"] == REFERENCE)  # generate: its own
 
 
 def test_generate_reference_runs_transformers_own_vision_attention(monkeypatch):

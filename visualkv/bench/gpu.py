@@ -541,8 +541,11 @@ def markdown_table(result: dict[str, Any]) -> str:
         ratio = (r.get("vs_generate") or {}).get("peak_over_weights_bytes")
         per_hour = r.get("ttft_seconds_per_hour")
         mode = f" ({_decode_how(r)})" if r.get("decode_mode") else ""
+        # the kernel of the prefill's blocks after the cache (block_attention): rows measured before it have none
+        attention = f" ({r['prefill_attention']})" if r.get("prefill_attention") else ""
         lines.append(
-            f"| {label} | {case_label(r)} | {r['ttft_seconds']:.2f} | {'' if per_hour is None else f'{per_hour:,.0f}'} | "
+            f"| {label} | {case_label(r)} | {r['ttft_seconds']:.2f}{attention} | "
+            f"{'' if per_hour is None else f'{per_hour:,.0f}'} | "
             f"{r['decode_tokens_per_second']:.1f}{mode} | {'' if peak is None else f'{peak / 2**20:,.0f}'} | "
             f"{r['cache_peak_bytes'] / 2**20:,.1f} | {'' if ratio is None else f'{ratio:.3f}'} |"
         )
