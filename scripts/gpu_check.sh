@@ -130,6 +130,18 @@ if [ "$STEPS" = all ] || [ "$STEPS" = tests ]; then
   [ $rc -eq 0 ] || status=1
 fi
 
+# one layer's attention timed at a shape's dimensions: scripts/<name>.py NAME ARGS..., its JSON and log under $OUT
+attention_script() {
+  local name=$1 rc
+  shift
+  timeout 120 "$PY" "scripts/$name.py" "$OUT/${name}_shape-$shape.json" --shape "shape-$shape" "$@" \
+    >"$OUT/${name}_shape-$shape.log" 2>&1
+  rc=$?
+  cat "$OUT/${name}_shape-$shape.log"
+  echo "${name//_/ } shape-$shape exit $rc"
+  [ $rc -eq 0 ] || status=1
+}
+
 if [ "$STEPS" = all ] || [ "$STEPS" = bench ]; then
   case "${GPU_CHECK_FAMILIES:-}" in
     "") shapes="qwen2.5-vl-7b qwen3-vl-8b" ;;
@@ -176,12 +188,7 @@ if [ "$STEPS" = all ] || [ "$STEPS" = bench ]; then
     else
       attention=(--entries 1024,10579,76574,538200)
     fi
-    timeout 120 "$PY" scripts/decode_attention.py "$OUT/decode_attention_shape-$shape.json" --shape "shape-$shape" \
-      "${attention[@]}" >"$OUT/decode_attention_shape-$shape.log" 2>&1
-    rc=$?
-    cat "$OUT/decode_attention_shape-$shape.log"
-    echo "decode attention shape-$shape exit $rc"
-    [ $rc -eq 0 ] || status=1
+    attention_script decode_attention "${attention[@]}"
     # a prefill block's / follow-up's attention after cached entries, transformers' (repeat_kv, mask) vs
     # block_attention's (lower-right flash): the kernel behind every block-wise TTFT (an estimated ~10 s)
     if [ -n "${GPU_CHECK_SMALL:-}" ]; then
@@ -189,12 +196,7 @@ if [ "$STEPS" = all ] || [ "$STEPS" = bench ]; then
     else
       blocks=(--cases 1024x1024,1024x8192,1024x75520,16x76544,16x538200)
     fi
-    timeout 120 "$PY" scripts/block_attention.py "$OUT/block_attention_shape-$shape.json" --shape "shape-$shape" \
-      "${blocks[@]}" >"$OUT/block_attention_shape-$shape.log" 2>&1
-    rc=$?
-    cat "$OUT/block_attention_shape-$shape.log"
-    echo "block attention shape-$shape exit $rc"
-    [ $rc -eq 0 ] || status=1
+    attention_script block_attention "${blocks[@]}"
   done
   rm -f "$OUT"/*.html  # plotly is absent on the GPU box anyway; keep $OUT to the files that come back
 fi

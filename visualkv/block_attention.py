@@ -35,7 +35,7 @@ from torch.nn.attention.bias import causal_lower_right
 AGREEMENT_TOLERANCE = 2e-2
 
 
-@dataclass
+@dataclass(eq=False)  # holds tensors: compared by identity
 class AfterCache:
     """The mask of `q` new tokens after every older entry the keys hold: all older entries visible, the block
     causal. Relative to the keys' width, so it also holds when packed segments are prepended to the keys."""
