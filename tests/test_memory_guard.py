@@ -368,7 +368,17 @@ def test_whole_estimate_against_measured_rss_on_a_video(tmp_path):
         assert 0.75 <= row["whole_ratio"] <= 1.25, row
 
 
-@pytest.mark.parametrize("alias", ["tiny-qwen2.5-vl", "tiny-smolvlm2", "bench-qwen2.5-vl"])
+@pytest.mark.parametrize(
+    "alias",
+    [
+        "tiny-qwen2.5-vl",
+        "tiny-smolvlm2",
+        "bench-qwen2.5-vl",
+        "tiny-qwen3-vl",
+        "tiny-internvl3.5",
+        "tiny-llava-onevision",
+    ],
+)
 @pytest.mark.parametrize("kind", ["image", "video"])
 @pytest.mark.parametrize(
     "method,prefill", [("lightkv", None), ("lightkv", "blockwise"), ("blockwise-keydiff+lightkv", None)]
