@@ -10,8 +10,8 @@ wrapped sdpa function (`visualkv.packed_attention`) calls `attend`, which picks,
 - "flash" (CUDA, 16-bit, a flash-eligible geometry): PyTorch's lower-right `CausalBias` with `enable_gqa`,
   which runs the flash kernel on the KV heads as they are: no mask, no copy;
 - "gqa" (CPU and other devices): the dense bool mask with `enable_gqa`; PyTorch's CPU kernel reads each KV
-  head for its query heads (measured at the 7B geometry, q = 1024 after 8,192 entries, float32: 54 MiB of
-  transients against 306 with `repeat_kv`, the same output);
+  head for its query heads (at the 7B geometry, 1,024 queries after 8,192 entries in float32: 60.8 MiB of
+  transients against 312.9 with `repeat_kv`, the same output; docs/results/block_attention_7b_cpu_float32.json);
 - "stock" (CUDA without flash, e.g. float32, where `enable_gqa` with a mask would fall to the math kernel):
   transformers' own function with the dense mask, as before this module.
 
