@@ -392,3 +392,19 @@ def test_lightkv_kv_estimate_follows_its_merges(alias, kind, method, prefill):
     for allocated in (False, True):
         measured, estimated = _measured_and_estimated(alias, media, method, allocated=allocated, prefill=prefill)
         assert measured <= estimated <= 1.15 * measured, (allocated, estimated / measured)
+
+
+def test_llava_onevision_image_calls_are_counted_one_tile_row_each():
+    """A block's own encoding calls LLaVA-OneVision's tower once per tile row (and once for the base image): the
+    guard's largest call is that, not every row the block reads as one call (2.4-3.7x over the measure before)."""
+    from visualkv.layout import plan_blocks
+
+    adapter = get_adapter("tiny-llava-onevision")
+    media = image_media(1920, 1080, seed=3)
+    cfg = _config("blockwise-keydiff", budget=64, block_size=128, prefill="blockwise")
+    largest = max(_tower_calls(adapter, media, cfg))
+    prepared = adapter.prepare(media, QUESTION)
+    blocks = plan_blocks(prepared.seq_len, prepared.layout.units, "blockwise", 128, 64)
+    counted = [adapter.vision_call_patches(prepared, [b.units]) for b in blocks if b.units]
+    assert max(counted) == largest == prepared.vision_inputs["geometry"].tile_cols * adapter.tile**2
+    assert any(len(adapter._tile_rows_read(prepared.vision_inputs["geometry"], b.units)) > 1 for b in blocks)

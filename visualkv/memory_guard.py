@@ -176,9 +176,10 @@ def estimate_prefill(
     call_patches = [adapter.vision_call_patches(prepared, [b.units]) if b.units else 0 for b in blocks]
     patches_per_token = adapter.patches_per_token  # a call's output: its patches packed into tokens
 
-    def tower_bytes(patches: int) -> int:  # one vision-tower call over `patches`
+    def tower_bytes(groups: list) -> int:  # the vision tower on `groups` (one block's units, or several blocks')
+        patches = adapter.vision_call_patches(prepared, groups)
         prep_copies = adapter.vision_prep_copies_for(prepared, patches)
-        return vision.bytes(patches, patches // patches_per_token, itemsize, prep_copies)
+        return vision.bytes(patches, adapter.vision_output_tokens(prepared, groups), itemsize, prep_copies)
 
     ahead_until = 0
     for i, block in enumerate(blocks):
@@ -189,9 +190,9 @@ def estimate_prefill(
         if ahead > 1 and i >= ahead_until and block.units:  # one tower call for this block and the next ones
             ahead_until = i + ahead
             units = [b.units for b in blocks[i:ahead_until] if b.units]
-            vision_b = tower_bytes(adapter.vision_call_patches(prepared, units))
+            vision_b = tower_bytes(units)
         else:
-            vision_b = tower_bytes(call_patches[i]) if ahead == 1 else 0
+            vision_b = tower_bytes([block.units]) if ahead == 1 and block.units else 0
         # embeddings encoded ahead wait for their blocks: at most the rest of the call's output
         embeddings += sum(call_patches[i + 1 : ahead_until]) // patches_per_token * hidden * itemsize
         act_b = q * residual + max(q * attention + kv.attention_bytes, q * mlp)

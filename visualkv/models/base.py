@@ -249,6 +249,11 @@ class ModelAdapter:
         This default: every unit's tokens, times `patches_per_token`, in one call."""
         return sum(u.seq_end - u.seq_start for group in groups for u in group) * self.patches_per_token
 
+    def vision_output_tokens(self, prepared: PreparedInput, groups: list[list[VisualUnit]]) -> int:
+        """Tokens of vision-tower output held at once while `groups` are encoded (as `vision_call_patches`): the
+        memory guard's output term. This default: the largest call's patches packed into tokens."""
+        return self.vision_call_patches(prepared, groups) // self.patches_per_token
+
     #: float32 copies of a vision call's pixel input alive at once (the processor's output, index and contiguous
     #: copies, per-pixel masks), in units of the call's pixel values: at the peak of their preparation, and
     #: still held while the tower runs. The memory guard's input terms, measured on CPU per family on the tiny

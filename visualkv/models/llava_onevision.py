@@ -280,16 +280,34 @@ class LlavaOnevisionAdapter(ModelAdapter):
 
     def vision_call_patches(self, prepared: PreparedInput, groups: list[list[VisualUnit]]) -> int:
         """Every tower input is a 384-px tile of tile x tile patches. Video: one call for the blocks' frames.
-        Image: every tile row the blocks' map rows read, and the base image. A block's own call encodes one
-        tile row at a time, but the rows it reads are held together (joined, then cropped): counting them as
-        one call bounds both."""
+        Image: a block's own encoding calls the tower once per tile row it reads (`_tile_row`) and once for the
+        base image; blocks encoded ahead (several groups, `encode_ahead`) send them all in one call."""
         per_tile = self.tile**2
         units = [u for group in groups for u in group]
         if "video" in prepared.vision_inputs:
             return len(units) * per_tile  # one unit per frame
         g: AnyresGeometry = prepared.vision_inputs["geometry"]
-        base = any(u.kind == "tile" for u in units)
-        return (base + len(self._tile_rows_read(g, units)) * g.tile_cols) * per_tile
+        base, rows = any(u.kind == "tile" for u in units), len(self._tile_rows_read(g, units))
+        if len(groups) > 1:
+            return (base + rows * g.tile_cols) * per_tile
+        return (g.tile_cols if rows else int(base)) * per_tile
+
+    #: copies of the tile rows' features a block's image encoding holds at once: the tile-row buffer, `_crop_rows`
+    #: joining the rows a block reads, and the map rows cut from them with their newline tokens
+    TILE_ROW_FEATURE_COPIES = 3
+
+    def vision_output_tokens(self, prepared: PreparedInput, groups: list[list[VisualUnit]]) -> int:
+        """Image: the buffered features of every tile row the blocks read and the base image's, and while a block's
+        map rows are cut from its rows, their other `TILE_ROW_FEATURE_COPIES` - 1 copies. Video: the call's own
+        output."""
+        if "video" in prepared.vision_inputs:
+            return super().vision_output_tokens(prepared, groups)
+        g: AnyresGeometry = prepared.vision_inputs["geometry"]
+        units = [u for group in groups for u in group]
+        base, rows = any(u.kind == "tile" for u in units), len(self._tile_rows_read(g, units))
+        # blocks encoded ahead: their rows are cut after the call, whose activations dominate while it runs
+        cut = (self.TILE_ROW_FEATURE_COPIES - 1) * rows if len(groups) == 1 else 0
+        return (base + (rows + cut) * g.tile_cols) * self.tile**2
 
     @torch.no_grad()
     def encode_units(self, prepared: PreparedInput, units: list[VisualUnit]) -> torch.Tensor:
