@@ -173,6 +173,19 @@ class LightKVConfig:
 
 
 # -- pure tensor functions ------------------------------------------------------------------------------------------
+def token_places(layout, ids: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """(frame, row, col, grid_rows, grid_cols) of the visual tokens `ids` (indices into `layout`; all when None),
+    as `window_ids` takes them."""
+    frame = torch.from_numpy(layout.frame).long()
+    row, col = torch.from_numpy(layout.row).long(), torch.from_numpy(layout.col).long()
+    if ids is not None:
+        frame, row, col = frame[ids], row[ids], col[ids]
+    if not len(frame):
+        return frame, row, col, frame, frame
+    grids = torch.tensor([f.grid for f in layout.frames], dtype=torch.long).view(-1, 2)
+    return frame, row, col, grids[frame, 0], grids[frame, 1]
+
+
 def window_ids(
     frame: torch.Tensor,
     row: torch.Tensor,
@@ -426,15 +439,11 @@ class LightKV(Method):
         windows are the block's tokens' own (as `_plan_windows` cuts them); at a later stage the window sizes
         depend on which tokens merged, so the merges are bounded below by min(P, 1/2)·n minus the windows the
         block's tokens fall in (each window rounds down by less than one)."""
-        layout = prepared.layout
-        ids = torch.from_numpy(np.asarray(visual_ids, dtype=np.int64))
-        frame = torch.from_numpy(layout.frame).long()[ids]
-        grids = torch.tensor([f.grid for f in layout.frames], dtype=torch.long).view(-1, 2)
-        row, col = torch.from_numpy(layout.row).long()[ids], torch.from_numpy(layout.col).long()[ids]
-        groups, kept, after = [], len(ids), -1
+        places = token_places(prepared.layout, torch.from_numpy(np.asarray(visual_ids, dtype=np.int64)))
+        groups, kept, after = [], len(visual_ids), -1
         for k, (layer, windows, ratio) in enumerate(self.config.resolve(adapter.family, adapter.num_layers)):
             groups.append((layer - after, kept))
-            win = window_ids(frame, row, col, grids[frame, 0], grids[frame, 1], windows).numpy()
+            win = window_ids(*places, windows).numpy()
             counts = np.unique(win, return_counts=True)[1]
             if k == 0:
                 kept -= int(merge_counts(counts, ratio).sum())
@@ -515,12 +524,8 @@ class LightKV(Method):
         prepared, layout = ctx.prepared, ctx.prepared.layout
         n_vis = layout.n_visual
         vid_of_seq = layout.visual_id_of_seq(prepared.seq_len)
-        frame = torch.from_numpy(layout.frame).long()
-        grids = torch.tensor([f.grid for f in layout.frames], dtype=torch.long).view(-1, 2)
-        grid_rows = grids[frame, 0] if n_vis else frame
-        grid_cols = grids[frame, 1] if n_vis else frame
-        row, col = torch.from_numpy(layout.row).long(), torch.from_numpy(layout.col).long()
-        wins = [window_ids(frame, row, col, grid_rows, grid_cols, w).numpy() for _, w, _ in self.stages]
+        places = token_places(layout)
+        wins = [window_ids(*places, w).numpy() for _, w, _ in self.stages]
         gid = np.zeros((len(self.stages), n_vis), dtype=np.int64)
         keep, visual = prepared.keep.numpy(), prepared.visual_mask.numpy()
         self._plans: dict[int, _BlockWindows] = {}

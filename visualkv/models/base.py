@@ -277,6 +277,11 @@ class ModelAdapter:
         """Patches the video processor is given at most at once (`in_chunks`); None: a block's frames together."""
         return None
 
+    def _frame_unit_patches(self, prepared: PreparedInput, frames: int) -> int:
+        """Patches of `frames` video frames where every frame is a unit of its own tokens (SmolVLM2, InternVL)."""
+        unit = prepared.layout.units[0]
+        return frames * (unit.seq_end - unit.seq_start) * self.patches_per_token
+
     #: each unit (a tile, a frame) is encoded as an image of its own: its embeddings do not depend on the units
     #: sharing its tower call, so the default `encode_ahead` may put several blocks' units in one call
     units_independent = False

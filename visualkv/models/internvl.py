@@ -144,8 +144,7 @@ class InternVLAdapter(ModelAdapter):
         return self.processor.video_processor(videos=[chosen], return_tensors="pt")["pixel_values_videos"][0]
 
     def video_patches_per_call(self, prepared: PreparedInput) -> int | None:
-        unit = prepared.layout.units[0]  # a frame: its tokens, each of `patches_per_token` patches
-        return VIDEO_FRAMES_PER_CALL * (unit.seq_end - unit.seq_start) * self.patches_per_token
+        return self._frame_unit_patches(prepared, VIDEO_FRAMES_PER_CALL)
 
     @torch.no_grad()
     def encode_units(self, prepared: PreparedInput, units: list[VisualUnit]) -> torch.Tensor:

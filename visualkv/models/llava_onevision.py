@@ -283,14 +283,18 @@ class LlavaOnevisionAdapter(ModelAdapter):
         Image: a block's own encoding calls the tower once per tile row it reads (`_tile_row`) and once for the
         base image; blocks encoded ahead (several groups, `encode_ahead`) send them all in one call."""
         per_tile = self.tile**2
-        units = [u for group in groups for u in group]
         if "video" in prepared.vision_inputs:
-            return len(units) * per_tile  # one unit per frame
-        g: AnyresGeometry = prepared.vision_inputs["geometry"]
-        base, rows = any(u.kind == "tile" for u in units), len(self._tile_rows_read(g, units))
+            return sum(len(group) for group in groups) * per_tile  # one unit per frame
+        cols, base, rows = self._tiles_read(prepared, groups)
         if len(groups) > 1:
-            return (base + rows * g.tile_cols) * per_tile
-        return (g.tile_cols if rows else int(base)) * per_tile
+            return (base + rows * cols) * per_tile
+        return (cols if rows else int(base)) * per_tile
+
+    def _tiles_read(self, prepared: PreparedInput, groups: list[list[VisualUnit]]) -> tuple[int, bool, int]:
+        """An image's tiles per row, whether `groups` hold the base image, and how many tile rows they read."""
+        g: AnyresGeometry = prepared.vision_inputs["geometry"]
+        units = [u for group in groups for u in group]
+        return g.tile_cols, any(u.kind == "tile" for u in units), len(self._tile_rows_read(g, units))
 
     #: copies of the tile rows' features a block's image encoding holds at once: the tile-row buffer, `_crop_rows`
     #: joining the rows a block reads, and the map rows cut from them with their newline tokens
@@ -302,12 +306,10 @@ class LlavaOnevisionAdapter(ModelAdapter):
         output."""
         if "video" in prepared.vision_inputs:
             return super().vision_output_tokens(prepared, groups)
-        g: AnyresGeometry = prepared.vision_inputs["geometry"]
-        units = [u for group in groups for u in group]
-        base, rows = any(u.kind == "tile" for u in units), len(self._tile_rows_read(g, units))
+        cols, base, rows = self._tiles_read(prepared, groups)
         # blocks encoded ahead: their rows are cut after the call, whose activations dominate while it runs
         cut = (self.TILE_ROW_FEATURE_COPIES - 1) * rows if len(groups) == 1 else 0
-        return (base + (rows + cut) * g.tile_cols) * self.tile**2
+        return (base + (rows + cut) * cols) * self.tile**2
 
     @torch.no_grad()
     def encode_units(self, prepared: PreparedInput, units: list[VisualUnit]) -> torch.Tensor:

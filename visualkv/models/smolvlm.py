@@ -136,8 +136,7 @@ class SmolVLMAdapter(ModelAdapter):
         return pixels, None if masks[0] is None else torch.cat(masks, dim=1)
 
     def video_patches_per_call(self, prepared: PreparedInput) -> int | None:
-        unit = prepared.layout.units[0]  # a frame: its tokens, each of `patches_per_token` patches
-        return VIDEO_FRAMES_PER_CALL * (unit.seq_end - unit.seq_start) * self.patches_per_token
+        return self._frame_unit_patches(prepared, VIDEO_FRAMES_PER_CALL)
 
     def followup_ids(self, prompt: str) -> torch.Tensor:
         text = f"<end_of_utterance>\nUser: {prompt}<end_of_utterance>\nAssistant:"
