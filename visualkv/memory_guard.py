@@ -152,7 +152,9 @@ def estimate_prefill(
     )
     bound = capacity_bound(method_cls, budget, blocks, prepared)
     hint = bound + headroom if bound is not None else None  # as `CompressibleCache.set_capacity_hint`
-    store_args = (adapter, prepared, method_cls, method_options, entry_bytes, hint, headroom)
+
+    def new_stores() -> list[_Store]:  # one layer's buffers, as the cache sizes them
+        return _layer_stores(adapter, prepared, method_cls, method_options, entry_bytes, hint, headroom)
 
     text = adapter.text_config
     hidden = _cfg(text, "hidden_size")
@@ -169,7 +171,7 @@ def estimate_prefill(
     mlp = (hidden + 3 * inter) * itemsize
     vision = _VisionDims.of(adapter)
 
-    walk = _CacheWalk(adapter, _kept_by_layer(adapter, prepared, method_cls, method_options), store_args)
+    walk = _CacheWalk(adapter, _kept_by_layer(adapter, prepared, method_cls, method_options), new_stores)
     evicts = method_cls.evicts_per_block and budget is not None
     kv_peak = alloc_peak = act_peak = vision_peak = peak = 0
     ahead = vision_ahead if adapter.encodes_ahead(prepared) else 1
@@ -228,10 +230,15 @@ class _CacheWalk:
     """The cache's entries and buffers walked over the planned blocks, per group of layers that store alike (one
     group unless the method merges between layers); its `_Store`s are sized as `visualkv.cache` sizes them."""
 
-    def __init__(self, adapter, kept_by_layer: Callable[[Block, int], list[tuple[int, int]]], store_args: tuple):
+    def __init__(
+        self,
+        adapter,
+        kept_by_layer: Callable[[Block, int], list[tuple[int, int]]],
+        new_stores: Callable[[], list[_Store]],
+    ) -> None:
         self.adapter = adapter
         self.kept_by_layer = kept_by_layer
-        self.store_args = store_args
+        self.new_stores = new_stores
         self.groups: list[_GroupState] = []
 
     def block(self, block: Block, q: int, q_vis: int, budget: int | None) -> _BlockKV:
@@ -239,7 +246,7 @@ class _CacheWalk:
         adapter = self.adapter
         kept_by_group = self.kept_by_layer(block, q_vis)
         if not self.groups:
-            self.groups = [_GroupState(n, _layer_stores(*self.store_args)) for n, _ in kept_by_group]
+            self.groups = [_GroupState(n, self.new_stores()) for n, _ in kept_by_group]
         rise = block_peak = attention_bytes = 0  # rise: entries the earlier groups added (their layers done)
         entries = sum(g.layers * g.held for g in self.groups)  # the cache when the block starts
         for g, (_, kept) in zip(self.groups, kept_by_group):
