@@ -140,34 +140,40 @@ def test_grid_pooling_is_avg_pool_when_nothing_is_evicted_and_skips_gaps_after()
     """pool_along_grid: neighbours are by original token order within a tile/frame, not by cache slot."""
     import torch.nn.functional as F
 
-    from visualkv.scoring import pool_along_grid
+    from visualkv.scoring import grid_keys, pool_along_grid
+
+    def pool_along_grid_of(scores, coord, group, kernel_size):
+        return pool_along_grid(scores, grid_keys(coord, group), kernel_size=kernel_size)
 
     torch.manual_seed(0)
     scores = torch.rand(1, 2, 12)
     coord = torch.arange(12).expand(1, 2, 12)
     one_frame = torch.zeros(1, 2, 12, dtype=torch.long)
-    pooled = pool_along_grid(scores, coord, one_frame, kernel_size=5)
+    pooled = pool_along_grid_of(scores, coord, one_frame, kernel_size=5)
     ref = F.avg_pool1d(scores.view(2, 1, 12), 5, stride=1, padding=2, count_include_pad=False).view(1, 2, 12)
     assert torch.allclose(pooled, ref, atol=1e-6)
     # two frames: no pooling across their boundary
     frames = (torch.arange(12) >= 6).long().expand(1, 2, 12)
-    split = pool_along_grid(scores, coord, frames, kernel_size=5)
+    split = pool_along_grid_of(scores, coord, frames, kernel_size=5)
     assert torch.allclose(split[..., 5], scores[..., 3:6].mean(-1), atol=1e-6)
+    # the same with each frame's coordinates counted from 0: still no pooling across the boundary
+    restart = pool_along_grid_of(scores, coord % 6, frames, kernel_size=5)
+    assert torch.allclose(restart, split, atol=1e-6)
     # after eviction: entries 1 and 2 are gone; entry 3 (coord 3) pools with coords 4, 5 only (0 is 3 away)
     keep = torch.tensor([0, 3, 4, 5, 6, 7])
-    gapped = pool_along_grid(scores[..., keep], coord[..., keep], one_frame[..., keep], kernel_size=5)
+    gapped = pool_along_grid_of(scores[..., keep], coord[..., keep], one_frame[..., keep], kernel_size=5)
     assert torch.allclose(gapped[..., 1], scores[..., [3, 4, 5]].mean(-1), atol=1e-6)
     # protected entries (group -1) pool with nobody and nobody pools with them
     text = one_frame.clone()
     text[..., 0] = -1
-    alone = pool_along_grid(scores, coord, text, kernel_size=5)
+    alone = pool_along_grid_of(scores, coord, text, kernel_size=5)
     assert torch.allclose(alone[..., 0], scores[..., 0]) and torch.allclose(alone[..., 1], scores[..., 1:4].mean(-1))
 
 
 def test_grid_pooling_matches_its_definition_on_random_evictions():
     """pool_along_grid against its definition, pair by pair: an entry averages itself with every entry of
     the same tile/frame (group >= 0) whose original coordinate is within kernel_size // 2 of its own."""
-    from visualkv.scoring import pool_along_grid
+    from visualkv.scoring import grid_keys, pool_along_grid
 
     gen = torch.Generator().manual_seed(3)
     for trial in range(60):
@@ -176,7 +182,7 @@ def test_grid_pooling_matches_its_definition_on_random_evictions():
         group = coord // int(torch.randint(3, 30, (), generator=gen))
         group[torch.rand(group.shape, generator=gen) < 0.2] = -1  # protected entries
         scores = torch.rand(1, heads, n, generator=gen)
-        pooled = pool_along_grid(scores, coord, group, kernel_size=kernel)
+        pooled = pool_along_grid(scores, grid_keys(coord, group), kernel_size=kernel)
         for h in range(heads):
             c, g, s = coord[0, h], group[0, h], scores[0, h]
             near = (g[:, None] == g[None, :]) & (g[:, None] >= 0) & ((c[:, None] - c[None, :]).abs() <= kernel // 2)

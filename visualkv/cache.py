@@ -111,10 +111,17 @@ class _Rows:
         """Keep entries `index` (b, h, m) of [start, n), sorted, in place; returns transient bytes."""
         m = index.shape[-1]
         working = 0
+        expanded: dict[tuple, torch.Tensor] = {}  # one expanded index per trailing shape (keys and values share it)
         for buf in self.buffers:
             held = buf[:, :, start : self.n]
-            idx = index.view(*index.shape, *([1] * (held.dim() - 3))).expand(*index.shape, *held.shape[3:])
-            kept = held.gather(2, idx)  # transient: the kept entries, then copied to the front
+            trailing = tuple(held.shape[3:])
+            if trailing not in expanded:  # the token-index buffer (no trailing dims) takes the index as it is
+                expanded[trailing] = (
+                    index.view(*index.shape, *([1] * len(trailing))).expand(*index.shape, *trailing)
+                    if trailing
+                    else index
+                )
+            kept = held.gather(2, expanded[trailing])  # transient: the kept entries, then copied to the front
             working += kept.nbytes
             buf[:, :, start : start + m].copy_(kept)
         self.n = start + m

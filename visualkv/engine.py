@@ -26,6 +26,7 @@ import torch
 from visualkv import block_attention, packed_attention
 from visualkv.block_attention import AfterCache
 from visualkv.cache import TIER_FULL, CompressibleCache, split_tiers
+from visualkv.devices import to_device
 from visualkv.errors import ConfigError, PrefillStopped
 from visualkv.layout import Block, plan_blocks
 from visualkv.methods.base import LayerState, Method, PrefillContext
@@ -103,15 +104,6 @@ class BlockPlan:
         if key not in self._on:
             self._on[key] = {tier: to_device(sel, device) for tier, sel in self.tier_split.items()}
         return self._on[key]
-
-
-def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Copy a host tensor to `device` without a stream synchronisation (pinned, non-blocking on CUDA)."""
-    if t.device == device:
-        return t
-    if device.type == "cuda" and t.device.type == "cpu":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device, non_blocking=True)
 
 
 def attention_working_bytes(adapter: ModelAdapter, q: int, n: int, causal_flag: bool, dtype: torch.dtype) -> int:
@@ -294,6 +286,7 @@ class Engine:
         cache.set_capacity_hint(method.capacity_hint(ctx))
         for device in {layer.input_layernorm.weight.device for layer in self.adapter.layers}:
             ctx.visual_mask_on(device)  # copied once, before any layer needs it
+            ctx.visual_by_index_on(device)
         events: list[BlockEvent] = []
         last_hidden = None
         media_seconds = None  # time of the latest video frame reached so far (None: no video frame yet)

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from visualkv.cache import CompressibleCache
+from visualkv.devices import to_device
 from visualkv.layout import Block
 from visualkv.models.base import ModelAdapter, PreparedInput
 
@@ -50,21 +51,29 @@ class PrefillContext:
     text_pass: Callable[[torch.Tensor, torch.Tensor, Method], None] | None = None
 
     def is_visual(self, token_index: torch.Tensor) -> torch.Tensor:
-        """Bool tensor: which global token indices are (evictable) visual tokens (on token_index's device)."""
-        local = token_index.long() - self.seq_offset
-        inside = (local >= 0) & (local < self.prepared.seq_len)
-        vis = self.visual_mask_on(token_index.device)
-        return inside & vis[local.clamp(0, self.prepared.seq_len - 1)]
+        """Bool tensor: which global token indices (>= 0) are (evictable) visual tokens of this prepared input,
+        on token_index's device: one lookup in a table over the conversation so far (two operations per
+        call: it runs for every layer of every block that evicts)."""
+        table = self.visual_by_index_on(token_index.device)
+        return table[token_index.clamp(max=table.shape[0] - 1)]  # past the input: the table's last slot, False
+
+    def visual_by_index_on(self, device: torch.device) -> torch.Tensor:
+        """(seq_offset + seq_len + 1,) bool on `device`: True at the global index of each visual token of the
+        prepared input; False before it (earlier turns) and in the last slot (anything after it, e.g. an answer
+        being decoded). Copied once per prefill (the engine warms it up before the first block)."""
+        cached = self.extra.setdefault("_visual_by_index_on", {})
+        if device not in cached:
+            table = torch.zeros(self.seq_offset + self.prepared.seq_len + 1, dtype=torch.bool)
+            table[self.seq_offset : self.seq_offset + self.prepared.seq_len] = self.prepared.visual_mask
+            cached[device] = to_device(table, device)
+        return cached[device]
 
     def visual_mask_on(self, device: torch.device) -> torch.Tensor:
         """The prepared input's visual mask on `device`, copied once per prefill (the engine warms it up
         before the first block, so no layer waits for a host-to-device copy)."""
         cached = self.extra.setdefault("_visual_mask_on", {})
         if device not in cached:
-            mask = self.prepared.visual_mask
-            cached[device] = (
-                mask.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else mask.to(device)
-            )
+            cached[device] = to_device(self.prepared.visual_mask, device)
         return cached[device]
 
 

@@ -29,11 +29,19 @@ from dataclasses import dataclass
 
 import torch
 
+from visualkv.devices import to_device
 from visualkv.layout import Block
 from visualkv.methods.base import LayerState, Method, PrefillContext
 from visualkv.methods.eviction import evict_tiers
 from visualkv.models.base import PreparedInput
-from visualkv.scoring import keydiff_scores, keydiff_working_bytes, snapkv_scores, snapkv_working_bytes
+from visualkv.scoring import (
+    grid_keys,
+    keydiff_scores,
+    keydiff_working_bytes,
+    snapkv_query_groups,
+    snapkv_scores_grouped,
+    snapkv_working_bytes,
+)
 
 
 @dataclass
@@ -86,45 +94,47 @@ class BlockwiseSnapKV(BlockwiseKeyDiff):
         self.config = config or SnapKVConfig()
 
     def begin(self, ctx: PrefillContext) -> None:
-        ctx.extra["proxy_queries"] = proxy_queries(ctx, self.config.window, self.proxy_ids)
+        queries = proxy_queries(ctx, self.config.window, self.proxy_ids)
+        # grouped once per layer here (views), not once per block and layer
+        ctx.extra["proxy_query_groups"] = [snapkv_query_groups(q, ctx.adapter.num_kv_heads) for q in queries]
 
     def scores(
         self, ctx: PrefillContext, layer_idx: int, keys: torch.Tensor, token_index: torch.Tensor
     ) -> torch.Tensor:
-        queries = ctx.extra["proxy_queries"][layer_idx]
-        return snapkv_scores(
-            queries.to(keys.device),
-            keys,
-            kernel_size=self.config.kernel_size,
-            grid=grid_places(ctx, token_index),
+        query_groups = ctx.extra["proxy_query_groups"][layer_idx]
+        if query_groups.device != keys.device:  # a model split over devices: this layer's own, moved once
+            query_groups = ctx.extra["proxy_query_groups"][layer_idx] = query_groups.to(keys.device)
+        return snapkv_scores_grouped(
+            query_groups, keys, kernel_size=self.config.kernel_size, grid_keys=grid_keys_of(ctx, token_index)
         )
 
     def scratch_bytes(self, ctx: PrefillContext, layer_idx: int, keys: torch.Tensor) -> int:
-        return snapkv_working_bytes(ctx.extra["proxy_queries"][layer_idx], keys)
+        return snapkv_working_bytes(ctx.extra["proxy_query_groups"][layer_idx], keys)
 
     def config_dict(self) -> dict:
         return {"method": self.name, **self.config.__dict__}
 
 
-def grid_places(ctx: PrefillContext, token_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(coord, group) of cache entries for `pool_along_grid`: a visual entry's id in layout order and
-    its tile / frame; -1 as group for everything else (protected text pools with nobody).
+def grid_keys_of(ctx: PrefillContext, token_index: torch.Tensor) -> torch.Tensor:
+    """`pool_along_grid`'s keys of cache entries with global `token_index` (b, h, n): from a visual entry's id in
+    layout order and its tile / frame; an entry of anything else (protected text, earlier turns) pools with
+    nobody.
 
-    The lookup tables go to the entries' device once per prefill; the gather needs no host read.
+    One table over the conversation so far goes to the entries' device once per prefill; then a lookup (two
+    operations, no host read). Entries past the input share the table's last slot: none exists while a prefill
+    scores its cache.
     """
-    tables = ctx.extra.setdefault("_grid_places", {})
+    tables = ctx.extra.setdefault("_grid_keys", {})
     device = token_index.device
     if device not in tables:
-        layout, seq_len = ctx.prepared.layout, ctx.prepared.seq_len
-        vid = torch.from_numpy(layout.visual_id_of_seq(seq_len))  # (L,) -1 for text
-        frame = torch.full((seq_len,), -1, dtype=torch.long)
-        frame[torch.from_numpy(layout.seq_index).long()] = torch.from_numpy(layout.frame).long()
-        tables[device] = (vid.to(device), frame.to(device))
-    vid, frame = tables[device]
-    local = token_index.long() - ctx.seq_offset
-    inside = (local >= 0) & (local < ctx.prepared.seq_len)
-    local = local.clamp(0, ctx.prepared.seq_len - 1)
-    return vid[local], torch.where(inside, frame[local], -1)
+        layout, seq_len, offset = ctx.prepared.layout, ctx.prepared.seq_len, ctx.seq_offset
+        vid = torch.full((offset + seq_len + 1,), -1, dtype=torch.long)
+        vid[offset : offset + seq_len] = torch.from_numpy(layout.visual_id_of_seq(seq_len)).long()
+        frame = torch.full((offset + seq_len + 1,), -1, dtype=torch.long)
+        frame[offset + torch.from_numpy(layout.seq_index).long()] = torch.from_numpy(layout.frame).long()
+        tables[device] = to_device(grid_keys(vid.clamp(min=0), frame), device)
+    table = tables[device]
+    return table[token_index.clamp(max=table.shape[0] - 1)]
 
 
 class _QueryCapture(Method):

@@ -58,6 +58,7 @@ import numpy as np
 import torch
 
 from visualkv.cache import TIER_FULL, TIER_INT4, TIER_INT8
+from visualkv.devices import to_device
 from visualkv.errors import ConfigError
 from visualkv.methods.base import LayerState, Method, PrefillContext
 
@@ -393,15 +394,6 @@ class _BlockState:
     survivors: np.ndarray | None = None  # tokens per window of `stage` after it (None: not known on the host)
 
 
-def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Copy to `device` without a stream synchronisation (host tensors are pinned first on CUDA)."""
-    if t.device == device:
-        return t
-    if device.type == "cuda" and t.device.type == "cpu":
-        t = t.pin_memory()
-    return t.to(device, non_blocking=True)
-
-
 #: synchronise CUDA around each merge stage so the report's xi/merge seconds are device times; off by default
 #: (each synchronisation stalls the launch queue; without it the seconds are host-side launch times on CUDA)
 SYNC_TIMING = False
@@ -563,7 +555,7 @@ class LightKV(Method):
         if ctx.tiers is not None:  # set by a tiering stage's `begin`, which runs before this one
             host["tiers"] = ctx.tiers
         devices = {ctx.adapter.layers[layer].input_layernorm.weight.device for layer, _, _ in self.stages}
-        self._tables = {device: {k: _to(v, device) for k, v in host.items()} for device in devices}
+        self._tables = {device: {k: to_device(v, device) for k, v in host.items()} for device in devices}
         self._block_state: _BlockState | None = None
 
     def _state_for(self, ctx: PrefillContext, device: torch.device) -> _BlockState:
@@ -580,7 +572,9 @@ class LightKV(Method):
             )
             self._block_state = cur
         elif cur.vis_pos.device != device:  # the stages' layers sit on different devices
-            cur.vis_pos, cur.vids, cur.token_index = (_to(t, device) for t in (cur.vis_pos, cur.vids, cur.token_index))
+            cur.vis_pos, cur.vids, cur.token_index = (
+                to_device(t, device) for t in (cur.vis_pos, cur.vids, cur.token_index)
+            )
         return cur
 
     def _known_counts(self, cur: _BlockState, stage: int) -> np.ndarray | None:
@@ -642,8 +636,8 @@ class LightKV(Method):
         _sync(device)
         t1 = time.perf_counter()
 
-        size = self._size.index_select(0, _to(cur.vids, self._size.device))
-        weight = xi * _to(size, device).to(torch.float32)
+        size = self._size.index_select(0, to_device(cur.vids, self._size.device))
+        weight = xi * to_device(size, device).to(torch.float32)
         res = merge_in_windows(state.hidden[0].index_select(0, cur.vis_pos), weight, group, counts, ratio)
         m = int(res.merged.shape[0])  # Σ r over the windows: a host integer
         cur.survivors, cur.stage = counts - merge_counts(counts, ratio), stage
@@ -673,8 +667,8 @@ class LightKV(Method):
                 tier_split=tier_split,
             )
             # Book-keeping: sizes and the final owner of every original visual token.
-            src_v = _to(cur.vids.index_select(0, res.merged), self._size.device)
-            dst_v = _to(cur.vids.index_select(0, res.dest.index_select(0, res.merged)), self._size.device)
+            src_v = to_device(cur.vids.index_select(0, res.merged), self._size.device)
+            dst_v = to_device(cur.vids.index_select(0, res.dest.index_select(0, res.merged)), self._size.device)
             self._size.index_add_(0, dst_v, self._size.index_select(0, src_v))
             self._size.index_fill_(0, src_v, 0)
             remap = torch.arange(self._owner.shape[0], device=self._owner.device)

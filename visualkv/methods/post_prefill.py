@@ -9,7 +9,7 @@ block-wise, but the peak is the full cache.
 from __future__ import annotations
 
 from visualkv.methods.base import LayerState, Method, PrefillContext
-from visualkv.methods.blockwise import SnapKVConfig, grid_places, proxy_queries
+from visualkv.methods.blockwise import SnapKVConfig, grid_keys_of, proxy_queries
 from visualkv.methods.eviction import evict_to_budget
 from visualkv.scoring import snapkv_scores
 
@@ -48,7 +48,7 @@ class PostPrefillSnapKV(Method):
                 queries.to(layer.keys.device),
                 layer.keys,
                 kernel_size=self.config.kernel_size,
-                grid=grid_places(ctx, layer.token_index),
+                grid_keys=grid_keys_of(ctx, layer.token_index),
             )
             evict_to_budget(ctx, layer_idx, scores, ctx.budget)
 
