@@ -26,16 +26,24 @@ from types import MethodType
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from visualkv.devices import to_device
+
 ATTENTION_CLASSES = ("Qwen2_5_VLVisionAttention", "Qwen3VLVisionAttention")
 _FLAG = "_visualkv_batched"  # on the tower: False runs transformers' own per-chunk loop
 _GROUPS = "_visualkv_chunk_groups"  # on the tower: {id(cu_seqlens): (cu_seqlens, groups)}, the last few
 
 
-def _chunk_groups(cu_seqlens: torch.Tensor, cache: dict) -> list[tuple[int, torch.Tensor | None]]:
-    """[(length, starts on the device, or None when the chunks tile the sequence in order)], one per length.
+#: chunks per attention call at most: CUDA grids cap a launch dimension at 65,535 (batch, or batch x heads, by kernel)
+MAX_CHUNKS_PER_CALL = 2048
 
-    Reads the boundaries once per tensor: the tower builds two (windows, whole images) per forward and passes
-    the same objects to every layer. The cache keeps the tensor alive, so its id is not reused while cached.
+
+def _chunk_groups(cu_seqlens: torch.Tensor, cache: dict) -> list[tuple[int, list[torch.Tensor] | None]]:
+    """[(length, the positions of its chunks on the device, one flat index per call; or None when the chunks tile
+    the sequence in order)], one entry per chunk length.
+
+    Reads the boundaries once per tensor and builds the indices on the host then: the tower builds two (windows,
+    whole images) per forward and passes the same objects to every layer, which then only gathers. The cache
+    keeps the tensor alive, so its id is not reused while cached.
     """
     hit = cache.get(id(cu_seqlens))
     if hit is not None and hit[0] is cu_seqlens:
@@ -45,18 +53,23 @@ def _chunk_groups(cu_seqlens: torch.Tensor, cache: dict) -> list[tuple[int, torc
     for start, end in itertools.pairwise(bounds):
         if end > start:
             starts_by_length.setdefault(end - start, []).append(start)
-    groups: list[tuple[int, torch.Tensor | None]] = []
+    groups: list[tuple[int, list[torch.Tensor] | None]] = []
     for length, starts in starts_by_length.items():
-        tiled = len(starts_by_length) == 1 and starts[0] == 0  # equal chunks in order: a reshape, no gather
-        groups.append((length, None if tiled else torch.tensor(starts).to(cu_seqlens.device, non_blocking=True)))
+        if len(starts_by_length) == 1 and starts[0] == 0:  # equal chunks in order: a reshape, no gather
+            groups.append((length, None))
+            continue
+        positions = (torch.tensor(starts)[:, None] + torch.arange(length)).flatten()
+        per_call = MAX_CHUNKS_PER_CALL * length
+        groups.append(
+            (
+                length,
+                [to_device(positions[i : i + per_call], cu_seqlens.device) for i in range(0, len(positions), per_call)],
+            )
+        )
     if len(cache) >= 4:
         cache.pop(next(iter(cache)))
     cache[id(cu_seqlens)] = (cu_seqlens, groups)
     return groups
-
-
-#: chunks per attention call at most: CUDA grids cap a launch dimension at 65,535 (batch, or batch x heads, by kernel)
-MAX_CHUNKS_PER_CALL = 2048
 
 
 def _attend_chunks(module, q, k, v, groups) -> torch.Tensor:
@@ -71,16 +84,14 @@ def _attend_chunks(module, q, k, v, groups) -> torch.Tensor:
         return interface(module, *qkv, attention_mask=None, scaling=module.scaling, dropout=0.0, is_causal=False)[0]
 
     out = q.new_empty(q.shape)
-    for length, starts in groups:
-        if starts is None:  # equal chunks tiling the sequence: views, no gather
+    for length, indices in groups:
+        if indices is None:  # equal chunks tiling the sequence: views, no gather
             n = q.shape[0] // length
             views = [t.view(n, length, *t.shape[1:]) for t in (q, k, v, out)]
             for i in range(0, n, MAX_CHUNKS_PER_CALL):
                 views[3][i : i + MAX_CHUNKS_PER_CALL] = attend([t[i : i + MAX_CHUNKS_PER_CALL] for t in views[:3]])
             continue
-        offsets = torch.arange(length, device=starts.device)
-        for i in range(0, starts.shape[0], MAX_CHUNKS_PER_CALL):  # a host int: the shape, not the values
-            index = (starts[i : i + MAX_CHUNKS_PER_CALL, None] + offsets).flatten()
+        for index in indices:  # made once per `cu_seqlens` (`_chunk_groups`): each layer only gathers
             batch = [t[index].view(-1, length, *t.shape[1:]) for t in (q, k, v)]
             out[index] = attend(batch).reshape(-1, *q.shape[1:])
     return out
