@@ -97,10 +97,15 @@ def test_provenance_commit_says_when_the_tree_differs_from_it(tmp_path):
 
     git("init", "-q")
     (tmp_path / "a.py").write_text("x = 1\n")
-    git("add", "a.py")
+    results = tmp_path / "docs" / "results"
+    results.mkdir(parents=True)
+    (results / "r.json").write_text("{}\n")
+    git("add", "a.py", "docs/results/r.json")
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "a")
     clean = _git_commit(str(tmp_path))
     assert clean and "+" not in clean
+    (results / "r.json").write_text('{"rows": []}\n')  # a result an earlier bench of the same run rewrote
+    assert _git_commit(str(tmp_path)) == clean
     (tmp_path / "a.py").write_text("x = 2\n")  # the code measured is no longer that commit
     assert _git_commit(str(tmp_path)) == clean + "+changes"
     assert _git_commit(str(tmp_path / "nowhere")) is None

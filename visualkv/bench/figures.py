@@ -1103,6 +1103,44 @@ def table_prefill_launches(results: Path) -> str:
     return _render(header, body, sources, note)
 
 
+#: the 4K count of scripts/prefill_launches.py on 4d12600, before the leaner eviction and the vision-chunk indices
+#: made once per tower call (commits 7ca74cb, de7ae79), and the same count now
+FEWER_OPS_RESULTS = ("fewer_ops_before_shape-qwen2.5-vl-7b_4k.json", "prefill_launches_shape-qwen2.5-vl-7b_4k.json")
+
+
+def table_fewer_ops(results: Path) -> str:
+    """Block-wise prefills at 4K before / after two reductions of the operations dispatched per layer and block."""
+    before_name, after_name = FEWER_OPS_RESULTS
+    before, after = load(before_name, results), load(after_name, results)
+
+    def key(row: dict) -> tuple:
+        return row["case"], row.get("prefill"), row.get("vision_ahead", 1)
+
+    now = {key(r): r for r in after["rows"]}
+    body = []
+    for old in before["rows"][1:]:  # the first row is transformers' generate (code this project does not change)
+        new = now.get(key(old))
+        if new is None:
+            continue
+        old_parts, new_parts = old["kernels_by_part"], new["kernels_by_part"]
+        body.append(
+            [
+                f"`{old['case']}` ({old['prefill']}, {old['blocks']} blocks)",
+                f"{old['ops']:,} → {new['ops']:,} ({(new['ops'] - old['ops']) / old['ops'] * 100:+.1f} %)",
+                f"{old['kernels']:,} → {new['kernels']:,}",
+                f"{old_parts['vision tower']:,} → {new_parts['vision tower']:,}",
+                f"{old_parts['rest']:,} → {new_parts['rest']:,}",
+            ]
+        )
+    header = ["4K image, `shape-qwen2.5-vl-7b` (narrow)", "dispatched ops to the first token", "GPU kernels"]
+    header += ["kernels in the vision tower", "kernels outside the tower and the layers (scoring, eviction, ...)"]
+    note = (
+        f"The same script and input on commit {before['provenance']['commit']} and now (each JSON records its "
+        "commit); the decoder layers' own operations did not change."
+    )
+    return _render(header, body, [(before_name, before), (after_name, after)], note)
+
+
 PACKED_DECODE_RESULTS = "packed_decode_shape-qwen2.5-vl-7b.json"
 PACKED_DECODE_CODES_RESULTS = "packed_decode_codes_shape-qwen2.5-vl-7b.json"  # attention on the codes (c60a523)
 
@@ -1344,6 +1382,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "needle-compose": table_needle_compose,
     "vision-launches": table_vision_launches,
     "prefill-launches": table_prefill_launches,
+    "fewer-ops": table_fewer_ops,
     "packed-decode": table_packed_decode,
     "block-attention": table_block_attention,
     "followup-attention": table_followup_attention,

@@ -30,7 +30,9 @@ def _loadavg() -> float | None:
 
 def _git_commit(folder: str | None = None) -> str | None:
     """The checkout's HEAD, with "+changes" when tracked files differ from it (the measured code is not
-    that commit then; a GPU run measures the working tree it was sent, committed or not)."""
+    that commit then; a GPU run measures the working tree it was sent, committed or not). Result files under
+    docs/results/ do not count: a run of several benchmarks rewrites them as it goes, and they are data, not
+    the code measured."""
     here = folder or os.path.dirname(os.path.abspath(__file__))
 
     def git(*args: str) -> str | None:
@@ -43,7 +45,8 @@ def _git_commit(folder: str | None = None) -> str | None:
     head = git("rev-parse", "--short", "HEAD")
     if not head:
         return None
-    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ":/", ":(top,exclude)docs/results")
+    return head + ("+changes" if changed else "")
 
 
 def _gpu_name() -> str | None:
