@@ -285,8 +285,7 @@ class Engine:
             )
         cache.set_capacity_hint(method.capacity_hint(ctx))
         for device in {layer.input_layernorm.weight.device for layer in self.adapter.layers}:
-            ctx.visual_mask_on(device)  # copied once, before any layer needs it
-            ctx.visual_by_index_on(device)
+            ctx.visual_by_index_on(device)  # copied once, before any layer needs it
         events: list[BlockEvent] = []
         last_hidden = None
         media_seconds = None  # time of the latest video frame reached so far (None: no video frame yet)

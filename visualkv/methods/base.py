@@ -52,29 +52,33 @@ class PrefillContext:
 
     def is_visual(self, token_index: torch.Tensor) -> torch.Tensor:
         """Bool tensor: which global token indices (>= 0) are (evictable) visual tokens of this prepared input,
-        on token_index's device: one lookup in a table over the conversation so far (two operations per
-        call: it runs for every layer of every block that evicts)."""
-        table = self.visual_by_index_on(token_index.device)
-        return table[token_index.clamp(max=table.shape[0] - 1)]  # past the input: the table's last slot, False
+        on token_index's device (one lookup: it runs for every layer of every block that evicts)."""
+        return self.lookup(self.visual_by_index_on(token_index.device), token_index)
 
     def visual_by_index_on(self, device: torch.device) -> torch.Tensor:
-        """(seq_offset + seq_len + 1,) bool on `device`: True at the global index of each visual token of the
-        prepared input; False before it (earlier turns) and in the last slot (anything after it, e.g. an answer
-        being decoded). Copied once per prefill (the engine warms it up before the first block)."""
-        cached = self.extra.setdefault("_visual_by_index_on", {})
-        if device not in cached:
-            table = torch.zeros(self.seq_offset + self.prepared.seq_len + 1, dtype=torch.bool)
-            table[self.seq_offset : self.seq_offset + self.prepared.seq_len] = self.prepared.visual_mask
-            cached[device] = to_device(table, device)
-        return cached[device]
+        """`is_visual`'s table on `device`: True at the global index of each visual token of the prepared input
+        (the engine warms it up before the first block, so no layer waits for a host-to-device copy)."""
+        return self.table_on("visual", device, lambda: self.conversation_table(self.prepared.visual_mask, False))
 
-    def visual_mask_on(self, device: torch.device) -> torch.Tensor:
-        """The prepared input's visual mask on `device`, copied once per prefill (the engine warms it up
-        before the first block, so no layer waits for a host-to-device copy)."""
-        cached = self.extra.setdefault("_visual_mask_on", {})
-        if device not in cached:
-            cached[device] = to_device(self.prepared.visual_mask, device)
-        return cached[device]
+    def conversation_table(self, per_token: torch.Tensor, fill: bool | int) -> torch.Tensor:
+        """(seq_offset + seq_len + 1,) host tensor over the conversation so far: `per_token` (one value per token
+        of the prepared input) at their global indices, `fill` before them (earlier turns) and in the last slot,
+        which `lookup` reads for any index past the input (e.g. an answer being decoded)."""
+        table = torch.full((self.seq_offset + self.prepared.seq_len + 1,), fill, dtype=per_token.dtype)
+        table[self.seq_offset : self.seq_offset + self.prepared.seq_len] = per_token
+        return table
+
+    def table_on(self, name: str, device: torch.device, build: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """The host table `build()` makes, on `device`: built and copied once per prefill and device."""
+        tables = self.extra.setdefault(f"_table_{name}", {})
+        if device not in tables:
+            tables[device] = to_device(build(), device)
+        return tables[device]
+
+    @staticmethod
+    def lookup(table: torch.Tensor, token_index: torch.Tensor) -> torch.Tensor:
+        """A `conversation_table` read at global indices `token_index` (>= 0): two operations, no host read."""
+        return table[token_index.clamp(max=table.shape[0] - 1)]
 
 
 @dataclass

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 
 import torch
 
-from visualkv.devices import to_device
 from visualkv.layout import Block
 from visualkv.methods.base import LayerState, Method, PrefillContext
 from visualkv.methods.eviction import evict_tiers
@@ -118,23 +117,17 @@ class BlockwiseSnapKV(BlockwiseKeyDiff):
 def grid_keys_of(ctx: PrefillContext, token_index: torch.Tensor) -> torch.Tensor:
     """`pool_along_grid`'s keys of cache entries with global `token_index` (b, h, n): from a visual entry's id in
     layout order and its tile / frame; an entry of anything else (protected text, earlier turns) pools with
-    nobody.
-
-    One table over the conversation so far goes to the entries' device once per prefill; then a lookup (two
-    operations, no host read). Entries past the input share the table's last slot: none exists while a prefill
-    scores its cache.
+    nobody. Entries past the input share the table's last slot: none exists while a prefill scores its cache.
     """
-    tables = ctx.extra.setdefault("_grid_keys", {})
-    device = token_index.device
-    if device not in tables:
-        layout, seq_len, offset = ctx.prepared.layout, ctx.prepared.seq_len, ctx.seq_offset
-        vid = torch.full((offset + seq_len + 1,), -1, dtype=torch.long)
-        vid[offset : offset + seq_len] = torch.from_numpy(layout.visual_id_of_seq(seq_len)).long()
-        frame = torch.full((offset + seq_len + 1,), -1, dtype=torch.long)
-        frame[offset + torch.from_numpy(layout.seq_index).long()] = torch.from_numpy(layout.frame).long()
-        tables[device] = to_device(grid_keys(vid.clamp(min=0), frame), device)
-    table = tables[device]
-    return table[token_index.clamp(max=table.shape[0] - 1)]
+
+    def build() -> torch.Tensor:
+        layout, seq_len = ctx.prepared.layout, ctx.prepared.seq_len
+        vid = torch.from_numpy(layout.visual_id_of_seq(seq_len)).long()  # -1 for text
+        frame = torch.full((seq_len,), -1, dtype=torch.long)
+        frame[torch.from_numpy(layout.seq_index).long()] = torch.from_numpy(layout.frame).long()
+        return grid_keys(ctx.conversation_table(vid, -1).clamp(min=0), ctx.conversation_table(frame, -1))
+
+    return ctx.lookup(ctx.table_on("grid_keys", token_index.device, build), token_index)
 
 
 class _QueryCapture(Method):

@@ -701,7 +701,7 @@ class LightKV(Method):
         A merge mixes tiers, so how many tokens of each tier survive depends on which merged: the counts are
         read back, in one read per merge stage; the positions are then selected on the device.
         """
-        visual = ctx.visual_mask_on(tiers.device).index_select(0, token_index - ctx.seq_offset)
+        visual = ctx.is_visual(token_index)
         codes = (TIER_FULL, TIER_INT8, TIER_INT4)
         masks = [tiers == t for t in codes]
         *counts, n_visual = torch.stack([mk.sum() for mk in masks] + [(masks[0] & visual).sum()]).tolist()
