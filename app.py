@@ -76,9 +76,9 @@ def main() -> None:
 
     from ui.app import build_app, launch
     from ui.sharing import ServeOptions
-    from visualkv.access import is_public
     from visualkv.errors import ModelLoadError
     from visualkv.models.registry import check_device
+    from visualkv.runtime.access import is_public
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:

@@ -36,7 +36,7 @@ def main() -> None:
     import visualkv
     from visualkv.bench.synthetic import image_media, megapixel_size
     from visualkv.models.registry import load_model
-    from visualkv.session import ChatSession, SessionConfig
+    from visualkv.runtime.session import ChatSession, SessionConfig
 
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)

@@ -5,7 +5,7 @@ Usage: python scripts/block_attention.py OUT.json [--shape shape-qwen2.5-vl-7b] 
 
 Why: every prefill block after the first, and every follow-up question, attends over a cache with a mask. Given a
 mask tensor, transformers' SDPA function repeats K/V to every query head (`repeat_kv`) and PyTorch's CUDA SDPA
-runs no flash kernel; `visualkv.block_attention` attends without either. This measures, for one layer, in one
+runs no flash kernel; `visualkv.attention.block` attends without either. This measures, for one layer, in one
 process on the same random entries (cases alternate, median of the repeats):
 - `transformers`: `sdpa_attention_forward` with the dense lower-right bool mask (the path before block_attention);
 - `visualkv`: `block_attention.attend` (on CUDA the lower-right flash kernel, on a CPU the bool mask with
@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 
 from visualkv.bench.provenance import save_json, start
-from visualkv.telemetry import reset_peak_rss, rss_bytes, rss_peak_since_reset
+from visualkv.report.telemetry import reset_peak_rss, rss_bytes, rss_peak_since_reset
 
 KERNELS = ("transformers", "visualkv")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -41,7 +41,7 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 def geometry(shape: str) -> dict[str, int]:
     """Query heads, KV heads and head dim of a shape (or tiny / bench) model's language model."""
     if shape.startswith("shape-"):
-        from visualkv.models.shapes import build_shape_config, build_shape_processor
+        from visualkv.models.synthetic.shapes import build_shape_config, build_shape_processor
 
         text = build_shape_config(shape, build_shape_processor(shape)).text_config
     else:
@@ -68,7 +68,7 @@ def inputs(geo: dict[str, int], q: int, n_past: int, dtype: torch.dtype, device:
 def call(kernel: str, geo: dict[str, int], query, key, value):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from visualkv.block_attention import AfterCache, attend
+    from visualkv.attention.block import AfterCache, attend
 
     module = SimpleNamespace(num_key_value_groups=geo["heads"] // geo["kv_heads"], is_causal=True, training=False)
     mask, scaling = AfterCache(query.shape[2]), geo["head_dim"] ** -0.5

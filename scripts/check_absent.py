@@ -20,9 +20,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np
 
 from visualkv.bench.scenes import answer_matches, make_scene, scene_media
-from visualkv.cli_args import scene_size
+from visualkv.cli.args import scene_size
 from visualkv.models.registry import load_model
-from visualkv.session import ChatSession, SessionConfig
+from visualkv.runtime.session import ChatSession, SessionConfig
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,7 +34,7 @@ def main() -> None:
     from visualkv.media import FrameSampling, load_media
     from visualkv.methods import stacked_method
     from visualkv.models.registry import load_model
-    from visualkv.session import ChatSession, SessionConfig
+    from visualkv.runtime.session import ChatSession, SessionConfig
 
     prov = start()
     prov["command"] = "python scripts/compose_ratio.py " + " ".join(sys.argv[1:])

@@ -35,8 +35,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 
+from visualkv.attention.packed import one_query
 from visualkv.bench.provenance import save_json, start
-from visualkv.packed_attention import one_query
 
 CASES = ("sdpa, masked", "sdpa, no mask", "grouped matmul")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -44,7 +44,7 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 def geometry(shape: str) -> dict[str, int]:
     """Query heads, KV heads, head dim and layers of a shape model's language model (from its config)."""
-    from visualkv.models.shapes import build_shape_config, build_shape_processor
+    from visualkv.models.synthetic.shapes import build_shape_config, build_shape_processor
 
     text = build_shape_config(shape, build_shape_processor(shape)).text_config
     heads, kv_heads = text.num_attention_heads, text.num_key_value_heads

@@ -3,7 +3,7 @@
 Usage: python scripts/followup_attention.py OUT.json [--model bench-qwen2.5-vl] [--method full] [--image 3840x2160]
   [--repeats 2] [--questions 3]
 
-Why: `visualkv.block_attention` lets every block after cached entries attend without transformers' K/V repeat
+Why: `visualkv.attention.block` lets every block after cached entries attend without transformers' K/V repeat
 (`scripts/block_attention.py` times one layer's call). This measures what a user sees: per session, a first turn
 over a synthetic image (the cache), then follow-up questions, each a block of a few tokens after every entry.
 Two sessions alternate in one process on the same input: `tensor mask` builds the engine's dense bool mask for
@@ -27,12 +27,12 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 
-from visualkv import engine
 from visualkv.bench.provenance import save_json, start
 from visualkv.bench.synthetic import image_media
 from visualkv.models.registry import load_model
-from visualkv.session import ChatSession, SessionConfig
-from visualkv.telemetry import reset_peak_rss, rss_bytes, rss_peak_since_reset
+from visualkv.report.telemetry import reset_peak_rss, rss_bytes, rss_peak_since_reset
+from visualkv.runtime import engine
+from visualkv.runtime.session import ChatSession, SessionConfig
 
 CASES = ("tensor mask", "marker")
 PINNED = "65536"

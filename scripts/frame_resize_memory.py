@@ -38,7 +38,7 @@ import numpy as np
 from visualkv.media import FrameSampling, load_media
 from visualkv.methods import media_limits
 from visualkv.models.registry import load_model
-from visualkv.session import ChatSession, SessionConfig
+from visualkv.runtime.session import ChatSession, SessionConfig
 
 model, video, warm, resize, method, budget, prompt = sys.argv[1:8]
 

@@ -36,10 +36,10 @@ def measure(model: str, media_path: str, method: str, budget: int, vision_ahead:
 
     from visualkv.bench.synthetic import image_media
     from visualkv.media import load_media
-    from visualkv.memory_guard import MemoryGuard, estimate_prefill
     from visualkv.methods import method_traits
     from visualkv.models.registry import load_model
-    from visualkv.session import ChatSession, SessionConfig
+    from visualkv.runtime.memory_guard import MemoryGuard, estimate_prefill
+    from visualkv.runtime.session import ChatSession, SessionConfig
 
     adapter = load_model(model)
     media = load_media(media_path)

@@ -34,17 +34,17 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 
-from visualkv import packed_attention
+from visualkv.attention import packed as packed_attention
 from visualkv.bench.launches import OpCounter
-from visualkv.cache import QuantSegment
-from visualkv.quant import PackedTensor, QuantSpec, _unpack, quantize
-from visualkv.saliency import TierSpec
+from visualkv.kv.cache import QuantSegment
+from visualkv.kv.quant import PackedTensor, QuantSpec, _unpack, quantize
+from visualkv.media.saliency import TierSpec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def _attention_shape(alias: str) -> dict[str, int]:
-    from visualkv.models.shapes import build_shape_config, build_shape_processor
+    from visualkv.models.synthetic.shapes import build_shape_config, build_shape_processor
 
     text = build_shape_config(alias, build_shape_processor(alias)).text_config
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
@@ -58,7 +58,7 @@ def _attention_shape(alias: str) -> dict[str, int]:
 
 def _decoder_weight_bytes(alias: str) -> int:
     """bfloat16 bytes of what a decode step reads in full: the decoder layers, the final norm and the LM head."""
-    from visualkv.models.shapes import _model_class, build_shape_config, build_shape_processor, shape_spec
+    from visualkv.models.synthetic.shapes import _model_class, build_shape_config, build_shape_processor, shape_spec
 
     with torch.device("meta"):
         model = _model_class(shape_spec(alias))._from_config(build_shape_config(alias, build_shape_processor(alias)))

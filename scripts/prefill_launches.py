@@ -40,7 +40,7 @@ PROMPT = "Describe what you see in detail."
 
 def _narrow_adapter(shape: str, text_width: int, vision_width: int, heads: int, kv_heads: int):
     from visualkv.models.registry import _adapter
-    from visualkv.models.shapes import _model_class, build_shape_config, build_shape_processor, shape_spec
+    from visualkv.models.synthetic.shapes import _model_class, build_shape_config, build_shape_processor, shape_spec
 
     processor = build_shape_processor(shape)
     cfg = build_shape_config(shape, processor)
@@ -85,8 +85,8 @@ def _generate(adapter, media) -> None:
     import numpy as np
     from PIL import Image
 
+    from visualkv.attention.vision import stock_vision_attention
     from visualkv.models.base import video_metadata
-    from visualkv.models.vision_attention import stock_vision_attention
 
     with stock_vision_attention(_tower(adapter)), torch.no_grad():
         text = adapter.chat_text(media, PROMPT)
@@ -107,7 +107,7 @@ def _generate(adapter, media) -> None:
 
 def _ours(adapter, media, method: str, budget: int, prefill: str | None, vision_ahead: int = 1) -> dict:
     from visualkv.methods import method_traits
-    from visualkv.session import ChatSession, SessionConfig
+    from visualkv.runtime.session import ChatSession, SessionConfig
 
     config = SessionConfig(
         method=method,

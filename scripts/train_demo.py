@@ -8,7 +8,7 @@ exact) and a small LLM, trained from scratch on :mod:`visualkv.bench.scenes` ima
 and a few short videos, with a curriculum: images grow from 224 px to 672 px over the
 first 40 % of the steps and distractors from none to full density over the first half.
 Inputs go through the real chat template and the processor's own image / video pipeline,
-exactly as :class:`visualkv.session.ChatSession` feeds them; each sample is a 2-6 turn conversation about one scene and only the answer tokens (plus the
+exactly as :class:`visualkv.runtime.session.ChatSession` feeds them; each sample is a 2-6 turn conversation about one scene and only the answer tokens (plus the
 closing ``<|im_end|>``) are supervised, plus auxiliary losses that make a from-scratch
 model learn retrieval within a CPU budget (without them, four runs of 600-1000 steps stayed at
 chance on every image question):
@@ -68,7 +68,7 @@ from visualkv.bench.scenes import (
     video_third,
 )
 from visualkv.models.base import video_metadata
-from visualkv.models.tiny import TinySpec, build_tiny_processor, qwen_config
+from visualkv.models.synthetic.tiny import TinySpec, build_tiny_processor, qwen_config
 
 # Model sizes of visualkv-demo.
 DEMO_SIZES = {

@@ -6,7 +6,7 @@ Usage: python scripts/vision_launches.py OUT.json [--shape shape-qwen2.5-vl-7b] 
 On a GPU each dispatched ATen operation is (about) one kernel launch, and issue 11's profile found the
 Qwen2.5-VL vision tower's per-window loop to be most of a 4K prefill's 51,000 launches. This counts, on CPU,
 what the tower of a released configuration (depth, heads, patch, window and full-attention layers exactly as
-released: `visualkv.models.shapes`) dispatches for a 4K image and a video, with its widths scaled down
+released: `visualkv.models.synthetic.shapes`) dispatches for a 4K image and a video, with its widths scaled down
 (`--width`: hidden size; MLP scaled alike) so it runs on a CPU: the number of operations and attention calls
 depends on the structure and the input only, not on the width. Host reads (`tolist`, `item`) are counted too.
 CPU seconds at that width are recorded as well (per-operation overhead dominates them, as launches do on a
@@ -29,7 +29,7 @@ from visualkv.bench.launches import HostReads, OpCounter
 
 
 def _tower(shape: str, width: int):
-    from visualkv.models.shapes import build_shape_config, build_shape_processor
+    from visualkv.models.synthetic.shapes import build_shape_config, build_shape_processor
 
     processor = build_shape_processor(shape)
     cfg = build_shape_config(shape, processor).vision_config
@@ -65,7 +65,7 @@ def _inputs(processor, image: tuple[int, int], frames: int, video_size: tuple[in
 
 
 def _run(tower, pixels, grid, stock: bool) -> tuple[torch.Tensor, dict]:
-    from visualkv.models.vision_attention import stock_vision_attention
+    from visualkv.attention.vision import stock_vision_attention
 
     counter, reads = OpCounter(), HostReads()
     with torch.no_grad(), stock_vision_attention(tower) if stock else torch.no_grad(), reads, counter:
@@ -74,7 +74,7 @@ def _run(tower, pixels, grid, stock: bool) -> tuple[torch.Tensor, dict]:
 
 
 def _timed(tower, pixels, grid, stock: bool) -> float:
-    from visualkv.models.vision_attention import stock_vision_attention
+    from visualkv.attention.vision import stock_vision_attention
 
     t0 = time.process_time()
     with torch.no_grad(), stock_vision_attention(tower) if stock else torch.no_grad():
@@ -93,8 +93,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
 
+    from visualkv.attention.vision import batch_vision_chunks
     from visualkv.bench.provenance import save_json, start
-    from visualkv.models.vision_attention import batch_vision_chunks
 
     prov = start()
     prov["command"] = "python scripts/vision_launches.py " + " ".join(sys.argv[1:])

@@ -76,8 +76,8 @@ def test_video_units_are_frames_with_times(small_video):
 def test_local_checkpoint_folder_loads_like_a_real_model(tmp_path, small_image):
     """The path real checkpoints take: save_pretrained folder -> AutoProcessor / AutoModelForImageTextToText."""
     from visualkv.models.registry import load_model
-    from visualkv.models.tiny import save_tiny
-    from visualkv.session import ChatSession, SessionConfig
+    from visualkv.models.synthetic.tiny import save_tiny
+    from visualkv.runtime.session import ChatSession, SessionConfig
 
     for alias in ("tiny-qwen2.5-vl", "tiny-smolvlm2"):
         folder = save_tiny(alias, str(tmp_path / alias))
@@ -210,7 +210,7 @@ def test_qwen2_vl_goes_through_the_same_adapter(small_image, small_video):
 
     from visualkv.models.base import video_metadata
     from visualkv.models.registry import _adapter
-    from visualkv.session import ChatSession, SessionConfig
+    from visualkv.runtime.session import ChatSession, SessionConfig
 
     base = get_adapter("tiny-qwen2.5-vl")
     c, p = base.model.config, base.processor

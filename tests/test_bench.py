@@ -39,7 +39,7 @@ def test_bad_bench_options_exit_2_with_one_line(tmp_path, capsys, args, words):
 
 def test_needle_defaults_keep_4k_to_one_budget():
     """With no options, 4K scenes (seconds per case) run at the one large budget, the others at three."""
-    from visualkv.__main__ import build_parser
+    from visualkv.cli.main import build_parser
 
     args = build_parser().parse_args(["bench", "needle"])
     assert args.needle_sizes == [(560, 315), (672, 378), (3840, 2160)]

@@ -156,7 +156,7 @@ import sys
 from pathlib import Path
 for name in ("plotly", "gradio", "decord", "kaleido"):
     sys.modules[name] = None  # any import of them now raises ImportError
-import visualkv.__main__, visualkv.bench, visualkv.session
+import visualkv.cli.main, visualkv.bench, visualkv.runtime.session
 from visualkv.bench.gpu import save
 paths = save({{"config": {{"model": "m"}}, "machine": "x", "cases": []}}, {str(tmp_path)!r})
 assert [p.rsplit(".", 1)[1] for p in paths] == ["json", "md"], paths
@@ -182,7 +182,7 @@ PAST_CAP_SECONDS = FULL_FRAME_CAP + 8  # at 1 fps: 520 frames, 8 past the cap
 @pytest.fixture(scope="module")
 def past_cap(tmp_path_factory):
     """`bench gpu --inputs video --video-seconds 520` through the CLI (default video kind: mix), 208x208 frames (the smallest --video-size)."""
-    from visualkv.__main__ import main
+    from visualkv.cli.main import main
 
     out = tmp_path_factory.mktemp("bench_gpu_past_cap")
     code = main(

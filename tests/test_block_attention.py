@@ -1,4 +1,4 @@
-"""A block after cached entries attends without expanding K/V (visualkv.block_attention).
+"""A block after cached entries attends without expanding K/V (visualkv.attention.block).
 
 The engine's exactness against transformers' own forward (tests/test_invariants.py) covers the results end to
 end; here: the kernels agree with transformers' function on their own, the lower-right orientation, the
@@ -14,9 +14,9 @@ import torch
 from transformers.integrations import sdpa_attention
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from visualkv import block_attention
-from visualkv.block_attention import AfterCache, attend
-from visualkv.session import ChatSession, SessionConfig
+from visualkv.attention import block as block_attention
+from visualkv.attention.block import AfterCache, attend
+from visualkv.runtime.session import ChatSession, SessionConfig
 
 HEADS, KV_HEADS, HEAD_DIM = 8, 2, 16
 
@@ -172,7 +172,7 @@ def test_flash_kernel_agrees_and_is_chosen_on_cuda(heads, kv_heads, head_dim):
 def test_working_bytes_count_no_expansion_where_the_kernel_makes_none(adapter):
     """The memory guard's attention term follows the kernel: a block after cached entries holds its mask and
     SDPA's additive copy of it on a CPU, nothing over the keys with CUDA's flash, K/V repeated where it falls back."""
-    from visualkv.engine import attention_working_bytes
+    from visualkv.runtime.engine import attention_working_bytes
 
     q, n, dtype = 64, 1024, torch.float32
     mask = q * n * (1 + dtype.itemsize)
@@ -188,7 +188,7 @@ def test_eager_attention_takes_the_markers_additive_mask(small_image):
     give sdpa's logits (sdpa here attends with `enable_gqa`, eager with K/V repeated)."""
     from tests.conftest import get_adapter
     from visualkv.models.registry import _adapter
-    from visualkv.models.tiny import build_tiny
+    from visualkv.models.synthetic.tiny import build_tiny
 
     eager = _adapter(*build_tiny("tiny-qwen2.5-vl", seed=0, attn_implementation="eager"), "tiny-qwen2.5-vl")
     logits = []

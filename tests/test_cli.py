@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from tests.test_media import _make_bad_input
-from visualkv.__main__ import main
+from visualkv.cli.main import main
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +108,7 @@ def test_a_json_path_that_cannot_be_written_is_refused_before_the_run(
 
 
 def test_a_json_path_check_leaves_no_file_and_spares_an_existing_one(tmp_path):
-    from visualkv.cli_args import output_file
+    from visualkv.cli.args import output_file
 
     new, old = tmp_path / "new.json", tmp_path / "old.json"
     old.write_text('{"kept": true}')
@@ -318,7 +318,7 @@ def test_every_command_line_option_is_in_the_readme():
     """Every option of `python -m visualkv run|models|bench` is named in README.md (where it says what it does)."""
     import argparse
 
-    from visualkv.__main__ import build_parser
+    from visualkv.cli.main import build_parser
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices

@@ -17,12 +17,12 @@ from PIL import Image
 
 from ui import handlers
 from ui.state import ModelCache, UserState
-from visualkv import streaming
 from visualkv.bench.synthetic import image_media, synthetic_image
 from visualkv.models.registry import load_model
-from visualkv.session import ChatSession, SessionConfig
-from visualkv.streaming import TIME_LIMIT_STOPPED, compare_methods, stream_compare, stream_turn
-from visualkv.telemetry import TIME_LIMIT_STOP
+from visualkv.report.telemetry import TIME_LIMIT_STOP
+from visualkv.runtime import streaming
+from visualkv.runtime.session import ChatSession, SessionConfig
+from visualkv.runtime.streaming import TIME_LIMIT_STOPPED, compare_methods, stream_compare, stream_turn
 
 PROMPT = "Where is the red square?"
 BUDGET = 24
@@ -45,7 +45,7 @@ def _config(method: str = "full", **kw) -> SessionConfig:
 
 
 class ManualTimer:
-    """Stands in for `threading.Timer` in visualkv.streaming: fires when the test says (or at start)."""
+    """Stands in for `threading.Timer` in visualkv.runtime.streaming: fires when the test says (or at start)."""
 
     made: ClassVar[list[ManualTimer]] = []
     fire_at_start: ClassVar[bool] = False
@@ -189,7 +189,7 @@ def test_a_time_limit_inside_a_method_stops_the_comparison_there(adapter, image,
 
 
 def test_an_answer_cut_short_is_marked_in_the_table(adapter, image):
-    from visualkv import viz
+    from visualkv.report import viz
 
     stop = threading.Event()
     results = {}

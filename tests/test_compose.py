@@ -16,14 +16,14 @@ import torch
 from tests.conftest import get_adapter
 from tests.test_invariants import PROMPT, _layer_bytes_by_formula, _Watch
 from tests.test_salicache import _story_clip
-from visualkv.__main__ import main
-from visualkv.cache import TIER_FULL, TIER_INT4, TIER_INT8
+from visualkv.cli.main import main
 from visualkv.errors import ConfigError
+from visualkv.kv.cache import TIER_FULL, TIER_INT4, TIER_INT8
+from visualkv.kv.quant import dequantize
 from visualkv.methods import make_method, method_names, method_traits, stacked_method
 from visualkv.methods.compose import Pipeline
 from visualkv.methods.eviction import tier_budgets
-from visualkv.quant import dequantize
-from visualkv.session import ChatSession, SessionConfig
+from visualkv.runtime.session import ChatSession, SessionConfig
 
 ALL_FAMILIES = ["tiny-qwen2.5-vl", "tiny-smolvlm2", "tiny-qwen3-vl", "tiny-llava-onevision", "tiny-internvl3.5"]
 COMPOSED = ["blockwise-keydiff+salicache", "blockwise-snapkv+salicache"]
@@ -245,7 +245,7 @@ def test_nothing_dropped_is_exact_with_forced_blocks(alias, method, small_video)
 
 @pytest.mark.parametrize("alias", ALL_FAMILIES)
 def test_skipped_frames_are_not_encoded_and_dropped_tokens_never_enter_the_llm(alias, monkeypatch):
-    from visualkv.cache import CompressibleCache
+    from visualkv.kv.cache import CompressibleCache
 
     media, _ = _story_clip()
     entered: set[int] = set()
@@ -303,7 +303,7 @@ def test_reported_bytes_are_the_bytes_held_in_every_tier(alias, monkeypatch):
 
 def test_settings_of_a_composed_method_are_its_stages_settings():
     """The app's settings form: each stage's settings under "stage:key", back to {stage: options}."""
-    from visualkv.streaming import method_options, method_settings
+    from visualkv.runtime.streaming import method_options, method_settings
 
     keys = {s.key for s in method_settings("blockwise-snapkv+salicache")}
     assert {"salicache:config.tiers", "salicache:config.flow_threshold", "blockwise-snapkv:config.window"} <= keys
@@ -316,7 +316,7 @@ def test_settings_of_a_composed_method_are_its_stages_settings():
 
 def test_memory_guard_sees_a_composed_pipeline_as_bounded(small_video):
     """The guard reads the pipeline's flags: block-wise's bound, not Sali-Cache's bulk prefill."""
-    from visualkv.memory_guard import MemoryGuard
+    from visualkv.runtime.memory_guard import MemoryGuard
 
     adapter = get_adapter("tiny-qwen2.5-vl")
     prepared = adapter.prepare(small_video, PROMPT)

@@ -8,10 +8,10 @@ import os
 import pytest
 import torch
 
-from visualkv import packed_attention
-from visualkv.cache import TIER_FULL, TIER_INT4, TIER_INT8, CompressibleCache
+from visualkv.attention import packed as packed_attention
+from visualkv.kv.cache import TIER_FULL, TIER_INT4, TIER_INT8, CompressibleCache
+from visualkv.kv.quant import QuantSpec, dequantize, packed_bytes_per_token
 from visualkv.layout import VisualUnit, plan_blocks
-from visualkv.quant import QuantSpec, dequantize, packed_bytes_per_token
 from visualkv.scoring import keydiff_scores, snapkv_scores
 
 
@@ -195,10 +195,10 @@ def test_snapkv_proxy_window_is_the_question_only():
     """Block-wise SnapKV's proxy queries cover the question + assistant prompt, as post-prefill's window."""
     from tests.conftest import get_adapter
     from visualkv.bench.synthetic import image_media
-    from visualkv.cache import CompressibleCache
-    from visualkv.engine import Engine
+    from visualkv.kv.cache import CompressibleCache
     from visualkv.methods.base import PrefillContext
     from visualkv.methods.blockwise import proxy_queries
+    from visualkv.runtime.engine import Engine
 
     adapter = get_adapter("tiny-qwen2.5-vl")
     prepared = adapter.prepare(image_media(224, 168, seed=3), "Where is the red star?")
@@ -214,7 +214,7 @@ def test_snapkv_proxy_window_is_the_question_only():
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="Linux only: /proc/self/clear_refs")
 def test_rss_peak_since_reset_forgets_an_earlier_peak():
     """The per-measurement RSS peak the scripts read: a transient after the reset shows; one before it does not."""
-    from visualkv.telemetry import reset_peak_rss, rss_bytes, rss_peak_since_reset
+    from visualkv.report.telemetry import reset_peak_rss, rss_bytes, rss_peak_since_reset
 
     size = 256 * 2**20
     transient = torch.ones(size // 4)  # touched, so resident

@@ -23,10 +23,10 @@ import torch
 from PIL import Image
 
 from tests.conftest import FAMILIES
-from visualkv.cache import CompressibleLayer
+from visualkv.kv.cache import CompressibleLayer
 from visualkv.methods import METHODS
 from visualkv.models.registry import load_model
-from visualkv.session import ChatSession, SessionConfig
+from visualkv.runtime.session import ChatSession, SessionConfig
 
 pytestmark = [
     pytest.mark.cuda,
@@ -243,8 +243,8 @@ def test_memory_guard_estimate_bounds_the_cuda_peak(alias, method, media_kind, s
     import gc
 
     from visualkv.bench.synthetic import image_media, video_media
-    from visualkv.memory_guard import MemoryGuard, estimate_prefill
     from visualkv.methods import method_traits
+    from visualkv.runtime.memory_guard import MemoryGuard, estimate_prefill
 
     adapter = cuda_adapter(alias)
     media = image_media(1920, 1080, seed=3) if media_kind == "image" else video_media(24, 640, 360, seed=2)
@@ -290,7 +290,7 @@ def test_memory_guard_estimate_bounds_the_cuda_peak(alias, method, media_kind, s
     ],
 )
 def test_shape_model_builds_on_cuda_in_bf16(alias, small_image):
-    from visualkv.models.shapes import parameter_count
+    from visualkv.models.synthetic.shapes import parameter_count
 
     adapter = load_model(alias, device="cuda")
     try:
@@ -304,7 +304,7 @@ def test_shape_model_builds_on_cuda_in_bf16(alias, small_image):
         torch.cuda.empty_cache()
 
 
-# -- CUDA-graph decoding (visualkv.static_decode) -----------------------------------------------------------------------
+# -- CUDA-graph decoding (visualkv.runtime.static_decode) -----------------------------------------------------------------------
 @pytest.mark.parametrize("method", ["full", "blockwise-keydiff", "salicache", "lightkv", "blockwise-keydiff+salicache"])
 @pytest.mark.parametrize("alias", ALL_FAMILIES)
 def test_graph_decode_matches_eager_on_cuda(alias, method, small_image, small_video, no_tf32):
@@ -332,7 +332,7 @@ def test_graph_decode_matches_eager_on_cuda(alias, method, small_image, small_vi
 def test_grouped_decode_attention_is_as_precise_as_sdpa_on_cuda():
     """bf16, one query over a long masked window at Qwen2.5-VL-7B's heads: `one_query` (float32 scores through
     bmm's out_dtype) is at least as close to a float64 reference as the masked SDPA kernel it replaces."""
-    from visualkv import packed_attention
+    from visualkv.attention import packed as packed_attention
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     n, written, heads, kv_heads, dim = 20_000, 19_950, 28, 4, 128
@@ -401,7 +401,7 @@ def test_vision_ahead_matches_a_call_per_block_on_cuda(alias, method, small_imag
 def saved_checkpoints(tmp_path_factory):
     """Each family's tiny model written as a local checkpoint: loading it goes through `from_pretrained` with
     `device_map`, the path a Hub id or a local folder takes (the offline aliases are built, not loaded)."""
-    from visualkv.models.tiny import save_tiny
+    from visualkv.models.synthetic.tiny import save_tiny
 
     return {alias: save_tiny(alias, tmp_path_factory.mktemp(alias), dtype=torch.bfloat16) for alias in FAMILIES}
 

@@ -128,7 +128,7 @@ def test_demo_checkpoint_is_small_and_a_qwen25vl():
 
 
 def test_demo_model_answers_a_fixed_scene(demo):
-    from visualkv.session import ChatSession, SessionConfig
+    from visualkv.runtime.session import ChatSession, SessionConfig
 
     assert type(demo.model).__name__ == "Qwen2_5_VLForConditionalGeneration"
     scene = make_scene(FIXED_SEED, FIXED_SIZE)
@@ -208,7 +208,7 @@ def test_app_examples_are_the_demo_scenes_and_it_answers_them(demo):
     from visualkv.bench.demo_examples import load_demo_examples, question_forms
     from visualkv.bench.scenes import answer_matches
     from visualkv.media import load_media
-    from visualkv.session import ChatSession, SessionConfig
+    from visualkv.runtime.session import ChatSession, SessionConfig
 
     examples = load_demo_examples()
     assert {e.kind for e in examples} == {"image", "video"}

@@ -17,7 +17,7 @@ from tests.conftest import FAMILIES
 from tests.fake_cuda import CUDA, FakeCudaTensor, fake_cuda, to_fake_cuda
 from visualkv.methods import METHODS
 from visualkv.models.registry import load_model
-from visualkv.session import ChatSession, SessionConfig
+from visualkv.runtime.session import ChatSession, SessionConfig
 
 #: every family, the newer three included (conftest's FAMILIES are the two the other suites run)
 ALL_FAMILIES = [*FAMILIES, "tiny-qwen3-vl", "tiny-llava-onevision", "tiny-internvl3.5"]

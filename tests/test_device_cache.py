@@ -8,12 +8,13 @@ import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from tests.conftest import get_adapter
-from visualkv import packed_attention, quant
+from visualkv.attention import packed as packed_attention
 from visualkv.bench.synthetic import video_media
-from visualkv.cache import TIER_FULL, TIER_INT4, TIER_INT8, CompressibleCache, CompressibleLayer, split_tiers
-from visualkv.detokenize import IncrementalDetokenizer
-from visualkv.quant import dequantize
-from visualkv.session import ChatSession, SessionConfig
+from visualkv.kv import quant
+from visualkv.kv.cache import TIER_FULL, TIER_INT4, TIER_INT8, CompressibleCache, CompressibleLayer, split_tiers
+from visualkv.kv.quant import dequantize
+from visualkv.runtime.detokenize import IncrementalDetokenizer
+from visualkv.runtime.session import ChatSession, SessionConfig
 
 
 def _kv(q: int, seed: int, heads: int = 2, dim: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
@@ -197,7 +198,7 @@ def test_decoding_never_grows_a_buffer():
 def test_packed_tiers_under_eager_attention_match_sdpa():
     """The eager wrapper calls the model file's own eager function: Sali-Cache answers alike under both kernels."""
     from visualkv.models.registry import _adapter
-    from visualkv.models.tiny import build_tiny
+    from visualkv.models.synthetic.tiny import build_tiny
 
     eager = _adapter(*build_tiny("tiny-qwen2.5-vl", seed=0, attn_implementation="eager"), "tiny-qwen2.5-vl")
     sdpa = get_adapter("tiny-qwen2.5-vl")

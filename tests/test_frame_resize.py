@@ -19,8 +19,8 @@ from tests.conftest import get_adapter
 from tests.test_media import corrupt_mjpeg, noise_frames, write_video
 from visualkv.bench.synthetic import write_video_file
 from visualkv.media import FrameSampling, LazyFrames, MediaLimits, load_media
-from visualkv.memory_guard import estimate_prefill
 from visualkv.methods import METHODS
+from visualkv.runtime.memory_guard import estimate_prefill
 
 ALL = FrameSampling(fps=1.0, max_frames=None)
 NO_CAP = MediaLimits(max_frames=None)
@@ -180,7 +180,7 @@ def test_per_token_tables_are_int32(alias: str, small_video) -> None:
 def test_composed_prefill_holds_no_full_size_frame_after_saliency(hd_video: Path) -> None:
     """Sali-Cache's saliency reads the decoded (full-size) frames; it releases the ones it cached, so a
     composed prefill whose vision side reads resized frames holds no full-size frame while blocks run."""
-    from visualkv.session import ChatSession, SessionConfig
+    from visualkv.runtime.session import ChatSession, SessionConfig
 
     adapter = get_adapter("tiny-llava-onevision")
     media = load_media(hd_video, NO_CAP, ALL)

@@ -71,7 +71,7 @@ def test_behind_a_proxy_the_proxy_is_asked(monkeypatch):
 def unreachable_hub(tmp_path_factory) -> tuple[dict, Path]:
     """An environment whose Hub is a closed local port, with tiny-qwen2.5-vl in its cache as fake-org/cached-tiny."""
     from visualkv.bench.synthetic import synthetic_image
-    from visualkv.models.tiny import save_tiny
+    from visualkv.models.synthetic.tiny import save_tiny
 
     root = tmp_path_factory.mktemp("hub")
     repo = root / "cache" / "models--fake-org--cached-tiny"

@@ -13,7 +13,7 @@ from PIL import Image
 
 from tests.conftest import get_adapter
 from visualkv.methods import method_traits
-from visualkv.session import ChatSession, SessionConfig
+from visualkv.runtime.session import ChatSession, SessionConfig
 
 EVICTING = ["blockwise-keydiff", "blockwise-snapkv", "post-snapkv"]
 ALL = ["full", *EVICTING]
@@ -199,7 +199,7 @@ class _Watch:
     """
 
     def __init__(self, monkeypatch) -> None:
-        from visualkv.cache import CompressibleCache
+        from visualkv.kv.cache import CompressibleCache
 
         self.seen: dict[int, tuple[list[int], list[int]]] = {}  # id(cache) -> (visual per head, bytes)
         self.visual_seq: torch.Tensor | None = None

@@ -17,8 +17,8 @@ from visualkv import media as media_module
 from visualkv.bench.synthetic import video_media, write_video_file
 from visualkv.errors import MediaError
 from visualkv.media import FrameSampling, LazyFrames, MediaLimits, load_media, resize_to_width
+from visualkv.media.saliency import MotionConfig, frame_decisions
 from visualkv.methods import FULL_FRAME_CAP, is_bounded, media_limits
-from visualkv.saliency import MotionConfig, frame_decisions
 
 ROOT = Path(__file__).resolve().parent.parent
 ALL = FrameSampling(fps=10.0, max_frames=None)
@@ -139,7 +139,7 @@ def test_frame_cap_follows_the_method(tmp_path: Path) -> None:
 
 def test_session_refuses_too_many_frames_for_an_unbounded_method() -> None:
     from visualkv.models.registry import load_model
-    from visualkv.session import ChatSession, SessionConfig
+    from visualkv.runtime.session import ChatSession, SessionConfig
 
     adapter = load_model("tiny-qwen2.5-vl")
     media = video_media(FULL_FRAME_CAP + 2, 32, 32)
@@ -216,7 +216,7 @@ import gc, json, re, sys
 from visualkv.media import FrameSampling, load_media
 from visualkv.methods import media_limits
 from visualkv.models.registry import load_model
-from visualkv.session import ChatSession, SessionConfig
+from visualkv.runtime.session import ChatSession, SessionConfig
 
 def status(key):
     return int(re.search(key + r":\\s+(\\d+)", open("/proc/self/status").read()).group(1)) * 1024
@@ -266,9 +266,9 @@ def test_rss_stays_flat_over_a_long_video(tmp_path: Path) -> None:
 
 
 def test_report_leaves_out_per_layer_fractions_beyond_its_limit(monkeypatch: pytest.MonkeyPatch) -> None:
-    from visualkv import session as session_module
     from visualkv.models.registry import load_model
-    from visualkv.session import ChatSession, SessionConfig
+    from visualkv.runtime import session as session_module
+    from visualkv.runtime.session import ChatSession, SessionConfig
 
     adapter = load_model("tiny-qwen2.5-vl")
     config = SessionConfig(method="blockwise-keydiff", budget=8, max_new_tokens=1)

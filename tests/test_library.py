@@ -75,7 +75,7 @@ def test_import_is_light_and_every_public_name_resolves():
         "else:\n"
         "    raise AssertionError('an unknown name resolved')\n"
         "from visualkv import ChatSession, load_model\n"
-        "from visualkv.session import ChatSession as defined\n"
+        "from visualkv.runtime.session import ChatSession as defined\n"
         "assert ChatSession is defined and callable(load_model)\n"
     )
     done = _run(code)

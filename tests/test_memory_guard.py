@@ -23,11 +23,11 @@ import torch
 from tests.conftest import get_adapter
 from visualkv.bench.synthetic import image_media, video_media
 from visualkv.errors import VisualKVError
-from visualkv.memory_guard import MemoryGuard, MemoryGuardError, estimate_prefill, out_of_memory_caught
 from visualkv.methods import METHODS, method_traits
-from visualkv.session import ChatSession, SessionConfig
-from visualkv.streaming import TIME_LIMIT_STOPPED, stream_turn
-from visualkv.telemetry import TIME_LIMIT_STOP
+from visualkv.report.telemetry import TIME_LIMIT_STOP
+from visualkv.runtime.memory_guard import MemoryGuard, MemoryGuardError, estimate_prefill, out_of_memory_caught
+from visualkv.runtime.session import ChatSession, SessionConfig
+from visualkv.runtime.streaming import TIME_LIMIT_STOPPED, stream_turn
 
 QUESTION = "What is in the picture?"
 MODELED = ["full", "blockwise-keydiff", "blockwise-snapkv", "post-snapkv"]
@@ -192,7 +192,7 @@ def test_vision_estimate_bounds_the_largest_tower_call(alias, kind, ahead):
     """The guard's vision term is at least what the largest tower call really ran on (patches: InternVL packs
     4 into a token, LLaVA-OneVision encodes whole rows of tiles), and not twice it; encoded ahead, Qwen2.5-VL
     counts a strip for every block that reads it (blocks of 128 tokens here: four share one strip)."""
-    from visualkv.memory_guard import _VisionDims
+    from visualkv.runtime.memory_guard import _VisionDims
 
     adapter = get_adapter(alias)
     media = image_media(1920, 1080, seed=3) if kind == "image" else video_media(24, 320, 180, seed=2)
@@ -246,12 +246,12 @@ def test_guard_lets_a_fitting_turn_run(small_image):
 def test_cli_refusal_exits_2_with_one_line(monkeypatch, capsys, tmp_path):
     from PIL import Image
 
-    from visualkv.__main__ import main
     from visualkv.bench.synthetic import synthetic_image
+    from visualkv.cli.main import main
 
     path = tmp_path / "scene.png"
     Image.fromarray(synthetic_image(448, 336, 1)).save(path)
-    monkeypatch.setattr("visualkv.memory_guard.free_memory_bytes", lambda device: 1000)
+    monkeypatch.setattr("visualkv.runtime.memory_guard.free_memory_bytes", lambda device: 1000)
     code = main(["run", "--model", "tiny-qwen2.5-vl", "--media", str(path), "--prompt", "hi", "--quiet"])
     err = capsys.readouterr().err.strip()
     assert code == 2

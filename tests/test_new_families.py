@@ -17,7 +17,7 @@ from tests import test_invariants as shared
 from tests.conftest import get_adapter
 from visualkv.bench.synthetic import image_media
 from visualkv.models.base import LayerFeatures, video_metadata
-from visualkv.session import ChatSession, SessionConfig
+from visualkv.runtime.session import ChatSession, SessionConfig
 
 NEW_FAMILIES = ["tiny-qwen3-vl", "tiny-llava-onevision", "tiny-internvl3.5"]
 PROMPT = shared.PROMPT
@@ -341,7 +341,7 @@ def test_chat_templates_match_released_format():
 def test_saved_tiny_folder_loads_like_a_real_checkpoint(alias, tmp_path, small_image):
     """save_pretrained folder -> AutoProcessor / AutoModelForImageTextToText -> the same answers."""
     from visualkv.models.registry import load_model
-    from visualkv.models.tiny import save_tiny
+    from visualkv.models.synthetic.tiny import save_tiny
 
     folder = save_tiny(alias, str(tmp_path / alias))
     local = load_model(folder)
@@ -357,7 +357,7 @@ def test_released_configs_have_the_released_shapes():
     """The shape-alias configs build (on the meta device: no memory) to the released parameter counts."""
     from transformers import AutoModelForImageTextToText
 
-    from visualkv.models.released import RELEASED_CONFIGS, released_config
+    from visualkv.models.synthetic.released import RELEASED_CONFIGS, released_config
 
     expected = {
         "shape-qwen3-vl-8b": (8.6e9, 8.9e9),  # Qwen3-VL-8B: 8.77 B parameters

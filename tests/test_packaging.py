@@ -49,4 +49,4 @@ def test_the_wheel_holds_the_library_and_its_command(tmp_path):
     assert modules <= names, sorted(modules - names)  # every module of the library, subpackages too
     assert not {n for n in names if n.startswith(("ui/", "tests/", "scripts/", "assets/", "app.py"))}
     info = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
-    assert "visualkv = visualkv.__main__:main" in zipfile.ZipFile(wheel).read(info).decode()
+    assert "visualkv = visualkv.cli.main:main" in zipfile.ZipFile(wheel).read(info).decode()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from visualkv.quant import (
+from visualkv.kv.quant import (
     PackedTensor,
     QuantSpec,
     _next_up,
@@ -214,7 +214,7 @@ def test_dequantize_rounds_once_without_a_float32_copy(bits: int, dtype: torch.d
     fused multiply-add may round differently); for half types no operation makes a float32 tensor."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from visualkv.quant import _unpack
+    from visualkv.kv.quant import _unpack
 
     class FloatOutputs(TorchDispatchMode):
         def __init__(self) -> None:
@@ -254,7 +254,7 @@ def test_dequantize_writes_into_a_slice_of_a_larger_buffer(bits: int) -> None:
 
 def test_dequantize_all_is_the_concatenation_written_in_place() -> None:
     """dequantize_all(parts, tail): the same values as concatenating each part's dequantization and the tail."""
-    from visualkv.quant import dequantize_all
+    from visualkv.kv.quant import dequantize_all
 
     gen = torch.Generator().manual_seed(5)
     parts = [quantize(torch.randn(1, 2, n, 32, generator=gen), QuantSpec(bits)) for n, bits in ((4, 8), (6, 4))]

@@ -16,13 +16,13 @@ import pytest
 import torch
 
 from tests.conftest import FAMILIES, get_adapter
-from visualkv.__main__ import main
 from visualkv.bench.synthetic import synthetic_image
-from visualkv.cache import TIER_FULL, TIER_INT4, TIER_INT8
+from visualkv.cli.main import main
+from visualkv.kv.cache import TIER_FULL, TIER_INT4, TIER_INT8
+from visualkv.kv.quant import QuantSpec, dequantize, packed_bytes_per_token
 from visualkv.media import Media
 from visualkv.methods.salicache import TIER_SKIPPED
-from visualkv.quant import QuantSpec, dequantize, packed_bytes_per_token
-from visualkv.session import ChatSession, SessionConfig
+from visualkv.runtime.session import ChatSession, SessionConfig
 
 PROMPT = "What happens?"
 W, H = 224, 168

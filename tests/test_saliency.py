@@ -8,7 +8,7 @@ import cv2
 import numpy as np
 import pytest
 
-from visualkv.saliency import (
+from visualkv.media.saliency import (
     TIER_FULL,
     TIER_INT4,
     TIER_INT8,
@@ -212,7 +212,7 @@ def test_banded_box_sums_are_the_whole_frames_and_hold_a_band_at_a_time(monkeypa
     """The LAB box sums come from integral images over bands of rows (a whole 4K frame's float64 integrals would
     take 400 MB): the same numbers as one whole-frame integral, for boxes of every height, overlapping (a
     global tile's large cells over a grid of small ones), empty or the whole frame."""
-    from visualkv import saliency
+    from visualkv.media import saliency
 
     image = cv2.cvtColor(_half_textured(5), cv2.COLOR_RGB2LAB)
     rng = np.random.default_rng(11)
@@ -284,7 +284,7 @@ def _python_calls(fn) -> int:
 def test_many_boxes_on_4k_frame_are_vectorised() -> None:
     """10,686 token boxes on a 4K frame cost no more Python-level calls than 100 boxes, but for a few per band of
     rows: the per-box work is vectorised (summed-area tables), not a loop over boxes. (Counted, not timed: timing fails on a loaded CI.)"""
-    from visualkv import saliency
+    from visualkv.media import saliency
 
     frame = cv2.resize(_half_textured(), (3840, 2160), interpolation=cv2.INTER_NEAREST)
     boxes = _grid_boxes(3840, 2160, 28)  # 137 x 78 = 10,686 tokens

@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import get_adapter
 from visualkv.errors import ConfigError, PrefillStopped
-from visualkv.session import ChatSession, SessionConfig
+from visualkv.runtime.session import ChatSession, SessionConfig
 
 
 @pytest.fixture

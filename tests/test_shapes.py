@@ -16,9 +16,9 @@ import torch
 from tests.test_cli import _assert_one_line_error, _run
 from visualkv.bench.synthetic import image_media
 from visualkv.errors import ModelLoadError
-from visualkv.models import shapes
+from visualkv.models.synthetic import shapes
 from visualkv.models.registry import _adapter, load_model
-from visualkv.session import ChatSession, SessionConfig
+from visualkv.runtime.session import ChatSession, SessionConfig
 
 #: parameter totals shown on the Hub model pages (safetensors metadata), in billions, and the tolerance (the
 #: published figure's rounding). InternVL3.5-8B: the model card's table (0.3 B vision + 8.2 B language =

@@ -9,12 +9,12 @@ import pytest
 from PIL import Image
 
 from tests.conftest import get_adapter
-from visualkv.access import ModelPolicy, is_public, scrub_paths
 from visualkv.bench.synthetic import synthetic_image
 from visualkv.errors import ModelLoadError
 from visualkv.media import load_media
 from visualkv.models.registry import HUB_MODELS
-from visualkv.session import ChatSession, SessionConfig
+from visualkv.runtime.access import ModelPolicy, is_public, scrub_paths
+from visualkv.runtime.session import ChatSession, SessionConfig
 
 
 @pytest.mark.parametrize(

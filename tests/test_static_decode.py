@@ -1,4 +1,4 @@
-"""Fixed-shape decoding (visualkv.static_decode), the step a CUDA graph replays, checked on CPU.
+"""Fixed-shape decoding (visualkv.runtime.static_decode), the step a CUDA graph replays, checked on CPU.
 
 "static" runs exactly the step that "graph" captures, as plain PyTorch. It must give the answers of the plain
 ("eager") decode token for token, leave the cache as the plain decode does (the next turn too), and read no
@@ -15,18 +15,18 @@ from tests.conftest import get_adapter
 from tests.fake_cuda import FakeCudaTensor, fake_cuda
 from tests.test_device import _fake_cuda_adapter
 from tests.test_sync_free import SyncGuard
-from visualkv import packed_attention
+from visualkv.attention import packed as packed_attention
 from visualkv.bench.synthetic import image_media, video_media
-from visualkv.cache import CompressibleLayer
 from visualkv.errors import ConfigError
-from visualkv.session import ChatSession, SessionConfig
-from visualkv.static_decode import GROUPED_MIN_ENTRIES, StaticDecoder, decode_attention, graph_unsupported
+from visualkv.kv.cache import CompressibleLayer
+from visualkv.runtime.session import ChatSession, SessionConfig
+from visualkv.runtime.static_decode import GROUPED_MIN_ENTRIES, StaticDecoder, decode_attention, graph_unsupported
 
 ALL_FAMILIES = ["tiny-qwen2.5-vl", "tiny-smolvlm2", "tiny-qwen3-vl", "tiny-llava-onevision", "tiny-internvl3.5"]
 METHODS = [
     ("full", None),
     ("blockwise-keydiff", 24),
-    ("salicache", None),  # packed tiers: attended per segment beside the window (visualkv.packed_attention)
+    ("salicache", None),  # packed tiers: attended per segment beside the window (visualkv.attention.packed)
     ("blockwise-keydiff+salicache", 24),
     ("lightkv", None),  # merged entries: layers hold different counts
 ]

@@ -17,8 +17,8 @@ from torch.overrides import TorchFunctionMode
 
 from tests.conftest import get_adapter
 from visualkv.bench.synthetic import image_media, video_media
-from visualkv.engine import Engine
-from visualkv.session import ChatSession, SessionConfig
+from visualkv.runtime.engine import Engine
+from visualkv.runtime.session import ChatSession, SessionConfig
 
 _READS_DEVICE = {
     torch.Tensor.item,
@@ -154,7 +154,7 @@ def four_layers():
     """4-layer variants of the tiny models (same classes), so three LightKV stages fit before the last layer."""
     import dataclasses
 
-    from visualkv.models import tiny
+    from visualkv.models.synthetic import tiny
     from visualkv.models.registry import load_model
 
     names = {"tiny-qwen2.5-vl": "sync4-qwen2.5-vl", "tiny-smolvlm2": "sync4-smolvlm2"}

@@ -1,4 +1,4 @@
-"""Tests for the offline tiny random-weight VLMs (``visualkv.models.tiny``)."""
+"""Tests for the offline tiny random-weight VLMs (``visualkv.models.synthetic.tiny``)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import torch
 from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
-from visualkv.models.tiny import TINY_SPECS, TinySpec, build_tiny, save_tiny
-from visualkv.models.tokenizer_build import (
+from visualkv.models.synthetic.tiny import TINY_SPECS, TinySpec, build_tiny, save_tiny
+from visualkv.models.synthetic.tokenizer_build import (
     QWEN_SPECIAL_TOKENS,
     SMOLVLM_ADDED_SPECIAL_TOKENS,
     SMOLVLM_LEADING_SPECIAL_TOKENS,

@@ -13,10 +13,10 @@ import torch
 
 from visualkv.bench.synthetic import image_media, video_media
 from visualkv.errors import ConfigError
-from visualkv.memory_guard import estimate_prefill
 from visualkv.methods import method_traits
 from visualkv.models.registry import load_model
-from visualkv.session import ChatSession, SessionConfig
+from visualkv.runtime.memory_guard import estimate_prefill
+from visualkv.runtime.session import ChatSession, SessionConfig
 
 QWEN = ("tiny-qwen2.5-vl", "tiny-qwen3-vl")  # strips and temporal patches batched as separate sequences
 TILES = ("tiny-smolvlm2", "tiny-internvl3.5")  # tiles and frames: independent images, batched together

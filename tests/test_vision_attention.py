@@ -1,4 +1,4 @@
-"""Batched chunk attention in the Qwen vision towers (visualkv.models.vision_attention).
+"""Batched chunk attention in the Qwen vision towers (visualkv.attention.vision).
 
 Same output as transformers' per-chunk loop (images with interior and edge windows, videos of several
 temporal patches, SDPA and eager attention), in far fewer attention calls.
@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import get_adapter
+from visualkv.attention.vision import stock_vision_attention
 from visualkv.bench.synthetic import image_media, video_media
-from visualkv.models.vision_attention import stock_vision_attention
 
 
 @pytest.fixture
@@ -67,7 +67,7 @@ def test_stock_switch_restores_the_batched_path(sdpa_calls):
 @pytest.mark.parametrize("alias", ["tiny-qwen2.5-vl", "tiny-qwen3-vl"])
 def test_chunks_split_over_several_calls_match(alias, sdpa_calls, monkeypatch):
     """More chunks of one length than one call takes (CUDA's grid limit): the batch is split, output unchanged."""
-    from visualkv.models import vision_attention
+    from visualkv.attention import vision as vision_attention
 
     adapter = get_adapter(alias)
     media = video_media(8, 320, 240, fps=1.0, seed=2)  # equal chunks tiling the sequence, and windows

@@ -1,4 +1,4 @@
-"""Figures and overlays of visualkv.viz, and the streaming helpers of visualkv.streaming, on small real reports.
+"""Figures and overlays of visualkv.report.viz, and the streaming helpers of visualkv.runtime.streaming, on small real reports.
 
 Reports come from the tiny offline Qwen2.5-VL on small synthetic media (a second or two each), so the
 views are tested on exactly the fields the engine and the methods write.
@@ -15,13 +15,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from visualkv import viz
 from visualkv.bench.synthetic import image_media, video_media
 from visualkv.errors import ConfigError
 from visualkv.methods import METHODS
 from visualkv.models.registry import load_model
-from visualkv.session import ChatSession, SessionConfig
-from visualkv.streaming import (
+from visualkv.report import viz
+from visualkv.report.telemetry import BlockEvent, TurnRecord
+from visualkv.runtime.session import ChatSession, SessionConfig
+from visualkv.runtime.streaming import (
     compare_methods,
     live_report,
     method_options,
@@ -29,7 +30,6 @@ from visualkv.streaming import (
     stream_turn,
     turn_report,
 )
-from visualkv.telemetry import BlockEvent, TurnRecord
 
 PROMPT = "Where is the red square?"
 BUDGET = 24

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from tests.conftest import get_adapter
-from visualkv import viz
 from visualkv.media import Media
-from visualkv.session import ChatSession, SessionConfig
+from visualkv.report import viz
+from visualkv.runtime.session import ChatSession, SessionConfig
 
 PAD = 4  # viz._grid's margin: the main panel's top-left corner in the composed view
 #: (alias, image width, height, the tile (x0, y0, x1, y1) holding the white square)

@@ -1,4 +1,4 @@
-"""The VisualKV page: layout and wiring only (callbacks in ui/handlers.py, drawing in visualkv/viz.py)."""
+"""The VisualKV page: layout and wiring only (callbacks in ui/handlers.py, drawing in visualkv/report/viz.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import gradio as gr
 from PIL import Image
 
-from visualkv.access import ModelPolicy, scrub_paths
 from visualkv.bench.demo_examples import DemoExample, load_demo_examples, question_forms
 from visualkv.models.registry import HUB_MODELS, OFFLINE_MODELS, offline_aliases
-from visualkv.streaming import method_settings
+from visualkv.runtime.access import ModelPolicy, scrub_paths
+from visualkv.runtime.streaming import method_settings
 
 from . import text
 from .handlers import (

@@ -1,7 +1,7 @@
 """Callbacks of the page. Each reads the per-session UserState, calls the library, and formats.
 
-Nothing here computes: turns run through `visualkv.streaming`, figures and overlays come
-from `visualkv.viz`, numbers from the session report. Every failure a user can cause
+Nothing here computes: turns run through `visualkv.runtime.streaming`, figures and overlays come
+from `visualkv.report.viz`, numbers from the session report. Every failure a user can cause
 (bad file, empty question, unknown model, bad setting) is shown in the error line and
 leaves the chat, its cache and the loaded model as they were.
 """
@@ -21,12 +21,13 @@ from typing import Any
 
 import gradio as gr
 
-from visualkv import viz
 from visualkv.errors import ConfigError, VisualKVError
 from visualkv.media import FrameSampling, MediaLimits, load_media
 from visualkv.methods import is_bounded, media_limits
-from visualkv.session import ChatSession, SessionConfig
-from visualkv.streaming import (
+from visualkv.report import viz
+from visualkv.report.telemetry import TIME_LIMIT_STOP, write_json
+from visualkv.runtime.session import ChatSession, SessionConfig
+from visualkv.runtime.streaming import (
     TIME_LIMIT_STOPPED,
     failure_message,
     live_report,
@@ -35,7 +36,6 @@ from visualkv.streaming import (
     stream_turn,
     turn_report,
 )
-from visualkv.telemetry import TIME_LIMIT_STOP, write_json
 
 from . import text
 from .state import ModelCache, UserState, is_offline_model

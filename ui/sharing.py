@@ -1,6 +1,6 @@
 """Serving limits of a (possibly public) instance: who may load what, queue size, turn time, cleanup.
 
-The policy itself lives in the library (`visualkv.access`, no gradio there); this module holds the
+The policy itself lives in the library (`visualkv.runtime.access`, no gradio there); this module holds the
 app's serving options and the two Gradio hooks that free a closed session's memory at once:
 `demo.unload` (the tab's heartbeat stopped) and the `gr.State` delete callback (Gradio drops the
 state an hour after the tab closed, or `time_to_live` after its last change).
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
-from visualkv.memory_guard import release_memory
+from visualkv.runtime.memory_guard import release_memory
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from visualkv.access import ModelPolicy, scrub_paths
 from visualkv.errors import ModelLoadError
 from visualkv.models.registry import (
     DEMO_MODEL,
@@ -27,6 +26,7 @@ from visualkv.models.registry import (
     load_model,
     offline_aliases,
 )
+from visualkv.runtime.access import ModelPolicy, scrub_paths
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class UserState:
     """One browser session's chat. Created lazily by the first event of the session."""
 
     model_name: str
-    session: Any = None  # visualkv.session.ChatSession of the current chat, None before its first turn
+    session: Any = None  # visualkv.runtime.session.ChatSession of the current chat, None before its first turn
     history: list[dict[str, Any]] = field(default_factory=list)  # gr.Chatbot messages
     report: dict[str, Any] | None = None  # report after the last turn
     report_path: str | None = None  # that report as a JSON file, for the download button

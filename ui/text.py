@@ -7,7 +7,7 @@ from pathlib import Path
 
 from visualkv.errors import ConfigError
 from visualkv.methods import MethodTraits, method_names, method_traits
-from visualkv.viz import md_literal
+from visualkv.report.viz import md_literal
 
 INTRO = (
     "## VisualKV: chat with 4K images and long videos while the model's KV cache is compressed\n"

@@ -27,11 +27,11 @@ _EXPORTS = {
     "FrameSampling": "visualkv.media",
     "MediaLimits": "visualkv.media",
     "Media": "visualkv.media",
-    "ChatSession": "visualkv.session",
-    "SessionConfig": "visualkv.session",
-    "BlockEvent": "visualkv.telemetry",
-    "TurnRecord": "visualkv.telemetry",
-    "write_json": "visualkv.telemetry",
+    "ChatSession": "visualkv.runtime.session",
+    "SessionConfig": "visualkv.runtime.session",
+    "BlockEvent": "visualkv.report.telemetry",
+    "TurnRecord": "visualkv.report.telemetry",
+    "write_json": "visualkv.report.telemetry",
     "method_names": "visualkv.methods",
     "media_limits": "visualkv.methods",
     "VisualKVError": "visualkv.errors",
@@ -61,8 +61,8 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time __getattr__ impo
     from visualkv.media import FrameSampling, Media, MediaLimits, load_media
     from visualkv.methods import media_limits, method_names
     from visualkv.models.registry import load_model
-    from visualkv.session import ChatSession, SessionConfig
-    from visualkv.telemetry import BlockEvent, TurnRecord, write_json
+    from visualkv.report.telemetry import BlockEvent, TurnRecord, write_json
+    from visualkv.runtime.session import ChatSession, SessionConfig
 
 
 def __getattr__(name: str) -> Any:

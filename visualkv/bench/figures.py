@@ -297,10 +297,10 @@ def table_salicache_bytes(results: Path) -> str:
     """Bytes per token and KV head of each Sali-Cache tier, and the KV shrink of a tier split: computed."""
     import torch
 
+    from visualkv.kv.quant import QuantSpec, packed_bytes_per_token
+    from visualkv.media.saliency import TierSpec
     from visualkv.methods.salicache import PAPER_TIER_FRACTIONS
-    from visualkv.models.tiny import TINY_SPECS
-    from visualkv.quant import QuantSpec, packed_bytes_per_token
-    from visualkv.saliency import TierSpec
+    from visualkv.models.synthetic.tiny import TINY_SPECS
 
     models = [
         (label, getattr(torch, dtype), TINY_SPECS[alias].head_dim) for label, dtype, alias in SALICACHE_BYTES_MODELS
@@ -336,7 +336,7 @@ def table_salicache_bytes(results: Path) -> str:
     )
     header = ["model (dtype, head_dim, group)", "full", "INT8", "INT4"]
     source = (
-        "Source: computed from `packed_bytes_per_token` (`visualkv/quant.py`), `PAPER_TIER_FRACTIONS` and "
+        "Source: computed from `packed_bytes_per_token` (`visualkv/kv/quant.py`), `PAPER_TIER_FRACTIONS` and "
         "`TierSpec` (not measured)."
     )
     return "\n\n".join(["\n".join(_table(header, body)), note, source])
@@ -358,7 +358,7 @@ LIGHTKV_SCHEDULE_MODELS = (
 def table_lightkv_schedule(results: Path) -> str:
     """LightKV's default schedule per model depth: computed from the code, not measured."""
     from visualkv.methods.lightkv import LightKVConfig, merge_counts
-    from visualkv.models.tiny import TINY_SPECS
+    from visualkv.models.synthetic.tiny import TINY_SPECS
 
     body = []
     for label, family, depth in LIGHTKV_SCHEDULE_MODELS:

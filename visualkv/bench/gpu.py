@@ -8,7 +8,7 @@ otherwise run. Per case the CUDA peak is reset and the case reports:
 - `peak_over_weights_bytes`: CUDA peak allocated during the case minus what was allocated before it
   (the weights and nothing else: inputs are built on the host),
 - `guard_estimate_bytes` (the methods' rows): the memory guard's estimate of what the prefill was to allocate
-  (`visualkv.memory_guard`), to set beside the peak above (which also holds the media's decoding and the decode),
+  (`visualkv.runtime.memory_guard`), to set beside the peak above (which also holds the media's decoding and the decode),
 - `cache_peak_bytes`: the KV cache's own high-water mark (ours: `peak_kv_bytes`; generate: the bytes of
   the returned cache, which only grows),
 - `ttft_seconds`: from the raw media (processor included, for both) to the first new token; on a video
@@ -47,7 +47,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from visualkv import packed_attention
+from visualkv.attention import packed as packed_attention
+from visualkv.attention.vision import stock_vision_attention
 from visualkv.bench import gpu_targets, provenance
 from visualkv.bench.gpu_targets import case_label, input_label, measured
 from visualkv.bench.synthetic import image_media, video_media
@@ -56,9 +57,8 @@ from visualkv.media import FrameSampling, Media, MediaLimits, load_media
 from visualkv.methods import FULL_FRAME_CAP, METHODS, media_limits, method_traits
 from visualkv.models.base import ModelAdapter, video_metadata
 from visualkv.models.registry import load_model
-from visualkv.models.vision_attention import stock_vision_attention
-from visualkv.session import ChatSession, SessionConfig
-from visualkv.telemetry import peak_rss_bytes
+from visualkv.report.telemetry import peak_rss_bytes
+from visualkv.runtime.session import ChatSession, SessionConfig
 
 REFERENCE = gpu_targets.REFERENCE  # transformers' own processor + generate, the row every ratio divides by
 PROMPT = "Describe what you see in detail."
@@ -177,7 +177,7 @@ def run_method(
     return {
         "ttft_seconds": record.ttft_seconds,
         "decode_tokens_per_second": record.decode_tokens_per_second,
-        "decode_mode": record.decode_mode,  # graph / static / eager (visualkv.static_decode)
+        "decode_mode": record.decode_mode,  # graph / static / eager (visualkv.runtime.static_decode)
         "decode_attention": record.decode_attention,  # a fixed-shape step's: model / grouped ("" when eager)
         "prefill_attention": record.prefill_attention,  # blocks after the cache: flash / gqa / stock (block_attention)
         # building that decoder (a CUDA graph's capture), counted in the tokens/s above; the steady rate without it

@@ -132,7 +132,7 @@ def run_case(
     max_new_tokens: int,
 ) -> dict[str, Any]:
     from visualkv.methods import method_traits
-    from visualkv.session import ChatSession, SessionConfig
+    from visualkv.runtime.session import ChatSession, SessionConfig
 
     n_visual = adapter_visual_tokens(adapter, media)
     budget = None
@@ -359,7 +359,7 @@ def format_table(results: list[dict[str, Any]]) -> str:
 
 def bench_needle(args) -> int:
     """CLI entry (`python -m visualkv bench needle`)."""
-    from visualkv.viz import save_figure
+    from visualkv.report.viz import save_figure
 
     out = run_needle(
         args.model,

@@ -20,8 +20,8 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from visualkv.cache import CompressibleCache
 from visualkv.devices import to_device
+from visualkv.kv.cache import CompressibleCache
 from visualkv.layout import Block
 from visualkv.models.base import ModelAdapter, PreparedInput
 
@@ -109,7 +109,7 @@ class Method:
     #: does the method need a budget (M)?
     needs_budget: ClassVar[bool] = False
     #: does the prefill evict each layer to the budget right after every block (so the cache's peak is
-    #: about budget + one block, not the whole input)? Read by visualkv.memory_guard's estimate.
+    #: about budget + one block, not the whole input)? Read by visualkv.runtime.memory_guard's estimate.
     evicts_per_block: ClassVar[bool] = False
     #: may the method store entries in packed INT8 / INT4 tiers besides full precision (Sali-Cache)? The memory
     #: guard then bounds those buffers too.

@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 import torch
 
-from visualkv.cache import TIER_FULL, TIER_INT4, TIER_INT8
+from visualkv.kv.cache import TIER_FULL, TIER_INT4, TIER_INT8
+from visualkv.kv.quant import dequantize_all
 from visualkv.methods.base import PrefillContext
-from visualkv.quant import dequantize_all
 
 #: scores (b, h, n) of the entries with keys (b, h, n, d) and token indices (b, h, n), and the transient
 #: bytes the scorer allocated

@@ -57,9 +57,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from visualkv.cache import TIER_FULL, TIER_INT4, TIER_INT8
 from visualkv.devices import to_device
 from visualkv.errors import ConfigError
+from visualkv.kv.cache import TIER_FULL, TIER_INT4, TIER_INT8
 from visualkv.methods.base import LayerState, Method, PrefillContext
 
 

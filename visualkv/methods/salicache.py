@@ -1,7 +1,7 @@
 """Sali-Cache (arXiv 2602.14236), done for real: decide before attention what each patch deserves.
 
 1. Temporal filter (video only). Dense optical flow plus a photometric check on consecutive sampled
-   frames (``visualkv.saliency.MotionFilter``: each frame is compared with the last *kept* frame).
+   frames (``visualkv.media.saliency.MotionFilter``: each frame is compared with the last *kept* frame).
    A redundant frame's tokens are marked ``keep=False`` in ``begin``: the engine then never sends
    that frame to the vision encoder and none of its tokens enters the LLM. The last kept frame's
    entries stand in for it. Kept frames keep their original (M-RoPE) positions: the engine takes
@@ -15,7 +15,7 @@
 2. Spatial filter (images and videos). Per visual token, Canny edge density and LAB colour
    variance inside the token's pixel box (``layout.box``, on the token's source frame; for a Qwen
    patch the max over its two frames), normalised over all tokens of the video / image
-   (``visualkv.saliency.token_saliency``). Saliency quantiles over the tokens of *non-skipped*
+   (``visualkv.media.saliency.token_saliency``). Saliency quantiles over the tokens of *non-skipped*
    frames give the tiers (``TierSpec``, ``--tiers FP,INT8,INT4``, the rest pruned):
    full precision (model dtype) / INT8 / INT4 / pruned. Pruned tokens get ``keep=False`` (never in
    the LLM; their frame is still encoded, since the encoder needs the whole frame). INT8 / INT4
@@ -57,11 +57,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from visualkv.cache import TIER_FULL, TIER_INT4, TIER_INT8
 from visualkv.errors import ConfigError
-from visualkv.methods.base import Method, PrefillContext
-from visualkv.quant import QuantSpec
-from visualkv.saliency import (
+from visualkv.kv.cache import TIER_FULL, TIER_INT4, TIER_INT8
+from visualkv.kv.quant import QuantSpec
+from visualkv.media.saliency import (
     TIER_PRUNED,
     MotionConfig,
     TierSpec,
@@ -70,6 +69,7 @@ from visualkv.saliency import (
     parse_tiers,
     token_saliency,
 )
+from visualkv.methods.base import Method, PrefillContext
 
 #: tier code of a token whose frame was skipped by the temporal filter (report only)
 TIER_SKIPPED = 4

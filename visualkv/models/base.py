@@ -20,7 +20,7 @@ import torch
 from transformers.image_utils import SizeDict
 from transformers.video_utils import VideoMetadata
 
-from visualkv import packed_attention
+from visualkv.attention import packed as packed_attention
 from visualkv.layout import VisualLayout, VisualUnit
 from visualkv.media import Media
 

@@ -32,6 +32,7 @@ import torch
 from transformers.models.qwen2_vl.video_processing_qwen2_vl import smart_resize
 from transformers.vision_utils import get_vision_position_ids
 
+from visualkv.attention.vision import batch_vision_chunks
 from visualkv.layout import FrameInfo, VisualLayout, VisualUnit, consecutive_runs, grid_boxes
 from visualkv.media import Media
 from visualkv.models.base import (
@@ -44,7 +45,6 @@ from visualkv.models.base import (
     text_positions,
     video_metadata,
 )
-from visualkv.models.vision_attention import batch_vision_chunks
 
 #: temporal patches (2 frames each) per call to the video processor: it holds about four float32 copies of the
 #: frames it is given, so a bulk prefill of a video called it on every frame at once (700 MB for 64 frames of

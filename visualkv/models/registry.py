@@ -50,7 +50,7 @@ OFFLINE_MODELS = (
     ModelChoice("tiny-internvl3.5", True, "random weights, InternVL3.5 architecture (tests)"),
     ModelChoice("bench-qwen2.5-vl", True, "random weights, larger LLM for benchmarks"),
     ModelChoice("bench-smolvlm2", True, "random weights, larger LLM for benchmarks"),
-    # released configurations, random weights, built on the target device (visualkv/models/shapes.py)
+    # released configurations, random weights, built on the target device (visualkv/models/synthetic/shapes.py)
     ModelChoice(
         "shape-qwen2.5-vl-3b", True, "Qwen2.5-VL-3B shape; memory and speed only: random weights, answers are noise"
     ),
@@ -96,8 +96,8 @@ def default_offline_model_name() -> str:
 
 
 def offline_aliases() -> list[str]:
-    from visualkv.models.shapes import SHAPE_SPECS
-    from visualkv.models.tiny import TINY_SPECS
+    from visualkv.models.synthetic.shapes import SHAPE_SPECS
+    from visualkv.models.synthetic.tiny import TINY_SPECS
 
     return list(TINY_SPECS) + list(SHAPE_SPECS)
 
@@ -114,13 +114,13 @@ def load_model(
     check_device(device)
     torch_dtype = _dtype(dtype, device)
     if name.startswith("shape-"):  # released configuration, random weights, built where it runs
-        from visualkv.models.shapes import build_shape
+        from visualkv.models.synthetic.shapes import build_shape
 
         return _adapter(*build_shape(name, *shape_placement(device, dtype), seed=seed), name)
     if name in BUNDLED_MODELS:  # a checkpoint shipped in the repo: load it like any local folder
         return _adapter(*_load_pretrained(BUNDLED_MODELS[name], device, torch_dtype, attn_implementation), name)
     if name in offline_aliases():
-        from visualkv.models.tiny import build_tiny
+        from visualkv.models.synthetic.tiny import build_tiny
 
         model, processor = build_tiny(name, seed=seed, dtype=torch_dtype)
         if device == "auto" and torch.cuda.is_available():

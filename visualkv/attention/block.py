@@ -5,7 +5,7 @@ visible, the block causal among itself, i.e. a lower-right causal mask. Given an
 SDPA function repeats K/V to every query head (`repeat_kv`): on Qwen2.5-VL-7B (28 query heads, 4 KV heads)
 a follow-up question over a 76k-entry cache would copy about 1.1 GB per layer; and PyTorch's CUDA SDPA takes
 no flash kernel with a tensor mask. So the engine passes an `AfterCache` marker instead of a tensor, and the
-wrapped sdpa function (`visualkv.packed_attention`) calls `attend`, which picks, per call:
+wrapped sdpa function (`visualkv.attention.packed`) calls `attend`, which picks, per call:
 
 - "flash" (CUDA, 16-bit, a flash-eligible geometry): PyTorch's lower-right `CausalBias` with `enable_gqa`,
   which runs the flash kernel on the KV heads as they are: no mask, no copy;

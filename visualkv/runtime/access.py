@@ -40,7 +40,7 @@ def default_allowed_models() -> list[str]:
     answers noise. An operator who wants them lists them with --allow-model.
     """
     from visualkv.models.registry import HUB_MODELS, OFFLINE_MODELS, offline_aliases
-    from visualkv.models.shapes import SHAPE_SPECS
+    from visualkv.models.synthetic.shapes import SHAPE_SPECS
 
     names = [*(c.name for c in OFFLINE_MODELS), *offline_aliases(), *(c.name for c in HUB_MODELS)]
     return [name for name in dict.fromkeys(names) if name not in SHAPE_SPECS]

@@ -26,17 +26,17 @@ import numpy as np
 import torch
 from PIL import Image
 
-from visualkv import block_attention
-from visualkv.cache import CompressibleCache
-from visualkv.detokenize import IncrementalDetokenizer
-from visualkv.engine import Engine, PrefillResult
+from visualkv.attention import block as block_attention
 from visualkv.errors import ConfigError
+from visualkv.kv.cache import CompressibleCache
 from visualkv.media import Media, load_image, load_media
-from visualkv.memory_guard import MemoryEstimate, MemoryGuard
 from visualkv.methods import make_method, media_limits, method_traits
 from visualkv.models.base import ModelAdapter, PreparedInput
-from visualkv.static_decode import DECODE_ATTENTION, DECODE_MODES, StaticDecoder, graph_unsupported
-from visualkv.telemetry import BlockEvent, TurnRecord, cuda_peak, peak_rss_bytes, reset_cuda_peak
+from visualkv.report.telemetry import BlockEvent, TurnRecord, cuda_peak, peak_rss_bytes, reset_cuda_peak
+from visualkv.runtime.detokenize import IncrementalDetokenizer
+from visualkv.runtime.engine import Engine, PrefillResult
+from visualkv.runtime.memory_guard import MemoryEstimate, MemoryGuard
+from visualkv.runtime.static_decode import DECODE_ATTENTION, DECODE_MODES, StaticDecoder, graph_unsupported
 
 
 @dataclass
@@ -56,9 +56,9 @@ class SessionConfig:
     followup: "reuse" (keep the compressed cache) or "reprefill" (rebuild the
       media cache for each new question; only matters for query-aware methods).
     method_options: extra keyword arguments for the method's constructor.
-    decode: how answer tokens run through the model (see visualkv.static_decode): "auto" (a CUDA graph per
+    decode: how answer tokens run through the model (see visualkv.runtime.static_decode): "auto" (a CUDA graph per
       answer where it applies, else "eager"), "graph", "static" (fixed shapes without a graph) or "eager".
-    decode_attention: attention of a fixed-shape decode step ("graph", "static"; see visualkv.static_decode):
+    decode_attention: attention of a fixed-shape decode step ("graph", "static"; see visualkv.runtime.static_decode):
       "auto" ("grouped" on CUDA over long windows, else "model"), "model" (the model's own SDPA or eager function
       with the window's mask) or "grouped" (batched matmuls over the masked window): the same answers up to rounding.
     vision_ahead: blocks whose media go through the vision tower in one call (1: a call per block). The
@@ -307,7 +307,7 @@ class ChatSession:
 
         return callback
 
-    # -- out-of-memory recovery (visualkv.memory_guard.out_of_memory_caught) -----------------------
+    # -- out-of-memory recovery (visualkv.runtime.memory_guard.out_of_memory_caught) -----------------------
     def snapshot(self) -> dict[str, Any]:
         """What a turn may change, taken before it starts."""
         return {
@@ -483,7 +483,7 @@ class ChatSession:
             "final_kv_bytes": self.cache.kv_bytes() if self.cache else 0,
             "index_bytes": self.cache.index_bytes() if self.cache else 0,
             # device view: buffers allocated (free capacity included) and their peak with transients (one layer's
-            # dequantized packed tiers among them: no dequantized copy is kept, see visualkv.packed_attention)
+            # dequantized packed tiers among them: no dequantized copy is kept, see visualkv.attention.packed)
             "allocated_kv_bytes": self.cache.allocated_bytes() if self.cache else 0,
             "peak_device_kv_bytes": self.cache.peak_device_bytes if self.cache else 0,
             # what the memory guard estimated before the prefill that built this cache (README: *Memory guard*)

@@ -40,9 +40,9 @@ import torch
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
-from visualkv import block_attention
-from visualkv.block_attention import AfterCache
-from visualkv.quant import dequantize_all
+from visualkv.attention import block as block_attention
+from visualkv.attention.block import AfterCache
+from visualkv.kv.quant import dequantize_all
 
 #: the wrapped name of each implementation that takes an explicit mask (flash attention is left alone)
 WRAPPED = {"sdpa": "visualkv_sdpa", "eager": "visualkv_eager"}
@@ -98,7 +98,7 @@ def grouped_decode(enabled: bool = True) -> Iterator[None]:
     """Within (this thread): a one-query call through the wrappers runs `one_query` even with no packed segments.
 
     Why (reasoned from decode rates on an H200, not yet measured per kernel: scripts/decode_attention.py does): the
-    fixed-shape decoder (visualkv.static_decode) attends over a window with a boolean mask, and a mask keeps
+    fixed-shape decoder (visualkv.runtime.static_decode) attends over a window with a boolean mask, and a mask keeps
     PyTorch's SDPA off its flash kernels; transformers then packs a KV head's query heads as its queries, so on
     CUDA the masked kernel would run one thread block per KV head (4 on Qwen2.5-VL-7B), each streaming its head's
     whole window. `one_query`'s batched matmuls spread the window over the GPU instead.
@@ -132,7 +132,7 @@ def _wrapper(base: str):
                 attention_mask = AfterCache(query.shape[2])
             elif not isinstance(attention_mask, AfterCache):
                 attention_mask = _widened(attention_mask, key.shape[2])
-        if isinstance(attention_mask, AfterCache):  # a block after cached entries (`visualkv.block_attention`)
+        if isinstance(attention_mask, AfterCache):  # a block after cached entries (`visualkv.attention.block`)
             if base == "sdpa":
                 return block_attention.attend(module, query, key, value, attention_mask, fn, **kwargs)
             attention_mask = attention_mask.additive(key.shape[2], key.device, query.dtype)

@@ -6,7 +6,7 @@ model here is an instance of transformers' own class for the family
 processor is the family's own processor class, configured like the released checkpoints
 (pixel limits, tiling, tokens per tile, chat template). Only the sizes are tiny and the
 weights random (deterministic from a seed). The tokenizer is a byte-level BPE trained
-in-process (see :mod:`visualkv.models.tokenizer_build`). Nothing is downloaded.
+in-process (see :mod:`visualkv.models.synthetic.tokenizer_build`). Nothing is downloaded.
 
 Aliases (see :data:`TINY_SPECS`):
 
@@ -66,7 +66,7 @@ from transformers.image_utils import (
 )
 from transformers.models.auto.image_processing_auto import DEFAULT_TO_PIL_BACKEND_IMAGE_PROCESSORS
 
-from visualkv.models.tokenizer_build import (
+from visualkv.models.synthetic.tokenizer_build import (
     INTERNVL_CHAT_TEMPLATE,
     LLAVA_ONEVISION_CHAT_TEMPLATE,
     QWEN3_VL_CHAT_TEMPLATE,

@@ -7,7 +7,7 @@ the turn's peak from the model's dimensions and the planned blocks, weights asid
 - **KV**: the cache's buffers as it allocates them, walked over the blocks the engine will run: sized
   once by the method's bound (`Method.capacity_bound`, block-wise: budget + largest block + text) plus
   the answer's headroom, or else exactly at the first block and grown geometrically after it
-  (`visualkv.cache.grown_capacity`; a layer being grown holds its old buffers and the new ones), and a
+  (`visualkv.kv.cache.grown_capacity`; a layer being grown holds its old buffers and the new ones), and a
   method with packed tiers (`Method.stores_packed`) an INT8 and an INT4 store, each sized for its share of the
   visual tokens (`Method.stored_shares`; the full-precision buffers likewise). The
   entries held are walked too (`kv_bytes`, the high-water mark of the cache's `peak_kv_bytes`): a
@@ -54,13 +54,13 @@ import numpy as np
 import psutil
 import torch
 
-from visualkv.cache import grown_capacity
-from visualkv.engine import attention_working_bytes, needs_mask
 from visualkv.errors import VisualKVError
+from visualkv.kv.cache import grown_capacity
+from visualkv.kv.quant import QuantSpec, packed_bytes_per_token
 from visualkv.layout import Block, plan_blocks
 from visualkv.media import Media
 from visualkv.methods import METHODS, capacity_bound, make_method, method_traits
-from visualkv.quant import QuantSpec, packed_bytes_per_token
+from visualkv.runtime.engine import attention_working_bytes, needs_mask
 
 
 class MemoryGuardError(VisualKVError):
@@ -228,7 +228,7 @@ class _BlockKV:
 
 class _CacheWalk:
     """The cache's entries and buffers walked over the planned blocks, per group of layers that store alike (one
-    group unless the method merges between layers); its `_Store`s are sized as `visualkv.cache` sizes them."""
+    group unless the method merges between layers); its `_Store`s are sized as `visualkv.kv.cache` sizes them."""
 
     def __init__(
         self,
@@ -316,7 +316,7 @@ def _kept_by_layer(adapter, prepared, method_cls, method_options) -> Callable[[B
 
 @dataclass
 class _Store:
-    """One group of a cache layer's buffers as `visualkv.cache` sizes them: `entry_bytes` per entry, at most
+    """One group of a cache layer's buffers as `visualkv.kv.cache` sizes them: `entry_bytes` per entry, at most
     `limit` entries ever stored there (None: any), `hint` entries allocated up front (None: exactly what the first
     block stores + `headroom`, then grown by `grown_capacity`)."""
 

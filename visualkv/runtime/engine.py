@@ -23,15 +23,16 @@ from dataclasses import dataclass
 
 import torch
 
-from visualkv import block_attention, packed_attention
-from visualkv.block_attention import AfterCache
-from visualkv.cache import TIER_FULL, CompressibleCache, split_tiers
+from visualkv.attention import block as block_attention
+from visualkv.attention import packed as packed_attention
+from visualkv.attention.block import AfterCache
 from visualkv.devices import to_device
 from visualkv.errors import ConfigError, PrefillStopped
+from visualkv.kv.cache import TIER_FULL, CompressibleCache, split_tiers
 from visualkv.layout import Block, plan_blocks
 from visualkv.methods.base import LayerState, Method, PrefillContext
 from visualkv.models.base import LayerFeatures, ModelAdapter, PreparedInput
-from visualkv.telemetry import BlockEvent, cuda_allocated, rss_bytes
+from visualkv.report.telemetry import BlockEvent, cuda_allocated, rss_bytes
 
 BlockCallback = Callable[[BlockEvent], None]
 

@@ -29,7 +29,7 @@ Byte accounting (all exact, from tensor shapes):
   allocates it via `note_working`.
 Bookkeeping (`token_index`, int32) is reported separately as `index_bytes()`.
 
-Packed tiers are attended per segment (`visualkv.packed_attention`): a layer's
+Packed tiers are attended per segment (`visualkv.attention.packed`): a layer's
 `update` returns only its full-precision entries and tells the attention call
 that follows which packed segments it must add; that call dequantizes them for
 itself and drops them, so no full-precision copy of a packed tier is ever kept
@@ -43,8 +43,8 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from visualkv import packed_attention
-from visualkv.quant import PackedTensor, QuantSpec, quantize
+from visualkv.attention import packed as packed_attention
+from visualkv.kv.quant import PackedTensor, QuantSpec, quantize
 
 TIER_FULL, TIER_INT8, TIER_INT4 = 0, 1, 2
 GROWTH = 1.25  # geometric growth factor of a buffer without a capacity hint
@@ -329,7 +329,7 @@ class CompressibleLayer(CacheLayerMixin):
             store = self._stores[tier] = _PackedStore(spec, k.shape[-1], k.dtype)
         self.working_bytes += store.append(k, v, idx)
 
-    # -- fixed-shape decoding (visualkv.static_decode) ----------------------------------
+    # -- fixed-shape decoding (visualkv.runtime.static_decode) ----------------------------------
     def static_window(self, steps: int) -> int:
         """Prepare for `steps` fixed-shape decode steps; returns the entries the window holds (held + steps).
 

@@ -255,7 +255,7 @@ class Media:
 
     def iter_small(self, width: int) -> Iterator[np.ndarray]:
         """Every frame in order, resized to ``width`` px wide (aspect kept; INTER_AREA when shrinking,
-        as ``visualkv.saliency`` does), decoding one full frame at a time: a streaming pass over a long
+        as ``visualkv.media.saliency`` does), decoding one full frame at a time: a streaming pass over a long
         video whose memory does not grow with it."""
         if isinstance(self.frames, LazyFrames):
             yield from self.frames.iter_small(width)
@@ -1066,7 +1066,7 @@ def _sampled_video(
 
 def resize_to_width(frame: np.ndarray, width: int) -> np.ndarray:
     """RGB frame resized to ``width`` px wide, aspect kept (height rounded, at least 1): INTER_AREA
-    when shrinking, INTER_LINEAR when enlarging (the same resize ``visualkv.saliency`` applies, so
+    when shrinking, INTER_LINEAR when enlarging (the same resize ``visualkv.media.saliency`` applies, so
     a frame resized here passes through its own resize unchanged)."""
     h, w = frame.shape[:2]
     height = max(1, round(h * width / w))

@@ -28,7 +28,7 @@ public copies, since this machine has no network):
   so400m vision tower: 27 layers, hidden 1152, 16 heads, MLP 4304, 384-px input, patch 14; pixel shuffle 3
   (81 tokens per 384-px tile); images resized to a longest edge of 4 x 384 = 1536 px before tiling.
 - Qwen/Qwen3-VL-8B-Instruct, llava-hf/llava-onevision-qwen2-7b-ov-hf, OpenGVLab/InternVL3_5-8B-HF: the
-  configs are written out in visualkv/models/released.py (sources cited there, per checkpoint); the
+  configs are written out in visualkv/models/synthetic/released.py (sources cited there, per checkpoint); the
   processors are the tiny aliases' (tiny-qwen3-vl, tiny-llava-onevision, tiny-internvl3.5), whose settings
   are the released ones (tiny.py). The released configs carry the released tokenizer's ids (image token
   151655 / 151646 / 151671, ...); a shape model is paired with the small offline tokenizer, so those ids are
@@ -53,8 +53,8 @@ from transformers import (
 )
 
 from visualkv.errors import ModelLoadError
-from visualkv.models.released import RELEASED_CONFIGS
-from visualkv.models.tiny import (
+from visualkv.models.synthetic.released import RELEASED_CONFIGS
+from visualkv.models.synthetic.tiny import (
     _MODEL_CLASSES,
     SMOLVLM_PROCESSOR_SETTINGS,
     TINY_SPECS,
@@ -63,7 +63,7 @@ from visualkv.models.tiny import (
     qwen_config,
     smolvlm_image_processor_class,
 )
-from visualkv.models.tokenizer_build import SMOLVLM_CHAT_TEMPLATE, build_smolvlm_tokenizer
+from visualkv.models.synthetic.tokenizer_build import SMOLVLM_CHAT_TEMPLATE, build_smolvlm_tokenizer
 
 SHAPE_NOTE = "memory and speed only: random weights, answers are noise"
 
@@ -71,7 +71,7 @@ SHAPE_NOTE = "memory and speed only: random weights, answers are noise"
 @dataclass(frozen=True)
 class ShapeSpec:
     """One released configuration. `sizes` reuses TinySpec's fields at full size; the newer families
-    (`released` set) take their whole config from visualkv/models/released.py instead (`sizes` None)."""
+    (`released` set) take their whole config from visualkv/models/synthetic/released.py instead (`sizes` None)."""
 
     hub_id: str
     sizes: TinySpec | None

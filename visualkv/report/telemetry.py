@@ -106,9 +106,9 @@ class TurnRecord:
     kv_bytes_after: int = 0
     stopped: str = ""  # "eos", "max_new_tokens", "stopped" (the user's Stop) or TIME_LIMIT_STOP
     cuda_peak_bytes: int | None = None  # CUDA peak of this turn (reset when the turn starts); None without CUDA
-    decode_mode: str = ""  # "graph", "static" or "eager" (visualkv.static_decode); "" when one token was made
+    decode_mode: str = ""  # "graph", "static" or "eager" (visualkv.runtime.static_decode); "" when one token was made
     decode_attention: str = ""  # a fixed-shape decode's attention: "model" or "grouped"; "" for eager steps
-    # the kernels the prefill's blocks after cached entries ran (visualkv.block_attention: "flash", "gqa", "stock",
+    # the kernels the prefill's blocks after cached entries ran (visualkv.attention.block: "flash", "gqa", "stock",
     # comma-separated); "" when none had a cache before it
     prefill_attention: str = ""
     # seconds spent building the fixed-shape decoder (a CUDA graph's warm-up and capture) after the first token:

@@ -22,8 +22,8 @@ import numpy as np
 import plotly.graph_objects as go
 from PIL import Image, ImageDraw, ImageFont
 
-from visualkv.clock import clock, video_read
-from visualkv.telemetry import CUT_SHORT
+from visualkv.report.clock import clock, video_read
+from visualkv.report.telemetry import CUT_SHORT
 
 MIB = 2**20
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
@@ -88,7 +88,7 @@ def colour_map(values: np.ndarray, name: str = KEEP_CMAP) -> np.ndarray:
 
 
 _TIER_ALIASES = {"fp16": "full", "bf16": "full", "fp32": "full", "prune": "pruned", "skip": "skipped"}
-_TIER_BY_INT = ("full", "int8", "int4", "pruned", "skipped")  # visualkv.saliency.TIER_* order
+_TIER_BY_INT = ("full", "int8", "int4", "pruned", "skipped")  # visualkv.media.saliency.TIER_* order
 
 
 # -- memory ------------------------------------------------------------------------------------
@@ -582,7 +582,7 @@ def tier_gallery(
 
 def tier_name(tier: Any, names: Sequence[str] | None = None) -> str:
     """Canonical tier name for a report's tier value (an int code, decoded by the report's
-    `tier_names` when given, else visualkv.saliency's TIER_* order; or a name)."""
+    `tier_names` when given, else visualkv.media.saliency's TIER_* order; or a name)."""
     if isinstance(tier, int | np.integer):
         table = names or _TIER_BY_INT
         tier = table[int(tier)] if 0 <= int(tier) < len(table) else str(tier)
@@ -1176,7 +1176,7 @@ def _mib(n: float | None) -> str:
 
 def decode_speed(turn: dict[str, Any]) -> str:
     """Tokens per second of a turn's answer, "n/a" when it had fewer than two tokens (no rate to measure);
-    "(CUDA graph)" when its steps were replayed as one (visualkv.static_decode), "(CUDA graph, grouped attention)"
+    "(CUDA graph)" when its steps were replayed as one (visualkv.runtime.static_decode), "(CUDA graph, grouped attention)"
     when that graph attended its window with the grouped matmuls."""
     speed = turn.get("decode_tokens_per_second") or 0
     if not (speed > 0 and len(turn.get("token_ids") or []) > 1):
@@ -1225,7 +1225,7 @@ def media_warnings_line(report: dict[str, Any]) -> str:
     return "\n\n⚠️ " + "; ".join(md_literal(w) for w in found[:SUMMARY_WARNINGS]) + tail
 
 
-#: what each kernel of a prefill block after the cache means to a reader (visualkv.block_attention)
+#: what each kernel of a prefill block after the cache means to a reader (visualkv.attention.block)
 PREFILL_ATTENTION = {
     "flash": "flash kernel, lower-right causal (no K/V copy)",
     "gqa": "SDPA with grouped-query heads (no K/V copy)",

@@ -54,11 +54,11 @@ import numpy as np
 
 from visualkv.errors import ConfigError, PrefillStopped, VisualKVError
 from visualkv.media import Media
-from visualkv.memory_guard import out_of_memory_caught
 from visualkv.methods import METHODS, method_traits
 from visualkv.methods.compose import SEPARATOR
-from visualkv.session import ChatSession, SessionConfig
-from visualkv.telemetry import TIME_LIMIT_STOP
+from visualkv.report.telemetry import TIME_LIMIT_STOP
+from visualkv.runtime.memory_guard import out_of_memory_caught
+from visualkv.runtime.session import ChatSession, SessionConfig
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ def stream_turn(
     Closing the generator early sets `stop` (if given), so the worker ends at the next token.
     time_limit: seconds after which `stop` is set, as if the user pressed Stop (the turn ends where a
     stop is honoured). An out-of-memory during the turn is one "error" line; the session is rolled back
-    and its cache freed (`visualkv.memory_guard.out_of_memory_caught`).
+    and its cache freed (`visualkv.runtime.memory_guard.out_of_memory_caught`).
     """
     events: queue.Queue[Event] = queue.Queue()
     lock = _session_lock(session)

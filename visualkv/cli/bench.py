@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from visualkv.bench import provenance
-from visualkv.cli_args import (
+from visualkv.cli.args import (
     DEVICES,
     DTYPES,
     HelpFormatter,
@@ -52,7 +52,7 @@ BENCH_KINDS = {
     "report": "regenerate the tables in README.md and docs/ from docs/results/*.json (--check: only compare)",
     "gpu": "every method vs transformers' generate on a 4K image and a long video: CUDA peak, TTFT, decode tok/s",
 }
-# random weights cannot answer (needle); gpu measures a real-size shape model (visualkv/models/shapes.py)
+# random weights cannot answer (needle); gpu measures a real-size shape model (visualkv/models/synthetic/shapes.py)
 DEFAULT_MODELS = {"needle": DEMO_MODEL, "gpu": "shape-qwen2.5-vl-7b"}
 
 
@@ -393,8 +393,8 @@ def measure_one(
     import torch
 
     from visualkv.models.registry import load_model
-    from visualkv.session import ChatSession, SessionConfig
-    from visualkv.telemetry import peak_rss_bytes, rss_bytes
+    from visualkv.report.telemetry import peak_rss_bytes, rss_bytes
+    from visualkv.runtime.session import ChatSession, SessionConfig
 
     adapter = load_model(model, device=device, dtype=dtype)
     if media_file:
@@ -522,7 +522,7 @@ def bench_memory(args: argparse.Namespace) -> int:
         from visualkv.bench.long_memory import bench_long_video
 
         return bench_long_video(args)
-    from visualkv.viz import memory_sweep_figure, save_figure
+    from visualkv.report.viz import memory_sweep_figure, save_figure
 
     methods, sizes = args.methods, args.sizes
     rows = []
@@ -587,7 +587,7 @@ def bench_latency(args: argparse.Namespace) -> int:
 
     `--methods lightkv` adds LightKV (bulk prefill, merging inside) and its final KV bytes over full's."""
     from visualkv.models.registry import load_model
-    from visualkv.session import ChatSession, SessionConfig
+    from visualkv.runtime.session import ChatSession, SessionConfig
 
     adapter = load_model(args.model, device=args.device, dtype=args.dtype)
     media = _media(args.size, args.video)
@@ -682,7 +682,7 @@ def bench_salicache(args: argparse.Namespace) -> int:
     from visualkv.media import FrameSampling, load_media
     from visualkv.methods.salicache import PAPER_TIER_FRACTIONS
     from visualkv.models.registry import load_model
-    from visualkv.session import ChatSession, SessionConfig
+    from visualkv.runtime.session import ChatSession, SessionConfig
 
     max_frames = 64 if args.max_frames is None else args.max_frames or None
     media = load_media(args.media, sampling=FrameSampling(fps=args.fps, max_frames=max_frames))
@@ -768,7 +768,7 @@ def _salicache_variants(
     """Each variant once, against the same `full` run: KV ratio, first-token cosine, greedy agreement."""
     import torch
 
-    from visualkv.session import ChatSession, SessionConfig
+    from visualkv.runtime.session import ChatSession, SessionConfig
 
     rows = []
     for name, options in SALICACHE_VARIANTS.items():
@@ -803,7 +803,7 @@ def bench_fidelity(args: argparse.Namespace) -> int:
 
     from visualkv.methods import method_traits
     from visualkv.models.registry import load_model
-    from visualkv.session import ChatSession, SessionConfig
+    from visualkv.runtime.session import ChatSession, SessionConfig
 
     adapter = load_model(args.model, device=args.device, dtype=args.dtype)
     media = _media(args.size, args.video)

@@ -1,0 +1,328 @@
+"""Command line: `python -m visualkv run|bench|models ...`.
+
+Bad input exits with code 2 and one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+from visualkv.errors import VisualKVError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage otherwise)
+        print(f"error: {message} (see --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def add_run_args(p: argparse.ArgumentParser) -> None:
+    from visualkv.cli.args import (
+        DEVICES,
+        DTYPES,
+        HelpFormatter,
+        media_path,
+        non_negative_int,
+        output_file,
+        positive_float,
+        positive_int,
+    )
+    from visualkv.methods import method_names
+    from visualkv.models.registry import default_offline_model_name
+
+    p.formatter_class = HelpFormatter
+    p.add_argument(
+        "--model",
+        default=default_offline_model_name(),
+        help="offline alias, Hub id or local path (default: %(default)s, the bundled demo model when "
+        "present; it answers questions about its synthetic scenes only)",
+    )
+    p.add_argument("--media", type=media_path, help="image or video file (leave it out to chat about text alone)")
+    p.add_argument("--prompt", action="append", required=True, help="one turn; repeat for several turns")
+    p.add_argument(
+        "--method",
+        default="full",
+        choices=method_names(),
+        metavar="METHOD",
+        help="compression method: " + ", ".join(method_names()) + " (stages joined with + compose)",
+    )
+    p.add_argument("--budget", type=positive_int, help="visual KV entries kept per layer and KV head (M)")
+    p.add_argument("--block-size", type=positive_int, help="visual tokens per block (default: model's)")
+    p.add_argument("--prefill", choices=["hybrid", "blockwise", "bulk"], help="default: the method's")
+    p.add_argument("--max-new-tokens", type=positive_int, default=32, help="answer length limit per turn")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (with --temperature > 0)")
+    p.add_argument("--seed", type=int, default=0, help="model seed (offline aliases) and sampling seed")
+    p.add_argument(
+        "--followup",
+        choices=["reuse", "reprefill"],
+        default="reuse",
+        help="query-aware methods: reuse the compressed cache or rebuild it per question",
+    )
+    p.add_argument(
+        "--decode",
+        choices=["auto", "eager", "static", "graph"],
+        default="auto",
+        help="how answer tokens run: auto (a CUDA graph per answer on one CUDA device, else eager), graph, "
+        "static (the graph's fixed-shape step without a graph) or eager (plain steps)",
+    )
+    p.add_argument(
+        "--decode-attention",
+        choices=["auto", "model", "grouped"],
+        default="auto",
+        help="a graph/static step's attention over its window: auto (grouped on CUDA from 4096 entries, else "
+        "model), model (the model's own SDPA/eager with a mask) or grouped (batched matmuls; the same answers up "
+        "to rounding)",
+    )
+    p.add_argument(
+        "--vision-ahead",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="blocks whose media go through the vision tower in one call (every family; the same embeddings: "
+        "fewer tower launches, a larger transient)",
+    )
+    p.add_argument("--fps", type=positive_float, default=1.0, help="video frames sampled per second")
+    p.add_argument(
+        "--max-frames",
+        type=non_negative_int,
+        default=None,
+        help="video frames sampled at most, uniformly over the video (default or 0: no cap of its own; the method's "
+        "applies: none for block-wise methods up to the 3 h video limit, 512 for the others, refused beyond)",
+    )
+    p.add_argument(
+        "--skip-frames",
+        action="store_true",
+        help="skip redundant video frames before encoding (Sali-Cache's temporal filter) on top of --method, "
+        "e.g. --method blockwise-keydiff --skip-frames: blockwise-keydiff+salicache, every kept token at "
+        "full precision unless --tiers is given",
+    )
+    p.add_argument(
+        "--flow-threshold",
+        type=float,
+        default=None,
+        help="salicache: tau_t, motion (px at 160 px wide) below which a frame is redundant; "
+        "0 keeps every frame (default 0.1)",
+    )
+    p.add_argument(
+        "--tiers",
+        default=None,
+        metavar="FP,INT8,INT4",
+        help="salicache: fractions of tokens kept at full precision, INT8, INT4 by saliency; "
+        "the rest is pruned (default 0.43,0.10,0.29); with another --method, stacks Sali-Cache's tiers on "
+        "it (e.g. blockwise-keydiff+salicache; no frame skipped unless --skip-frames)",
+    )
+    p.add_argument(
+        "--lightkv-layers",
+        default=None,
+        metavar="L1,L2,...",
+        help="lightkv: 0-based decoder layers after which visual tokens merge "
+        "(default: the paper's schedule scaled to the model's depth)",
+    )
+    p.add_argument(
+        "--lightkv-windows",
+        default=None,
+        metavar="W1,W2,...",
+        help="lightkv: windows per side of each tile/frame token grid, per stage (default 6,4,2 Qwen, 4,2,1 SmolVLM)",
+    )
+    p.add_argument(
+        "--lightkv-ratios",
+        default=None,
+        metavar="P1,P2,...",
+        help="lightkv: merge ratio P per stage, r = min(floor(P*n), n/2) per window (default 0.5)",
+    )
+    p.add_argument("--device", choices=DEVICES, default="cpu", help="auto: device_map=auto over the GPUs")
+    p.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: bfloat16 on CUDA, float32 on CPU")
+    p.add_argument(
+        "--json", dest="json_out", type=output_file, help="write the JSON report here (checked before the run)"
+    )
+    p.add_argument("--quiet", action="store_true", help="print only the answers")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m visualkv", description="VisualKV: KV-cache compression for VLMs")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    add_run_args(sub.add_parser("run", help="chat with an image or video (one --prompt per turn)"))
+    sub.add_parser("models", help="list offline aliases and suggested Hub models")
+    bench = sub.add_parser("bench", help="benchmarks: memory, latency, fidelity, salicache, needle, gpu, one, report")
+    from visualkv.cli.bench import add_bench_args
+
+    add_bench_args(bench)
+    return parser
+
+
+# CLI flags that are options of one method: method -> {option name: flag}
+METHOD_FLAGS: dict[str, dict[str, str]] = {
+    "salicache": {"flow_threshold": "--flow-threshold", "tiers": "--tiers"},
+    "lightkv": {"layers": "--lightkv-layers", "windows": "--lightkv-windows", "ratios": "--lightkv-ratios"},
+}
+
+
+def _method_options(args: argparse.Namespace) -> dict:
+    """Method-specific flags as method options (for a composed method, {stage: options}); refused when
+    given for a method without that stage. `--skip-frames` / `--tiers` stack Sali-Cache on the method
+    (`args.method` becomes the composed name, see `visualkv.methods.stacked_method`).
+
+    The method is built once here so that bad values fail before any loading.
+    """
+    from visualkv.methods import make_method, method_traits, stacked_method
+
+    stages = method_traits(args.method).stages
+    if args.skip_frames or (args.tiers is not None and "salicache" not in stages):
+        args.method, stacked = stacked_method(args.method, args.skip_frames, args.tiers, args.flow_threshold)
+        args.tiers, args.flow_threshold = stacked.get("tiers"), stacked.get("flow_threshold")
+    stages = method_traits(args.method).stages
+    chosen: dict = {}
+    for method, flags in METHOD_FLAGS.items():
+        given = {opt: getattr(args, flag[2:].replace("-", "_")) for opt, flag in flags.items()}
+        given = {k: v for k, v in given.items() if v is not None}
+        if given and method not in stages:
+            names = " and ".join(flags[k] for k in given)
+            raise VisualKVError(f"{names} apply to --method {method} (or a composition with it) only")
+        if given:
+            chosen[method] = given
+    if len(stages) == 1:
+        chosen = chosen.get(args.method, {})
+    if chosen:
+        make_method(args.method, **chosen)
+    return chosen
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from visualkv.media import FrameSampling, load_media
+    from visualkv.methods import media_limits
+    from visualkv.models.registry import load_model, shape_placement
+    from visualkv.report.clock import video_read
+    from visualkv.report.telemetry import write_json
+    from visualkv.runtime.memory_guard import out_of_memory_caught
+    from visualkv.runtime.session import ChatSession, SessionConfig
+
+    method_options = _method_options(args)  # may stack Sali-Cache on args.method (--skip-frames, --tiers)
+    config = SessionConfig(
+        method=args.method,
+        budget=args.budget,
+        block_size=args.block_size,
+        prefill=args.prefill,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+        followup=args.followup,
+        method_options=method_options,
+        decode=args.decode,
+        decode_attention=args.decode_attention,
+        vision_ahead=args.vision_ahead,
+    )
+    config.validate()
+    for prompt in args.prompt:
+        if not prompt.strip():
+            raise VisualKVError("a --prompt is empty; give each turn a question")
+    sampling = FrameSampling(fps=args.fps, max_frames=args.max_frames or None)
+    # lazily decoded; the frame cap follows the method (refused, one line, before any frame is decoded)
+    media = load_media(args.media, limits=media_limits(args.method), sampling=sampling) if args.media else None
+    for warning in getattr(media, "warnings", None) or []:
+        print(f"warning: {warning}", file=sys.stderr)
+    placement = shape_placement(args.device, args.dtype) if args.model.startswith("shape-") else None
+    if placement and placement[0] == "cpu" and not args.quiet:  # minutes of silence otherwise
+        from visualkv.models.synthetic.shapes import check_fits
+
+        check_fits(args.model, *placement)  # a refusal stays one line: checked before anything is printed
+        print(f"building {args.model} on cpu: its random weights take minutes here (seconds on a GPU)", file=sys.stderr)
+    started = time.perf_counter()
+    adapter = load_model(args.model, device=args.device, dtype=args.dtype, seed=args.seed)
+    if not args.quiet:
+        param = next(adapter.model.parameters())
+        print(
+            f"model {args.model} loaded in {time.perf_counter() - started:.1f} s: "
+            f"{param.device.type}, {str(param.dtype).split('.')[-1]}",
+            file=sys.stderr,
+        )
+    session = ChatSession(adapter, config)
+
+    duration = getattr(media, "duration", None) if getattr(media, "kind", None) == "video" else None
+
+    def on_block(event) -> None:
+        if not args.quiet:
+            read = video_read(event.media_seconds, duration)  # "" for an image, or before the first frame
+            print(
+                f"  block {event.index + 1}/{event.n_blocks} {event.kind:5s} +{event.tokens_in:5d} tok  "
+                f"kv {event.kv_bytes / 2**20:8.2f} MiB  peak {event.peak_kv_bytes / 2**20:8.2f} MiB"
+                + (f"  video {read}" if read else ""),
+                file=sys.stderr,
+            )
+
+    for i, prompt in enumerate(args.prompt):
+        if not args.quiet:
+            print(f"[turn {i + 1}] {prompt}", file=sys.stderr)
+        with out_of_memory_caught(session):  # an OOM is one line (exit 2), not a traceback
+            for _ in session.stream(prompt, media if i == 0 else None, on_block=on_block):
+                pass  # streamed pieces; the CLI prints whole answers
+        print(session.turns[-1].answer)
+        turn = session.turns[-1]
+        if not args.quiet and turn.decode_mode:
+            print(
+                f"  ttft {turn.ttft_seconds:.2f} s, decode {turn.decode_tokens_per_second:.1f} tok/s "
+                f"({', '.join(x for x in (turn.decode_mode, turn.decode_attention) if x)})",
+                file=sys.stderr,
+            )
+    report = session.report()
+    if not args.quiet:
+        print(
+            f"visual tokens {report['visual_tokens']}, peak KV {report['peak_kv_bytes'] / 2**20:.2f} MiB, "
+            f"final KV {report['final_kv_bytes'] / 2**20:.2f} MiB, full KV {report['full_kv_bytes'] / 2**20:.2f} MiB",
+            file=sys.stderr,
+        )
+    if args.json_out:
+        write_json(report, args.json_out)
+    return 0
+
+
+def cmd_models() -> int:
+    from visualkv.models.registry import HUB_MODELS, OFFLINE_MODELS
+
+    for choice in OFFLINE_MODELS + HUB_MODELS:
+        print(f"{choice.name:45s} {'offline' if choice.offline else 'hub':8s} {choice.note}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help, or a bad option already reported on one line
+        return int(exc.code or 0)
+    from visualkv.media import quiet_decoders
+
+    quiet_decoders()  # a broken video's FFmpeg lines would print around the one-line error
+    try:
+        if args.command == "run":
+            return cmd_run(args)
+        if args.command == "models":
+            return cmd_models()
+        from visualkv.cli.bench import run_bench
+
+        args.command_argv = list(sys.argv[1:] if argv is None else argv)  # recorded in every bench JSON
+        return run_bench(args)
+    except VisualKVError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if os.environ.get("VISUALKV_DEBUG"):
+            raise
+        line = (str(exc).strip().splitlines() or [""])[0][:300]
+        print(
+            f"error: unexpected failure ({type(exc).__name__}: {line}); rerun with VISUALKV_DEBUG=1 for details",
+            file=sys.stderr,
+        )
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
