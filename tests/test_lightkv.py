@@ -12,8 +12,8 @@ from visualkv.bench.synthetic import image_media, video_media
 from visualkv.cli.main import main
 from visualkv.errors import ConfigError
 from visualkv.methods.lightkv import LightKV, LightKVConfig, scale_layers, window_merge
-from visualkv.models.synthetic import tiny
 from visualkv.models.registry import load_model
+from visualkv.models.synthetic import tiny
 from visualkv.runtime.session import ChatSession, SessionConfig
 
 DEEP = {"qwen": ("tiny-qwen2.5-vl", "test4-qwen2.5-vl"), "smol": ("tiny-smolvlm2", "test4-smolvlm2")}

@@ -154,8 +154,8 @@ def four_layers():
     """4-layer variants of the tiny models (same classes), so three LightKV stages fit before the last layer."""
     import dataclasses
 
-    from visualkv.models.synthetic import tiny
     from visualkv.models.registry import load_model
+    from visualkv.models.synthetic import tiny
 
     names = {"tiny-qwen2.5-vl": "sync4-qwen2.5-vl", "tiny-smolvlm2": "sync4-smolvlm2"}
     for base, deep in names.items():
