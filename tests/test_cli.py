@@ -314,19 +314,19 @@ def test_media_warnings_reach_stderr_and_the_report(tmp_path, capsys):
     assert str(tmp_path) not in out.read_text()  # the server's folders stay out of the report
 
 
-def test_every_command_line_option_is_in_the_readme():
-    """Every option of `python -m visualkv run|models|bench` is named in README.md (where it says what it does)."""
+def test_every_command_line_option_is_in_the_cli_reference():
+    """Every option of `python -m visualkv run|models|bench` is named in docs/CLI.md (where it says what it does)."""
     import argparse
 
     from visualkv.cli.main import build_parser
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    reference = (Path(__file__).resolve().parent.parent / "docs" / "CLI.md").read_text()
     commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
     missing = [
         f"{name} {option}"
         for name, parser in commands.items()
         for action in parser._actions
         for option in action.option_strings
-        if option.startswith("--") and option != "--help" and not re.search(re.escape(option) + r"(?![\w-])", readme)
+        if option.startswith("--") and option != "--help" and not re.search(re.escape(option) + r"(?![\w-])", reference)
     ]
     assert missing == []

@@ -14,9 +14,12 @@ def test_readme_and_docs_tables_match_the_committed_json():
     assert not stale, f"out of date (run `python -m visualkv bench report`): {stale}"
 
 
-def test_readme_has_every_results_table():
-    text = (figures.ROOT / "README.md").read_text()
+def test_readme_shows_the_headline_and_results_holds_every_table():
+    readme = figures.blocks_in((figures.ROOT / "README.md").read_text())
+    assert readme == ["headline"]  # one generated table on the front door; the rest lives in docs/
+    results = set(figures.blocks_in((figures.ROOT / "docs" / "RESULTS.md").read_text()))
     assert {
+        "gpu",
         "memory-image",
         "latency-image",
         "fidelity",
@@ -24,13 +27,45 @@ def test_readme_has_every_results_table():
         "salicache",
         "lightkv",
         "needle",
-        "gpu",
         "memory-guard",
         "memory-guard-families",
         "memory-guard-video",
         "block-attention",
         "followup-attention",
-    } <= set(figures.blocks_in(text))
+        "long-video",
+        "load",
+    } <= results
+
+
+def test_every_table_is_in_a_document_and_every_document_is_listed():
+    """A table function no document shows is dead code; a docs page outside DOCUMENTS is never checked."""
+    shown = {name for doc in figures.DOCUMENTS for name in figures.blocks_in(_read(doc))}
+    assert set(figures.TABLES) - shown == set()
+    pages = {f"docs/{p.name}" for p in (figures.ROOT / "docs").glob("*.md")}
+    assert pages <= set(figures.DOCUMENTS)
+
+
+def _read(doc: str) -> str:
+    path = figures.ROOT / doc
+    return path.read_text() if path.exists() else ""
+
+
+def test_readme_is_a_front_door():
+    lines = (figures.ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= figures.README_MAX_LINES, f"README.md has {len(lines)} lines: move detail to docs/"
+
+
+def test_no_tracker_numbers_in_the_documents_prose():
+    assert figures.issue_references() == []
+
+
+def test_a_tracker_number_in_prose_is_found_but_not_inside_a_generated_block(tmp_path):
+    (tmp_path / "docs").mkdir()
+    readme = "# x\n\nFaster since issue 11 landed.\n\n<!-- figures:load -->\n| issue 11 |\n<!-- /figures:load -->\n"
+    (tmp_path / "README.md").write_text(readme)
+    assert figures.issue_references(root=tmp_path) == ["README.md:3: Faster since issue 11 landed."]
+    (tmp_path / "README.md").write_text(readme.replace("since issue 11 landed", "with a device cache"))
+    assert figures.issue_references(root=tmp_path) == []
 
 
 def test_a_changed_json_value_makes_the_check_fail(tmp_path):
@@ -41,22 +76,22 @@ def test_a_changed_json_value_makes_the_check_fail(tmp_path):
     data = json.loads(path.read_text())
     data["summary"]["blockwise-snapkv"]["full_over_peak_kv_largest"] = 3.0
     path.write_text(json.dumps(data))
-    assert "README.md: memory-image" in figures.check_documents(results=results)
+    assert "docs/RESULTS.md: memory-image" in figures.check_documents(results=results)
 
 
 def test_a_hand_edited_table_makes_the_check_fail(tmp_path):
     root = tmp_path / "repo"
     (root / "docs").mkdir(parents=True)
-    text = (figures.ROOT / "README.md").read_text()
+    text = (figures.ROOT / "docs" / "RESULTS.md").read_text()
     edited = text.replace(
         "| **full / block-wise, final KV at 4K** | 9.99×", "| **full / block-wise, final KV at 4K** | 12×"
     )
     assert edited != text
-    (root / "README.md").write_text(edited)
-    assert figures.check_documents(root=root) == ["README.md: memory-image"]
+    (root / "docs" / "RESULTS.md").write_text(edited)
+    assert figures.check_documents(root=root) == ["docs/RESULTS.md: memory-image"]
 
 
-def test_every_table_names_its_json_command_and_machine():
+def test_every_table_names_its_json_command_machine_and_commit_where_recorded():
     for name, build in figures.TABLES.items():
         table = build(figures.RESULTS)
         if name in figures.COMPUTED:
@@ -64,6 +99,7 @@ def test_every_table_names_its_json_command_and_machine():
             continue
         assert "Source: [`" in table and "`python " in table, name
         assert "command not recorded" not in table and "machine not recorded" not in table, name
+    assert "commit `54679a1`)" in figures.table_headline(figures.RESULTS)  # the GPU run's provenance names it
 
 
 def test_computed_schedule_table_follows_the_code(monkeypatch):

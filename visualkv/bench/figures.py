@@ -9,8 +9,8 @@ A document marks each generated table with a pair of HTML comments::
 `render_document` rewrites what lies between the markers from the JSON files under
 ``docs/results/``; `check_documents` reports every block whose text differs from what the JSON
 gives (a test runs it, so README and JSON cannot drift apart). Every table ends with a source line:
-the JSON file, the command that wrote it and the machine (cores or GPU, idle or loaded) from its
-``provenance`` block (see :mod:`visualkv.bench.provenance`).
+the JSON file, the command that wrote it, the machine (cores or GPU, idle or loaded) and the commit
+measured, from its ``provenance`` block (see :mod:`visualkv.bench.provenance`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,18 @@ from visualkv.bench.provenance import machine_label
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 RESULTS = ROOT / "docs" / "results"
-DOCUMENTS = ("README.md", "docs/SALICACHE.md", "docs/LIGHTKV.md", "docs/DEMO.md")
+#: every document with generated blocks (and every page whose prose tests/test_figures.py checks)
+DOCUMENTS = (
+    "README.md",
+    "docs/RESULTS.md",
+    "docs/ARCHITECTURE.md",
+    "docs/CLI.md",
+    "docs/APP.md",
+    "docs/METHODS.md",
+    "docs/SALICACHE.md",
+    "docs/LIGHTKV.md",
+    "docs/DEMO.md",
+)
 _BLOCK = re.compile(r"(<!-- figures:([\w-]+) -->\n)(.*?)(<!-- /figures:\2 -->)", re.DOTALL)
 MIB = 2**20
 
@@ -44,7 +55,8 @@ def source_line(*names_and_data: tuple[str, dict[str, Any]], prefix: str = "docs
         prov = data.get("provenance") or {}
         command = prov.get("command") or data.get("command", "command not recorded")
         machine = machine_label(prov) if prov else data.get("machine", "machine not recorded")
-        parts.append(f"[`{name}`]({prefix}{name}): `{command}` ({machine})")
+        commit = f", commit `{prov['commit']}`" if prov.get("commit") else ""
+        parts.append(f"[`{name}`]({prefix}{name}): `{command}` ({machine}{commit})")
     return "Source: " + "; ".join(parts) + "."
 
 
@@ -568,102 +580,6 @@ def table_needle_by_kind(results: Path) -> str:
     return _render(["full cache, single / follow-up", *kinds], body, data)
 
 
-def table_needle_before_after(results: Path) -> str:
-    """SnapKV's proxy window (question only) and Sali-Cache's honest path: the same scenes before / after."""
-    before_name, after_name = "needle_small_before/needle.json", NEEDLE_RESULTS[0]
-    before, after = load(before_name, results), load(after_name, results)
-
-    def acc(d: dict, method: str, size: str, setting: str, fraction: float) -> str:
-        return _pct(_needle_acc(d["results"], method, size, setting, fraction))
-
-    body = []
-    for method, label in (
-        ("blockwise-snapkv", "block-wise SnapKV"),
-        ("post-snapkv", "post-SnapKV"),
-        ("salicache", "Sali-Cache"),
-    ):
-        for fraction in (0.05, 0.1):
-            for size in _image_sizes(after["results"]):
-                cells = [
-                    f"{acc(before, method, size, s, fraction)} → {acc(after, method, size, s, fraction)}"
-                    for s in ("single", "followup")
-                ]
-                body.append([f"{label} {fraction * 100:g} %", size, *cells])
-    header = ["method", "size", "single: before → after", "follow-up: before → after"]
-    return _render(header, body, [(before_name, before), (after_name, after)])
-
-
-def table_speed_issue11(results: Path) -> str:
-    """Prefill and decode CPU time before / after the device-built cache (scripts/bench_issue11.py)."""
-    pairs = [
-        ("3 MP, quiet", "speed_issue11_3mp_before.json", "speed_issue11_3mp_after.json"),
-        ("3 MP, loaded", "speed_issue11_3mp_loaded_before.json", "speed_issue11_3mp_loaded_after.json"),
-        ("0.5 MP, loaded", "speed_issue11_before.json", "speed_issue11_after.json"),
-        ("0.5 MP, c7775e0 → now", "speed_issue11_s5_before.json", "speed_issue11_s5_after.json"),
-        ("3 MP, c7775e0 → now", "speed_issue11_s5_3mp_before.json", "speed_issue11_s5_3mp_after.json"),
-        ("3 MP, view → per segment", "speed_issue11_s6_3mp_before.json", "speed_issue11_s6_3mp_after.json"),
-        ("3 MP, float32 chain → addcmul", "speed_issue11_s7_3mp_before.json", "speed_issue11_s7_3mp_after.json"),
-        ("3 MP, the same, after run first", "speed_issue11_s7r_3mp_before.json", "speed_issue11_s7r_3mp_after.json"),
-    ]
-    body, sources = [], []
-    for label, before_name, after_name in pairs:
-        before, after = load(before_name, results), load(after_name, results)
-        sources += [(before_name, before), (after_name, after)]
-        for method, a in after["rows"].items():
-            b = before["rows"].get(method)
-            if b is None:
-                continue
-            pre_b, pre_a = min(b["prefill_cpu_seconds"]), min(a["prefill_cpu_seconds"])
-            dec_b, dec_a = min(b["decode_cpu_ms_per_token"]), min(a["decode_cpu_ms_per_token"])
-            body.append(
-                [
-                    label,
-                    method,
-                    f"{pre_b:.2f} → {pre_a:.2f}",
-                    f"{dec_b:.1f} → {dec_a:.1f}",
-                    f"{dec_a / dec_b:.2f}",
-                    _mib(a["final_kv_bytes"]),
-                    _mib(a["allocated_bytes"]),
-                ]
-            )
-    header = ["input", "method", "prefill CPU s before → after", "decode CPU ms / token before → after"]
-    return _render([*header, "decode after / before", "KV held after", "allocated after"], body, sources)
-
-
-def table_speed_issue11_memory(results: Path) -> str:
-    """What each method holds and allocates at 3 MP: with Sali-Cache's dequantized view (the code before
-    `packed_attention`) and attending its packed tiers per segment (now), run side by side."""
-    names = [
-        ("with the dequantized view", "speed_issue11_s6_3mp_before.json"),
-        ("attending packed tiers per segment", "speed_issue11_s6_3mp_after.json"),
-    ]
-
-    def mib(n: int) -> str:
-        return f"{n / MIB:.1f}"
-
-    paragraphs, sources = [], []
-    for label, name in names:
-        d = load(name, results)
-        sources.append((name, d))
-        rows = d["rows"]
-        parts = []
-        for method, r in rows.items():
-            view = f" plus a {mib(r['dequant_bytes'])} dequantized view" if r.get("dequant_bytes") else ""
-            parts.append(
-                f"`{method}` ({r['kv_entries_layer0']:,} entries in layer 0) holds {mib(r['final_kv_bytes'])} of KV"
-                f"{view} in {mib(r['allocated_bytes'])} allocated, peak with transients {mib(r['peak_device_bytes'])}"
-            )
-        text = f"Memory, {d['size_mp']:g} MP, {label} (MiB): " + "; ".join(parts) + "."
-        if "salicache" in rows and "full" in rows:
-            sc, full = rows["salicache"], rows["full"]
-            text += (
-                f" Sali-Cache allocates {sc['allocated_bytes'] / full['allocated_bytes']:.2f}× of full's and holds "
-                f"{sc['final_kv_bytes'] / full['final_kv_bytes']:.2f}× of its KV."
-            )
-        paragraphs.append(text)
-    return "\n\n".join([*paragraphs, source_line(*sources)])
-
-
 FAMILY_ALIASES = ("tiny-qwen3-vl", "tiny-llava-onevision", "tiny-internvl3.5")
 
 
@@ -1017,38 +933,32 @@ FRAME_RESIZE_RESULTS = "frame_resize_memory.json"
 
 
 def table_frame_resize(results: Path) -> str:
-    """Peak RSS of a block-wise prefill of a 1080p video: the commit before, frames at their decoded size, and
-    frames resized at decode (scripts/frame_resize_memory.py, one fresh process per run)."""
+    """Peak RSS of a block-wise prefill of a 1080p video: frames at their decoded size against frames resized at
+    decode (scripts/frame_resize_memory.py, one fresh process per run)."""
     d = load(FRAME_RESIZE_RESULTS, results)
     body = []
     for model in dict.fromkeys(r["model"] for r in d["rows"]):
         runs = {r["run"]: r for r in d["rows"] if r["model"] == model}
-        base, plain, resized = runs.get("baseline"), runs["decoded size"], runs["resized at decode"]
-        first = base or plain
+        plain, resized = runs["decoded size"], runs["resized at decode"]
         read = resized["frame_read_by_vision"]
         body.append(
             [
                 f"`{model}`",
                 f"{read[1]}×{read[0]}" + ("" if read != resized["decoded_frame"] else " (not resized)"),
                 f"{resized['visual_tokens']:,}",
-                " → ".join(f"{r['per_token_table_bytes_per_visual_token']:.0f} B" for r in (base, resized) if r),
-                " / ".join(f"{r['peak_growth_bytes'] / MIB:.0f} MiB" for r in (base, plain, resized) if r),
-                f"{(resized['peak_growth_bytes'] - first['peak_growth_bytes']) / first['peak_growth_bytes'] * 100:+.0f} %",
+                f"{resized['per_token_table_bytes_per_visual_token']:.0f} B",
+                " / ".join(f"{r['peak_growth_bytes'] / MIB:.0f} MiB" for r in (plain, resized)),
+                f"{(resized['peak_growth_bytes'] - plain['peak_growth_bytes']) / plain['peak_growth_bytes'] * 100:+.0f} %",
             ]
         )
     v = d["video"]
-    header = ["model", "frame the vision side reads", "visual tokens", "per-token tables (before → now)"]
-    header += [
-        "peak RSS growth: "
-        + ("before / " if any(r["run"] == "baseline" for r in d["rows"]) else "")
-        + "decoded size / resized at decode",
-        "change",
-    ]
+    header = ["model", "frame the vision side reads", "visual tokens", "per-token tables per visual token"]
+    header += ["peak RSS growth: decoded size / resized at decode", "change"]
     note = (
         f"`{d['method']}`, M = {d['budget']}, {v['seconds']} s of {v['width']}x{v['height']} video ({v['kind']}: every "
         f"frame pans) at {v['fps']:g} fps, decoded lazily; peak RSS growth over the prefill and the first token, after "
-        "a warm-up, in a fresh process per run. *Before*: the commit before this change (int64 per-token tables, no "
-        "resize); *decoded size*: this code with `resize_video_at_decode` off."
+        "a warm-up, in a fresh process per run. *Decoded size*: `resize_video_at_decode` off. Per-token tables: the "
+        "prepared input's ids, positions and masks and the layout, text tokens' share included."
     )
     return _render(header, body, [(FRAME_RESIZE_RESULTS, d)], note)
 
@@ -1103,51 +1013,12 @@ def table_prefill_launches(results: Path) -> str:
     return _render(header, body, sources, note)
 
 
-#: the 4K count of scripts/prefill_launches.py on 4d12600, before the leaner eviction and the vision-chunk indices
-#: made once per tower call (commits 7ca74cb, de7ae79), and the same count now
-FEWER_OPS_RESULTS = ("fewer_ops_before_shape-qwen2.5-vl-7b_4k.json", "prefill_launches_shape-qwen2.5-vl-7b_4k.json")
-
-
-def table_fewer_ops(results: Path) -> str:
-    """Block-wise prefills at 4K before / after two reductions of the operations dispatched per layer and block."""
-    before_name, after_name = FEWER_OPS_RESULTS
-    before, after = load(before_name, results), load(after_name, results)
-
-    def key(row: dict) -> tuple:
-        return row["case"], row.get("prefill"), row.get("vision_ahead", 1)
-
-    now = {key(r): r for r in after["rows"]}
-    body = []
-    for old in before["rows"][1:]:  # the first row is transformers' generate (code this project does not change)
-        new = now.get(key(old))
-        if new is None:
-            continue
-        old_parts, new_parts = old["kernels_by_part"], new["kernels_by_part"]
-        body.append(
-            [
-                f"`{old['case']}` ({old['prefill']}, {old['blocks']} blocks)",
-                f"{old['ops']:,} → {new['ops']:,} ({(new['ops'] - old['ops']) / old['ops'] * 100:+.1f} %)",
-                f"{old['kernels']:,} → {new['kernels']:,}",
-                f"{old_parts['vision tower']:,} → {new_parts['vision tower']:,}",
-                f"{old_parts['rest']:,} → {new_parts['rest']:,}",
-            ]
-        )
-    header = ["4K image, `shape-qwen2.5-vl-7b` (narrow)", "dispatched ops to the first token", "GPU kernels"]
-    header += ["kernels in the vision tower", "kernels outside the tower and the layers (scoring, eviction, ...)"]
-    note = (
-        f"The same script and input on commit {before['provenance']['commit']} and now (each JSON records its "
-        "commit); the decoder layers' own operations did not change."
-    )
-    return _render(header, body, [(before_name, before), (after_name, after)], note)
-
-
 PACKED_DECODE_RESULTS = "packed_decode_shape-qwen2.5-vl-7b.json"
-PACKED_DECODE_CODES_RESULTS = "packed_decode_codes_shape-qwen2.5-vl-7b.json"  # attention on the codes (c60a523)
 
 
 def table_packed_decode(results: Path) -> str:
-    """One decode step's attention per layer over Sali-Cache's packed tiers, dequantized through float32 (before)
-    and by one addcmul per tensor into one buffer (now), beside `full` (scripts/packed_decode.py)."""
+    """One decode step's attention per layer over Sali-Cache's packed tiers, dequantized through float32 and by one
+    addcmul per tensor into one buffer (what a step runs), beside `full` (scripts/packed_decode.py)."""
     d = load(PACKED_DECODE_RESULTS, results)
     bf16_weights = d["decoder_weight_bytes_bf16"]
     body = []
@@ -1197,39 +1068,28 @@ def table_packed_decode(results: Path) -> str:
     bf16 = {r["case"]: r for r in d["rows"] if r["dtype"] == "bfloat16"}
     summary = ""
     if {"full", "salicache", "salicache, float32 dequantize"} <= set(bf16):
-        full, now, before = bf16["full"], bf16["salicache"], bf16["salicache, float32 dequantize"]
+        full, addcmul, chain = bf16["full"], bf16["salicache"], bf16["salicache, float32 dequantize"]
 
         def step(r: dict) -> float:
             return (r["bytes_moved_per_token"] + bf16_weights) / (full["bytes_moved_per_token"] + bf16_weights)
 
         summary = (
-            f"In bfloat16 a Sali-Cache step's attention moves {now['bytes_moved_per_layer'] / full['bytes_moved_per_layer']:.1f}× "
-            f"`full`'s bytes in {now['kernels_per_layer'] / full['kernels_per_layer']:.1f}× its kernels (dequantizing "
-            f"through float32: {before['bytes_moved_per_layer'] / full['bytes_moved_per_layer']:.1f}× in "
-            f"{before['kernels_per_layer'] / full['kernels_per_layer']:.1f}×); with the weights, a bandwidth-bound step "
-            f"moves {step(now):.2f}× `full`'s bytes ({step(before):.2f}× before)."
+            f"In bfloat16 a Sali-Cache step's attention moves {addcmul['bytes_moved_per_layer'] / full['bytes_moved_per_layer']:.1f}× "
+            f"`full`'s bytes in {addcmul['kernels_per_layer'] / full['kernels_per_layer']:.1f}× its kernels (dequantizing "
+            f"through float32: {chain['bytes_moved_per_layer'] / full['bytes_moved_per_layer']:.1f}× in "
+            f"{chain['kernels_per_layer'] / full['kernels_per_layer']:.1f}×); with the weights, a bandwidth-bound step "
+            f"moves {step(addcmul):.2f}× `full`'s bytes ({step(chain):.2f}× through float32)."
         )
     sources = [(PACKED_DECODE_RESULTS, d)]
-    if (results / PACKED_DECODE_CODES_RESULTS).exists():
-        c = load(PACKED_DECODE_CODES_RESULTS, results)
-        sources.append((PACKED_DECODE_CODES_RESULTS, c))
-        rows = {r["case"]: r for r in c["rows"] if r["dtype"] == "bfloat16"}
-        codes, dequantized = rows["salicache, on the codes"], rows["salicache, dequantized"]
-        summary += (
-            f" Attention on the codes (commit `{c['provenance']['commit']}`) moved "
-            f"{codes['bytes_moved_per_layer'] / dequantized['bytes_moved_per_layer']:.2f}× the bytes of dequantizing "
-            f"through float32 but launched {codes['kernels_per_layer']} kernels per layer against "
-            f"{dequantized['kernels_per_layer']}."
-        )
     return _render(header, body, sources, *(n for n in (note, summary) if n))
 
 
 GPU_RESULTS = "gpu/gpu_shape-qwen2.5-vl-7b.json"
-GPU_NO_WARMUP_RESULTS = "gpu/gpu_shape-qwen2.5-vl-7b.no-warmup.json"  # the same bench before it warmed up
+GPU_NO_WARMUP_RESULTS = "gpu/gpu_shape-qwen2.5-vl-7b.no-warmup.json"  # the same bench measured from a cold process
 
 
 def table_gpu(results: Path) -> str:
-    """`bench gpu` on shape-qwen2.5-vl-7b: its own table and the issues' targets judged on its rows."""
+    """`bench gpu` on shape-qwen2.5-vl-7b: its own table and the GPU targets judged on its rows."""
     from visualkv.bench import gpu, gpu_targets  # torch and the models: only when this table is drawn
 
     d = load(GPU_RESULTS, results)
@@ -1238,7 +1098,56 @@ def table_gpu(results: Path) -> str:
         f"({d['weights_bytes'] / 2**30:.2f} GiB of bf16 weights); every case run once untimed first "
         f"({d['warmup_seconds']:.0f} s)."
     )
-    return "\n\n".join([gpu.markdown_table(d), gpu_targets.markdown(d), note, source_line((GPU_RESULTS, d))])
+    targets = _without_first_column(gpu_targets.markdown(d), "issue")
+    return "\n\n".join([gpu.markdown_table(d), targets, note, source_line((GPU_RESULTS, d))])
+
+
+def _without_first_column(markdown: str, header: str) -> str:
+    """`markdown` with the first column of its table dropped where that column is `header` (the targets table's
+    tracker column: the target itself says what is judged)."""
+    lines = markdown.split("\n")
+    if not lines or not lines[0].startswith(f"| {header} |"):
+        return markdown
+    out = []
+    for line in lines:
+        out.append("|" + line.split("|", 2)[2] if line.startswith("|") else line)
+    return "\n".join(out)
+
+
+HEADLINE_METHODS = ("transformers-generate", "full", "blockwise-keydiff", "salicache", "lightkv")
+
+
+def table_headline(results: Path) -> str:
+    """README's headline: on one GPU and a 7B shape, what each method holds, how soon it answers and how fast it
+    decodes, each beside transformers' own `generate` on the same input (from `bench gpu`'s JSON)."""
+    d = load(GPU_RESULTS, results)
+    body = []
+    for row in d["cases"]:
+        if row.get("case", row["method"]) not in HEADLINE_METHODS or "ttft_seconds" not in row:
+            continue
+        vs = row["vs_generate"]
+        what = "4K image" if row["input"] == "image" else f"{row['video_seconds']:g}-s video"
+        decode = f"{row['decode_tokens_per_second']:.0f}"
+        body.append(
+            [
+                f"{what} ({row['visual_tokens']:,} visual tokens)",
+                f"`{row['method']}`",
+                f"{row['peak_over_weights_bytes'] / MIB:,.0f} MiB ({vs['peak_over_weights_bytes']:.3f}×)",
+                f"{row['ttft_seconds']:.2f} s ({vs['ttft_seconds']:.2f}×)",
+                f"{decode} tok/s ({vs['decode_tokens_per_second']:.1f}×)",
+            ]
+        )
+    cfg, info = d["config"], d["model_info"]
+    header = ["input", "method", "GPU peak over the weights (vs generate)", "time to first token", "decode"]
+    note = (
+        f"`{cfg['model']}`: {info['layers']} decoder layers, {info['kv_heads']} KV heads, the released configuration "
+        f"with random {info['dtype']} weights (memory and speed only; answers are noise), on {d['machine']}; torch "
+        f"{d['torch']}, transformers {d['transformers']}. Budget M = {cfg['budget']} visual entries per layer and KV "
+        f"head, {cfg['new_tokens']} new tokens, every case once untimed first, the CUDA peak reset before each; "
+        "`transformers-generate` is transformers' own processor and `model.generate`. Every method and variant: "
+        "docs/RESULTS.md."
+    )
+    return _render(header, body, [(GPU_RESULTS, d)], note)
 
 
 def table_gpu_warmup(results: Path) -> str:
@@ -1298,7 +1207,7 @@ def table_block_attention(results: Path) -> str:
     note = (
         f"`{sources[0][1]['shape']}`'s attention ({geo['heads']} query heads, {geo['kv_heads']} KV heads, head_dim "
         f"{geo['head_dim']}), one layer, random entries: transformers' `sdpa_attention_forward` with the lower-right "
-        "bool mask (before) → `block_attention.attend` (this CPU: the same mask with `enable_gqa`). Transient: the "
+        "bool mask → `block_attention.attend` (this CPU: the same mask with `enable_gqa`). Transient: the "
         "growth of the peak RSS of a fresh process over its inputs for one call. ms: median of 5 interleaved repeats. "
         "1,024 after 1,024 is a block-wise block at M = 1024; 16 after 10,565 / 76,544 a follow-up question over "
         "`full`'s cache of a 4K image / the 512-s video."
@@ -1314,10 +1223,10 @@ FOLLOWUP_ATTENTION_RESULTS = (
 
 
 def table_followup_attention(results: Path) -> str:
-    """A follow-up question end to end: the engine's dense mask (before block_attention) against the marker
+    """A follow-up question end to end: a dense mask tensor (transformers' path) against the lower-right marker
     (scripts/followup_attention.py): TTFT from the default run, peak RSS growth from the pinned one."""
     timed, pinned = (load(name, results) for name in FOLLOWUP_ATTENTION_RESULTS)
-    cases = (("tensor mask (before)", "tensor mask"), ("marker (now)", "marker"))
+    cases = (("tensor mask", "tensor mask"), ("lower-right marker", "marker"))
     body = [
         [
             label,
@@ -1367,9 +1276,6 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "needle-video": table_needle_video,
     "needle-salicache-lightkv": table_needle_salicache_lightkv,
     "needle-by-kind": table_needle_by_kind,
-    "needle-before-after": table_needle_before_after,
-    "speed-issue11": table_speed_issue11,
-    "speed-issue11-memory": table_speed_issue11_memory,
     "families-4k": table_families_4k,
     "families-fidelity": table_families_fidelity,
     "families-latency": table_families_latency,
@@ -1382,11 +1288,11 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "needle-compose": table_needle_compose,
     "vision-launches": table_vision_launches,
     "prefill-launches": table_prefill_launches,
-    "fewer-ops": table_fewer_ops,
     "packed-decode": table_packed_decode,
     "block-attention": table_block_attention,
     "followup-attention": table_followup_attention,
     "frame-resize": table_frame_resize,
+    "headline": table_headline,
     "gpu": table_gpu,
     "gpu-warmup": table_gpu_warmup,
 }
@@ -1440,3 +1346,28 @@ def write_documents(root: Path = ROOT, results: Path = RESULTS) -> list[str]:
             path.write_text(fresh)
             changed.append(doc)
     return changed
+
+
+# -- prose -----------------------------------------------------------------------------------------
+#: a tracker reference in prose ("issue 11", "issues 11 and 14", "PR #3", "#12"): history belongs in git
+ISSUE_REFERENCE = re.compile(r"\b(?:issues?|PR|pull request)\s*#?\d+|(?<![\w/&#])#\d+\b", re.IGNORECASE)
+README_MAX_LINES = 400
+
+
+def prose_of(text: str) -> str:
+    """`text` with the content of every generated block left out (the blocks' markers stay), line count kept."""
+    return _BLOCK.sub(lambda m: m.group(1) + "\n" * m.group(3).count("\n") + m.group(4), text)
+
+
+def issue_references(root: Path = ROOT) -> list[str]:
+    """ "doc:line: text" for each line of the documents' own prose (generated blocks aside) that cites a tracker
+    number."""
+    found = []
+    for doc in DOCUMENTS:
+        path = root / doc
+        if not path.exists():
+            continue
+        for number, line in enumerate(prose_of(path.read_text()).splitlines(), start=1):
+            if ISSUE_REFERENCE.search(line):
+                found.append(f"{doc}:{number}: {line.strip()}")
+    return found

@@ -1,7 +1,8 @@
-"""Issue 11 CPU speed check: TTFT and decode tokens/s per method, one process, one input.
+"""Prefill and decode speed on a CPU: CPU seconds of a prefill and per decoded token, per method, one process.
 
-Usage: python scripts/bench_issue11.py OUT.json [--size MP] [--tokens N]
-Run it with PYTHONPATH pointing at another checkout to measure that code on the same machine.
+Usage: python scripts/cpu_speed.py OUT.json [--size MP] [--tokens N] [--methods full,salicache,...]
+Run it with PYTHONPATH pointing at another checkout to measure that code on the same machine and input
+(`--code-commit` records which), e.g. to check that a change leaves the speed where it was.
 Prefill: one turn with max_new_tokens=1. Decode: `--tokens` greedy single-token steps of the engine
 (`Engine.extend`, what the session runs per token) on the cache the prefill left. CPU seconds are the
 process's own (robust to other processes sharing the cores); wall figures depend on the load.
@@ -105,7 +106,7 @@ def main() -> None:
     }
     from visualkv.bench.provenance import save_json  # the measured checkout's, so its load reading is recorded
 
-    prov["command"] = "python scripts/bench_issue11.py " + " ".join(sys.argv[1:])
+    prov["command"] = "python scripts/cpu_speed.py " + " ".join(sys.argv[1:])
     save_json(out, args.out, prov)
 
 
