@@ -11,7 +11,8 @@ import argparse
 import os
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
+    """The command line's flags."""
     parser = argparse.ArgumentParser(description="VisualKV: chat with 4K images and long videos, see the KV cache")
     parser.add_argument(
         "--model",
@@ -58,6 +59,11 @@ def main() -> None:
         metavar="SIZE",
         help="largest file a user may upload, e.g. 500MB or 4GB for an hour of video (default 200MB, fit for a Space)",
     )
+    return parser
+
+
+def main() -> None:
+    parser = _parser()
     args = parser.parse_args()
     if args.max_queue < 1 or args.turn_time_limit < 0:
         parser.error("--max-queue must be >= 1 and --turn-time-limit >= 0")

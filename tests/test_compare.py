@@ -15,8 +15,9 @@ import gradio as gr
 import pytest
 from PIL import Image
 
-from ui import handlers
+from ui.callbacks import Callbacks
 from ui.state import ModelCache, UserState
+from ui.status import WITHDRAWN_COMPARE, WITHDRAWN_TURN
 from visualkv.bench.synthetic import image_media, synthetic_image
 from visualkv.models.registry import load_model
 from visualkv.report.telemetry import TIME_LIMIT_STOP
@@ -214,16 +215,14 @@ def _who(name: str) -> SimpleNamespace:
     return SimpleNamespace(session_hash=name)
 
 
-def _app(turn_time_limit=None) -> handlers.Handlers:
-    h = handlers.Handlers(ModelCache(device="cpu"), MODEL)
-    h.turn_time_limit = turn_time_limit
-    return h
+def _app(turn_time_limit=None) -> Callbacks:
+    return Callbacks.create(ModelCache(device="cpu"), MODEL, turn_time_limit=turn_time_limit)
 
 
 def _compare(h, state, path, methods, max_new=3, session="alice"):
     #         state, methods, question, file, method, budget, block size, max new, temperature, followup,
     #         prefill, blocks per vision-tower call, fps, max frames
-    return h.compare(
+    return h.comparisons.compare(
         SimpleNamespace(session_hash=session),
         state,
         methods,
@@ -258,16 +257,16 @@ def test_compares_stop_button_stops_it_and_the_chats_does_not(png):
             tables.append(table)
         if status == "1/3 done":
             assert (
-                h.stop(_who("alice"), state) is not None and not state.stop.is_set()
+                h.turns.stop(_who("alice"), state) is not None and not state.stop.is_set()
             )  # the chat's Stop: nothing of it runs
-            h.stop_compare(_who("alice"), state)
+            h.comparisons.stop_compare(_who("alice"), state)
             assert state.stop.is_set()
     assert statuses[-1] == "⏹ Stopped after 1 of 3 methods; the table keeps the finished ones", statuses
     assert [row[0] for row in tables[-1]] == ["full"]
     assert any("· full: prefill block" in s for s in statuses), statuses  # progress inside a method
     state.stop.clear()
-    h.stop_compare(_who("alice"), state)
-    assert not state.stop.is_set() and h._active == {}  # nothing left running to stop
+    h.comparisons.stop_compare(_who("alice"), state)
+    assert not state.stop.is_set() and h.queue.active == {}  # nothing left running to stop
 
 
 def test_a_compare_as_a_sessions_first_event_can_be_stopped(png):
@@ -280,7 +279,7 @@ def test_a_compare_as_a_sessions_first_event_can_be_stopped(png):
         if isinstance(state, UserState):
             page_state = state  # what Gradio keeps for the page's next events
         if status == "1/3 done":
-            h.stop_compare(_who("alice"), page_state)
+            h.comparisons.stop_compare(_who("alice"), page_state)
     assert statuses[-1].startswith("⏹ Stopped after 1 of 3 methods"), statuses
 
 
@@ -304,13 +303,15 @@ def test_new_chat_stops_a_running_compare(png):
 def test_compare_with_nothing_ticked_is_one_line(png):
     h, state = _app(), UserState(model_name=MODEL)
     (out,) = list(_compare(h, state, png, []))
-    assert "tick at least one method" in out[2] and h._active == {}
+    assert "tick at least one method" in out[2] and h.queue.active == {}
 
 
 def _chat(h, state, text, files=(), max_new=3, method="full", vision_ahead=1):
     request = SimpleNamespace(session_hash="alice")
     message = {"text": text, "files": list(files)}
-    return h.chat(request, message, state, method, BUDGET, 32, max_new, 0.0, "reuse", "blockwise", vision_ahead, 1.0, 8)
+    return h.turns.chat(
+        request, message, state, method, BUDGET, 32, max_new, 0.0, "reuse", "blockwise", vision_ahead, 1.0, 8
+    )
 
 
 def test_the_summary_tells_the_media_warnings(tmp_path):
@@ -354,47 +355,47 @@ def test_chat_answer_cut_by_the_time_limit_is_not_called_yours(png, timers):
 
 def test_a_waiting_comparison_counts_in_a_chat_turns_position_and_back():
     h = _app()
-    assert h.compare_queued(_who("alice"), None) == "starting…"  # nothing ahead
-    said = str(h.queued(_who("bob"), {"text": "a question"}, None))
+    assert h.comparisons.compare_queued(_who("alice"), None) == "starting…"  # nothing ahead
+    said = str(h.turns.queued(_who("bob"), {"text": "a question"}, None))
     assert "position 2" in said and "1 computation(s) ahead" in said, said
-    said = h.compare_queued(_who("carol"), None)
+    said = h.comparisons.compare_queued(_who("carol"), None)
     assert said.startswith("waiting: position 3") and "2 computation(s) ahead" in said, said
 
 
 def test_one_session_may_have_a_turn_and_a_comparison_waiting():
     h = _app()
-    h.queued(_who("alice"), {"text": "a question"}, None)
-    h.compare_queued(_who("alice"), None)
-    h._leave_queue(_who("alice"), "compare")  # the comparison comes up and runs; the turn still waits
-    h._started(_who("alice"), "compare")
-    said = str(h.queued(_who("bob"), {"text": "another"}, None))
+    h.turns.queued(_who("alice"), {"text": "a question"}, None)
+    h.comparisons.compare_queued(_who("alice"), None)
+    h.queue.leave(_who("alice"), "compare")  # the comparison comes up and runs; the turn still waits
+    h.queue.started(_who("alice"), "compare")
+    said = str(h.turns.queued(_who("bob"), {"text": "another"}, None))
     assert "position 3" in said, said
 
 
 def test_a_comparison_refused_for_its_input_leaves_the_queue(png):
     h, state = _app(), UserState(model_name=MODEL)
-    h.compare_queued(_who("alice"), state)
+    h.comparisons.compare_queued(_who("alice"), state)
     (out,) = list(_compare(h, state, png, []))  # nothing ticked: refused before it runs
     assert "tick at least one method" in out[2]
-    assert "starting" in str(h.queued(_who("bob"), {"text": "a question"}, None))
+    assert "starting" in str(h.turns.queued(_who("bob"), {"text": "a question"}, None))
 
 
 def test_a_finished_comparison_leaves_the_queue(png):
     h, state = _app(), UserState(model_name=MODEL)
-    h.compare_queued(_who("alice"), state)
+    h.comparisons.compare_queued(_who("alice"), state)
     list(_compare(h, state, png, ["full"]))
-    assert "starting" in str(h.queued(_who("bob"), {"text": "a question"}, None))
+    assert "starting" in str(h.turns.queued(_who("bob"), {"text": "a question"}, None))
 
 
 def test_stop_while_a_turn_waits_withdraws_it(png):
     h, state = _app(), UserState(model_name=MODEL)
-    h.queued(_who("bob"), {"text": "ahead"}, None)  # Bob's turn is ahead of Alice's
-    h.queued(_who("alice"), {"text": PROMPT}, None)
-    assert handlers.WITHDRAWN_TURN in h.stop(_who("alice"), state)  # said at once
-    said = str(h.queued(_who("carol"), {"text": "later"}, None))
+    h.turns.queued(_who("bob"), {"text": "ahead"}, None)  # Bob's turn is ahead of Alice's
+    h.turns.queued(_who("alice"), {"text": PROMPT}, None)
+    assert WITHDRAWN_TURN in h.turns.stop(_who("alice"), state)  # said at once
+    said = str(h.turns.queued(_who("carol"), {"text": "later"}, None))
     assert "position 2" in said, said  # Alice's withdrawn turn no longer counts
     outs = list(_chat(h, state, PROMPT, [png]))  # when her turn comes up, it does not run
-    assert len(outs) == 1 and handlers.WITHDRAWN_TURN in outs[0][4] and state.history == []
+    assert len(outs) == 1 and WITHDRAWN_TURN in outs[0][4] and state.history == []
     assert not isinstance(outs[0][1], dict) or "text" not in outs[0][1]  # the input is left as it is
     outs = list(_chat(h, state, PROMPT, [png]))  # her next turn runs
     assert len(state.history) == 2 and outs[-1][4].count("done") == 1
@@ -402,21 +403,21 @@ def test_stop_while_a_turn_waits_withdraws_it(png):
 
 def test_stop_while_a_comparison_waits_withdraws_it(png):
     h, state = _app(), UserState(model_name=MODEL)
-    h.queued(_who("bob"), {"text": "ahead"}, None)
-    h.compare_queued(_who("alice"), state)
-    assert h.stop(_who("alice"), state) == gr.skip()  # the chat's Stop: no turn of hers waits
-    assert h.stop_compare(_who("alice"), state) == handlers.WITHDRAWN_COMPARE
-    assert [out[2] for out in _compare(h, state, png, ["full"])] == [handlers.WITHDRAWN_COMPARE]
+    h.turns.queued(_who("bob"), {"text": "ahead"}, None)
+    h.comparisons.compare_queued(_who("alice"), state)
+    assert h.turns.stop(_who("alice"), state) == gr.skip()  # the chat's Stop: no turn of hers waits
+    assert h.comparisons.stop_compare(_who("alice"), state) == WITHDRAWN_COMPARE
+    assert [out[2] for out in _compare(h, state, png, ["full"])] == [WITHDRAWN_COMPARE]
     statuses = [out[2] for out in _compare(h, state, png, ["full"])]  # her next comparison runs
     assert statuses[-1].startswith("done: 1 methods"), statuses
-    assert h.stop_compare(_who("alice"), state) == gr.skip()  # nothing waits or runs: nothing to stop
+    assert h.comparisons.stop_compare(_who("alice"), state) == gr.skip()  # nothing waits or runs: nothing to stop
 
 
 def test_an_at_once_event_arriving_after_its_turn_started_registers_nothing():
     h = _app()
-    h._started(_who("alice"), "turn")  # her queued turn started before its at-once event arrived
-    assert h.queued(_who("alice"), {"text": PROMPT}, None) == gr.skip()
-    said = str(h.queued(_who("bob"), {"text": "later"}, None))
+    h.queue.started(_who("alice"), "turn")  # her queued turn started before its at-once event arrived
+    assert h.turns.queued(_who("alice"), {"text": PROMPT}, None) == gr.skip()
+    said = str(h.turns.queued(_who("bob"), {"text": "later"}, None))
     assert "position 2" in said and "1 computation(s) ahead" in said, said
 
 
@@ -424,27 +425,27 @@ def test_a_model_loading_counts_in_the_positions_behind_it():
     h, state, said = _app(), UserState(model_name=MODEL), []
 
     def get(name):  # while the model loads, Bob sends a turn
-        said.append(str(h.queued(_who("bob"), {"text": "a question"}, None)))
-        h._leave_queue(_who("bob"), "turn")  # (his turn then waits on; only the line matters here)
+        said.append(str(h.turns.queued(_who("bob"), {"text": "a question"}, None)))
+        h.queue.leave(_who("bob"), "turn")  # (his turn then waits on; only the line matters here)
 
-    h.cache = SimpleNamespace(get=get)
-    outs = h.load_model(_who("alice"), MODEL, "", state, progress=lambda *a, **k: None)
+    h.context.cache = SimpleNamespace(get=get)
+    outs = h.loading.load_model(_who("alice"), MODEL, "", state, progress=lambda *a, **k: None)
     assert "Loaded" in outs[4], outs
     assert "position 2" in said[0] and "1 computation(s) ahead" in said[0], said
-    assert "starting" in str(h.queued(_who("carol"), {"text": "later"}, None))  # the load is over
+    assert "starting" in str(h.turns.queued(_who("carol"), {"text": "later"}, None))  # the load is over
 
 
 def test_a_send_after_stop_keeps_its_place_when_the_withdrawn_turn_comes_up(png):
     h, state = _app(), UserState(model_name=MODEL)
-    h.queued(_who("bob"), {"text": "ahead"}, None)
-    h.queued(_who("alice"), {"text": PROMPT}, None)
-    h.stop(_who("alice"), state)  # withdrawn while it waits
-    h.queued(_who("alice"), {"text": PROMPT}, None)  # and sent again before the withdrawn one comes up
-    h._leave_queue(_who("bob"), "turn")  # Bob's turn comes up and runs
-    h._started(_who("bob"), "turn")
+    h.turns.queued(_who("bob"), {"text": "ahead"}, None)
+    h.turns.queued(_who("alice"), {"text": PROMPT}, None)
+    h.turns.stop(_who("alice"), state)  # withdrawn while it waits
+    h.turns.queued(_who("alice"), {"text": PROMPT}, None)  # and sent again before the withdrawn one comes up
+    h.queue.leave(_who("bob"), "turn")  # Bob's turn comes up and runs
+    h.queue.started(_who("bob"), "turn")
     outs = list(_chat(h, state, PROMPT, [png]))  # the withdrawn one comes up: skipped
-    assert len(outs) == 1 and handlers.WITHDRAWN_TURN in outs[0][4]
-    said = str(h.queued(_who("carol"), {"text": "later"}, None))
+    assert len(outs) == 1 and WITHDRAWN_TURN in outs[0][4]
+    said = str(h.turns.queued(_who("carol"), {"text": "later"}, None))
     assert "position 3" in said and "2 computation(s) ahead" in said, said  # Bob's running, Alice's resent
     outs = list(_chat(h, state, PROMPT, [png]))  # her second send runs
     assert len(state.history) == 2 and outs[-1][4].count("done") == 1
@@ -452,31 +453,31 @@ def test_a_send_after_stop_keeps_its_place_when_the_withdrawn_turn_comes_up(png)
 
 def test_two_waiting_turns_of_one_session_each_count_until_each_comes_up():
     h = _app()
-    h.queued(_who("alice"), {"text": "with Enter"}, None)
-    h.queued(_who("alice"), {"text": "with Send"}, None)
-    h._leave_queue(_who("alice"), "turn")  # the first comes up
-    said = str(h.queued(_who("bob"), {"text": "later"}, None))
+    h.turns.queued(_who("alice"), {"text": "with Enter"}, None)
+    h.turns.queued(_who("alice"), {"text": "with Send"}, None)
+    h.queue.leave(_who("alice"), "turn")  # the first comes up
+    said = str(h.turns.queued(_who("bob"), {"text": "later"}, None))
     assert "position 2" in said and "1 computation(s) ahead" in said, said
 
 
 def test_stop_withdraws_every_waiting_turn_of_the_session(png):
     h, state = _app(), UserState(model_name=MODEL)
-    h.queued(_who("alice"), {"text": "with Enter"}, None)
-    h.queued(_who("alice"), {"text": "with Send"}, None)
-    assert handlers.WITHDRAWN_TURN in h.stop(_who("alice"), state)
+    h.turns.queued(_who("alice"), {"text": "with Enter"}, None)
+    h.turns.queued(_who("alice"), {"text": "with Send"}, None)
+    assert WITHDRAWN_TURN in h.turns.stop(_who("alice"), state)
     for _ in range(2):  # neither runs when it comes up
         outs = list(_chat(h, state, PROMPT, [png]))
-        assert len(outs) == 1 and handlers.WITHDRAWN_TURN in outs[0][4]
+        assert len(outs) == 1 and WITHDRAWN_TURN in outs[0][4]
     assert state.history == []
 
 
 def test_new_chat_forgets_waiting_and_withdrawn_turns(png):
     h, state = _app(), UserState(model_name=MODEL)
-    h.queued(_who("alice"), {"text": "withdrawn"}, None)
-    h.stop(_who("alice"), state)
-    h.queued(_who("alice"), {"text": "waiting"}, None)
-    h.new_chat(_who("alice"), state, "full", "reuse")  # Gradio cancels both events: neither comes up
-    assert "starting" in str(h.queued(_who("bob"), {"text": "later"}, None))
+    h.turns.queued(_who("alice"), {"text": "withdrawn"}, None)
+    h.turns.stop(_who("alice"), state)
+    h.turns.queued(_who("alice"), {"text": "waiting"}, None)
+    h.turns.new_chat(_who("alice"), state, "full", "reuse")  # Gradio cancels both events: neither comes up
+    assert "starting" in str(h.turns.queued(_who("bob"), {"text": "later"}, None))
     outs = list(_chat(h, state, PROMPT, [png]))  # her next turn runs: no withdrawal outlived New chat
     assert len(state.history) == 2 and outs[-1][4].count("done") == 1
 

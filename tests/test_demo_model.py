@@ -203,7 +203,8 @@ def test_video_time_cue_changes_the_stripe_period_per_third():
 def test_app_examples_are_the_demo_scenes_and_it_answers_them(demo):
     """The app's first examples are the demo scenes, and under the app's default method and budget the
     demo model answers every featured question right (what a new user clicks first)."""
-    from ui.app import DEFAULT_METHOD, chat_examples
+    from ui.examples import chat_examples
+    from ui.layout import DEFAULT_METHOD
     from ui.text import demo_questions_md
     from visualkv.bench.demo_examples import load_demo_examples, question_forms
     from visualkv.bench.scenes import answer_matches

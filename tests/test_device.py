@@ -131,7 +131,8 @@ def test_the_app_chats_compares_and_draws_on_cuda(tmp_path):
 
     from PIL import Image
 
-    from ui import handlers
+    from ui import views as result_views
+    from ui.callbacks import Callbacks
     from ui.state import ModelCache, UserState
     from visualkv.bench.synthetic import synthetic_image
 
@@ -140,7 +141,7 @@ def test_the_app_chats_compares_and_draws_on_cuda(tmp_path):
     Image.fromarray(synthetic_image(448, 336, seed=1)).save(png)
     cache = ModelCache(device="cuda")
     cache._adapters[alias] = _fake_cuda_adapter(alias)  # loaded once, moved to the pretend GPU
-    h, state = handlers.Handlers(cache, alias), UserState(model_name=alias)
+    h, state = Callbacks.create(cache, alias), UserState(model_name=alias)
     who = SimpleNamespace(session_hash="gpu-user")
     with fake_cuda() as mode:
         for method in ("salicache", "lightkv"):  # the two with their own views (tiers and saliency, merges)
@@ -148,17 +149,17 @@ def test_the_app_chats_compares_and_draws_on_cuda(tmp_path):
             for text, files in (("What is in it?", [str(png)]), ("And what else?", [])):
                 message = {"text": text, "files": files}
                 args = (method, 48, 32, 3, 0.7, "reuse", "blockwise", 1, 1.0, 8)
-                outs = list(h.chat(who, message, state, *args))
+                outs = list(h.turns.chat(who, message, state, *args))
                 errors = [o[3] for o in outs if isinstance(o[3], str) and o[3].startswith("⚠️")]
                 assert not errors, errors  # the error line stays empty
             assert state.session.cache is not None and len(state.session.turns) == 2
             _assert_cache_on_cuda(state.session)
             for layer in (None, "layer 0", "layer 1"):
-                views = h.views(state, layer)
+                views = result_views.views(state, layer)
                 assert views is not None
         rows = None
         args = ("What is in it?", str(png), "full", 48, 32, 3, 0.0, "reuse", "blockwise", 1, 1.0, 8)
-        for table, _fig, status, _state in h.compare(who, state, list(METHODS), *args):
+        for table, _fig, status, _state in h.comparisons.compare(who, state, list(METHODS), *args):
             rows = table if isinstance(table, list) else rows
         assert rows is not None and len(rows) == len(METHODS), status
         assert not mode.mixes

@@ -99,7 +99,7 @@ def app(tmp_path_factory):
 def _examples() -> list[tuple[str, str, str]]:
     """(question, media, follow-up): the app's first 8 examples; the follow-up is another example's question
     about the same media where there is one (the demo model answers those), else a demo question form."""
-    from ui.app import chat_examples
+    from ui.examples import chat_examples
     from visualkv.bench.demo_examples import load_demo_examples
 
     examples = [(e["text"], e["files"][0]) for e in chat_examples(load_demo_examples())][:8]

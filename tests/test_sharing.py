@@ -178,5 +178,5 @@ def test_max_upload_reaches_the_handlers_and_gradio(monkeypatch):
     monkeypatch.setattr(type(demo), "launch", lambda self, **kw: seen.update(kw))
     app_module.launch(demo)
     assert seen["max_file_size"] == 4 * 1024**3
-    handlers = next(fn.fn.__self__ for fn in demo.fns.values() if getattr(fn.fn, "__name__", "") == "chat")
-    assert handlers.max_file_bytes == 4 * 1024**3
+    turns = next(fn.fn.__self__ for fn in demo.fns.values() if getattr(fn.fn, "__name__", "") == "chat")
+    assert turns.context.max_file_bytes == 4 * 1024**3

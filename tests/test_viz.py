@@ -348,14 +348,14 @@ def test_new_chat_takes_a_waiting_turn_out_of_the_queue():
     """A turn cancelled by New chat before it started must not count in another session's position."""
     from types import SimpleNamespace
 
-    from ui.handlers import Handlers
+    from ui.callbacks import Callbacks
     from ui.state import ModelCache
 
-    h = Handlers(ModelCache(device="cpu"), "tiny-qwen2.5-vl")
+    h = Callbacks.create(ModelCache(device="cpu"), "tiny-qwen2.5-vl")
     alice, bob = SimpleNamespace(session_hash="alice"), SimpleNamespace(session_hash="bob")
-    h.queued(alice, {"text": "first question"}, None)
-    h.new_chat(alice, None, "full", "reuse")  # Alice gives up before her turn runs
-    said = h.queued(bob, {"text": "second question"}, None)
+    h.turns.queued(alice, {"text": "first question"}, None)
+    h.turns.new_chat(alice, None, "full", "reuse")  # Alice gives up before her turn runs
+    said = h.turns.queued(bob, {"text": "second question"}, None)
     assert "starting" in str(said) and "position" not in str(said), said
 
 
@@ -368,7 +368,8 @@ def test_live_block_updates_keep_the_page_up_with_the_engine(snap, monkeypatch, 
     import time
     from types import SimpleNamespace
 
-    from ui import handlers
+    from ui import chat
+    from ui.callbacks import Callbacks
     from ui.state import ModelCache
 
     draw = viz.block_memory_figure
@@ -388,10 +389,10 @@ def test_live_block_updates_keep_the_page_up_with_the_engine(snap, monkeypatch, 
             yield "block", dataclasses.replace(block, index=i, n_blocks=n_blocks)
         yield "stopped", "stopped"
 
-    monkeypatch.setattr(handlers, "stream_turn", replay)
-    h = handlers.Handlers(ModelCache(device="cpu"), "tiny-qwen2.5-vl")
+    monkeypatch.setattr(chat, "stream_turn", replay)
+    h = Callbacks.create(ModelCache(device="cpu"), "tiny-qwen2.5-vl")
     request = SimpleNamespace(session_hash="alice")
-    turn = h.chat(request, {"text": "hi", "files": []}, None, "full", 1024, 0, 4, 0.0, "reuse", "auto", 1, 1.0, 8)
+    turn = h.turns.chat(request, {"text": "hi", "files": []}, None, "full", 1024, 0, 4, 0.0, "reuse", "auto", 1, 1.0, 8)
     drawn = [(out[4], out[5]) for out in turn if "prefill block" in str(out[4])]
     labels = [re.search(r"prefill block (\d+)/", progress).group(1) for progress, _ in drawn]
     if seconds_per_block == 0:

@@ -56,10 +56,9 @@ M_ARENA_MAX = -8  # glibc's mallopt parameter
 
 
 def limit_heap_arenas(arenas: int = 2) -> None:
-    """Keep glibc's malloc to a few arenas. The app runs each turn in a thread of its own, and glibc gives threads
-    arenas of their own (up to 8 per core); the transients of a turn (a decode step's per-layer dequantization of
-    Sali-Cache's packed tiers, among others) then fragment many arenas, and a closed chat's memory stayed with the
-    process (measured: RSS 1.15x after 8 sessions closed, back within 1.10x with 2 arenas; tests/test_load.py)."""
+    """Keep glibc's malloc to a few arenas. Each turn runs in a thread of its own and glibc gives threads arenas
+    of their own (up to 8 per core): a turn's transients would fragment many of them and keep a closed chat's
+    memory in the process (tests/test_load.py measures the RSS after sessions close)."""
     _glibc("mallopt", M_ARENA_MAX, arenas)
 
 

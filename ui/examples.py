@@ -1,0 +1,64 @@
+"""The example cards under the chat: the demo scenes' featured questions first, then generic media."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PIL import Image
+
+from visualkv.bench.demo_examples import DemoExample
+
+from . import text
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+# generic examples: real-looking media for memory and kept-token maps (random-weight or Hub models)
+GENERIC_EXAMPLES = [
+    ("Where is the small red star?", ASSETS / "example_4k.png"),
+    ("What happens in this video?", ASSETS / "example_video.mp4"),
+]
+VIDEO_SUFFIXES = (".mp4", ".webm", ".mov", ".avi", ".mkv")
+THUMB_SIZE = (320, 180)
+
+
+def chat_examples(demo: list[DemoExample]) -> list[dict]:
+    """The chat box's examples: featured questions on the demo scenes, then the generic media."""
+    pairs = [(q.question, e.path) for e in demo for q in e.featured()] + GENERIC_EXAMPLES
+    return [{"text": question, "files": [str(path)]} for question, path in pairs]
+
+
+def example_labels(examples: list[dict]) -> list[str]:
+    """One label per example card: what the media is (4K image, video, its size) and the question."""
+    return [f"{text.media_label(e['files'][0])}: {e['text']}" for e in examples]
+
+
+def example_thumbnail(path: str | Path) -> Image.Image:
+    """A small picture of an example file for its card: the image itself, downscaled; for a video its
+    poster frame (<name>.poster.png, written by scripts/make_examples.py), else its first frame."""
+    path = Path(path)
+    poster = path.with_suffix(".poster.png")
+    if path.suffix.lower() in VIDEO_SUFFIXES:
+        if poster.is_file():
+            img = Image.open(poster).convert("RGB")
+        else:  # no poster (media added by hand): the first frame
+            import cv2
+
+            cap = cv2.VideoCapture(str(path))
+            ok, bgr = cap.read()
+            cap.release()
+            img = Image.fromarray(bgr[..., ::-1]) if ok else Image.new("RGB", THUMB_SIZE, (200, 200, 200))
+    else:
+        img = Image.open(path).convert("RGB")
+    img.thumbnail(THUMB_SIZE)
+    return img
+
+
+def example_cards(examples: list[dict]) -> list[tuple[Image.Image, str]]:
+    """The example cards: a thumbnail (a video's poster frame) and what the file is with the question."""
+    thumbs: dict[str, Image.Image] = {}  # a file with several questions is read once
+    cards = []
+    for example, label in zip(examples, example_labels(examples)):
+        path = example["files"][0]
+        if path not in thumbs:
+            thumbs[path] = example_thumbnail(path)
+        cards.append((thumbs[path], label))
+    return cards

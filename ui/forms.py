@@ -1,0 +1,119 @@
+"""The settings form: every field checked and turned into the library's configs, and its reaction to a new method.
+
+Number fields carry no bounds in Gradio (it would reject a bad value with an error badge over the outputs);
+the checks here say what is wrong in one line naming the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+
+from visualkv.errors import ConfigError
+from visualkv.media import FrameSampling
+from visualkv.runtime.session import SessionConfig
+from visualkv.runtime.streaming import method_options
+
+from . import text
+
+MAX_FILE_BYTES = 200 * 1024**2  # default upload limit (a Space); `python app.py --max-upload 4GB` raises it
+# the "blocks per vision-tower call" field's bound: more is one call for most inputs anyway, and the memory
+# guard refuses a call that would not fit
+MAX_VISION_AHEAD = 64
+MAX_SAMPLED_FRAMES = 10_800  # the "frames sampled at most" field's bound: 3 h at 1 fps (MediaLimits caps further)
+
+
+def whole(value, name: str, low: int, high: int | None = None, hint: str = "") -> int:
+    """A number field's value as an int in [low, high], or a one-line ConfigError naming the field."""
+    if value is None or value == "":
+        raise ConfigError(f"{name} is empty: type a whole number ≥ {low}{hint}")
+    number = float(value)
+    if number != int(number) or number < low or (high is not None and number > high):
+        limit = f"between {low} and {high}" if high is not None else f"≥ {low}"
+        raise ConfigError(f"{name} must be a whole number {limit}{hint}, got {value:g}")
+    return int(number)
+
+
+def real(value, name: str, low: float, high: float, low_open: bool = False) -> float:
+    """A number field's value as a float in [low, high] (or (low, high]), or a one-line ConfigError."""
+    if value is None or value == "":
+        raise ConfigError(f"{name} is empty: type a number")
+    number = float(value)
+    if number < low or number > high or (low_open and number == low):
+        raise ConfigError(
+            f"{name} must be {'above' if low_open else 'at least'} {low:g} and at most {high:g}, got {number:g}"
+        )
+    return number
+
+
+@dataclass(frozen=True)
+class FormValues:
+    """The settings column's values as a callback receives them (order: `SettingsPanel.inputs`)."""
+
+    method: Any
+    budget: Any
+    block_size: Any
+    max_new: Any
+    temperature: Any
+    followup: Any
+    prefill: Any
+    vision_ahead: Any
+    fps: Any
+    max_frames: Any
+    method_values: tuple = ()  # every method-settings input, in the order of `method_keys`
+
+    def settings_of(self, method: str, method_keys: list[tuple[str, str]]) -> dict[str, Any]:
+        """The values of `method`'s own settings inputs, by setting key."""
+        return {key: v for (name, key), v in zip(method_keys, self.method_values) if name == method}
+
+    def session_config(self, method_keys: list[tuple[str, str]]) -> SessionConfig:
+        """The session config, checking every field first (one line naming the field)."""
+        method = self.method
+        if method not in text.method_choices():
+            raise ConfigError(f"unknown method {method!r}; choose one of: {', '.join(text.method_choices())}")
+        needs_budget = text.traits(method).needs_budget
+        cfg = SessionConfig(
+            method=method,
+            budget=whole(self.budget, "budget M", 1, hint=" (visual entries kept per layer and KV head)")
+            if needs_budget
+            else None,
+            block_size=whole(self.block_size, "block size", 0, hint=" (0 = auto)") or None,
+            prefill=None if self.prefill in (None, "auto") else self.prefill,
+            max_new_tokens=whole(self.max_new, "max new tokens", 1, 4096),
+            temperature=real(self.temperature, "temperature", 0.0, 5.0),
+            followup=self.followup or "reuse",
+            vision_ahead=whole(
+                self.vision_ahead, "blocks per vision-tower call", 1, MAX_VISION_AHEAD, hint=" (1 = a call per block)"
+            ),
+            method_options=method_options(method, self.settings_of(method, method_keys)),
+        )
+        cfg.validate()
+        return cfg
+
+    def sampling(self) -> FrameSampling:
+        """How a video is sampled: the two video fields, checked."""
+        rate = real(self.fps, "frames per second sampled", 0.0, 60.0, low_open=True)
+        count = whole(self.max_frames, "frames sampled at most", 1, MAX_SAMPLED_FRAMES)
+        try:
+            return FrameSampling(fps=rate, max_frames=count)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"video sampling: {exc}") from None
+
+
+class MethodChoice:
+    """The settings column's answer to a new method or follow-up choice."""
+
+    def __init__(self) -> None:
+        self.group_names: list[str] = []  # methods with a settings group, in output order
+
+    def method_changed(self, method, followup, state=None):
+        """Method or follow-up choice changed: its help, the budget field, its settings group, and the
+        follow-up note of the method the chat really runs (a started chat keeps its own)."""
+        cls = text.traits(method)
+        budget = gr.update(interactive=bool(cls and cls.needs_budget), info=text.budget_info(method))
+        groups = [gr.update(visible=name == method) for name in self.group_names]
+        chat = state.session.config if state is not None and state.session is not None else None
+        note = text.chat_followup_note(chat.method if chat else None, chat.followup if chat else None, method, followup)
+        return (text.method_line(method), budget, note, *groups)

@@ -1,0 +1,459 @@
+"""The page's components: settings on the left, the chat in the middle, the results on the right.
+
+Layout (one screen at 1440x900): the chat with its progress and one-line summary, examples under its input;
+the results show kept tokens before/after first, the other views in tabs, the memory chart under them.
+Builders only create components; ui/app.py wires them to the callbacks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+
+from visualkv.bench.demo_examples import DemoExample, question_forms
+from visualkv.models.registry import HUB_MODELS, OFFLINE_MODELS, offline_aliases
+from visualkv.report import viz
+from visualkv.runtime.streaming import method_settings
+
+from . import text
+from .examples import chat_examples, example_cards
+
+DEFAULT_METHOD = "blockwise-snapkv"
+COMPARED_BY_DEFAULT = ("full", "blockwise-snapkv", "post-snapkv", "salicache", "lightkv")
+
+CSS = """
+#vkv-error {color: #b00020; font-weight: 600;}
+#vkv-error:empty {display: none;}
+#vkv-progress .vkv-bar {width: 100%; height: 14px;}
+#vkv-summary {font-weight: 600;}
+.vkv-small {font-size: 0.9em; opacity: 0.85;}
+/* example cards: a thumbnail with the whole question under it (Gradio would cut the caption to one line) */
+#vkv-examples .caption-label {white-space: normal !important; overflow: visible !important; max-width: 100% !important;
+  text-overflow: clip !important; position: static !important; font-size: 0.8em; line-height: 1.2;}
+#vkv-examples .thumbnail-item {flex-direction: column; aspect-ratio: auto !important; height: auto !important;}
+#vkv-examples .thumbnail-item img {height: 80px !important; object-fit: cover;}
+#vkv-examples .grid-wrap {min-height: 0 !important; height: auto !important; max-height: none !important;}
+#vkv-examples .grid-container {padding-top: 32px !important;}  /* below the gallery's floating label */
+#vkv-results button[role=tab] {padding: 4px 9px; font-size: 0.92em;}  /* all six result tabs fit in one row */
+/* a control the chosen method does not use looks switched off, not editable */
+#vkv-budget input:disabled {background: repeating-linear-gradient(45deg, #eee, #eee 6px, #e2e2e2 6px, #e2e2e2 12px);
+  color: #888; cursor: not-allowed;}
+"""
+
+
+@dataclass
+class SettingsPanel:
+    """The settings column."""
+
+    model_dd: gr.Dropdown
+    model_id: gr.Textbox
+    load_btn: gr.Button
+    method_dd: gr.Dropdown
+    method_md: gr.Markdown
+    budget: gr.Number
+    block_size: gr.Number
+    method_inputs: list[tuple[str, str, gr.components.Component]]  # (method, setting key, its input)
+    groups: dict[str, gr.Accordion]  # each method's settings group
+    max_new: gr.Number
+    temperature: gr.Number
+    followup: gr.Radio
+    prefill: gr.Dropdown
+    vision_ahead: gr.Number
+    fps: gr.Number
+    max_frames: gr.Number
+
+    @property
+    def inputs(self) -> list:
+        """The fields every computation reads, in the order of `ui.forms.FormValues`."""
+        return [
+            self.method_dd,
+            self.budget,
+            self.block_size,
+            self.max_new,
+            self.temperature,
+            self.followup,
+            self.prefill,
+            self.vision_ahead,
+            self.fps,
+            self.max_frames,
+        ]
+
+    @property
+    def method_components(self) -> list:
+        return [component for _, _, component in self.method_inputs]
+
+    @property
+    def method_keys(self) -> list[tuple[str, str]]:
+        return [(name, key) for name, key, _ in self.method_inputs]
+
+
+@dataclass
+class ChatPanel:
+    """The chat column: the conversation, its input and buttons, progress, summary and examples."""
+
+    chatbot: gr.Chatbot
+    error_md: gr.Markdown
+    chat_input: gr.MultimodalTextbox
+    send_btn: gr.Button
+    stop_btn: gr.Button
+    new_btn: gr.Button
+    download_btn: gr.DownloadButton
+    progress_html: gr.HTML
+    summary_md: gr.Markdown
+    followup_md: gr.Markdown
+    examples: list[dict]  # what a click on each card puts into the input
+    example_gallery: gr.Gallery
+
+
+@dataclass
+class ResultViews:
+    """The result tabs a turn fills (all but Compare)."""
+
+    layer_dd: gr.Dropdown
+    opacity: gr.Slider
+    heat_note: gr.Markdown
+    heatmap: gr.ImageSlider
+    sali_note: gr.Markdown
+    saliency_img: gr.Gallery
+    tier_img: gr.Gallery
+    timeline_note: gr.Markdown
+    timeline_plot: gr.Plot
+    thumbs_img: gr.Gallery
+    merge_note: gr.Markdown
+    merge_img: gr.Image
+    layer_plot: gr.Plot
+    numbers_md: gr.Markdown
+
+    @property
+    def outputs(self) -> list:
+        """What `ui.views.views` fills, in its order."""
+        return [
+            self.layer_dd,
+            self.heat_note,
+            self.heatmap,
+            self.sali_note,
+            self.saliency_img,
+            self.tier_img,
+            self.timeline_note,
+            self.timeline_plot,
+            self.thumbs_img,
+            self.merge_note,
+            self.merge_img,
+            self.layer_plot,
+            self.numbers_md,
+        ]
+
+
+@dataclass
+class ComparePanel:
+    """The Compare tab."""
+
+    methods: gr.CheckboxGroup
+    file: gr.File
+    question: gr.Textbox
+    run_btn: gr.Button
+    stop_btn: gr.Button
+    status: gr.Markdown
+    table: gr.Dataframe
+    plot: gr.Plot
+
+
+def model_choices(current: str) -> list[str]:
+    """The model dropdown: offline models and aliases first, then Hub models (and `current` if none of them)."""
+    names = list(dict.fromkeys([*(c.name for c in OFFLINE_MODELS), *offline_aliases(), *(c.name for c in HUB_MODELS)]))
+    return names if current in names else [current, *names]
+
+
+# -- settings column ------------------------------------------------------------------------------------
+
+
+def build_settings(model_name: str, method_names: list[str], default_method: str) -> SettingsPanel:
+    with gr.Column(scale=2, min_width=250, elem_id="vkv-settings"):
+        with gr.Accordion("Model", open=True):
+            model_dd = gr.Dropdown(
+                model_choices(model_name),
+                value=model_name,
+                label="model",
+                info="offline aliases first; Hub models need network",
+                elem_id="vkv-model",
+            )
+            model_id = gr.Textbox(
+                label="…or a Hub id / local folder", placeholder="org/name or /path", elem_id="vkv-model-id"
+            )
+            load_btn = gr.Button("Load model", elem_id="vkv-load")
+        method_dd = gr.Dropdown(method_names, value=default_method, label="method", elem_id="vkv-method")
+        method_md = gr.Markdown(text.method_line(default_method), elem_id="vkv-method-help", elem_classes="vkv-small")
+        budget, block_size = _budget_and_block_size(default_method)
+        method_inputs, groups = _method_groups(method_names, default_method)
+        generation = _generation_box()
+        fps, max_frames = _video_sampling_box()
+    return SettingsPanel(
+        model_dd, model_id, load_btn, method_dd, method_md, budget, block_size, method_inputs, groups,
+        *generation, fps, max_frames,
+    )  # fmt: skip
+
+
+def _budget_and_block_size(default_method: str) -> tuple[gr.Number, gr.Number]:
+    # no minimum/maximum on number fields: Gradio would reject a bad value with an error badge
+    # over the outputs; the callbacks check every value and say what is wrong in one line
+    budget = gr.Number(
+        1024,
+        precision=0,
+        label="budget M",
+        info=text.budget_info(default_method),
+        elem_id="vkv-budget",
+        interactive=text.traits(default_method).needs_budget,
+    )
+    block_size = gr.Number(
+        0,
+        precision=0,
+        label="block size",
+        info="visual tokens per prefill block; 0 = auto (the model's default)",
+        elem_id="vkv-block-size",
+    )
+    return budget, block_size
+
+
+def _method_groups(method_names: list[str], default_method: str):
+    """One settings group per method with settings; only the chosen method's is visible."""
+    method_inputs, groups = [], {}
+    for name in method_names:
+        settings = method_settings(name)
+        if not settings:
+            continue
+        with gr.Accordion(f"{name} settings", open=False, visible=name == default_method) as group:
+            gr.Markdown(text.traits(name).description or name, elem_classes="vkv-small")
+            for s in settings:
+                method_inputs.append((name, s.key, setting_component(s)))
+        groups[name] = group
+    return method_inputs, groups
+
+
+def setting_component(s) -> gr.components.Component:
+    """The input for one method setting (`visualkv.runtime.streaming.method_settings`)."""
+    info = text.SETTING_HELP.get(s.key.rsplit(".", 1)[-1])
+    elem_id = "vkv-opt-" + s.key.replace(".", "-").replace("_", "-")
+    if s.kind == "bool":
+        return gr.Checkbox(value=s.default, label=s.label, info=info, elem_id=elem_id)
+    if s.kind == "int":
+        return gr.Number(value=s.default, precision=0, label=s.label, info=info, elem_id=elem_id)
+    if s.kind == "float":
+        return gr.Number(value=s.default, label=s.label, info=info, elem_id=elem_id)
+    if s.kind == "choice":
+        return gr.Dropdown(list(s.choices), value=s.default, label=s.label, info=info, elem_id=elem_id)
+    if s.kind == "floats":
+        value = ", ".join(f"{x:g}" for x in s.default) if s.default is not None else ""
+        return gr.Textbox(
+            value=value,
+            label=s.label,
+            info=info,
+            elem_id=elem_id,
+            placeholder="comma-separated; empty = the method's default",
+        )
+    return gr.Textbox(value=s.default, label=s.label, info=info, elem_id=elem_id)
+
+
+def _generation_box() -> tuple:
+    """max new tokens, temperature, follow-up, prefill, blocks per vision-tower call."""
+    with gr.Accordion("Generation and follow-ups", open=False):
+        max_new = gr.Number(64, precision=0, label="max new tokens", info="1 to 4096", elem_id="vkv-max-new")
+        temperature = gr.Number(0.0, label="temperature", info="0 = greedy; up to 5", elem_id="vkv-temperature")
+        followup = gr.Radio(
+            ["reuse", "reprefill"],
+            value="reuse",
+            label="follow-up turns",
+            info="reuse the compressed cache, or rebuild it per question (query-aware methods only)",
+        )
+        prefill = gr.Dropdown(
+            ["auto", "hybrid", "blockwise", "bulk"],
+            value="auto",
+            label="prefill",
+            info="auto = the method's default",
+        )
+        vision_ahead = gr.Number(
+            1,
+            precision=0,
+            label="blocks per vision-tower call",
+            info="1 = a call per block; more = fewer tower launches, the same embeddings, "
+            "a larger transient (counted by the memory guard)",
+            elem_id="vkv-vision-ahead",
+        )
+    return max_new, temperature, followup, prefill, vision_ahead
+
+
+def _video_sampling_box() -> tuple[gr.Number, gr.Number]:
+    with gr.Accordion("Video sampling", open=False):
+        fps = gr.Number(1.0, label="frames per second sampled", elem_id="vkv-fps")
+        max_frames = gr.Number(
+            32,
+            precision=0,
+            label="frames sampled at most",
+            info="an hour at 1 fps is 3600 frames (block-wise methods keep memory bounded)",
+            elem_id="vkv-max-frames",
+        )
+    return fps, max_frames
+
+
+# -- chat column ----------------------------------------------------------------------------------------
+
+
+def build_chat(default_method: str, demo_examples: list[DemoExample]) -> ChatPanel:
+    with gr.Column(scale=5, min_width=420):
+        chatbot = gr.Chatbot(label="chat", height=340, elem_id="vkv-chat", buttons=["copy"])
+        error_md = gr.Markdown("", elem_id="vkv-error")
+        chat_input = gr.MultimodalTextbox(
+            placeholder="Attach an image or video, then ask a question about it…",
+            sources=["upload"],
+            file_count="single",
+            show_label=False,
+            elem_id="vkv-input",
+        )
+        with gr.Row():
+            send_btn = gr.Button("Send", variant="primary", elem_id="vkv-send", size="sm", min_width=80)
+            stop_btn = gr.Button("Stop", variant="stop", elem_id="vkv-stop", size="sm", min_width=80)
+            new_btn = gr.Button("New chat", elem_id="vkv-new", size="sm", min_width=80)
+            download_btn = gr.DownloadButton(
+                "JSON report", interactive=False, elem_id="vkv-download", size="sm", min_width=80
+            )
+        progress_html = gr.HTML("", elem_id="vkv-progress")
+        summary_md = gr.Markdown("", elem_id="vkv-summary")
+        followup_md = gr.Markdown(
+            text.followup_note(default_method, "reuse"), elem_classes="vkv-small", elem_id="vkv-followup"
+        )
+        examples, example_gallery = _examples_box(demo_examples)
+    return ChatPanel(
+        chatbot, error_md, chat_input, send_btn, stop_btn, new_btn, download_btn, progress_html, summary_md,
+        followup_md, examples, example_gallery,
+    )  # fmt: skip
+
+
+def _examples_box(demo_examples: list[DemoExample]) -> tuple[list[dict], gr.Gallery]:
+    """Cards with a thumbnail (a video's poster frame) and the question; a click fills the input."""
+    examples = chat_examples(demo_examples)
+    gallery = gr.Gallery(
+        example_cards(examples),
+        label="examples (click one; the demo scenes first: visualkv-demo answers those)",
+        columns=4,
+        height="auto",
+        allow_preview=False,
+        object_fit="cover",
+        elem_id="vkv-examples",
+        buttons=[],
+    )
+    if demo_examples:
+        with gr.Accordion("What visualkv-demo can answer", open=False, elem_id="vkv-demo-help"):
+            gr.Markdown(text.demo_questions_md(question_forms(), demo_examples))
+    return examples, gallery
+
+
+# -- results column -------------------------------------------------------------------------------------
+
+
+def build_results(method_names: list[str]) -> tuple[ResultViews, ComparePanel, gr.Plot]:
+    """The result tabs, the Compare tab, and the memory chart under them."""
+    with gr.Column(scale=5, min_width=420, elem_id="vkv-results"):
+        with gr.Tabs(overflow_behavior="wrap"):  # every result tab in sight, none in a menu
+            views = ResultViews(*_kept_tokens_tab(), *_saliency_tab(), *_frames_tab(), *_merges_tab(), _numbers_tab())
+            compare = _compare_tab(method_names)
+        memory_plot = gr.Plot(label="KV memory per prefill block", elem_id="vkv-memory")
+    return views, compare, memory_plot
+
+
+def _kept_tokens_tab() -> tuple:
+    with gr.Tab("Kept tokens"):
+        with gr.Row():
+            layer_dd = gr.Dropdown(["average"], value="average", label="layer", elem_id="vkv-layer", min_width=120)
+            opacity = gr.Slider(
+                0, 1, value=0.6, step=0.05, label="overlay opacity", elem_id="vkv-opacity", min_width=160
+            )
+            # a value typed outside 0..1 is clamped by the callback instead of being refused by
+            # Gradio's bounds check (an error badge over the view)
+            opacity.preprocess = _lenient_number
+        heat_note = gr.Markdown(text.EMPTY_HEAT_NOTE, elem_classes="vkv-small", elem_id="vkv-heat-note")
+        heatmap = gr.ImageSlider(
+            label="before / after: drag to compare",
+            type="pil",
+            interactive=False,
+            elem_id="vkv-heatmap",
+            max_height=420,
+            buttons=["download", "fullscreen"],
+        )
+    return layer_dd, opacity, heat_note, heatmap
+
+
+def _lenient_number(payload):
+    return None if payload is None else float(payload)
+
+
+def _saliency_tab() -> tuple:
+    with gr.Tab("Saliency"):
+        sali_note = gr.Markdown("Sali-Cache only.")
+        saliency_img = gr.Gallery(
+            label="saliency per frame (click to zoom)",
+            columns=2,
+            height=300,
+            elem_id="vkv-saliency",
+            object_fit="contain",
+        )
+        tier_img = gr.Gallery(
+            label="precision tiers per frame (click to zoom)",
+            columns=2,
+            height=300,
+            elem_id="vkv-tiers",
+            object_fit="contain",
+        )
+    return sali_note, saliency_img, tier_img
+
+
+def _frames_tab() -> tuple:
+    with gr.Tab("Frames"):
+        timeline_note = gr.Markdown("Video only.")
+        timeline_plot = gr.Plot(label="frame timeline", elem_id="vkv-timeline")
+        thumbs_img = gr.Gallery(
+            label="sampled frames (blue border kept, orange-red skipped; click to zoom)",
+            columns=3,
+            height=300,
+            elem_id="vkv-thumbs",
+            object_fit="contain",
+        )
+    return timeline_note, timeline_plot, thumbs_img
+
+
+def _merges_tab() -> tuple:
+    with gr.Tab("Merges"):
+        merge_note = gr.Markdown("LightKV only.")
+        merge_img = gr.Image(label="merge map", type="pil", interactive=False, elem_id="vkv-merge")
+        layer_plot = gr.Plot(label="tokens per layer", elem_id="vkv-layer-tokens")
+    return merge_note, merge_img, layer_plot
+
+
+def _numbers_tab() -> gr.Markdown:
+    with gr.Tab("Numbers"):
+        return gr.Markdown("No turn yet.", elem_id="vkv-numbers")
+
+
+def _compare_tab(method_names: list[str]) -> ComparePanel:
+    with gr.Tab("Compare"):
+        gr.Markdown(
+            "Runs the chat's media (or a file given here) and one question through several "
+            "methods, each in a fresh cache, with the budget and settings on the left. "
+            "`full` is the reference for agreement. *Stop* ends it at the running method's next "
+            "block or token and keeps the finished rows.",
+            elem_classes="vkv-small",
+        )
+        methods = gr.CheckboxGroup(
+            method_names,
+            value=[m for m in method_names if m in COMPARED_BY_DEFAULT],
+            label="methods",
+            elem_id="vkv-cmp-methods",
+        )
+        file = gr.File(label="media (optional; default: the chat's)", type="filepath", elem_id="vkv-cmp-file")
+        question = gr.Textbox(label="question (default: the chat's first question)", elem_id="vkv-cmp-q")
+        with gr.Row():
+            run_btn = gr.Button("Compare", variant="primary", elem_id="vkv-cmp-run", min_width=80)
+            stop_btn = gr.Button("Stop", variant="stop", elem_id="vkv-cmp-stop", min_width=80)
+        status = gr.Markdown("", elem_id="vkv-cmp-status")
+        table = gr.Dataframe(headers=viz.COMPARE_HEADERS, interactive=False, wrap=True, elem_id="vkv-cmp-table")
+        plot = gr.Plot(label="KV memory against tokens read", elem_id="vkv-cmp-plot")
+    return ComparePanel(methods, file, question, run_btn, stop_btn, status, table, plot)
