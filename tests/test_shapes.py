@@ -16,8 +16,8 @@ import torch
 from tests.test_cli import _assert_one_line_error, _run
 from visualkv.bench.synthetic import image_media
 from visualkv.errors import ModelLoadError
-from visualkv.models.synthetic import shapes
 from visualkv.models.registry import _adapter, load_model
+from visualkv.models.synthetic import shapes
 from visualkv.runtime.session import ChatSession, SessionConfig
 
 #: parameter totals shown on the Hub model pages (safetensors metadata), in billions, and the tolerance (the
