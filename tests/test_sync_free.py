@@ -1,4 +1,4 @@
-"""Issue 11: no host synchronisation inside the layer loop of a prefill block or a decode step.
+"""No host synchronisation inside the layer loop of a prefill block or a decode step.
 
 On a GPU, reading a device value on the host (`.item()`, `int(t)`, `bool(t)`, `.tolist()`, `.cpu()`,
 `nonzero()`, `unique()`, boolean-mask indexing, `torch.cuda.synchronize`) stalls the launch queue. The
@@ -154,8 +154,8 @@ def four_layers():
     """4-layer variants of the tiny models (same classes), so three LightKV stages fit before the last layer."""
     import dataclasses
 
-    from visualkv.models.synthetic import tiny
     from visualkv.models.registry import load_model
+    from visualkv.models.synthetic import tiny
 
     names = {"tiny-qwen2.5-vl": "sync4-qwen2.5-vl", "tiny-smolvlm2": "sync4-smolvlm2"}
     for base, deep in names.items():

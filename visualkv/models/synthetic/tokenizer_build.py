@@ -3,8 +3,8 @@
 Nothing here downloads anything. A byte-level BPE is trained in-process with the
 ``tokenizers`` library on a small corpus generated from a fixed seed, then wrapped in
 the transformers tokenizer class a real checkpoint loads as in transformers 5
-(``Qwen2Tokenizer`` for Qwen2.5-VL, the generic ``TokenizersBackend`` for SmolVLM2) together with every special token that the
-family's processor and chat template rely on.
+(``Qwen2Tokenizer`` for the Qwen-LLM families, the generic ``TokenizersBackend`` for SmolVLM2)
+together with every special token that the family's processor and chat template rely on.
 
 Because the alphabet is the 256 byte-level symbols, every string round-trips
 (``decode(encode(s)) == s``).
