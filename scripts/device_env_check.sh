@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Pre-flight for a GPU session, run on the development machine (CPU): gpu_check.sh's dry run and the test suite
+# Pre-flight for a GPU run, on the development machine (CPU): gpu_check.sh's dry run and the test suite
 # under the GPU image's package versions, so that a difference in an API shows here and not in the GPU's
 # 15 minutes. The versions are those KINDS.md of the device tool lists for the H200 image: Python 3.12, torch
 # 2.11, torchvision 0.26, numpy 2.5.2, with the transformers this project pins (gpu_check.sh carries it there).
@@ -10,15 +10,15 @@
 #   scripts/device_env_check.sh --which-python             # print the Python 3.12 it would use, and stop
 #
 # Needs PyPI and a Python 3.12 (PY312=/path/to/python3.12, else the first of python3.12 on PATH and pyenv's that
-# runs as 3.12). The venv stays at $VENV (default /tmp/visualkv-device-env) for the next run. Found this way
-# (2026-12-02): SmolVLM's image processor differs below torchvision 0.27 (transformers loads its PIL backend
-# there), so a built tiny model and the same model saved and reloaded disagreed; fixed in models/tiny.py.
+# runs as 3.12). The venv stays at $VENV (default /tmp/visualkv-device-env) for the next run. What it catches:
+# e.g. SmolVLM's image processor differs below torchvision 0.27 (transformers loads its PIL backend there), so
+# a built tiny model and the same model saved and reloaded would disagree (models/synthetic/smolvlm.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-/tmp/visualkv-device-env}
 if [ -z "${PY312:-}" ]; then
   # the first candidate that runs as 3.12: a pyenv shim named python3.12 is on PATH even when pyenv's selected
-  # version is another one, and then it only fails (found 2026-12-03: the venv step died on it)
+  # version is another one, and then it only fails (the venv step dies on it)
   for candidate in "$(command -v python3.12 || true)" /root/.pyenv/versions/3.12*/bin/python; do
     if [ -x "$candidate" ] && "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then
       PY312=$candidate

@@ -10,10 +10,10 @@ allocator), then resets its peak (Linux VmHWM) and measures load + prefill + fir
 is that peak over the RSS before it. Runs per model:
 
 * ``decoded size``: this tree with `ModelAdapter.resize_video_at_decode` off (frames reach the processor
-  at 1920x1080, as before this change; the per-token tables are already int32);
+  at 1920x1080; the per-token tables are int32);
 * ``resized at decode``: this tree as shipped;
-* ``baseline`` (with `--baseline COMMIT`, e.g. the commit before this change, extracted with `git archive`
-  into a temporary folder): int64 per-token tables and no resize.
+* ``baseline`` (with `--baseline COMMIT`, extracted with `git archive` into a temporary folder): another
+  commit, measured the same way.
 
 glibc's malloc is told to return freed large blocks (fixed mmap threshold, one arena), as in
 tests/test_lazy_video.py, so RSS follows live memory rather than the allocator's free lists.
@@ -118,7 +118,7 @@ def main() -> None:
     p.add_argument("--seconds", type=int, default=60)
     p.add_argument("--method", default="blockwise-keydiff")
     p.add_argument("--budget", type=int, default=1024)
-    p.add_argument("--baseline", default=None, help="a commit to measure as well (e.g. the one before this change)")
+    p.add_argument("--baseline", default=None, help="a commit to measure as well")
     args = p.parse_args()
 
     sys.path.insert(0, str(ROOT))  # this tree's package, whatever the working directory

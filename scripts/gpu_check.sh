@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU checks of issues 10, 11 and 14, prepared for a session that has a GPU: the CUDA tests, `bench gpu`
-# on the shapes, and `bench gpu` on an hour of video.
+# The GPU checks, for a machine that has a GPU: the CUDA tests, `bench gpu` on the shapes, and `bench gpu` on
+# an hour of video.
 #
 #   OUT=/tmp/out scripts/gpu_check.sh tests      # only `pytest -m cuda`
 #   OUT=/tmp/out scripts/gpu_check.sh bench      # only `bench gpu` (shapes, 4K image + 512-s mix video)
@@ -8,41 +8,34 @@
 #   OUT=/tmp/out scripts/gpu_check.sh            # all three, one after the other (does not fit one call: below)
 #   GPU_CHECK_SMALL=1 OUT=/tmp/out scripts/gpu_check.sh [step]   # dry run anywhere (CPU too): tiny models, small inputs
 #
-# Time on one H200, measured 2026-12-04 (a fresh machine's start and the transfers took about 30 s per call;
-# pip installing the wheels a few seconds):
-#   tests  125 s for the 92 tests tests/test_cuda.py held then (112 s in a first run; the slowest took 10 s). It holds
-#          128 now (device "auto" through device_map x12, the CLI on CUDA x2, the 3B shape, the grouped decode
-#          attention's bf16 error, the memory guard's estimate against the CUDA peak x20), perhaps 3-4 min; plus 3 of
-#          tests/test_block_attention.py (the lower-right flash path at three released geometries) and 2 of
-#          tests/test_quant.py (packing on CUDA against CPU), a few seconds.
+# Time on one H200 (a fresh machine's start and the transfers take about 30 s per call; pip installing the
+# wheels a few seconds):
+#   tests  about 2 min for 92 of tests/test_cuda.py's tests (the slowest 10 s); the whole file perhaps 3-4 min, plus
+#          a few seconds for tests/test_block_attention.py's and tests/test_quant.py's CUDA tests.
 #   bench  191 s for shape-qwen2.5-vl-7b without the warm-up and the forced rows (GPU_CHECK_FORCED=0: 4K image and
 #          the 512-s mix video x transformers generate, 6 methods and the 2 vision-ahead rows); with the warm-up
 #          (every case once on a small image and an 8-frame video: 16 s) about 215 s. The forced rows add 4 cases,
 #          ~25 s by the rows' TTFT. The 7B shape builds in 1.2 s and the 512-s video is written in 0.8 s.
-#   hour   not run yet; estimated 3-5 min: an hour at 1 fps is 3,600 frames, ~540k visual tokens (538,200 on
+#   hour   estimated 3-5 min (not measured): an hour at 1 fps is 3,600 frames, ~540k visual tokens (538,200 on
 #          Qwen2.5-VL at 640x360), 7x the 512-s video's 76,544, on which block-wise KeyDiff took 14.6 s TTFT
 #          (H200, warmed up), so ~105 s for block-wise KeyDiff (linear: its cache is bounded) and at most as much
 #          for blockwise-keydiff+salicache on the mix video (Sali-Cache alone took 0.63x block-wise's TTFT on the
 #          512-s video), plus the start, the warm-up and writing the hour-long video (3.6 s on a 2-core CPU).
 #          The reference (transformers generate) and `full` are refused rows past 512 frames (no time).
-# A 15-minute session (the machine's start included) fits the three steps for one shape by those times, each
-# its own call or two in one (one call may run 10 min at most): e.g. call 1 `tests` then `bench` with
+# 15 minutes of GPU time (the machine's start included) fit the three steps for one shape, each its own call or
+# two in one (one call may run 10 min at most): e.g. call 1 `tests` then `bench` with
 # GPU_CHECK_FAMILIES=qwen2.5-vl-7b (each into its own $OUT/<step>, ~8 min with the decode-attention rows), call 2 at
 # once (the machine stays warm 30 s after a call) `hour` with HOUR_STEP_TIMEOUT set to what `status` says is left,
-# less a minute. Issue 10's first 92 tests and the 7B table were measured on 2026-12-04 (docs/results/gpu/). What a
-# next GPU session should run, in order: `tests` (the 133 tests now; issue 10 closes on them), `bench` on the 7B
-# shape (the grouped decode attention, new since that table and `auto`'s choice over long windows, beside the
-# model's masked SDPA: its decode tok/s and decode_attention_<shape>.json decide GROUPED_MIN_ENTRIES; and the
-# lower-right flash attention of every block after the cache, also new: block_attention_<shape>.json times it
-# against transformers' masked path, and the block-wise TTFT rows against the 2026-12-04 table show its effect), then
-# `hour` (issue 14's GPU figure), then the other shapes. `bench gpu` rewrites its JSON after every case, so a
-# step stopped by its timeout keeps the cases it finished; the tests step stopped by its timeout still ends with
-# pytest's summary and JUnit XML of the tests that ran (SIGINT, as a Ctrl-C).
+# less a minute. Order: `tests`, `bench` on the 7B shape (its decode tok/s and decode_attention_<shape>.json decide
+# GROUPED_MIN_ENTRIES; block_attention_<shape>.json times the lower-right flash attention of every block after the
+# cache against transformers' masked path), `hour`, then the other shapes. `bench gpu` rewrites its JSON after
+# every case, so a step stopped by its timeout keeps the cases it finished; the tests step stopped by its timeout
+# still ends with pytest's summary and JUnit XML of the tests that ran (SIGINT, as a Ctrl-C).
 #
 # `bench gpu` runs once per shape model (each its own process: one model in GPU memory at a time). Which:
 #   GPU_CHECK_FAMILIES unset      shape-qwen2.5-vl-7b and shape-qwen3-vl-8b (the default)
 #   GPU_CHECK_FAMILIES=all        also shape-llava-onevision-7b and shape-internvl3.5-8b (and the 3B / SmolVLM2
-#                                 shapes); about twice the time: mind a 15-minute GPU session
+#                                 shapes); about twice the time: mind 15 minutes of GPU time
 #   GPU_CHECK_FAMILIES="qwen3-vl-8b internvl3.5-8b"   any list of shape names without the "shape-" prefix
 #   GPU_CHECK_VIDEO_KINDS=mix,moving   the bench's video inputs (default mix; moving: nothing can be skipped)
 #   GPU_CHECK_DECODE=eager        how the methods decode (default auto: one CUDA graph per answer)
@@ -54,8 +47,8 @@
 #                                 model's own masked SDPA beside auto's choice, `--decode-attention-rows model`; an
 #                                 estimated ~85 s more on the 7B shape by the rows' TTFT and decode times, not measured)
 # Each method row of the bench JSON also holds the memory guard's estimate (`guard_estimate_bytes`) beside its
-# CUDA peak (`peak_over_weights_bytes`): the guard at real scale, never measured on a GPU yet.
-# Each bench table is followed by the issues' GPU targets judged on its rows (visualkv/bench/gpu_targets.py:
+# CUDA peak (`peak_over_weights_bytes`): the guard checked at real scale.
+# Each bench table is followed by the GPU targets judged on its rows (visualkv/bench/gpu_targets.py:
 # met / not met / not measured), in the .md, the JSON (`targets`) and summary.md.
 # With GPU_CHECK_SMALL each shape is replaced by the tiny alias of its family. The `hour` step always runs
 # shape-qwen2.5-vl-7b (tiny-qwen2.5-vl with GPU_CHECK_SMALL: 540 s of 384x216 video, past the 512-frame cap).
@@ -165,11 +158,11 @@ if [ "$STEPS" = all ] || [ "$STEPS" = bench ]; then
       bench=(--model "$model" --image-size 3840x2160 --video-seconds 512 --video-size 640x360
              --new-tokens 64 --budget 1024)
     fi
-    # GPU_CHECK_VIDEO_KINDS=mix,moving adds a video where every frame moves (issue 11's Sali-Cache target with
+    # GPU_CHECK_VIDEO_KINDS=mix,moving adds a video where every frame moves (the Sali-Cache target with
     # nothing to skip; about 2 more minutes per shape); GPU_CHECK_DECODE=eager runs the methods without CUDA graphs
     [ -n "${GPU_CHECK_VIDEO_KINDS:-}" ] && bench+=(--video-kinds "$GPU_CHECK_VIDEO_KINDS")
     [ -n "${GPU_CHECK_DECODE:-}" ] && bench+=(--decode "$GPU_CHECK_DECODE")
-    # issue 11's block-wise TTFT target holds for the hybrid plan and for forced block-wise: both are rows
+    # the block-wise TTFT target holds for the hybrid plan and for forced block-wise: both are rows
     [ "${GPU_CHECK_FORCED:-1}" != 0 ] && bench+=(--forced-blockwise)
     # the tower-launch lever beside each block-wise default: N blocks' media per vision-tower call (same embeddings)
     [ "${GPU_CHECK_AHEAD:-4}" != 1 ] && bench+=(--vision-ahead "${GPU_CHECK_AHEAD:-4}")
@@ -202,7 +195,7 @@ if [ "$STEPS" = all ] || [ "$STEPS" = bench ]; then
 fi
 
 if [ "$STEPS" = all ] || [ "$STEPS" = hour ]; then
-  # issue 14: peak over weights <= 1 GiB for block-wise and composed on an hour of video; TTFT per hour.
+  # the hour's target: peak over weights <= 1 GiB for block-wise and composed on an hour of video; TTFT per hour.
   # The mix video (static shots, pans, cuts, like the example) is generated once and read lazily per case;
   # transformers generate and full are refused rows past 512 frames.
   if [ -n "${GPU_CHECK_SMALL:-}" ]; then

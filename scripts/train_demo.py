@@ -2,40 +2,16 @@
 
     python scripts/train_demo.py --out assets/visualkv-demo [--steps 1200] [--seed 0]
 
-A Qwen2.5-VL (``Qwen2_5_VLForConditionalGeneration``, so every VisualKV method applies
-unchanged) with a small vision tower (windowed attention only, so block-wise encoding is
-exact) and a small LLM, trained from scratch on :mod:`visualkv.bench.scenes` images (224-672 px wide)
-and a few short videos, with a curriculum: images grow from 224 px to 672 px over the
-first 40 % of the steps and distractors from none to full density over the first half.
-Inputs go through the real chat template and the processor's own image / video pipeline,
-exactly as :class:`visualkv.runtime.session.ChatSession` feeds them; each sample is a 2-6 turn conversation about one scene and only the answer tokens (plus the
-closing ``<|im_end|>``) are supervised, plus auxiliary losses that make a from-scratch
-model learn retrieval within a CPU budget (without them, four runs of 600-1000 steps stayed at
-chance on every image question):
-
-* attention supervision (``--attn-weight``): in LLM layers >= 1, query heads 0-1 at the positions
-  that predict an answer's tokens (``--attn-all-positions``) put their attention mass on the asked
-  needle's visual tokens, or on ``<|vision_start|>`` (a sink) when the asked shape is absent; at a
-  count answer, head 2 splits its mass 1 : n between the sink and the n needles
-  (``--count-heads``);
-* a quadrant probe at quadrant answers (``--answer-aux``): a linear head on the attention output of
-  each LLM layer >= 1 at the answer's positions predicts the quadrant (the needle tokens carried it,
-  but without this the answer position did not pick it up: quadrant answers stayed at chance); the
-  same weight drives the probe for the video third at "when" answers (time-cue videos only);
-* the same kind of probe for the count at count answers (``--count-aux``), with more multi-needle
-  scenes (``--multi-prob``) and count questions about them (``--count-multi-weight``);
-* colour-word targets at needle tokens (``--llm-aux``): each visual token covered by a needle
-  predicts the first token of the needle's colour word;
-* per-token shape / colour / quadrant classification of the vision tower's output
-  (``--aux-weight``, needle cells weighted by ``--quadrant-needle-weight`` for the quadrant),
-  through linear heads that are not part of the saved model (nor is the quadrant probe). The quadrant is readable
-  from a token's surroundings because the scenes' background stripes change orientation per
-  quadrant (:func:`visualkv.bench.scenes._quadrant_stripes`).
-
-Training uses eager attention (to read attention weights); the checkpoint loads with SDPA.
-
-Deterministic for a fixed ``--seed`` and step count on one thread (``torch.set_num_threads(1)``);
-the data are a pure function of the sample index (scene seeds >= ``TRAIN_SEED_OFFSET``).
+A small Qwen2.5-VL (every VisualKV method applies unchanged; windowed vision attention only, so block-wise
+encoding is exact) trained from scratch on :mod:`visualkv.bench.scenes` images and a few short videos, with a
+curriculum on image size and distractor density. Inputs go through the real chat template and processor, as
+`ChatSession` feeds them; only answer tokens are supervised, plus auxiliary losses that let a from-scratch
+model learn retrieval within a CPU budget (without them answers stay at chance): attention supervision onto
+the asked needle's tokens (``--attn-weight``), quadrant / time and count probes at the answer
+(``--answer-aux``, ``--count-aux``), colour-word targets at needle tokens (``--llm-aux``) and per-token
+classification of the tower's output (``--aux-weight``). The auxiliary heads are not saved. Training uses
+eager attention (to read attention weights); the checkpoint loads with SDPA. Deterministic for a fixed
+``--seed`` and step count on one thread.
 """
 
 from __future__ import annotations
@@ -68,7 +44,9 @@ from visualkv.bench.scenes import (
     video_third,
 )
 from visualkv.models.base import video_metadata
-from visualkv.models.synthetic.tiny import TinySpec, build_tiny_processor, qwen_config
+from visualkv.models.synthetic import qwen2_5_vl as qwen_builds
+from visualkv.models.synthetic.specs import TinySpec
+from visualkv.models.synthetic.tiny import build_tiny_processor
 
 # Model sizes of visualkv-demo.
 DEMO_SIZES = {
@@ -96,7 +74,7 @@ MULTI_PROB = 0.6  # chance that a training scene has one needle shape 2-3 times 
 COUNT_MULTI_WEIGHT = 4.0
 
 
-# The same dimensions as a TinySpec, so the config comes from the one Qwen builder in tiny.py;
+# The same dimensions as a TinySpec, so the config comes from the one Qwen2.5-VL builder;
 # windowed vision attention only (local features, exact strips) and a RoPE base of 10,000.
 DEMO_SPEC = TinySpec(
     family="qwen2_5_vl",
@@ -118,7 +96,7 @@ DEMO_SPEC = TinySpec(
 
 def demo_config(processor, attn_implementation: str = "sdpa") -> Qwen2_5_VLConfig:
     """Qwen2.5-VL config of the demo model (token ids from the local tokenizer)."""
-    return qwen_config(DEMO_SPEC, processor, attn_implementation)
+    return qwen_builds.build_config(DEMO_SPEC, processor, attn_implementation)
 
 
 def pick_questions(questions, rng: np.random.Generator, n: int, count_multi_weight: float = COUNT_MULTI_WEIGHT):

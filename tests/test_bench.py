@@ -47,7 +47,7 @@ def test_needle_defaults_keep_4k_to_one_budget():
 
 
 def test_needle_bench_writes_the_results_contract(tmp_path, capsys):
-    """The issue's contract: a `results` list of {method, budget_fraction, setting, size, accuracy}."""
+    """The needle JSON contract: a `results` list of {method, budget_fraction, setting, size, accuracy}."""
     out = tmp_path / "needle.json"
     code, stdout, err = _run(
         capsys,

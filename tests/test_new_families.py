@@ -357,16 +357,41 @@ def test_released_configs_have_the_released_shapes():
     """The shape-alias configs build (on the meta device: no memory) to the released parameter counts."""
     from transformers import AutoModelForImageTextToText
 
-    from visualkv.models.synthetic.released import RELEASED_CONFIGS, released_config
+    from visualkv.models.synthetic.shapes import SHAPE_SPECS
+
+    released = {alias: spec.released for alias, spec in SHAPE_SPECS.items() if spec.released is not None}
 
     expected = {
         "shape-qwen3-vl-8b": (8.6e9, 8.9e9),  # Qwen3-VL-8B: 8.77 B parameters
         "shape-llava-onevision-7b": (7.9e9, 8.1e9),  # llava-onevision-qwen2-7b: 8.03 B
         "shape-internvl3.5-8b": (8.3e9, 8.7e9),  # InternVL3.5-8B: about 8.5 B
     }
-    assert set(expected) == set(RELEASED_CONFIGS)
+    assert set(expected) == set(released)
     for alias, (low, high) in expected.items():
         with torch.device("meta"):
-            model = AutoModelForImageTextToText.from_config(released_config(alias))
+            model = AutoModelForImageTextToText.from_config(released[alias]())
         n = sum(p.numel() for p in model.parameters())
         assert low < n < high, (alias, n)
+
+
+def test_each_family_is_one_registry_entry():
+    """A family's adapter, transformers class and every offline alias hang off its one `FAMILIES` entry: each
+    alias its builds module defines is listed, belongs to it, and its class is the family's model_type."""
+    from visualkv.models.registry import ADAPTER_BY_MODEL_TYPE, FAMILIES, OFFLINE_MODELS
+
+    listed = {choice.name for choice in OFFLINE_MODELS}
+    for family in FAMILIES:
+        assert family.adapter.family == family.name
+        assert family.model_class.config_class.model_type == family.name
+        specs = {**family.builds.TINY_SPECS, **family.builds.SHAPE_SPECS}
+        assert specs and all(spec.family == family.name for spec in specs.values()), family.name
+        assert set(specs) <= listed, family.name
+    assert set(ADAPTER_BY_MODEL_TYPE) == {
+        "qwen2_5_vl",
+        "qwen2_vl",
+        "qwen3_vl",
+        "llava_onevision",
+        "internvl",
+        "smolvlm",
+        "idefics3",
+    }

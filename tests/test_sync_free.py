@@ -1,4 +1,4 @@
-"""Issue 11: no host synchronisation inside the layer loop of a prefill block or a decode step.
+"""No host synchronisation inside the layer loop of a prefill block or a decode step.
 
 On a GPU, reading a device value on the host (`.item()`, `int(t)`, `bool(t)`, `.tolist()`, `.cpu()`,
 `nonzero()`, `unique()`, boolean-mask indexing, `torch.cuda.synchronize`) stalls the launch queue. The

@@ -1,18 +1,18 @@
-"""The GPU targets of issues 11 and 14, judged on `bench gpu` results (`visualkv.bench.gpu`).
+"""The GPU speed and memory targets, judged on `bench gpu` results (`visualkv.bench.gpu`).
 
 Each target is a ratio or a size read from the rows of one input (ratios are against transformers' own
 `generate` on the same input, measured in the same process). A target whose figure is missing (no CUDA peak on
 a CPU run, a refused or failed row, a method or input not run) is "not measured", never met. The verdicts are
 for the machine the result names: on CPU they say nothing about the GPU targets (`bench gpu` marks them so).
 
-Targets (issue 11 unless said otherwise):
+Targets:
 - block-wise TTFT <= 1.10x `generate` at 4K and on the long video, hybrid plan and forced block-wise;
 - decode tokens/s after any compressing method >= 2x `generate`'s, and >= `full`'s, on every input;
 - Sali-Cache TTFT <= 1.0x on the `mix` video (static shots, pans and cuts, like the bundled example video) and
   <= 1.25x on the `moving` one (nothing can be skipped), its CUDA peak no higher than `full`'s;
 - LightKV TTFT <= 0.75x at 4K;
 - block-wise CUDA peak over the weights <= 1/5 of `full`'s at 4K and <= 1/50 on the long video;
-- issue 14: on an hour of video, CUDA peak over the weights <= 1 GiB for block-wise KeyDiff and the composed
+- on an hour of video, CUDA peak over the weights <= 1 GiB for block-wise KeyDiff and the composed
   pipeline (TTFT per hour of video is recorded beside it).
 Decode rows also give the fraction of the weight-bandwidth limit reached: tokens/s x weight bytes over the
 GPU's memory bandwidth, for the GPUs listed in `BANDWIDTH` (a decode step reads every weight once).
@@ -37,7 +37,6 @@ BANDWIDTH = {"H200": 4.8e12, "H100 SXM": 3.35e12, "H100 PCIe": 2.0e12, "A100": 2
 class Verdict:
     """One target on one case: the measured figure, the limit, and whether it holds (None: not measured)."""
 
-    issue: int
     target: str
     input: str
     case: str
@@ -114,20 +113,16 @@ def _input_verdicts(label: str, rows: list[dict[str, Any]], hour: bool) -> Itera
     kind = rows[0].get("video_kind")
     full = _find(rows, "full")
 
-    def v(issue: int, target: str, row, measured, limit, met, unit: str = "x", method: str = "") -> Verdict:
-        return Verdict(
-            issue, target, label, case_label(row) if row else f"{method} (not run)", measured, limit, met, unit
-        )
+    def v(target: str, row, measured, limit, met, unit: str = "x", method: str = "") -> Verdict:
+        return Verdict(target, label, case_label(row) if row else f"{method} (not run)", measured, limit, met, unit)
 
-    if hour:  # issue 14: past every frame cap, only the bounded methods run; no reference to divide by
+    if hour:  # past every frame cap, only the bounded methods run; no reference to divide by
         for method in HOUR_METHODS:
             row = _find(rows, method)
             peak = row["peak_over_weights_bytes"] / GIB if measured(row) and row["peak_over_weights_bytes"] else None
-            yield v(
-                14, "CUDA peak over weights <= 1 GiB on an hour", row, peak, 1.0, _at_most(peak, 1.0), "GiB", method
-            )
+            yield v("CUDA peak over weights <= 1 GiB on an hour", row, peak, 1.0, _at_most(peak, 1.0), "GiB", method)
             per_hour = row.get("ttft_seconds_per_hour") if measured(row) else None
-            yield v(14, "TTFT per hour of video (recorded)", row, per_hour, None, None, "s/h", method)
+            yield v("TTFT per hour of video (recorded)", row, per_hour, None, None, "s/h", method)
         return
     for method in BLOCKWISE:
         for forced, ahead in ((False, False), (True, False), (False, True)):
@@ -135,39 +130,37 @@ def _input_verdicts(label: str, rows: list[dict[str, Any]], hour: bool) -> Itera
             if row is None and (forced or ahead):
                 continue  # not run (bench gpu --forced-blockwise / --vision-ahead N add them)
             ratio = _ratio(row, "ttft_seconds")
-            yield v(11, "block-wise TTFT <= 1.10x generate", row, ratio, 1.10, _at_most(ratio, 1.10), method=method)
+            yield v("block-wise TTFT <= 1.10x generate", row, ratio, 1.10, _at_most(ratio, 1.10), method=method)
         row = _find(rows, method)
         limit = 1 / 50 if video else 1 / 5
         share = _peak_over(row, full)
         target = f"block-wise CUDA peak <= 1/{round(1 / limit)} of full's"
-        yield v(11, target, row, share, limit, _at_most(share, limit), method=method)
+        yield v(target, row, share, limit, _at_most(share, limit), method=method)
     for row in rows:
         if row["method"] in (REFERENCE, "full") or _variant(row):
             continue
         ratio = _ratio(row, "decode_tokens_per_second")
-        yield v(11, "decode tok/s >= 2x generate after compression", row, ratio, 2.0, _at_least(ratio, 2.0))
+        yield v("decode tok/s >= 2x generate after compression", row, ratio, 2.0, _at_least(ratio, 2.0))
         vs_full = None
         if measured(row) and measured(full) and full["decode_tokens_per_second"]:
             vs_full = row["decode_tokens_per_second"] / full["decode_tokens_per_second"]
-        yield v(11, "decode tok/s >= full's", row, vs_full, 1.0, _at_least(vs_full, 1.0))
+        yield v("decode tok/s >= full's", row, vs_full, 1.0, _at_least(vs_full, 1.0))
     sali = _find(rows, "salicache")
     if video and kind in ("mix", "moving") and sali is not None:
         limit = 1.0 if kind == "mix" else 1.25
         ratio = _ratio(sali, "ttft_seconds")
-        yield v(
-            11, f"Sali-Cache TTFT <= {limit:.2f}x generate ({kind} video)", sali, ratio, limit, _at_most(ratio, limit)
-        )
+        yield v(f"Sali-Cache TTFT <= {limit:.2f}x generate ({kind} video)", sali, ratio, limit, _at_most(ratio, limit))
         share = _peak_over(sali, full)
-        yield v(11, "Sali-Cache CUDA peak <= full's", sali, share, 1.0, _at_most(share, 1.0))
+        yield v("Sali-Cache CUDA peak <= full's", sali, share, 1.0, _at_most(share, 1.0))
     light = _find(rows, "lightkv")
     if not video and light is not None:
         ratio = _ratio(light, "ttft_seconds")
-        yield v(11, "LightKV TTFT <= 0.75x generate at 4K", light, ratio, 0.75, _at_most(ratio, 0.75))
+        yield v("LightKV TTFT <= 0.75x generate at 4K", light, ratio, 0.75, _at_most(ratio, 0.75))
 
 
 def evaluate(result: dict[str, Any]) -> list[Verdict]:
     """Every target that `result` (one `bench gpu` run) bears on, with its verdict. A video of an hour or more is
-    judged on issue 14's targets; any other input on issue 11's."""
+    judged on the hour's memory target; any other input on the speed and memory ratios."""
     out: list[Verdict] = []
     for label, rows in _by_input(result["cases"]):
         hour = rows[0]["input"] == "video" and rows[0]["video_seconds"] >= 3600
@@ -206,13 +199,11 @@ VERDICT_WORDS: dict[bool | None, str] = {True: "met", False: "**not met**", None
 def markdown(result: dict[str, Any], verdicts: list[Verdict] | None = None) -> str:
     """The targets table of one result, then the decode rows' share of the weight-bandwidth limit."""
     verdicts = evaluate(result) if verdicts is None else verdicts
-    lines = ["| issue | target | input | case | measured | limit | verdict |", "|" + " --- |" * 7]
+    lines = ["| target | input | case | measured | limit | verdict |", "|" + " --- |" * 6]
     for v in verdicts:
         target = re.sub(r"(\d)x\b", r"\1×", v.target.replace("<=", "≤").replace(">=", "≥"))
         verdict = "" if v.unit == "s/h" else VERDICT_WORDS[v.met]
-        lines.append(
-            f"| {v.issue} | {target} | {v.input} | {v.case} | {_fmt(v.measured, v.unit)} | {_limit(v)} | {verdict} |"
-        )
+        lines.append(f"| {target} | {v.input} | {v.case} | {_fmt(v.measured, v.unit)} | {_limit(v)} | {verdict} |")
     shares = _bandwidth_lines(result)
     if not result.get("machine", "").startswith("CPU") and not shares:
         shares = ["Weight-bandwidth share: this GPU is not in `gpu_targets.BANDWIDTH`."]

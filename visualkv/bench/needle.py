@@ -1,32 +1,13 @@
 """Needle-in-a-haystack accuracy of every method: ``python -m visualkv bench needle``.
 
-Over a held-out set of generated scenes (:mod:`visualkv.bench.scenes`, seeds below
-``TRAIN_SEED_OFFSET``; the demo model never saw them), each method answers a two-turn
-conversation per scene: turn 1 asks about needle A, turn 2 about a *different* needle B.
-Turn-1 accuracy is the ``single`` setting; turn-2 accuracy (answered from the cache that
-turn 1 compressed, ``followup="reuse"``) is the ``followup`` setting. Query-aware eviction
-(SnapKV) keeps what question A attended to, so B's evidence may be gone; query-agnostic
-KeyDiff does not depend on the question.
-
-Budgets are fractions of the scene's visual tokens: eviction methods keep
-``round(f * n_visual)`` visual entries per layer and KV head. Methods without a token
-budget are mapped to an equivalent operating point and their *measured* kept fraction is
-reported next to the nominal one:
-
-* ``salicache``: tiers (full, int8, int4) = (f/2, f/2, f), i.e. about f of the FP16 bytes;
-* ``lightkv``: one operating point (merge ratio 1.0, i.e. half of each window per stage, at its
-  default layers), reported once
-  with ``budget_fraction`` = the measured fraction of visual entries it keeps.
-
-Sizes above 2 megapixels (4K: ~10.5k visual tokens, ~13 s per conversation on one CPU
-thread) use ``--scenes-large`` scenes and ``--large-fractions`` budgets (default 10 % only).
-
-Videos (``--videos N``): one needle visible in a few frames; turn 1 asks its colour, turn 2
-when it appeared (same object, so these rows are ``single`` only, one per turn kind).
-
-Answers are closed (one word or two); a turn is correct when the greedy answer equals the
-expected one (case-insensitive). Results are written as JSON (``results``: method,
-budget_fraction, setting, size, accuracy, n, kept_fraction, by_kind) and a Plotly chart.
+On held-out generated scenes (:mod:`visualkv.bench.scenes`, seeds the demo model never saw) each method
+answers a two-turn conversation: turn 1 about needle A (the ``single`` setting), turn 2 about a different
+needle B from the cache turn 1 compressed (``followup``), which shows what query-aware eviction loses.
+Budgets are fractions of the visual tokens; methods without a token budget get an equivalent operating point
+(Sali-Cache tiers (f/2, f/2, f); LightKV one merge setting) and report their measured kept fraction. Videos
+(``--videos N``) ask a needle's colour and when it appeared. A turn is correct when the greedy answer equals
+the expected one (case-insensitive); results go to JSON (``results``: method, budget_fraction, setting,
+size, accuracy, n, kept_fraction, by_kind) and a Plotly chart.
 """
 
 from __future__ import annotations

@@ -1,34 +1,16 @@
 """Deterministic synthetic "needle in a haystack" scenes with closed-answer questions.
 
-Images: a textured background (smooth noise, gradient, grain, and fine stripes whose
-orientation marks the quadrant: the position cue, see :func:`_quadrant_stripes`), many
-distractor shapes (filled circles and squares, in the needles' colours and in muted ones)
-and one or a few small *needles*: a star, cross, triangle or ring, each in one of six
-saturated colours. Needles keep the same pixel size (``NEEDLE_PX``) whatever the image
-size, so a 3840x2160 scene is the same task with ~40x more haystack.
+Images: a textured background whose stripe orientation marks the quadrant, distractor shapes, and one or a
+few small needles (star, cross, triangle or ring in one of six colours) of a fixed pixel size
+(``NEEDLE_PX``), so a 4K scene is the same task with more haystack. Questions ask a needle's colour,
+quadrant, presence or count. Videos: two shots with a hard cut, one needle visible in a few frames, stripes
+whose period marks the third of the video; questions ask its colour and when it appeared.
 
-Questions (one fixed template each, short closed answers)::
-
-    What color is the star?           -> red | green | blue | yellow | purple | orange
-    Which quadrant holds the star?    -> top left | top right | bottom left | bottom right
-    Is there a star?                  -> yes | no
-    How many stars are there?         -> 0 | 1 | 2 | 3
-
-Videos: two shots separated by a hard cut, distractors that are static or drift, one needle
-visible in only a few frames (an aligned pair of frames or two pairs), and stripes whose period
-marks the third of the video (the time cue, ``time_cue=True``)::
-
-    What color was the star?          -> colour
-    When did the star appear?         -> start | middle | end   (third of the video)
-
-Everything is a pure function of a seed (``numpy.random.default_rng(seed)``); the demo
-model trains on seeds >= :data:`TRAIN_SEED_OFFSET` and is evaluated on seeds below it.
-
-Example::
+Everything is a pure function of a seed; the demo model trains on seeds >= :data:`TRAIN_SEED_OFFSET` and is
+evaluated below it::
 
     scene = make_scene(seed=3, size=(896, 504))
     rgb = render_scene(scene)          # HxWx3 uint8
-    for q in scene.questions: print(q.question, "->", q.answer)
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ class UnknownMethodError(ConfigError, ValueError):
     """An unknown method name."""
 
 
-# -- frame caps that follow the method (issue 14) ---------------------------------------------------
+# -- frame caps that follow the method ------------------------------------------------------------
 FULL_FRAME_CAP = 512  # sampled frames for methods that hold every frame's KV at once (memory guard aside)
 
 

@@ -1,26 +1,15 @@
 """Block-wise prefill under a fixed budget (ACL Findings 2026): KeyDiff and SnapKV.
 
-After every block, each layer keeps at most `budget` visual entries per KV
-head, so the cache never holds more than budget + block + protected entries.
-Eviction happens right after the layer has processed the block (layer by
-layer), which is the earliest moment all scores are known.
-With Sali-Cache stacked on top (a composed pipeline, see compose.py) the
-cache also holds packed INT8 / INT4 entries: the budget then bounds every
-tier (`evict_tiers` splits M by the tier shares and scores packed keys
-dequantized, together with the full-precision ones).
+After every block, each layer keeps at most `budget` visual entries per KV head, so the cache never holds
+more than budget + block + protected entries. Eviction happens right after the layer has processed the block,
+the earliest moment all scores are known. Stacked with Sali-Cache (compose.py) the budget bounds every
+precision tier (`evict_tiers`).
 
-SnapKV needs queries from the user's question, which comes *after* the media.
-Our choice (the paper does not say): before the first visual block we run one
-text-only pass over [prompt prefix + question + assistant prompt], with the
-question tokens at the positions they will really occupy after the media, and
-keep each layer's post-RoPE query states of the question and the assistant
-prompt (at most the last `window` of them; never the system prompt, so that
-block-wise and post-prefill SnapKV observe the same tokens) as proxy queries.
-They see the prefix but not the image; the cost is one short text forward.
-Scores are pooled along each tile / frame's original token order (not cache
-order, which skips evicted neighbours). Limits: the kept set is tuned to *this* question; a follow-up about
-something else may find its evidence evicted (use KeyDiff, or the session's
-`followup="reprefill"`).
+SnapKV needs queries from the question, which comes after the media: before the first visual block one
+text-only pass over [prompt prefix + question + assistant prompt], the question at the positions it will
+really occupy, gives each layer's post-RoPE query states as proxy queries (they see the prefix, not the image).
+Limits: SnapKV's kept set is tuned to this question; a follow-up about something else may find its evidence
+evicted (use KeyDiff, or `followup="reprefill"`).
 """
 
 from __future__ import annotations

@@ -1,25 +1,14 @@
 """Composed methods: stages that stack through the one `Method` interface (no code per combination).
 
-The methods act at different hook points, so a composition is an ordered list of stages:
+The methods act at different hook points, so a composition is an ordered list of stages: "entry"
+(Sali-Cache: what enters the LLM and at which precision, in `begin`), "merge" (LightKV, in `after_layer`) and
+"evict" (block-wise KeyDiff / SnapKV: M visual entries per KV head over every tier, in `after_layer`). A
+composed name joins stage names with "+", base method first (``blockwise-keydiff+salicache``); stages run in
+role order whatever the order in the name, and the prefill mode is the bounded stage's, so a bounded pipeline
+never runs the media in one bulk forward.
 
-- "entry" (Sali-Cache): in `begin`, decides what enters the LLM (skipped frames, pruned tokens:
-  `ctx.prepared.keep`) and how it is stored (INT8 / INT4 tiers: `ctx.tiers`, `ctx.tier_shares`);
-- "merge" (LightKV): in `after_layer`, shrinks the block's hidden states inside the forward;
-- "evict" (block-wise KeyDiff / SnapKV): in `after_layer`, bounds each layer after every block to M
-  visual entries per KV head, counting every precision tier (`visualkv.methods.eviction.evict_tiers`
-  splits M across the tiers by `ctx.tier_shares`, so packed entries are bounded too).
-
-A composed name joins stage names with "+", the base method first: ``blockwise-keydiff+salicache``,
-``blockwise-snapkv+lightkv+salicache``, ``lightkv+salicache``. Stages run in role order (entry, merge,
-evict) whatever the order in the name: `begin` in that order, `capacity_hint` the smallest bound any
-stage gives, `after_layer` chained (each stage sees the state the previous returned), `end` in that
-order, `report` merged. The class flags combine: needs_budget, evicts_per_block, query_aware and
-question_apart if any stage has them; the prefill mode is the bounded stage's (block-wise "hybrid"),
-so a bounded pipeline never runs the media in one bulk forward.
-
-Refused (one-line ConfigError): a stage that does not compose (`full` keeps everything: leave it out;
-`post-snapkv` compresses once after a full prefill, so it bounds nothing per block: compose
-`blockwise-snapkv`), and two stages of the same role (two evictions would fight over one budget).
+Refused (one-line ConfigError): a stage that does not compose (`full`; `post-snapkv`, which bounds nothing per
+block) and two stages of the same role (two evictions would fight over one budget).
 """
 
 from __future__ import annotations

@@ -1,50 +1,17 @@
 """LightKV ("Make Your LVLM KV Cache More Lightweight", TMLR): prompt-aware merging of visual tokens in the prefill.
 
-After a few decoder layers Λ = (λ1, λ2, ...) the visual hidden states of the block are merged, so every later
-layer runs on (and caches) fewer tokens. Per stage k (after layer λk, windows Wk, ratio Pk):
+After each merge layer λk the block's visual hidden states are merged, so every later layer runs on (and
+caches) fewer tokens. Each tile / frame's own token grid is cut into Wk x Wk windows; in each window tokens
+alternate into A and B, and the r = min(⌊P·n⌋, ⌊n/2⌋) A tokens most similar (cosine) to a B token merge into
+it, weighted by ω = ξ · s: ξ is the attention the token pays to the question's text at that layer, s how many
+original tokens it already stands for (at the first stage ω = ξ, the paper's formula). Kept tokens keep their
+original position ids and token indices; with every ratio 0 the forward is the uncompressed model, bit for bit.
+In a block-wise prefill or a follow-up the question is not in the forward yet, so ξ comes from a text-only
+pass over it (an approximation). Merge counts are planned on the host in `begin`, so the layer loop reads
+nothing back, except for a stage whose windows cut the previous stage's (read once per block).
 
-1. Windows: each tile / frame's *own* token grid (rows R x cols C, from `VisualLayout`) is cut into Wk x Wk
-   windows (Wk per side: window row = ⌊row·Wk/R⌋, window col = ⌊col·Wk/C⌋), so non-square grids get
-   rectangular windows and a window never holds tokens of two tiles / frames. Later stages place every
-   surviving token by its *original* (row, col), so sparse survivors fall in the window that contains them.
-2. In each window (tokens in sequence order) tokens alternate into A (even rank) and B (odd rank); each a ∈ A
-   finds its most similar b ∈ B by cosine similarity of the layer's output hidden states; the
-   r = min(⌊P·n⌋, ⌊n/2⌋) most similar A tokens merge into their partners:
-   b ← (ω_b x_b + Σ ω_a x_a) / (ω_b + Σ ω_a). The merged-away tokens leave the sequence.
-3. ω_i = ξ_i · s_i. ξ_i is the attention visual token i pays to the prompt's text tokens at that layer:
-   scores q_i·k_t/√d from the layer's own (post-RoPE) query/key projections of its *input*, visual queries ×
-   text keys only, no causal mask (the prompt follows the image); for every text key and query head a
-   softmax over the visual queries (as the authors' code normalises), summed over text keys and averaged
-   over query heads (GQA: each KV head serves its group of query heads). s_i is the running size: how many
-   original visual tokens token i already stands for (1 before the first stage, summed on every merge), so
-   a token that absorbed k tokens weighs like k tokens of its relevance. At the first stage ω = ξ, exactly
-   the paper's formula.
-
-Kept tokens keep their own hidden row (unless something merged into them), their sequence index and their
-original position ids (3-D M-RoPE ids included): the engine slices positions / cos / sin with them, and the
-cache entries of later layers carry the original `token_index`. Layers up to and including λ1 keep every
-token. Decoding continues the original numbering (positions come from the prepared input's table).
-With every ratio 0 nothing is touched: the forward is the uncompressed model, bit for bit.
-
-The "prompt text" is the question: the prepared input's suffix (everything after the last visual token:
-the question and the assistant prompt). ξ comes from where the question is:
-
-- bulk prefill (the default): the question is in the same forward, so its real hidden states at layer λ
-  (having seen the image) give the keys;
-- block-wise / hybrid prefill, or a follow-up re-prefill (`proxy_ids`): the question is not there yet, so
-  one text-only pass over [prompt prefix + question] (question at its real positions, like the block-wise
-  SnapKV proxy) provides its layer-λ hidden states. Those have not seen the image, so ξ is an approximation.
-  Merging then happens per block, on the block's visual tokens: windows are intersected with blocks (exact
-  for SmolVLM tiles and video frames, which are whole units; Qwen image blocks of grid rows cut windows).
-
-No host reads in the layer loop: `begin` plans every block's windows per stage on the host (the engine plans
-the blocks first), so every merge count is known there and the merge runs on fixed-size ops. The exception is
-a stage whose windows cut the previous stage's (Qwen's 6 -> 4): its window sizes depend on which tokens
-merged, and are read back once per block (`_window_counts`).
-
-Limits: merged tokens attend and are attended like one token (no size-proportional attention, so the rest
-of the model keeps its normal attention kernel); the merge map records where every original token went but
-merged KV cannot be "un-merged" for a follow-up about a region that was merged away.
+Limits: a merged token attends and is attended like one token; merged KV cannot be un-merged for a follow-up
+about a region that was merged away.
 """
 
 from __future__ import annotations

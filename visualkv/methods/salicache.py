@@ -1,50 +1,15 @@
-"""Sali-Cache (arXiv 2602.14236), done for real: decide before attention what each patch deserves.
+"""Sali-Cache (arXiv 2602.14236): decide before attention what each patch deserves.
 
-1. Temporal filter (video only). Dense optical flow plus a photometric check on consecutive sampled
-   frames (``visualkv.media.saliency.MotionFilter``: each frame is compared with the last *kept* frame).
-   A redundant frame's tokens are marked ``keep=False`` in ``begin``: the engine then never sends
-   that frame to the vision encoder and none of its tokens enters the LLM. The last kept frame's
-   entries stand in for it. Kept frames keep their original (M-RoPE) positions: the engine takes
-   positions from the table computed over the uncompressed input.
-   - SmolVLM: one unit = one sampled frame; the decision is the frame's own.
-   - Qwen2.5-VL: one unit = a temporal patch of 2 sampled frames, encoded together. Every sampled
-     frame goes through the filter; a patch is skipped only if *all* its frames are redundant, so
-     an event lasting one sampled frame (which may be the patch's second frame) is never lost. The
-     report lists every sampled frame with its own motion score and the decision of its patch.
-   - The timestamp text SmolVLM puts before each frame is protected text: it stays.
-2. Spatial filter (images and videos). Per visual token, Canny edge density and LAB colour
-   variance inside the token's pixel box (``layout.box``, on the token's source frame; for a Qwen
-   patch the max over its two frames), normalised over all tokens of the video / image
-   (``visualkv.media.saliency.token_saliency``). Saliency quantiles over the tokens of *non-skipped*
-   frames give the tiers (``TierSpec``, ``--tiers FP,INT8,INT4``, the rest pruned):
-   full precision (model dtype) / INT8 / INT4 / pruned. Pruned tokens get ``keep=False`` (never in
-   the LLM; their frame is still encoded, since the encoder needs the whole frame). INT8 / INT4
-   tokens go to ``ctx.tiers``: the cache stores their keys and values packed (group-wise
-   asymmetric, INT4 two per byte, ``group_size`` channels per scale / zero point) and dequantizes
-   them just in time at every later attention. Text tokens are always full precision.
+A temporal filter (video only; `visualkv.media.saliency.MotionFilter`: optical flow plus a photometric check
+against the last kept frame) marks redundant frames `keep=False` in `begin`, so they never reach the vision
+encoder; a Qwen temporal patch is skipped only when all its frames are, so a one-frame event is never lost.
+A spatial filter (edge density and colour variance in each token's pixel box, `token_saliency`) ranks the
+visual tokens of kept frames into tiers (`TierSpec`): full precision, INT8 and INT4 (stored packed in the
+cache, dequantized at every later attention) or pruned (never in the LLM). Text stays full precision.
+`report` lists per sampled frame its motion and decision, the tier counts, and per token its saliency and tier.
 
-Prefill: the media in one bulk forward by default (lowest TTFT), then the question and the assistant
-prompt as a block of their own (``question_apart``), which reads the media's entries as the cache
-stores them: dequantized INT8 / INT4, exactly what a deployed tiered cache serves, so the first answer
-token already carries the quantization error (inside the media forward, media tokens see each other's
-fresh keys at full precision: they are computed there). ``--prefill blockwise`` runs frame blocks
-instead: each block attends to the packed entries of earlier blocks (dequantized per layer, just in
-time), which is closer to a streaming deployment and keeps the LLM's activations per block.
-
-Report (``report``): ``frames`` (per sampled frame: ``index``, ``time``, ``motion``,
-``photometric``, ``reference``, ``redundant`` (own verdict), ``skipped`` (its unit's), ``unit``),
-``tiers`` (token counts: skipped / pruned / int4 / int8 / full), ``tier_fractions`` (the same over
-all visual tokens), ``saliency`` per visual token (null for tokens of skipped frames: never
-computed, skipped frames cost nothing but the flow) and ``tier`` (codes 0 full, 1 int8, 2 int4,
-3 pruned, 4 skipped; legend in ``tier_names``), ``vision_encoder_frames`` (units that went through
-the encoder, the same unit as the session's count for other methods: frames for SmolVLM, temporal
-patches for Qwen), ``vision_encoder_units`` (their indices), ``vision_encoder_source_frames``
-(sampled frames inside them), ``kv_bytes_by_tier``, ``llm_tokens``, ``flow_threshold``, ...
-
-Limits: the flow threshold is calibrated on synthetic footage (see ``MotionConfig``); heavy noise
-keeps frames (never wrongly skips them). Saliency is a pixel heuristic, blind to what the question
-asks. A video with undecodable frames is handled: the filter compares the frames around a gap
-(the report's ``media.warnings`` lists what was missing).
+Limits: the flow threshold is calibrated on synthetic footage (heavy noise keeps frames, never wrongly skips
+them); saliency is a pixel heuristic, blind to what the question asks.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""Model aliases and loading by alias, Hub id or local path.
+"""Model families, model aliases, and loading by alias, Hub id or local path.
 
-Offline aliases build tiny random-weight models in code (no download). Real
-checkpoints load with transformers' own classes (`AutoProcessor`,
-`AutoModelForImageTextToText`), `trust_remote_code` off.
+Each family is one `ModelFamily` entry in `FAMILIES`: its adapter, its transformers class and the module of its
+offline builds (`visualkv.models.synthetic.<family>`: tiny and shape specs, processor and config builders).
+Offline aliases build tiny random-weight models in code (no download). Real checkpoints load with
+transformers' own classes (`AutoProcessor`, `AutoModelForImageTextToText`), `trust_remote_code` off.
 """
 
 from __future__ import annotations
@@ -11,6 +12,14 @@ import os
 from dataclasses import dataclass
 
 import torch
+from transformers import (
+    InternVLForConditionalGeneration,
+    LlavaOnevisionForConditionalGeneration,
+    PreTrainedModel,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen3VLForConditionalGeneration,
+    SmolVLMForConditionalGeneration,
+)
 
 from visualkv.errors import ModelLoadError
 from visualkv.models.base import ModelAdapter
@@ -20,16 +29,52 @@ from visualkv.models.llava_onevision import LlavaOnevisionAdapter
 from visualkv.models.qwen2_5_vl import Qwen25VLAdapter
 from visualkv.models.qwen3_vl import Qwen3VLAdapter
 from visualkv.models.smolvlm import SmolVLMAdapter
+from visualkv.models.synthetic import internvl as internvl_builds
+from visualkv.models.synthetic import llava_onevision as llava_onevision_builds
+from visualkv.models.synthetic import qwen2_5_vl as qwen2_5_vl_builds
+from visualkv.models.synthetic import qwen3_vl as qwen3_vl_builds
+from visualkv.models.synthetic import smolvlm as smolvlm_builds
+from visualkv.models.synthetic.specs import FamilyBuilds, ShapeSpec, TinySpec
 
-FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
-    "qwen2_5_vl": Qwen25VLAdapter,
-    "qwen2_vl": Qwen25VLAdapter,
-    "qwen3_vl": Qwen3VLAdapter,
-    "llava_onevision": LlavaOnevisionAdapter,
-    "internvl": InternVLAdapter,
-    "smolvlm": SmolVLMAdapter,
-    "idefics3": SmolVLMAdapter,
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """One model family.
+
+    name: the released checkpoints' `config.model_type` (and `TinySpec.family`); adapter: the class that drives
+    it; model_class: the transformers class its tiny and shape builds instantiate; builds: the module of its
+    offline builds; model_types: further `config.model_type` values the same adapter serves.
+    """
+
+    name: str
+    adapter: type[ModelAdapter]
+    model_class: type[PreTrainedModel]
+    builds: FamilyBuilds
+    model_types: tuple[str, ...] = ()
+
+
+FAMILIES: tuple[ModelFamily, ...] = (
+    ModelFamily("qwen2_5_vl", Qwen25VLAdapter, Qwen2_5_VLForConditionalGeneration, qwen2_5_vl_builds, ("qwen2_vl",)),
+    ModelFamily("smolvlm", SmolVLMAdapter, SmolVLMForConditionalGeneration, smolvlm_builds, ("idefics3",)),
+    ModelFamily("qwen3_vl", Qwen3VLAdapter, Qwen3VLForConditionalGeneration, qwen3_vl_builds),
+    ModelFamily(
+        "llava_onevision", LlavaOnevisionAdapter, LlavaOnevisionForConditionalGeneration, llava_onevision_builds
+    ),
+    ModelFamily("internvl", InternVLAdapter, InternVLForConditionalGeneration, internvl_builds),
+)
+
+#: config.model_type -> the adapter class that drives it
+ADAPTER_BY_MODEL_TYPE: dict[str, type[ModelAdapter]] = {
+    model_type: family.adapter for family in FAMILIES for model_type in (family.name, *family.model_types)
 }
+
+
+def family_named(name: str) -> ModelFamily:
+    """The FAMILIES entry called `name` (a `TinySpec.family` / `ShapeSpec.family`)."""
+    for family in FAMILIES:
+        if family.name == name:
+            return family
+    raise ValueError(f"unknown family {name!r}; known: {', '.join(f.name for f in FAMILIES)}")
 
 
 @dataclass(frozen=True)
@@ -41,36 +86,26 @@ class ModelChoice:
 
 DEMO_MODEL = "visualkv-demo"  # the bundled trained checkpoint (assets/visualkv-demo)
 FALLBACK_MODEL = "tiny-qwen2.5-vl"  # built in code: always there
+#: what a shape model is good for, said beside every shape alias
+SHAPE_NOTE = "memory and speed only: random weights, answers are noise"
+
+
+def tiny_specs() -> dict[str, TinySpec]:
+    """Every family's tiny and bench aliases (tiny-* first), in the order of `FAMILIES`."""
+    specs = [(alias, spec) for family in FAMILIES for alias, spec in family.builds.TINY_SPECS.items()]
+    return dict(sorted(specs, key=lambda item: item[0].startswith("bench-")))
+
+
+def shape_specs() -> dict[str, ShapeSpec]:
+    """Every family's shape aliases (released configurations, random weights), in the order of `FAMILIES`."""
+    return {alias: spec for family in FAMILIES for alias, spec in family.builds.SHAPE_SPECS.items()}
+
+
 OFFLINE_MODELS = (
     ModelChoice(DEMO_MODEL, True, "trained offline on synthetic needle scenes (bundled in assets/)"),
-    ModelChoice(FALLBACK_MODEL, True, "random weights, Qwen2.5-VL architecture (tests)"),
-    ModelChoice("tiny-smolvlm2", True, "random weights, SmolVLM2 architecture (tests)"),
-    ModelChoice("tiny-qwen3-vl", True, "random weights, Qwen3-VL architecture with DeepStack (tests)"),
-    ModelChoice("tiny-llava-onevision", True, "random weights, LLaVA-OneVision architecture (tests)"),
-    ModelChoice("tiny-internvl3.5", True, "random weights, InternVL3.5 architecture (tests)"),
-    ModelChoice("bench-qwen2.5-vl", True, "random weights, larger LLM for benchmarks"),
-    ModelChoice("bench-smolvlm2", True, "random weights, larger LLM for benchmarks"),
-    # released configurations, random weights, built on the target device (visualkv/models/synthetic/shapes.py)
-    ModelChoice(
-        "shape-qwen2.5-vl-3b", True, "Qwen2.5-VL-3B shape; memory and speed only: random weights, answers are noise"
-    ),
-    ModelChoice(
-        "shape-qwen2.5-vl-7b", True, "Qwen2.5-VL-7B shape; memory and speed only: random weights, answers are noise"
-    ),
-    ModelChoice(
-        "shape-smolvlm2-2.2b", True, "SmolVLM2-2.2B shape; memory and speed only: random weights, answers are noise"
-    ),
-    ModelChoice(
-        "shape-qwen3-vl-8b", True, "Qwen3-VL-8B shape; memory and speed only: random weights, answers are noise"
-    ),
-    ModelChoice(
-        "shape-llava-onevision-7b",
-        True,
-        "LLaVA-OneVision-7B shape; memory and speed only: random weights, answers are noise",
-    ),
-    ModelChoice(
-        "shape-internvl3.5-8b", True, "InternVL3.5-8B shape; memory and speed only: random weights, answers are noise"
-    ),
+    *(ModelChoice(alias, True, spec.note) for alias, spec in tiny_specs().items()),
+    # built on the target device (visualkv/models/synthetic/shapes.py)
+    *(ModelChoice(alias, True, f"{spec.label} shape; {SHAPE_NOTE}") for alias, spec in shape_specs().items()),
 )
 # Bundled checkpoints: alias -> folder (loaded with AutoModelForImageTextToText / AutoProcessor).
 BUNDLED_MODELS = {
@@ -97,7 +132,7 @@ def default_offline_model_name() -> str:
 
 def offline_aliases() -> list[str]:
     from visualkv.models.synthetic.shapes import SHAPE_SPECS
-    from visualkv.models.synthetic.tiny import TINY_SPECS
+    from visualkv.models.synthetic.tiny import TINY_SPECS  # tests may add aliases to it
 
     return list(TINY_SPECS) + list(SHAPE_SPECS)
 
@@ -181,9 +216,9 @@ def _load_pretrained(name: str, device: str, dtype: torch.dtype, attn: str):
         else:
             hint = "; it is not an offline alias (check the id on the Hub)"
         raise ModelLoadError(f"cannot load model {name!r}: {_first_line(exc)}{hint}") from None
-    if config.model_type not in FAMILY_ADAPTERS:
+    if config.model_type not in ADAPTER_BY_MODEL_TYPE:
         raise ModelLoadError(
-            f"model {name!r} is a {config.model_type!r}; supported families: {', '.join(sorted(FAMILY_ADAPTERS))}"
+            f"model {name!r} is a {config.model_type!r}; supported families: {', '.join(sorted(ADAPTER_BY_MODEL_TYPE))}"
         )
     try:
         processor = AutoProcessor.from_pretrained(name, **common)
@@ -198,9 +233,9 @@ def _load_pretrained(name: str, device: str, dtype: torch.dtype, attn: str):
 
 def _adapter(model, processor, name: str) -> ModelAdapter:
     family = model.config.model_type
-    if family not in FAMILY_ADAPTERS:
+    if family not in ADAPTER_BY_MODEL_TYPE:
         raise ModelLoadError(f"unsupported model family {family!r}")
-    return FAMILY_ADAPTERS[family](model, processor, name)
+    return ADAPTER_BY_MODEL_TYPE[family](model, processor, name)
 
 
 def _dtype(dtype: str, device: str) -> torch.dtype:

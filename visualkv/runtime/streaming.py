@@ -1,39 +1,14 @@
-"""Run chat turns in a worker thread and hand their telemetry to a reader as events.
+"""Run chat turns in a worker thread and hand their telemetry to a reader as one ordered stream of events.
 
-`ChatSession.stream` reports prefill blocks through a callback and answer text
-through a generator. A UI wants both in one ordered stream it can forward, and
-it wants the model compute off its own thread so a stop request is seen while
-the model runs. `stream_turn` gives exactly that:
+A UI wants prefill blocks and answer text in one stream, with the model compute off its own thread so that a
+stop request is seen while the model runs. `stream_turn` yields ("block", BlockEvent), ("text", str), then
+exactly one of ("done", TurnRecord), ("error", one-line message) or ("stopped", message): `stop` (or the turn's
+time limit, `TIME_LIMIT_STOPPED`) ends the prefill at a block boundary, leaving the session as before the
+turn. Errors never escape as exceptions. Turns of one session are serialised by a per-session lock.
 
-    for kind, payload in stream_turn(session, "what is in the corner?", media, stop):
-        kind == "block"  -> payload: BlockEvent (after every prefill block, before any text)
-        kind == "text"   -> payload: str, the next piece of the answer
-        kind == "done"   -> payload: TurnRecord of the finished turn (always last on success)
-        kind == "error"  -> payload: one-line message (always last on failure)
-        kind == "stopped" -> payload: one-line message (last; `stop` ended the prefill at a block
-                             boundary, the session is exactly as before the turn; `TIME_LIMIT_STOPPED`
-                             when the turn's time limit did)
-
-Errors never escape as exceptions: deliberate ones (`VisualKVError`) keep their
-message; anything else becomes "unexpected failure (Type: first line)" with the
-traceback logged. The session guarantees that input errors leave it unchanged.
-
-`stop` is checked by the engine between prefill blocks (a block is never cut
-halfway: that would corrupt the cache) and by the session between decoded
-tokens. Turns of one session are
-serialised by a per-session lock: if a reader walks away mid-turn, the next turn
-of that session waits until the abandoned one has finished.
-
-A time limit ends a turn the way Stop does, and says so: a prefill it stops yields
-`TIME_LIMIT_STOPPED`, and an answer it cuts short is recorded as `TurnRecord.stopped ==
-TIME_LIMIT_STOP` (a Stop from the user records "stopped").
-
-Also here, for the app and the benches: `stream_compare` / `compare_methods` (one
-question through several methods, each in a fresh session, stoppable and under one time
-limit), `turn_report` (the session report plus the
-keep fraction per layer), `live_report` (a partial report during prefill), and
-`method_settings` / `method_options` (a method's tunable settings, flattened, and
-back into constructor keyword arguments).
+Also here: `stream_compare` / `compare_methods` (one question through several methods, each in a fresh
+session), `turn_report`, `live_report` (a partial report during prefill), and `method_settings` /
+`method_options` (a method's tunable settings, flattened and back).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Nothing here downloads anything. A byte-level BPE is trained in-process with the
 ``tokenizers`` library on a small corpus generated from a fixed seed, then wrapped in
 the transformers tokenizer class a real checkpoint loads as in transformers 5
-(``Qwen2Tokenizer`` for Qwen2.5-VL, the generic ``TokenizersBackend`` for SmolVLM2) together with every special token that the
-family's processor and chat template rely on.
+(``Qwen2Tokenizer`` for the Qwen-LLM families, the generic ``TokenizersBackend`` for SmolVLM2)
+together with every special token that the family's processor and chat template rely on.
 
 Because the alphabet is the 256 byte-level symbols, every string round-trips
 (``decode(encode(s)) == s``).
@@ -20,9 +20,6 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
 
 __all__ = [
-    "INTERNVL_CHAT_TEMPLATE",
-    "LLAVA_ONEVISION_CHAT_TEMPLATE",
-    "QWEN3_VL_CHAT_TEMPLATE",
     "QWEN_CHAT_TEMPLATE",
     "QWEN_SPECIAL_TOKENS",
     "SMOLVLM_ADDED_SPECIAL_TOKENS",
@@ -30,6 +27,8 @@ __all__ = [
     "SMOLVLM_LEADING_SPECIAL_TOKENS",
     "build_qwen_tokenizer",
     "build_smolvlm_tokenizer",
+    "qwen_generation_ids",
+    "set_qwen_text_ids",
     "train_bpe",
 ]
 
@@ -73,47 +72,6 @@ QWEN_CHAT_TEMPLATE = (
     "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
     "{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-# Chat template of Qwen/Qwen3-VL-*-Instruct (chat_template.json of the released checkpoints), reduced to
-# what VisualKV sends (text, image and video content; no tools): unlike Qwen2.5-VL there is no default
-# system message.
-QWEN3_VL_CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for content in message['content'] %}"
-    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
-    "<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif content['type'] == 'video' or 'video' in content %}"
-    "<|vision_start|><|video_pad|><|vision_end|>"
-    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-# Chat template of llava-hf/llava-onevision-qwen2-*-ov-hf (chat_template.json): images, then videos,
-# then each text on its own line, after "<|im_start|>ROLE "; no newline after <|im_end|>.
-LLAVA_ONEVISION_CHAT_TEMPLATE = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + ' ' }}"
-    "{% if message['content'] is string %}{{ '\n' + message['content'] }}{% else %}"
-    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>' }}{% endfor %}"
-    "{% for content in message['content'] | selectattr('type', 'equalto', 'video') %}{{ '<video>' }}{% endfor %}"
-    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{{ '\n' + content['text'] }}"
-    "{% endfor %}{% endif %}{{ '<|im_end|>' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-
-# Chat template of OpenGVLab/InternVL3_5-*-HF, reduced to what VisualKV sends: Qwen-style turns, an
-# image as "<IMG_CONTEXT>\n" and a video as "<video>\n" before the text (the processor expands both).
-INTERNVL_CHAT_TEMPLATE = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
-    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
-    "{% for content in message['content'] %}"
-    "{% if content['type'] == 'image' %}{{ '<IMG_CONTEXT>\n' }}"
-    "{% elif content['type'] == 'video' %}{{ '<video>\n' }}"
-    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}"
-    "{{ '<|im_end|>\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
 # SmolLM2 keeps its control tokens at the very start of the vocabulary (ids 0, 1, 2).
@@ -285,6 +243,20 @@ def build_qwen_tokenizer(bpe_vocab_size: int = 1024) -> Qwen2Tokenizer:
     )
     tokenizer.chat_template = QWEN_CHAT_TEMPLATE
     return tokenizer
+
+
+def qwen_generation_ids(tokenizer) -> tuple[int, list[int], int]:
+    """(bos, eos, pad) of a Qwen-LLM chat model's generation config: a turn ends at <|im_end|> or <|endoftext|>."""
+    ids = tokenizer.convert_tokens_to_ids
+    return ids("<|endoftext|>"), [ids("<|im_end|>"), ids("<|endoftext|>")], ids("<|endoftext|>")
+
+
+def set_qwen_text_ids(text_config, tokenizer) -> None:
+    """Give a released Qwen-LLM text config the offline tokenizer's bos / eos / pad (same tokens, other ids)."""
+    ids = tokenizer.convert_tokens_to_ids
+    text_config.bos_token_id = ids("<|endoftext|>")
+    text_config.eos_token_id = ids("<|im_end|>")
+    text_config.pad_token_id = ids("<|endoftext|>")
 
 
 def build_smolvlm_tokenizer(bpe_vocab_size: int = 1024) -> PreTrainedTokenizerFast:
