@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from visualkv import media
 from visualkv.errors import MediaError, VisualKVError
 from visualkv.media import (
     FrameSampling,
@@ -25,8 +24,10 @@ from visualkv.media import (
     load_media,
     load_video,
     media_kind,
+    readers,
     sample_frame_indices,
 )
+from visualkv.media import video as video_module
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -433,7 +434,7 @@ def test_fallback_to_opencv_when_decord_missing_or_failing(
     path = short_video[0]
     expected = load_video(path, backend="decord")
 
-    monkeypatch.setattr(media, "_import_decord", lambda: None)
+    monkeypatch.setattr(video_module, "import_decord", lambda: None)  # looked up by video_module._check_backends
     missing = load_video(path)
     assert missing.backend == "opencv" and missing.times == expected.times
     monkeypatch.undo()
@@ -441,7 +442,7 @@ def test_fallback_to_opencv_when_decord_missing_or_failing(
     def cannot_open(_file: Path) -> None:
         raise RuntimeError("simulated decord failure")
 
-    monkeypatch.setattr(media, "_DecordReader", cannot_open)
+    monkeypatch.setattr(video_module, "DecordReader", cannot_open)
     failing = load_video(path)
     assert failing.backend == "opencv" and failing.times == expected.times
     assert any("decord could not open" in w for w in failing.warnings)
@@ -452,14 +453,14 @@ def test_frame_decord_fails_on_is_taken_from_opencv(
 ) -> None:
     path = short_video[0]
     expected = load_video(path, backend="decord")
-    original = media._DecordReader.read_many
+    original = readers.DecordReader.read_many
 
     def drop_frame_4(self, indices: list[int]) -> dict[int, np.ndarray]:
         decoded = original(self, indices)
         decoded.pop(4)
         return decoded
 
-    monkeypatch.setattr(media._DecordReader, "read_many", drop_frame_4)
+    monkeypatch.setattr(readers.DecordReader, "read_many", drop_frame_4)
     mixed = load_video(path, lazy=False)  # the lazy form: tests/test_lazy_video.py
     assert mixed.backend == "decord+opencv" and not mixed.warnings
     assert mixed.frame_indices == expected.frame_indices
@@ -535,8 +536,8 @@ def test_too_long_video_refused_before_decoding(tmp_path: Path, monkeypatch: pyt
     def no_decoding(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("decoded a video that should have been refused from its header")
 
-    monkeypatch.setattr(media, "_DecordReader", no_decoding)
-    monkeypatch.setattr(media, "_OpenCVReader", no_decoding)
+    monkeypatch.setattr(video_module, "DecordReader", no_decoding)
+    monkeypatch.setattr(readers, "OpenCVReader", no_decoding)
     with pytest.raises(
         MediaError,
         match=r"video is 10.0 h long \(360 frames at 0.01 fps, per its header\); the limit is 3.0 h — trim it",
@@ -544,9 +545,9 @@ def test_too_long_video_refused_before_decoding(tmp_path: Path, monkeypatch: pyt
         load_media(path)
     monkeypatch.undo()
     # Without the OpenCV header probe, decord's packet index (no decoding) tells the same.
-    monkeypatch.setattr(media, "_probe_opencv", lambda _file: None)
-    monkeypatch.setattr(media, "_read_opencv", no_decoding)
-    monkeypatch.setattr(media._DecordReader, "read_many", no_decoding)
+    monkeypatch.setattr(video_module, "probe_opencv", lambda _file: None)
+    monkeypatch.setattr(video_module, "read_opencv", no_decoding)
+    monkeypatch.setattr(readers.DecordReader, "read_many", no_decoding)
     with pytest.raises(MediaError, match="10.0 h long"):
         load_video(path, backend="decord")
 
