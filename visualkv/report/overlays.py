@@ -64,19 +64,6 @@ def retained_view(
     return with_colour_bar(body, KEEP_CMAP, KEEP_BAR_TITLE) if colour_bar else body
 
 
-def retained_heatmap(
-    image: np.ndarray, report: dict[str, Any], max_side: int = 960, layer: int | None = None, opacity: float = 0.6
-) -> Image.Image:
-    """Overlay the keep fraction of each visual token on a downscaled image (viridis: dark evicted,
-    yellow kept; no colour bar, see `retained_view` for one).
-
-    layer: None = averaged over layers (`retained`), else that layer of `retained_per_layer`.
-    Uses the layout's token boxes; where several tiles/frames cover the same pixels (SmolVLM's
-    global thumbnail), the maximum is shown.
-    """
-    return token_overlay(image, report, retained_values(report, layer), max_side, alpha=opacity)
-
-
 def saliency_view(
     frames: Sequence[np.ndarray],
     times: Sequence[float] | None,
