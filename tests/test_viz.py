@@ -20,12 +20,10 @@ from visualkv.errors import ConfigError
 from visualkv.methods import METHODS
 from visualkv.models.registry import load_model
 from visualkv.report.applicable import has_merge_map, has_motion, has_saliency, is_video
-from visualkv.report.clock import clock
 from visualkv.report.compare import COMPARE_HEADERS, agreement, compare_memory_figure, compare_rows
 from visualkv.report.drawing import (
     MIN_SHOWN_TEXT_PX,
     SHOWN_WIDTH_PX,
-    downscale,
     grid,
     text_unit,
     with_colour_bar,
@@ -35,7 +33,6 @@ from visualkv.report.frames import MAX_FRAMES_SHOWN, frame_gallery, shown_frames
 from visualkv.report.lightkv_views import layer_tokens_figure, merge_legend, merge_view
 from visualkv.report.memory_chart import MIB, VIDEO_READ, block_memory_figure, budget_kv_bytes, kv_bytes_per_token
 from visualkv.report.overlays import (
-    retained_heatmap,
     retained_view,
     saliency_gallery,
     saliency_view,
@@ -165,20 +162,30 @@ def test_method_settings_round_trip():
 # -- figures ----------------------------------------------------------------------------------------
 
 
-def test_block_memory_figure_one_point_per_block_with_budget_and_full_lines(snap):
+def _token_kv_bytes(adapter) -> int:
+    """KV bytes of one token at full precision, from the model's config: layers x (K, V) x KV heads x head_dim x
+    bytes per value (the tiny Qwen: 2 x 2 x 2 x 16 x 4 = 512)."""
+    text = adapter.model.config.get_text_config()
+    head_dim = text.hidden_size // text.num_attention_heads
+    return text.num_hidden_layers * 2 * text.num_key_value_heads * head_dim * adapter.model.dtype.itemsize
+
+
+def test_block_memory_figure_one_point_per_block_with_budget_and_full_lines(snap, adapter):
     _, report, _ = snap
+    token_bytes = _token_kv_bytes(adapter)
+    assert token_bytes == 512 and kv_bytes_per_token(report) == token_bytes
     fig = block_memory_figure(report)
     traces = {t.name: t for t in fig.data}
     n = len(report["blocks"])
     assert n > 3
     assert len(traces["KV cache (held)"].x) == n and len(traces["process RSS"].y) == n
     budget = budget_kv_bytes(report)
-    assert budget == BUDGET * kv_bytes_per_token(report)
+    assert budget == BUDGET * token_bytes
     assert list(traces["budget"].y) == [budget / MIB] * 2
     assert list(traces["full cache"].y) == [report["full_kv_bytes"] / MIB] * 2
     growing = np.array(traces["full cache (so far)"].y)  # blockwise: every token went through the LLM
     assert len(growing) == n and (np.diff(growing) > 0).all()
-    assert growing[-1] * MIB == pytest.approx(report["prompt_tokens"] * kv_bytes_per_token(report))
+    assert growing[-1] * MIB == pytest.approx(report["prompt_tokens"] * token_bytes)
     held = np.array(traces["KV cache (held)"].y)
     assert held.max() < report["full_kv_bytes"] / MIB  # compression held the cache below full
     # held, peak and budget have a panel of their own, scaled to them (not to the full cache) ...
@@ -213,12 +220,26 @@ def test_heatmap_is_downscaled_and_per_layer(snap, image):
             "frames": [{**f, "box": [v * 4 for v in f["box"]]} for f in report["layout"]["frames"]],
         },
     }
-    heat = retained_heatmap(big, scaled, max_side=400)
+    heat = retained_view([big], None, scaled, max_side=400, colour_bar=False)
     assert heat.size == (400, 300)
     avg = np.asarray(retained_view(image.frames, image.times, report))
     layer0 = np.asarray(retained_view(image.frames, image.times, report, layer=0))
     assert avg.shape == layer0.shape and avg.shape[1] == 448 and avg.shape[0] > 336  # colour bar underneath
-    assert not np.array_equal(avg, layer0) or np.allclose(report["retained_per_layer"][0], report["retained"])
+    # 448 x 336 at scale 1: token i covers the 28 x 28 px cell at (token_row, token_col) of its layout grid;
+    # its pixels differ between the two views exactly where layer 0 kept a different share than the average
+    layout = report["layout"]
+    assert layout["frames"][0]["box"] == [0, 0, 448, 336] and layout["frames"][0]["grid"] == [12, 16]
+    gap = np.abs(np.asarray(report["retained_per_layer"][0]) - np.asarray(report["retained"]))
+    cell_differs = np.array(
+        [
+            not np.array_equal(
+                avg[28 * r : 28 * r + 28, 28 * c : 28 * c + 28], layer0[28 * r : 28 * r + 28, 28 * c : 28 * c + 28]
+            )
+            for r, c in zip(layout["token_row"], layout["token_col"], strict=True)
+        ]
+    )
+    assert (gap > 0.02).sum() > 0  # the layers kept different tokens: the comparison below can fail
+    assert cell_differs[gap > 0.02].all() and not cell_differs[gap == 0].any()
 
 
 def test_before_after_pair_has_one_size_and_the_before_side_is_the_media(snap, image):
@@ -495,7 +516,7 @@ def test_blocks_say_how_far_into_the_video_the_prefill_has_read(adapter):
     assert seconds[-1] == last_frame  # the whole video read by the end
     fig = block_memory_figure(turn_report(session), media_duration=video.duration)
     said = [a.text for a in fig.layout.annotations if a.name == VIDEO_READ]
-    assert said == [f"video: {clock(last_frame)} of 0:08 read"]  # once, over both panels
+    assert said == [f"video: 0:{round(last_frame):02d} of 0:08 read"]  # once, over both panels
     assert fig.layout.xaxis.title.text == fig.layout.xaxis2.title.text == "prefill block"
     assert any("of 0:08 read" in (h or "") for h in fig.data[0].hovertext)
     image_blocks = [
@@ -544,7 +565,9 @@ def test_frame_gallery_captions_and_borders_say_kept_or_skipped():
     assert [img.getpixel((0, 0)) for img, _ in items] == [SKIPPED_COLOUR if s else KEPT_COLOUR for s in skipped]
     # skipped frames are dimmed (blended towards white), kept ones shown as they are
     centre = [np.asarray(img)[10:26, 10:54].mean() for img, _ in items]
-    plain = [np.asarray(downscale(f, 64)[0])[10:26, 10:54].mean() for f in frames]
+    plain = [
+        np.asarray(Image.fromarray(f).resize((64, 36), Image.Resampling.BILINEAR))[10:26, 10:54].mean() for f in frames
+    ]
     assert all((c > p + 40) if s else abs(c - p) < 1e-6 for c, p, s in zip(centre, plain, skipped))
 
 
