@@ -1,4 +1,4 @@
-"""Video frames resized at decode to what the processor needs (issue 14, item 1).
+"""Video frames resized at decode to what the processor needs.
 
 A lazy video's frames reach the vision side through `ModelAdapter.video_for_encoding`: each frame is
 resized right after decoding, by the video processor's own resize call, and cached small. The processor

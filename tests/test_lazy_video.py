@@ -1,4 +1,4 @@
-"""Lazy video decoding, bounded memory and frame caps that follow the method (issue 14, items 1-2)."""
+"""Lazy video decoding, bounded memory and frame caps that follow the method."""
 
 from __future__ import annotations
 

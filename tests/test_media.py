@@ -199,7 +199,7 @@ def test_wide_range_grayscale_is_stretched_and_said(tmp_path: Path) -> None:
     Image.fromarray(ramp, mode="F").save(tmp_path / "depth.tif")
     loaded = load_media(tmp_path / "depth.tif")
     gray = loaded.frames[0][..., 0]
-    # min to max over 0-255 (clipping to [0, 255] left 5/25 of it black before)
+    # min to max over 0-255 (clipping to [0, 255] would leave 5/25 of it black)
     assert gray.min() == 0 and gray.max() == 255 and abs(int(gray[32, 0]) - 128) <= 2
     assert loaded.warnings == [
         "'" + str(tmp_path / "depth.tif") + "' is a 32-bit float image with values -5 to 20: stretched to 0-255"
@@ -299,7 +299,7 @@ def _make_bad_input(kind: str, tmp: Path) -> Path:
     if kind == "undecodable_video":
         path = write_video(tmp / "broken.avi", noise_frames(6), fourcc="MJPG")
         return corrupt_mjpeg(path, frames=None)
-    if kind == "thin":  # 300:1, which the Qwen processors refuse (a traceback mid-turn before)
+    if kind == "thin":  # 300:1, which the Qwen processors refuse (a traceback mid-turn)
         Image.new("RGB", (28 * 300, 28)).save(tmp / "strip.png")
         return tmp / "strip.png"
     if kind == "tall_video":
@@ -516,7 +516,7 @@ def test_sample_frame_indices_edge_cases() -> None:
     assert sample_frame_indices(1, 30.0, FrameSampling()) == [0]
     # Sampling faster than the source: each source frame once.
     assert sample_frame_indices(12, 4.0, FrameSampling(fps=10.0, max_frames=100)) == list(range(12))
-    # ... without listing duration x fps sample times (1e12 here: this ran out of memory before)
+    # ... without listing duration x fps sample times (1e12 here: a list would not fit in memory)
     assert sample_frame_indices(12, 4.0, FrameSampling(fps=1e12, max_frames=None)) == list(range(12))
     assert sample_frame_indices(12, 4.0, FrameSampling(fps=1e12, max_frames=4)) == [0, 4, 7, 11]
     assert sample_frame_indices(12, 4.0, FrameSampling(fps=4.0, max_frames=None)) == list(range(12))

@@ -125,8 +125,8 @@ def test_kv_estimate_matches_measured_peak_on_tiles(method):
 @pytest.mark.parametrize("method", MODELED)
 def test_allocated_kv_estimate_is_the_caches_allocation(method, kind):
     """The cache's buffers as it sizes them (block-wise: once, for budget + largest block + text + the answer;
-    the others exactly at the first block, grown after it), not only the entries they hold: before this was
-    counted, the guard fell short of block-wise prefills by a fifth on the bench model."""
+    the others exactly at the first block, grown after it), not only the entries they hold (on the bench model
+    the buffers are a fifth more than the entries of a block-wise prefill)."""
     media = image_media(896, 504, seed=3) if kind == "image" else video_media(8, 224, 168, seed=2)
     measured, estimated = _measured_and_estimated(
         "tiny-qwen2.5-vl", media, method, allocated=True, prefill="blockwise", block_size=64
@@ -382,7 +382,7 @@ def test_whole_estimate_against_measured_rss(tmp_path):
     estimate within 25 % of the process's measured RSS growth over the prefill (35 % above with 4 blocks per
     vision-tower call: strips shared by two blocks count for both), the KV parts exact; block-wise KeyDiff also
     with 4 blocks per call (the larger transient the guard must count). SmolVLM2 too: its vision call holds
-    3.5 copies of its pixels, which the guard missed (it fell short by 2.6x on this model)."""
+    3.5 copies of its pixels, which the guard counts."""
     repo = Path(__file__).resolve().parent.parent
     out = tmp_path / "guard.json"
     subprocess.run(
@@ -416,8 +416,7 @@ def test_whole_estimate_against_measured_rss(tmp_path):
 @pytest.mark.slow
 def test_whole_estimate_against_measured_rss_on_a_video(tmp_path):
     """The same on the example video (64 frames): a video's frames go through the family's video processor,
-    which holds several float32 copies of every frame it is given (the guard missed them: it fell short by half
-    on block-wise prefills, and Qwen's `full` prefill gave the processor every frame at once)."""
+    which holds several float32 copies of every frame it is given; the guard counts them."""
     repo = Path(__file__).resolve().parent.parent
     out = tmp_path / "guard_video.json"
     models = ("tiny-qwen2.5-vl", "tiny-smolvlm2")
@@ -450,7 +449,7 @@ def test_whole_estimate_against_measured_rss_on_a_video(tmp_path):
 )
 def test_lightkv_kv_estimate_follows_its_merges(alias, kind, method, prefill):
     """Layers after a merge store fewer visual tokens (`Method.visual_kept_by_layer`): the entries and the buffers
-    are bounded tightly, where counting every layer as the first over-counted the bench model's KV 1.66x. (Exact
+    are bounded tightly (counting every layer as the first would over-count the bench model's KV 1.66x). (Exact
     at the first merge; later merges are bounded from the windows a block touches, which a video's many small
     frame grids make looser: 1.11x on the bench model.)"""
     media = image_media(896, 504, seed=3) if kind == "image" else video_media(8, 224, 168, seed=2)
@@ -461,7 +460,7 @@ def test_lightkv_kv_estimate_follows_its_merges(alias, kind, method, prefill):
 
 def test_llava_onevision_image_calls_are_counted_one_tile_row_each():
     """A block's own encoding calls LLaVA-OneVision's tower once per tile row (and once for the base image): the
-    guard's largest call is that, not every row the block reads as one call (2.4-3.7x over the measure before)."""
+    guard's largest call is that, not every row the block reads as one call (2.4-3.7x over the measure)."""
     from visualkv.layout import plan_blocks
 
     adapter = get_adapter("tiny-llava-onevision")

@@ -604,7 +604,7 @@ def _ink(img: Image.Image, box: tuple[int, int, int, int]) -> tuple[int, int, in
 def test_text_drawn_into_views_stays_legible_at_the_panel_width(width):
     """Legends, colour-bar titles and captions are drawn into the images, which the app shrinks to its panel
     (`SHOWN_WIDTH_PX`): their glyphs must still be `MIN_SHOWN_TEXT_PX` high there (a fixed 14-px font under a
-    1920-px view was 3 px on screen)."""
+    1920-px view would be 3 px on screen)."""
     shown = SHOWN_WIDTH_PX / width
     body = Image.new("RGB", (width, 40), "white")
     legend = with_legend(body, [("merged into a neighbour", (255, 230, 0), 5262)])

@@ -191,7 +191,7 @@ def _add_full_panel(
 
 def _mark_video_read(fig: go.Figure, read: list[str]) -> None:
     """How far into the video each block had read: in every point's hover text, and the latest in one line over
-    both panels (in each axis title it was wider than its panel, and the two overlapped)."""
+    both panels (in each axis title it would be wider than its panel)."""
     hover = [f"block {k}" + (f" · video {r}" if r else "") for k, r in enumerate(read, start=1)]
     fig.update_traces(hovertext=hover, selector={"mode": "lines+markers"})
     fig.add_annotation(
