@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import FAMILIES
+from tests.conftest import FAMILIES, get_adapter
 from tests.fake_cuda import CUDA, FakeCudaTensor, fake_cuda, to_fake_cuda
 from visualkv.methods import METHODS
 from visualkv.models.registry import load_model
@@ -47,21 +47,33 @@ def _assert_cache_on_cuda(session: ChatSession) -> None:
                 assert isinstance(seg.keys.data, FakeCudaTensor)
 
 
+def _two_turns(adapter, config: SessionConfig, media) -> ChatSession:
+    session = ChatSession(adapter, config)
+    session.ask("What is in it?", media)
+    session.ask("And what else?")  # a follow-up turn on the same cache
+    return session
+
+
 @pytest.mark.parametrize("method", list(METHODS))
 @pytest.mark.parametrize("alias", ALL_FAMILIES)
 def test_every_method_runs_on_cuda(alias, method, small_image, small_video):
+    """The pretend GPU computes CPU numbers and its generators are CPU generators, so each turn gives exactly the
+    CPU run's tokens and holds exactly its KV bytes: a step that went wrong on the device changes them."""
     adapter = _fake_cuda_adapter(alias)
-    with fake_cuda():
-        assert adapter.device == CUDA
-        # greedy on the image, sampled on the video (the sampler's generator must be on the logits' device);
-        # the image's answers run the fixed-shape step a CUDA graph would capture, the video's plain steps
-        for media, temperature, decode in ((small_image, 0.0, "static"), (small_video, 0.8, "eager")):
-            s = ChatSession(adapter, _config(method, temperature, decode=decode))
-            s.ask("What is in it?", media)
-            s.ask("And what else?")  # a follow-up turn on the same cache
+    # greedy on the image, sampled on the video (the sampler's generator must be on the logits' device);
+    # the image's answers run the fixed-shape step a CUDA graph would capture, the video's plain steps
+    for media, temperature, decode in ((small_image, 0.0, "static"), (small_video, 0.8, "eager")):
+        config = _config(method, temperature, decode=decode)
+        reference = _two_turns(get_adapter(alias), config, media).report()
+        with fake_cuda():
+            assert adapter.device == CUDA
+            s = _two_turns(adapter, config, media)
             _assert_cache_on_cuda(s)
             report = s.report()
-            assert len(report["turns"]) == 2 and all(t["token_ids"] for t in report["turns"])
+        assert [t["token_ids"] for t in report["turns"]] == [t["token_ids"] for t in reference["turns"]]
+        assert len(report["turns"][0]["token_ids"]) == 3  # max_new_tokens: the comparison is not of empty answers
+        for key in ("peak_kv_bytes", "final_kv_bytes", "full_kv_bytes"):
+            assert report[key] == reference[key] > 0, key
 
 
 @pytest.mark.parametrize("alias", ALL_FAMILIES)

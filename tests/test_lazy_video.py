@@ -13,10 +13,9 @@ import pytest
 import torch
 
 from tests.test_media import corrupt_mjpeg, noise_frames, write_video
-from visualkv import media as media_module
 from visualkv.bench.synthetic import video_media, write_video_file
 from visualkv.errors import MediaError
-from visualkv.media import FrameSampling, LazyFrames, MediaLimits, load_media, resize_to_width
+from visualkv.media import FrameSampling, LazyFrames, MediaLimits, load_media, readers, resize_to_width
 from visualkv.media.saliency import MotionConfig, frame_decisions
 from visualkv.methods import FULL_FRAME_CAP, is_bounded, media_limits
 
@@ -106,14 +105,14 @@ def load_video_lazily(path: Path, backend: str):
 
 def test_opencv_failing_on_a_frame_falls_back_to_decord_lazily(video: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     eager = load_media(video, NO_CAP, ALL, lazy=False)
-    original = media_module._OpenCVReader.read
+    original = readers.OpenCVReader.read
     tried: list[int] = []
 
     def failing_on_60(self, i):
         tried.append(i)
         return None if i == 60 else original(self, i)
 
-    monkeypatch.setattr(media_module._OpenCVReader, "read", failing_on_60)
+    monkeypatch.setattr(readers.OpenCVReader, "read", failing_on_60)
     lazy = load_media(video, NO_CAP, ALL)
     assert np.abs(lazy.frames[60].astype(int) - eager.frames[60].astype(int)).mean() < 2
     assert tried == [0, 60] and lazy.frames.backends_used == {"decord", "opencv"} and not lazy.warnings

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from visualkv import media
 from visualkv.errors import MediaError, VisualKVError
 from visualkv.media import (
     FrameSampling,
@@ -25,8 +24,10 @@ from visualkv.media import (
     load_media,
     load_video,
     media_kind,
+    readers,
     sample_frame_indices,
 )
+from visualkv.media import video as video_module
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -198,7 +199,7 @@ def test_wide_range_grayscale_is_stretched_and_said(tmp_path: Path) -> None:
     Image.fromarray(ramp, mode="F").save(tmp_path / "depth.tif")
     loaded = load_media(tmp_path / "depth.tif")
     gray = loaded.frames[0][..., 0]
-    # min to max over 0-255 (clipping to [0, 255] left 5/25 of it black before)
+    # min to max over 0-255 (clipping to [0, 255] would leave 5/25 of it black)
     assert gray.min() == 0 and gray.max() == 255 and abs(int(gray[32, 0]) - 128) <= 2
     assert loaded.warnings == [
         "'" + str(tmp_path / "depth.tif") + "' is a 32-bit float image with values -5 to 20: stretched to 0-255"
@@ -298,7 +299,7 @@ def _make_bad_input(kind: str, tmp: Path) -> Path:
     if kind == "undecodable_video":
         path = write_video(tmp / "broken.avi", noise_frames(6), fourcc="MJPG")
         return corrupt_mjpeg(path, frames=None)
-    if kind == "thin":  # 300:1, which the Qwen processors refuse (a traceback mid-turn before)
+    if kind == "thin":  # 300:1, which the Qwen processors refuse (a traceback mid-turn)
         Image.new("RGB", (28 * 300, 28)).save(tmp / "strip.png")
         return tmp / "strip.png"
     if kind == "tall_video":
@@ -433,7 +434,7 @@ def test_fallback_to_opencv_when_decord_missing_or_failing(
     path = short_video[0]
     expected = load_video(path, backend="decord")
 
-    monkeypatch.setattr(media, "_import_decord", lambda: None)
+    monkeypatch.setattr(video_module, "import_decord", lambda: None)  # looked up by video_module._check_backends
     missing = load_video(path)
     assert missing.backend == "opencv" and missing.times == expected.times
     monkeypatch.undo()
@@ -441,7 +442,7 @@ def test_fallback_to_opencv_when_decord_missing_or_failing(
     def cannot_open(_file: Path) -> None:
         raise RuntimeError("simulated decord failure")
 
-    monkeypatch.setattr(media, "_DecordReader", cannot_open)
+    monkeypatch.setattr(video_module, "DecordReader", cannot_open)
     failing = load_video(path)
     assert failing.backend == "opencv" and failing.times == expected.times
     assert any("decord could not open" in w for w in failing.warnings)
@@ -452,14 +453,14 @@ def test_frame_decord_fails_on_is_taken_from_opencv(
 ) -> None:
     path = short_video[0]
     expected = load_video(path, backend="decord")
-    original = media._DecordReader.read_many
+    original = readers.DecordReader.read_many
 
     def drop_frame_4(self, indices: list[int]) -> dict[int, np.ndarray]:
         decoded = original(self, indices)
         decoded.pop(4)
         return decoded
 
-    monkeypatch.setattr(media._DecordReader, "read_many", drop_frame_4)
+    monkeypatch.setattr(readers.DecordReader, "read_many", drop_frame_4)
     mixed = load_video(path, lazy=False)  # the lazy form: tests/test_lazy_video.py
     assert mixed.backend == "decord+opencv" and not mixed.warnings
     assert mixed.frame_indices == expected.frame_indices
@@ -515,7 +516,7 @@ def test_sample_frame_indices_edge_cases() -> None:
     assert sample_frame_indices(1, 30.0, FrameSampling()) == [0]
     # Sampling faster than the source: each source frame once.
     assert sample_frame_indices(12, 4.0, FrameSampling(fps=10.0, max_frames=100)) == list(range(12))
-    # ... without listing duration x fps sample times (1e12 here: this ran out of memory before)
+    # ... without listing duration x fps sample times (1e12 here: a list would not fit in memory)
     assert sample_frame_indices(12, 4.0, FrameSampling(fps=1e12, max_frames=None)) == list(range(12))
     assert sample_frame_indices(12, 4.0, FrameSampling(fps=1e12, max_frames=4)) == [0, 4, 7, 11]
     assert sample_frame_indices(12, 4.0, FrameSampling(fps=4.0, max_frames=None)) == list(range(12))
@@ -535,8 +536,8 @@ def test_too_long_video_refused_before_decoding(tmp_path: Path, monkeypatch: pyt
     def no_decoding(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("decoded a video that should have been refused from its header")
 
-    monkeypatch.setattr(media, "_DecordReader", no_decoding)
-    monkeypatch.setattr(media, "_OpenCVReader", no_decoding)
+    monkeypatch.setattr(video_module, "DecordReader", no_decoding)
+    monkeypatch.setattr(readers, "OpenCVReader", no_decoding)
     with pytest.raises(
         MediaError,
         match=r"video is 10.0 h long \(360 frames at 0.01 fps, per its header\); the limit is 3.0 h — trim it",
@@ -544,9 +545,9 @@ def test_too_long_video_refused_before_decoding(tmp_path: Path, monkeypatch: pyt
         load_media(path)
     monkeypatch.undo()
     # Without the OpenCV header probe, decord's packet index (no decoding) tells the same.
-    monkeypatch.setattr(media, "_probe_opencv", lambda _file: None)
-    monkeypatch.setattr(media, "_read_opencv", no_decoding)
-    monkeypatch.setattr(media._DecordReader, "read_many", no_decoding)
+    monkeypatch.setattr(video_module, "probe_opencv", lambda _file: None)
+    monkeypatch.setattr(video_module, "read_opencv", no_decoding)
+    monkeypatch.setattr(readers.DecordReader, "read_many", no_decoding)
     with pytest.raises(MediaError, match="10.0 h long"):
         load_video(path, backend="decord")
 

@@ -1,4 +1,4 @@
-"""Packed KV quantization: error bound, exact byte accounting, nibble layout, cat / select."""
+"""Packed KV quantization: error bound, exact byte accounting, nibble layout, in-place dequantization."""
 
 from __future__ import annotations
 
@@ -9,11 +9,9 @@ from visualkv.kv.quant import (
     PackedTensor,
     QuantSpec,
     _next_up,
-    cat_packed,
     dequantize,
     packed_bytes_per_token,
     quantize,
-    select_tokens,
 )
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -146,51 +144,8 @@ def test_next_up_matches_nextafter(dtype: torch.dtype) -> None:
 def test_empty_tokens(bits: int) -> None:
     x = torch.empty(1, 2, 0, 64, dtype=torch.float16)
     p = quantize(x, QuantSpec(bits))
-    assert p.nbytes == 0 and p.num_tokens == 0
+    assert p.nbytes == 0 and p.shape[-2] == 0
     assert dequantize(p).shape == (1, 2, 0, 64)
-    y = torch.randn(1, 2, 5, 64, dtype=torch.float16)
-    both = cat_packed(p, quantize(y, QuantSpec(bits)))
-    assert both.shape == (1, 2, 5, 64)
-    assert torch.equal(dequantize(both), dequantize(quantize(y, QuantSpec(bits))))
-    none = select_tokens(both, torch.empty(1, 2, 0, dtype=torch.long))
-    assert none.shape == (1, 2, 0, 64) and none.nbytes == 0
-
-
-@pytest.mark.parametrize("bits", BITS)
-def test_cat_and_select_keep_values(bits: int) -> None:
-    spec = QuantSpec(bits)
-    a = torch.randn(2, 3, 5, 64, dtype=torch.bfloat16)
-    b = torch.randn(2, 3, 4, 64, dtype=torch.bfloat16)
-    pa, pb = quantize(a, spec), quantize(b, spec)
-    pc = cat_packed(pa, pb)
-    assert pc.shape == (2, 3, 9, 64)
-    assert pc.nbytes == pa.nbytes + pb.nbytes
-    full = torch.cat((dequantize(pa), dequantize(pb)), dim=-2)
-    assert torch.equal(dequantize(pc), full)
-
-    # Per-head selection: each (batch, head) keeps its own tokens, in the given order.
-    g = torch.Generator().manual_seed(3)
-    index = torch.stack([torch.stack([torch.randperm(9, generator=g)[:4] for _ in range(3)]) for _ in range(2)])
-    ps = select_tokens(pc, index)
-    assert ps.shape == (2, 3, 4, 64)
-    expected = full.gather(-2, index.unsqueeze(-1).expand(2, 3, 4, 64))
-    assert torch.equal(dequantize(ps), expected)
-    assert ps.nbytes == packed_bytes_per_token(64, spec, torch.bfloat16) * 2 * 3 * 4
-
-    shared = select_tokens(pc, torch.tensor([8, 0]))
-    assert torch.equal(dequantize(shared), full[..., [8, 0], :])
-
-
-def test_cat_rejects_mismatches() -> None:
-    a = quantize(torch.randn(1, 2, 3, 64), QuantSpec(8))
-    with pytest.raises(ValueError):
-        cat_packed(a, quantize(torch.randn(1, 2, 3, 64), QuantSpec(4)))
-    with pytest.raises(ValueError):
-        cat_packed(a, quantize(torch.randn(1, 3, 3, 64), QuantSpec(8)))
-    with pytest.raises(ValueError):
-        cat_packed(a, a, dim_tokens=-1)
-    with pytest.raises(ValueError):
-        select_tokens(a, torch.zeros(2, 2, 1, dtype=torch.long))
 
 
 @pytest.mark.cuda
@@ -203,8 +158,6 @@ def test_cuda_matches_cpu(bits: int) -> None:
     assert p_gpu.data.is_cuda and p_gpu.scale.is_cuda
     assert torch.equal(p_gpu.data.cpu(), p_cpu.data)
     assert torch.equal(dequantize(p_gpu).cpu(), dequantize(p_cpu))
-    sel = select_tokens(p_gpu, torch.zeros(2, 4, 3, dtype=torch.long, device="cuda"))
-    assert sel.data.is_cuda
 
 
 @pytest.mark.parametrize("bits", [8, 4])
@@ -262,3 +215,5 @@ def test_dequantize_all_is_the_concatenation_written_in_place() -> None:
     want = torch.cat([dequantize(p) for p in parts] + [tail], dim=2)
     assert torch.equal(dequantize_all(parts, tail), want)
     assert torch.equal(dequantize_all(parts), want[:, :, :10])
+    with pytest.raises(ValueError, match="cannot concatenate along dim -1"):
+        dequantize_all(parts, dim_tokens=-1)  # head_dim is packed: not a token axis

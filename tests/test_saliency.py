@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 
 import cv2
@@ -13,16 +14,14 @@ from visualkv.media.saliency import (
     TIER_INT4,
     TIER_INT8,
     TIER_PRUNED,
+    FrameDecision,
     MotionConfig,
     TierSpec,
     _banded_box_sums,
     _frame_signals,
     assign_tiers,
     frame_decisions,
-    motion_scores,
     parse_tiers,
-    photometric_change,
-    redundant_frames,
     token_saliency,
 )
 
@@ -83,6 +82,16 @@ def _pan(px_per_frame: float, seed: int = 0) -> list[np.ndarray]:
 # -- temporal filter ----------------------------------------------------------------------------
 
 
+def redundant_frames(frames: list[np.ndarray], cfg: MotionConfig | None = None) -> list[bool]:
+    """True = the filter skips the frame."""
+    return [d.redundant for d in frame_decisions(frames, cfg)]
+
+
+def frame_to_frame(frames: list[np.ndarray], cfg: MotionConfig | None = None) -> list[FrameDecision]:
+    """Each frame measured against the one before it (a pair through the filter: its first frame is kept)."""
+    return [frame_decisions([a, b], cfg)[1] for a, b in itertools.pairwise(frames)]
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_static_noisy_compressed_shot_is_skipped_after_first_frame(seed: int) -> None:
     assert redundant_frames(_static(seed)) == [False] + [True] * (N_FRAMES - 1)
@@ -97,8 +106,9 @@ def test_slow_drift_accumulates_against_last_kept_frame() -> None:
     frames = _pan(0.2)
     cfg = MotionConfig()
     # Frame to frame, the drift is below both thresholds...
-    assert max(motion_scores(frames)[1:]) < cfg.threshold
-    assert max(photometric_change(frames)[1:]) < cfg.cut_threshold
+    steps = frame_to_frame(frames, cfg)
+    assert max(d.motion for d in steps) < cfg.threshold
+    assert max(d.photometric for d in steps) < cfg.cut_threshold
     # ...but against the last kept frame it adds up, so frames are kept regularly.
     kept = [i for i, d in enumerate(frame_decisions(frames, cfg)) if not d.redundant]
     assert len(kept) >= 4
@@ -140,7 +150,7 @@ def test_threshold_zero_never_skips_and_size_change_is_a_cut() -> None:
     assert redundant_frames(resized) == [False, True, True]
     squeezed = frames[:2] + [cv2.resize(frames[2], (360, 360))]
     assert redundant_frames(squeezed) == [False, True, False]
-    assert motion_scores(squeezed)[2] == float("inf")
+    assert frame_to_frame(squeezed)[1].motion == float("inf")
 
 
 def test_dis_flow_option_runs() -> None:

@@ -1,4 +1,4 @@
-"""Figures and overlays of visualkv.report.viz, and the streaming helpers of visualkv.runtime.streaming, on small real reports.
+"""Figures and overlays of visualkv.report, and the streaming helpers of visualkv.runtime.streaming, on small real reports.
 
 Reports come from the tiny offline Qwen2.5-VL on small synthetic media (a second or two each), so the
 views are tested on exactly the fields the engine and the methods write.
@@ -19,8 +19,30 @@ from visualkv.bench.synthetic import image_media, video_media
 from visualkv.errors import ConfigError
 from visualkv.methods import METHODS
 from visualkv.models.registry import load_model
-from visualkv.report import viz
+from visualkv.report.applicable import has_merge_map, has_motion, has_saliency, is_video
+from visualkv.report.compare import COMPARE_HEADERS, agreement, compare_memory_figure, compare_rows
+from visualkv.report.drawing import (
+    MIN_SHOWN_TEXT_PX,
+    SHOWN_WIDTH_PX,
+    grid,
+    text_unit,
+    with_colour_bar,
+    with_legend,
+)
+from visualkv.report.frames import MAX_FRAMES_SHOWN, frame_gallery, shown_frames
+from visualkv.report.lightkv_views import layer_tokens_figure, merge_legend, merge_view
+from visualkv.report.memory_chart import MIB, VIDEO_READ, block_memory_figure, budget_kv_bytes, kv_bytes_per_token
+from visualkv.report.overlays import (
+    retained_view,
+    saliency_gallery,
+    saliency_view,
+    tier_gallery,
+    tier_view,
+)
+from visualkv.report.palette import KEEP_CMAP, KEPT_COLOUR, SKIPPED_COLOUR, colour_map, tier_name
+from visualkv.report.tables import PREFILL_ATTENTION, decode_speed, prefill_attention, summary_line, summary_rows
 from visualkv.report.telemetry import BlockEvent, TurnRecord
+from visualkv.report.timeline import frame_timeline_figure, skipped_spans
 from visualkv.runtime.session import ChatSession, SessionConfig
 from visualkv.runtime.streaming import (
     compare_methods,
@@ -119,7 +141,7 @@ def test_retained_per_layer_averages_to_retained(snap):
 def test_live_report_draws_the_blocks_so_far(snap):
     session, _, events = snap
     blocks = [p for k, p in events if k == "block"]
-    fig = viz.block_memory_figure(live_report(session, blocks[:3]), n_blocks=len(blocks))
+    fig = block_memory_figure(live_report(session, blocks[:3]), n_blocks=len(blocks))
     traces = {t.name: t for t in fig.data}
     assert len(traces["KV cache (held)"].x) == 3
     assert "full cache (so far)" in traces and "full cache" not in traces  # input length unknown until the end
@@ -140,27 +162,37 @@ def test_method_settings_round_trip():
 # -- figures ----------------------------------------------------------------------------------------
 
 
-def test_block_memory_figure_one_point_per_block_with_budget_and_full_lines(snap):
+def _token_kv_bytes(adapter) -> int:
+    """KV bytes of one token at full precision, from the model's config: layers x (K, V) x KV heads x head_dim x
+    bytes per value (the tiny Qwen: 2 x 2 x 2 x 16 x 4 = 512)."""
+    text = adapter.model.config.get_text_config()
+    head_dim = text.hidden_size // text.num_attention_heads
+    return text.num_hidden_layers * 2 * text.num_key_value_heads * head_dim * adapter.model.dtype.itemsize
+
+
+def test_block_memory_figure_one_point_per_block_with_budget_and_full_lines(snap, adapter):
     _, report, _ = snap
-    fig = viz.block_memory_figure(report)
+    token_bytes = _token_kv_bytes(adapter)
+    assert token_bytes == 512 and kv_bytes_per_token(report) == token_bytes
+    fig = block_memory_figure(report)
     traces = {t.name: t for t in fig.data}
     n = len(report["blocks"])
     assert n > 3
     assert len(traces["KV cache (held)"].x) == n and len(traces["process RSS"].y) == n
-    budget = viz.budget_kv_bytes(report)
-    assert budget == BUDGET * viz.kv_bytes_per_token(report)
-    assert list(traces["budget"].y) == [budget / viz.MIB] * 2
-    assert list(traces["full cache"].y) == [report["full_kv_bytes"] / viz.MIB] * 2
+    budget = budget_kv_bytes(report)
+    assert budget == BUDGET * token_bytes
+    assert list(traces["budget"].y) == [budget / MIB] * 2
+    assert list(traces["full cache"].y) == [report["full_kv_bytes"] / MIB] * 2
     growing = np.array(traces["full cache (so far)"].y)  # blockwise: every token went through the LLM
     assert len(growing) == n and (np.diff(growing) > 0).all()
-    assert growing[-1] * viz.MIB == pytest.approx(report["prompt_tokens"] * viz.kv_bytes_per_token(report))
+    assert growing[-1] * MIB == pytest.approx(report["prompt_tokens"] * token_bytes)
     held = np.array(traces["KV cache (held)"].y)
-    assert held.max() < report["full_kv_bytes"] / viz.MIB  # compression held the cache below full
+    assert held.max() < report["full_kv_bytes"] / MIB  # compression held the cache below full
     # held, peak and budget have a panel of their own, scaled to them (not to the full cache) ...
     peak = np.array(traces["KV peak so far"].y)
     assert traces["KV peak so far"].yaxis == traces["budget"].yaxis == "y"
     top = fig.layout.yaxis.range[1]
-    assert max(held.max(), peak.max(), budget / viz.MIB) <= top < report["full_kv_bytes"] / viz.MIB
+    assert max(held.max(), peak.max(), budget / MIB) <= top < report["full_kv_bytes"] / MIB
     # ... and the full cache and the process RSS share a log axis in the other panel (no second y axis)
     assert traces["full cache"].yaxis == traces["process RSS"].yaxis == "y2" and fig.layout.yaxis2.type == "log"
     assert fig.layout.yaxis2.overlaying is None
@@ -171,7 +203,7 @@ def test_block_memory_figure_one_point_per_block_with_budget_and_full_lines(snap
 def test_single_block_memory_figure_has_integer_ticks_and_visible_markers(snap):
     _, report, _ = snap
     one = {**report, "blocks": [{**report["blocks"][0], "n_blocks": 1}]}
-    fig = viz.block_memory_figure(one)
+    fig = block_memory_figure(one)
     assert list(fig.layout.xaxis.range) == [0.5, 1.5] and fig.layout.xaxis.dtick == 1
     assert fig.layout.xaxis.tickformat == "d"
     held = next(t for t in fig.data if t.name == "KV cache (held)")
@@ -188,19 +220,33 @@ def test_heatmap_is_downscaled_and_per_layer(snap, image):
             "frames": [{**f, "box": [v * 4 for v in f["box"]]} for f in report["layout"]["frames"]],
         },
     }
-    heat = viz.retained_heatmap(big, scaled, max_side=400)
+    heat = retained_view([big], None, scaled, max_side=400, colour_bar=False)
     assert heat.size == (400, 300)
-    avg = np.asarray(viz.retained_view(image.frames, image.times, report))
-    layer0 = np.asarray(viz.retained_view(image.frames, image.times, report, layer=0))
+    avg = np.asarray(retained_view(image.frames, image.times, report))
+    layer0 = np.asarray(retained_view(image.frames, image.times, report, layer=0))
     assert avg.shape == layer0.shape and avg.shape[1] == 448 and avg.shape[0] > 336  # colour bar underneath
-    assert not np.array_equal(avg, layer0) or np.allclose(report["retained_per_layer"][0], report["retained"])
+    # 448 x 336 at scale 1: token i covers the 28 x 28 px cell at (token_row, token_col) of its layout grid;
+    # its pixels differ between the two views exactly where layer 0 kept a different share than the average
+    layout = report["layout"]
+    assert layout["frames"][0]["box"] == [0, 0, 448, 336] and layout["frames"][0]["grid"] == [12, 16]
+    gap = np.abs(np.asarray(report["retained_per_layer"][0]) - np.asarray(report["retained"]))
+    cell_differs = np.array(
+        [
+            not np.array_equal(
+                avg[28 * r : 28 * r + 28, 28 * c : 28 * c + 28], layer0[28 * r : 28 * r + 28, 28 * c : 28 * c + 28]
+            )
+            for r, c in zip(layout["token_row"], layout["token_col"], strict=True)
+        ]
+    )
+    assert (gap > 0.02).sum() > 0  # the layers kept different tokens: the comparison below can fail
+    assert cell_differs[gap > 0.02].all() and not cell_differs[gap == 0].any()
 
 
 def test_before_after_pair_has_one_size_and_the_before_side_is_the_media(snap, image):
     _, report, _ = snap
-    before = np.asarray(viz.retained_view(image.frames, image.times, report, opacity=0.0))
-    faint = np.asarray(viz.retained_view(image.frames, image.times, report, opacity=0.2))
-    after = np.asarray(viz.retained_view(image.frames, image.times, report, opacity=0.8))
+    before = np.asarray(retained_view(image.frames, image.times, report, opacity=0.0))
+    faint = np.asarray(retained_view(image.frames, image.times, report, opacity=0.2))
+    after = np.asarray(retained_view(image.frames, image.times, report, opacity=0.8))
     assert before.shape == after.shape  # the two sides of a slider line up
     assert np.array_equal(before[:336], image.frames[0])  # opacity 0: the image itself
     media_diff = [np.abs(x[:336].astype(int) - image.frames[0]).mean() for x in (faint, after)]
@@ -208,7 +254,7 @@ def test_before_after_pair_has_one_size_and_the_before_side_is_the_media(snap, i
 
 
 def test_keep_colour_map_is_sequential_and_not_red_green():
-    ramp = viz.colour_map(np.linspace(0, 1, 50, dtype=np.float32))
+    ramp = colour_map(np.linspace(0, 1, 50, dtype=np.float32))
     luminance = ramp @ np.array([0.2126, 0.7152, 0.0722])
     assert (np.diff(luminance) > 0).all()  # readable in grey and for every colour-vision deficiency
     assert tuple(ramp[0].round()) == (68, 1, 84) and tuple(ramp[-1].round()) == (253, 231, 37)  # viridis
@@ -218,45 +264,45 @@ def test_keep_colour_map_is_sequential_and_not_red_green():
 
 def test_summary_rows_name_the_key_numbers(snap):
     _, report, _ = snap
-    rows = dict(viz.summary_rows(report))
+    rows = dict(summary_rows(report))
     assert rows["method"] == "blockwise-snapkv" and rows["visual tokens"] == "192"
     assert "% of full" in rows["peak KV"]
-    line = viz.summary_line(report)
+    line = summary_line(report)
     ratio = report["full_kv_bytes"] / report["peak_kv_bytes"]
     assert line.startswith("192 visual tokens") and f"{ratio:.1f}× less at peak" in line and "TTFT" in line
-    assert viz.decode_speed({"decode_tokens_per_second": 0.0, "token_ids": [5]}) == "n/a"
-    assert viz.decode_speed({"decode_tokens_per_second": 3.0, "token_ids": [5, 6]}) == "3.0 tokens/s"
+    assert decode_speed({"decode_tokens_per_second": 0.0, "token_ids": [5]}) == "n/a"
+    assert decode_speed({"decode_tokens_per_second": 3.0, "token_ids": [5, 6]}) == "3.0 tokens/s"
     graph = {"decode_tokens_per_second": 3.0, "token_ids": [5, 6], "decode_mode": "graph"}
-    assert viz.decode_speed(graph) == "3.0 tokens/s (CUDA graph)"
+    assert decode_speed(graph) == "3.0 tokens/s (CUDA graph)"
     grouped = {**graph, "decode_attention": "grouped"}
-    assert viz.decode_speed(grouped) == "3.0 tokens/s (CUDA graph, grouped attention)"
+    assert decode_speed(grouped) == "3.0 tokens/s (CUDA graph, grouped attention)"
     # a block-wise prefill on this CPU: its blocks after the first attended with grouped-query SDPA
-    assert rows["attention after the cache (last turn's prefill)"] == viz.PREFILL_ATTENTION["gqa"]
-    assert viz.prefill_attention({"prefill_attention": "flash"}).startswith("flash kernel")
-    assert viz.prefill_attention({"prefill_attention": ""}).startswith("none")
+    assert rows["attention after the cache (last turn's prefill)"] == PREFILL_ATTENTION["gqa"]
+    assert prefill_attention({"prefill_attention": "flash"}).startswith("flash kernel")
+    assert prefill_attention({"prefill_attention": ""}).startswith("none")
 
 
 def test_summary_line_quotes_two_media_warnings_and_counts_the_rest(snap):
     _, report, _ = snap
-    assert "⚠️" not in viz.summary_line(report)
+    assert "⚠️" not in summary_line(report)
     found = [f"frame {k} could not be decoded" for k in range(5)]
-    line = viz.summary_line({**report, "media": {**(report.get("media") or {}), "warnings": found}})
+    line = summary_line({**report, "media": {**(report.get("media") or {}), "warnings": found}})
     assert line.endswith(
         "⚠️ frame 0 could not be decoded; frame 1 could not be decoded (+3 more in the report's media.warnings)"
     )
     # a file name is shown as it is, not as Markdown (the summary is rendered as Markdown)
     named = ["'my_scan*1*.tif' (3 pages): only the first page is read"]
-    line = viz.summary_line({**report, "media": {**(report.get("media") or {}), "warnings": named}})
+    line = summary_line({**report, "media": {**(report.get("media") or {}), "warnings": named}})
     assert line.endswith("⚠️ 'my\\_scan\\*1\\*.tif' (3 pages): only the first page is read"), line
 
 
 def test_views_of_absent_method_fields_are_none(snap):
     _, report, _ = snap
-    assert not viz.has_saliency(report) and not viz.has_merge_map(report) and not viz.is_video(report)
+    assert not has_saliency(report) and not has_merge_map(report) and not is_video(report)
     frames = [np.zeros((336, 448, 3), np.uint8)]
-    assert viz.saliency_view(frames, [0.0], report) is None and viz.tier_view(frames, [0.0], report) is None
-    assert viz.merge_view(frames, [0.0], report) is None and viz.layer_tokens_figure(report) is None
-    assert viz.frame_timeline_figure(report) is None and viz.frame_gallery(frames, report) is None
+    assert saliency_view(frames, [0.0], report) is None and tier_view(frames, [0.0], report) is None
+    assert merge_view(frames, [0.0], report) is None and layer_tokens_figure(report) is None
+    assert frame_timeline_figure(report) is None and frame_gallery(frames, report) is None
 
 
 @pytest.mark.skipif("salicache" not in METHODS, reason="Sali-Cache is not registered")
@@ -265,31 +311,31 @@ def test_salicache_video_views(adapter):
     session = ChatSession(adapter, _config("salicache"))
     session.ask(PROMPT, video)
     report = turn_report(session)
-    assert viz.is_video(report) and viz.has_saliency(report) and viz.has_motion(report)
-    timeline = {t.name: t for t in viz.frame_timeline_figure(report).data}
+    assert is_video(report) and has_saliency(report) and has_motion(report)
+    timeline = {t.name: t for t in frame_timeline_figure(report).data}
     assert len(timeline["motion"].x) == 8 and list(timeline["threshold"].y) == [report["flow_threshold"]] * 2
     skipped = sum(f["skipped"] for f in report["frames"])
     assert len(timeline["skipped"].x) == skipped
-    thumbs = viz.frame_gallery(video.frames, report, max_side=80)
+    thumbs = frame_gallery(video.frames, report, max_side=80)
     assert len(thumbs) == 8 and all(max(img.size) == 80 for img, _ in thumbs)
-    strip = viz.retained_view(video.frames, video.times, report)
+    strip = retained_view(video.frames, video.times, report)
     assert strip.width < 8 * 250  # one small tile per temporal patch, not full frames
-    tiers = viz.tier_view(video.frames, video.times, report)
+    tiers = tier_view(video.frames, video.times, report)
     assert tiers.height > strip.height  # legend underneath
-    assert viz.saliency_view(video.frames, video.times, report) is not None
+    assert saliency_view(video.frames, video.times, report) is not None
     n_frames = len(report["layout"]["frames"])
     for gallery in (
-        viz.saliency_gallery(video.frames, video.times, report),
-        viz.tier_gallery(video.frames, video.times, report),
+        saliency_gallery(video.frames, video.times, report),
+        tier_gallery(video.frames, video.times, report),
     ):
         assert len(gallery) == n_frames  # one readable image per frame
         assert all(img.width >= 360 and caption.startswith("frame ") for img, caption in gallery)
-    per_frame = [caption for _, caption in viz.tier_gallery(video.frames, video.times, report)]
+    per_frame = [caption for _, caption in tier_gallery(video.frames, video.times, report)]
     total = sum(int(part.rsplit(" ", 1)[1]) for c in per_frame for part in c.split(" · ")[2].split(", "))
     assert total == len(report["tier"])  # the per-frame counts add up to every token
-    assert "video frames sampled / skipped" in dict(viz.summary_rows(report))
+    assert "video frames sampled / skipped" in dict(summary_rows(report))
     # pruned tokens never reach the LLM, so "tokens read" is not the uncompressed cache: no growing line
-    names = [t.name for t in viz.block_memory_figure(report).data]
+    names = [t.name for t in block_memory_figure(report).data]
     assert report["tiers"]["pruned"] > 0 and "full cache (so far)" not in names and "full cache" in names
 
 
@@ -298,16 +344,16 @@ def test_lightkv_merge_views(adapter, image):
     session = ChatSession(adapter, _config("lightkv"))
     session.ask(PROMPT, image)
     report = turn_report(session)
-    assert viz.has_merge_map(report)
-    merge = viz.merge_view(image.frames, image.times, report)
+    assert has_merge_map(report)
+    merge = merge_view(image.frames, image.times, report)
     assert merge.width == 448 and merge.height > 336
-    fig = viz.layer_tokens_figure(report)
+    fig = layer_tokens_figure(report)
     assert len(fig.data[0].x) == session.adapter.num_layers
     assert fig.layout.xaxis.tickformat == "d" and fig.layout.xaxis.dtick >= 1
     # every colour of the legend is one the drawing uses (blended 55 % over the image)
     drawn = np.asarray(merge)[:336].reshape(-1, 3).astype(int)
     base = np.asarray(image.frames[0]).reshape(-1, 3).astype(int)
-    legend = viz.merge_legend(report)
+    legend = merge_legend(report)
     assert legend[0][2] > 0 and sum(count for _, _, count in legend[1:]) > 0
     for label, colour, count in legend:
         if count:
@@ -316,8 +362,8 @@ def test_lightkv_merge_views(adapter, image):
 
 
 def test_tier_names_accept_codes_and_names():
-    assert [viz.tier_name(t) for t in (0, 1, 2, 3, 4)] == ["full", "int8", "int4", "pruned", "skipped"]
-    assert viz.tier_name("FP16") == "full" and viz.tier_name(1, ["a", "b"]) == "b"
+    assert [tier_name(t) for t in (0, 1, 2, 3, 4)] == ["full", "int8", "int4", "pruned", "skipped"]
+    assert tier_name("FP16") == "full" and tier_name(1, ["a", "b"]) == "b"
 
 
 def test_compare_methods_table_and_curves(adapter, image):
@@ -330,18 +376,18 @@ def test_compare_methods_table_and_curves(adapter, image):
         )
     )
     assert list(results) == ["full", "blockwise-keydiff"]  # the reference runs first
-    rows = viz.compare_rows(results)
+    rows = compare_rows(results)
     assert [r[0] for r in rows] == ["full", "blockwise-keydiff"]
-    assert rows[0][viz.COMPARE_HEADERS.index("agreement with full")] == "100%"
-    assert rows[0][: viz.COMPARE_HEADERS.index("peak vs full") + 1] == ["full", "100%", "100.0%"]
-    peak = viz.COMPARE_HEADERS.index("peak KV (MiB)")
+    assert rows[0][COMPARE_HEADERS.index("agreement with full")] == "100%"
+    assert rows[0][: COMPARE_HEADERS.index("peak vs full") + 1] == ["full", "100%", "100.0%"]
+    peak = COMPARE_HEADERS.index("peak KV (MiB)")
     assert rows[1][peak] < rows[0][peak]  # peak KV under the budget is below the full cache's
-    fig = viz.compare_memory_figure(results)
+    fig = compare_memory_figure(results)
     assert [t.name for t in fig.data] == ["full", "blockwise-keydiff"]
     styles = [(t.line.color, t.line.dash, t.marker.symbol) for t in fig.data]
     assert len(set(styles)) == len(styles) and all(len(set(parts)) == 2 for parts in zip(*styles))
     assert fig.data[0].line.width > fig.data[1].line.width  # the one drawn first stays visible under the next
-    assert viz.agreement([1, 2, 3], [1, 2, 4]) == pytest.approx(2 / 3) and viz.agreement([], []) == 1.0
+    assert agreement([1, 2, 3], [1, 2, 4]) == pytest.approx(2 / 3) and agreement([], []) == 1.0
 
 
 def test_new_chat_takes_a_waiting_turn_out_of_the_queue():
@@ -371,8 +417,9 @@ def test_live_block_updates_keep_the_page_up_with_the_engine(snap, monkeypatch, 
     from ui import chat
     from ui.callbacks import Callbacks
     from ui.state import ModelCache
+    from visualkv.report import viz  # the module through which ui.handlers looks the figure up
 
-    draw = viz.block_memory_figure
+    draw = block_memory_figure
 
     def slow_draw(*args, **kwargs):
         time.sleep(seconds_per_draw)
@@ -424,7 +471,7 @@ def _hour_report(motion: bool) -> dict:
 @pytest.mark.parametrize("motion", [True, False])
 def test_hour_long_timeline_is_binned_zoomable_and_shades_exactly_the_skipped_frames(motion):
     report = _hour_report(motion)
-    fig = viz.frame_timeline_figure(report)
+    fig = frame_timeline_figure(report)
     # legible and cheap: a handful of traces, no layout shapes, at most ~200 bins per series
     assert len(fig.data) <= 6 and len(fig.layout.shapes) == 0
     series = [t for t in fig.data if t.name != "skipped spans"]
@@ -440,7 +487,7 @@ def test_hour_long_timeline_is_binned_zoomable_and_shades_exactly_the_skipped_fr
     shade = next(t for t in fig.data if t.name == "skipped spans")
     xs = list(shade.x)
     rects = [(xs[i], xs[i + 2]) for i in range(0, len(xs), 6)]
-    assert rects == viz.skipped_spans(report)
+    assert rects == skipped_spans(report)
     times = np.array([f["time"] for f in report["frames"]])
     skipped = np.array([f["skipped"] for f in report["frames"]])
     inside = np.zeros(len(times), dtype=bool)
@@ -454,7 +501,7 @@ def test_hour_long_timeline_is_binned_zoomable_and_shades_exactly_the_skipped_fr
 def test_a_short_video_keeps_one_bar_per_frame():
     report = _hour_report(True)
     report["frames"] = report["frames"][:100]
-    names = {t.name: len(t.x) for t in viz.frame_timeline_figure(report).data}
+    names = {t.name: len(t.x) for t in frame_timeline_figure(report).data}
     assert names["motion"] == 100 and names["skipped"] == sum(f["skipped"] for f in report["frames"])
 
 
@@ -468,9 +515,9 @@ def test_blocks_say_how_far_into_the_video_the_prefill_has_read(adapter):
     assert visual == sorted(visual) and len(set(visual)) >= 3  # moves forward block by block
     last_frame = max(f.time for f in session.prepared.layout.frames)
     assert seconds[-1] == last_frame  # the whole video read by the end
-    fig = viz.block_memory_figure(turn_report(session), media_duration=video.duration)
-    said = [a.text for a in fig.layout.annotations if a.name == viz.VIDEO_READ]
-    assert said == [f"video: {viz.clock(last_frame)} of 0:08 read"]  # once, over both panels
+    fig = block_memory_figure(turn_report(session), media_duration=video.duration)
+    said = [a.text for a in fig.layout.annotations if a.name == VIDEO_READ]
+    assert said == [f"video: 0:{round(last_frame):02d} of 0:08 read"]  # once, over both panels
     assert fig.layout.xaxis.title.text == fig.layout.xaxis2.title.text == "prefill block"
     assert any("of 0:08 read" in (h or "") for h in fig.data[0].hovertext)
     image_blocks = [
@@ -504,7 +551,7 @@ def test_frame_gallery_captions_and_borders_say_kept_or_skipped():
     rng = np.random.default_rng(0)
     frames = [rng.integers(0, 255, (90, 160, 3), dtype=np.uint8) for _ in range(6)]
     report = {"frames": [{"time": 2.0 * i, "skipped": i in (1, 2, 5)} for i in range(6)]}
-    items = viz.frame_gallery(frames, report, max_side=64)
+    items = frame_gallery(frames, report, max_side=64)
     assert [caption for _, caption in items] == [
         "0.0 s · kept",
         "2.0 s · skipped",
@@ -516,10 +563,12 @@ def test_frame_gallery_captions_and_borders_say_kept_or_skipped():
     assert all(img.size == (64, 36) for img, _ in items)
     skipped = [f["skipped"] for f in report["frames"]]
     # the border says the same: vermillion round the skipped frames, blue round the kept ones
-    assert [img.getpixel((0, 0)) for img, _ in items] == [viz.SKIPPED_COLOUR if s else viz.KEPT_COLOUR for s in skipped]
+    assert [img.getpixel((0, 0)) for img, _ in items] == [SKIPPED_COLOUR if s else KEPT_COLOUR for s in skipped]
     # skipped frames are dimmed (blended towards white), kept ones shown as they are
     centre = [np.asarray(img)[10:26, 10:54].mean() for img, _ in items]
-    plain = [np.asarray(viz._downscale(f, 64)[0])[10:26, 10:54].mean() for f in frames]
+    plain = [
+        np.asarray(Image.fromarray(f).resize((64, 36), Image.Resampling.BILINEAR))[10:26, 10:54].mean() for f in frames
+    ]
     assert all((c > p + 40) if s else abs(c - p) < 1e-6 for c, p, s in zip(centre, plain, skipped))
 
 
@@ -529,14 +578,14 @@ def test_long_video_views_read_only_the_frames_they_draw(adapter):
     session.ask(PROMPT, video)
     report = turn_report(session)
     n_layout = len(report["layout"]["frames"])
-    assert n_layout > viz.MAX_FRAMES_SHOWN
+    assert n_layout > MAX_FRAMES_SHOWN
     frames = _CountingFrames(video.frames)
-    strip = viz.retained_view(frames, video.times, report)
-    assert 0 < len(frames.read) <= viz.MAX_FRAMES_SHOWN and strip.width > 0
+    strip = retained_view(frames, video.times, report)
+    assert 0 < len(frames.read) <= MAX_FRAMES_SHOWN and strip.width > 0
     thumbs = _CountingFrames(video.frames)
-    assert len(viz.frame_gallery(thumbs, report)) == viz.MAX_FRAMES_SHOWN
-    assert len(thumbs.read) <= viz.MAX_FRAMES_SHOWN
-    assert viz.shown_frames(3600)[0] == 0 and viz.shown_frames(3600)[-1] == 3599
+    assert len(frame_gallery(thumbs, report)) == MAX_FRAMES_SHOWN
+    assert len(thumbs.read) <= MAX_FRAMES_SHOWN
+    assert shown_frames(3600)[0] == 0 and shown_frames(3600)[-1] == 3599
 
 
 def _ink(img: Image.Image, box: tuple[int, int, int, int]) -> tuple[int, int, int, int] | None:
@@ -556,20 +605,20 @@ def _ink(img: Image.Image, box: tuple[int, int, int, int]) -> tuple[int, int, in
 def test_text_drawn_into_views_stays_legible_at_the_panel_width(width):
     """Legends, colour-bar titles and captions are drawn into the images, which the app shrinks to its panel
     (`SHOWN_WIDTH_PX`): their glyphs must still be `MIN_SHOWN_TEXT_PX` high there (a fixed 14-px font under a
-    1920-px view was 3 px on screen)."""
-    shown = viz.SHOWN_WIDTH_PX / width
+    1920-px view would be 3 px on screen)."""
+    shown = SHOWN_WIDTH_PX / width
     body = Image.new("RGB", (width, 40), "white")
-    legend = viz._with_legend(body, [("merged into a neighbour", (255, 230, 0), 5262)])
-    _, top, _, bottom = _ink(legend, (viz._text_unit(width) + 10, 40, legend.width, legend.height))
-    assert (bottom - top + 1) * shown >= viz.MIN_SHOWN_TEXT_PX
-    bar = viz._with_colour_bar(body, viz.KEEP_CMAP, "share kept")
-    title = _ink(bar, (0, 40, bar.width, 40 + viz._text_unit(width) + 4))
-    assert (title[3] - title[1] + 1) * shown >= viz.MIN_SHOWN_TEXT_PX
+    legend = with_legend(body, [("merged into a neighbour", (255, 230, 0), 5262)])
+    _, top, _, bottom = _ink(legend, (text_unit(width) + 10, 40, legend.width, legend.height))
+    assert (bottom - top + 1) * shown >= MIN_SHOWN_TEXT_PX
+    bar = with_colour_bar(body, KEEP_CMAP, "share kept")
+    title = _ink(bar, (0, 40, bar.width, 40 + text_unit(width) + 4))
+    assert (title[3] - title[1] + 1) * shown >= MIN_SHOWN_TEXT_PX
     # a sheet of 8 tiles a row: captions as high, and each inside its own tile even when too long for it
     tiles = [Image.new("RGB", (width // 8 - 4, 30), "white")] * 8
     long = ["t=1234.5s · a caption far wider than its tile"] * 8
     for captions in (["t=12.0s"] * 8, long):
-        sheet = viz._grid(tiles, captions)
+        sheet = grid(tiles, captions)
         step = tiles[0].width + 4
         inks = [_ink(sheet, (4 + k * step, 34, 4 + k * step + tiles[0].width, sheet.height)) for k in range(8)]
         assert all(ink is not None for ink in inks)
@@ -578,4 +627,4 @@ def test_text_drawn_into_views_stays_legible_at_the_panel_width(width):
         ]
         assert gaps == [None] * 7  # no caption runs into the next one
         if captions[0] == "t=12.0s":
-            assert all((ink[3] - ink[1] + 1) * shown >= viz.MIN_SHOWN_TEXT_PX for ink in inks)
+            assert all((ink[3] - ink[1] + 1) * shown >= MIN_SHOWN_TEXT_PX for ink in inks)

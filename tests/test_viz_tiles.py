@@ -14,10 +14,10 @@ import pytest
 
 from tests.conftest import get_adapter
 from visualkv.media import Media
-from visualkv.report import viz
+from visualkv.report.overlays import retained_view, saliency_view
 from visualkv.runtime.session import ChatSession, SessionConfig
 
-PAD = 4  # viz._grid's margin: the main panel's top-left corner in the composed view
+PAD = 4  # grid's margin: the main panel's top-left corner in the composed view
 #: (alias, image width, height, the tile (x0, y0, x1, y1) holding the white square)
 CASES = {
     # InternVL: 896 x 448 -> 2 x 1 tiles of 448 px (resized 1:1) + the thumbnail
@@ -49,9 +49,9 @@ def _view(media: Media, report: dict, values: np.ndarray, kind: str = "retained"
     report = {**report, kind: values.tolist()}
     width, height = media.size
     if kind == "saliency":  # always with its colour bar underneath: the same in both drawings compared
-        return np.asarray(viz.saliency_view(media.frames, None, report, max_side=max(width, height)))
+        return np.asarray(saliency_view(media.frames, None, report, max_side=max(width, height)))
     return np.asarray(
-        viz.retained_view(media.frames, None, report, max_side=max(width, height), opacity=1.0, colour_bar=False)
+        retained_view(media.frames, None, report, max_side=max(width, height), opacity=1.0, colour_bar=False)
     )
 
 

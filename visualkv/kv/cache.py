@@ -76,10 +76,6 @@ class _Rows:
     def capacity(self) -> int:
         return self.buffers[0].shape[2] if self.buffers else 0
 
-    @property
-    def nbytes_allocated(self) -> int:
-        return sum(b.nbytes for b in self.buffers)
-
     def ensure(self, needed: int, like: list[torch.Tensor], hint: int | None) -> int:
         """Room for `needed` entries; returns the bytes of the old buffers copied (transient), 0 if none."""
         if self.buffers and needed <= self.capacity:
@@ -378,11 +374,6 @@ class CompressibleLayer(CacheLayerMixin):
         store = self._stores[tier]
         index = index.sort(dim=-1).values
         self.working_bytes = store.rows.compact(index.to(self.device))
-
-    def replace_full(self, keys: torch.Tensor, values: torch.Tensor, token_index: torch.Tensor) -> None:
-        """Overwrite the full-precision entries (used by merging methods)."""
-        self._rows.n = 0
-        self.working_bytes = self._rows.append([keys, values, token_index.to(torch.int32)], self.capacity_hint)
 
     # -- accounting (host ints and tensor shapes only: nothing reads the device) --------
     def total_entries_per_head(self) -> int:

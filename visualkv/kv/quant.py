@@ -97,10 +97,6 @@ class PackedTensor:
         return self.data.nbytes + self.scale.nbytes + self.zero.nbytes
 
     @property
-    def num_tokens(self) -> int:
-        return self.shape[-2]
-
-    @property
     def device(self) -> torch.device:
         return self.data.device
 
@@ -206,58 +202,3 @@ def _token_dim(p: PackedTensor, dim: int) -> int:
     if not -ndim <= neg <= -2:
         raise ValueError(f"cannot concatenate along dim {dim} of a {ndim}-d packed tensor")
     return neg
-
-
-def cat_packed(a: PackedTensor, b: PackedTensor, dim_tokens: int = -2) -> PackedTensor:
-    """Concatenate two packed tensors along ``dim_tokens`` (default: append ``b``'s tokens).
-
-    Both must share spec, dtype, device and every other dim. Any dim but head_dim is accepted, since
-    data, scale and zero share all leading dims.
-    """
-    if a.spec != b.spec or a.dtype != b.dtype:
-        raise ValueError(f"cannot concatenate {a.spec}/{a.dtype} with {b.spec}/{b.dtype}")
-    dim = _token_dim(a, dim_tokens)
-    if len(a.shape) != len(b.shape):
-        raise ValueError(f"rank mismatch: {a.shape} vs {b.shape}")
-    for i in range(-len(a.shape), 0):
-        if i != dim and a.shape[i] != b.shape[i]:
-            raise ValueError(f"shape mismatch outside dim {dim_tokens}: {a.shape} vs {b.shape}")
-    shape = list(a.shape)
-    shape[dim] = a.shape[dim] + b.shape[dim]
-    return PackedTensor(
-        data=torch.cat((a.data, b.data), dim=dim),
-        scale=torch.cat((a.scale, b.scale), dim=dim),
-        zero=torch.cat((a.zero, b.zero), dim=dim),
-        shape=tuple(shape),
-        dtype=a.dtype,
-        spec=a.spec,
-    )
-
-
-def select_tokens(p: PackedTensor, index: torch.Tensor) -> PackedTensor:
-    """Keep the tokens ``index`` points at, in that order.
-
-    ``index`` is either shaped like the leading dims plus ``n`` (e.g. ``(batch, heads, n)``: a
-    different selection per KV head, for per-head eviction) or 1-D ``(n,)`` (same tokens everywhere).
-    """
-    index = index.to(device=p.data.device, dtype=torch.long)
-    lead = tuple(p.shape[:-2])
-    if index.dim() == 1:
-
-        def take(t: torch.Tensor) -> torch.Tensor:
-            return t.index_select(-2, index)
-    elif tuple(index.shape[:-1]) == lead:
-
-        def take(t: torch.Tensor) -> torch.Tensor:
-            return t.gather(-2, index.unsqueeze(-1).expand(*index.shape, t.shape[-1]))
-    else:
-        raise ValueError(f"index shape {tuple(index.shape)} must be (n,) or {lead + ('n',)} for shape {p.shape}")
-    n = index.shape[-1]
-    return PackedTensor(
-        data=take(p.data),
-        scale=take(p.scale),
-        zero=take(p.zero),
-        shape=(*lead, n, p.shape[-1]),
-        dtype=p.dtype,
-        spec=p.spec,
-    )

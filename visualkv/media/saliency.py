@@ -15,7 +15,6 @@ Photometric change is a local mean absolute RGB difference on the 0-255 scale.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -147,28 +146,6 @@ def _photometric(ref: np.ndarray, cur: np.ndarray) -> float:
     return float(local.max())
 
 
-def _downscaled(frames: Sequence[np.ndarray], cfg: MotionConfig) -> list[tuple[np.ndarray, np.ndarray]]:
-    return [_small(f, cfg.downscale_width) for f in frames]
-
-
-def motion_scores(frames: Sequence[np.ndarray], cfg: MotionConfig | None = None) -> list[float]:
-    """``score[i]`` = motion between frames i-1 and i (downscaled px); ``score[0] = inf``.
-
-    Frames are RGB uint8. Frames whose aspect ratio differs score ``inf`` (treated as a cut).
-    """
-    cfg = cfg or MotionConfig()
-    small = _downscaled(frames, cfg)
-    return [math.inf] + [_motion(a[0], b[0], cfg.flow) for a, b in itertools.pairwise(small)]
-
-
-def photometric_change(frames: Sequence[np.ndarray], cfg: MotionConfig | None = None) -> list[float]:
-    """``change[i]`` = largest local mean absolute RGB difference between frames i-1 and i (0-255,
-    on frames downscaled to ``cfg.downscale_width``; see ``_photometric``); ``change[0] = inf``."""
-    cfg = cfg or MotionConfig()
-    small = _downscaled(frames, cfg)
-    return [math.inf] + [_photometric(a[1], b[1]) for a, b in itertools.pairwise(small)]
-
-
 class MotionFilter:
     """Streaming form of the temporal filter: push frames one by one, get a ``FrameDecision`` each.
 
@@ -206,11 +183,6 @@ def frame_decisions(frames: Sequence[np.ndarray], cfg: MotionConfig | None = Non
     """Decisions for a whole list of frames (see ``MotionFilter``)."""
     motion_filter = MotionFilter(cfg)
     return [motion_filter.push(f) for f in frames]
-
-
-def redundant_frames(frames: Sequence[np.ndarray], cfg: MotionConfig | None = None) -> list[bool]:
-    """``True`` = skip the frame (see ``frame_decisions``); the first frame is never skipped."""
-    return [d.redundant for d in frame_decisions(frames, cfg)]
 
 
 # ----------------------------------------------------------------------------------------------

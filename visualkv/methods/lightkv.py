@@ -181,11 +181,6 @@ class MergeResult:
     pairs: int  # A x B similarity entries computed (for the FLOPs estimate)
     merged: torch.Tensor  # (m,) indices of the merged-away tokens (m = Σ r, known on the host)
 
-    @property
-    def touched(self) -> torch.Tensor:
-        """Indices of the kept tokens that absorbed others (reads the device: for inspection, not the prefill)."""
-        return torch.unique(self.dest[self.merged])
-
 
 def _segment_sum(values: torch.Tensor, segment: torch.Tensor, n_segments: int) -> torch.Tensor:
     """Sum the rows of `values` (m, d) per `segment` id in [0, n_segments) (empty segments sum to 0), float32.
@@ -292,14 +287,6 @@ def merge_in_windows(
     new_weight.index_copy_(0, b_row, torch.where(absorbed, den, w_b))
     pairs = int((((counts + 1) // 2) * (counts // 2)).sum())
     return MergeResult(keep, dest, out[:n], new_weight[:n], pairs, src)
-
-
-def window_merge(
-    x: torch.Tensor, weight: torch.Tensor, group: torch.Tensor, ratio: float, max_elements: int = 1 << 25
-) -> MergeResult:
-    """`merge_in_windows` for any window ids (reads the window sizes back: a convenience outside the prefill)."""
-    _, compact, counts = torch.unique(group, return_inverse=True, return_counts=True)
-    return merge_in_windows(x, weight, compact, counts.cpu().numpy(), ratio, max_elements)
 
 
 def prompt_attention(queries: torch.Tensor, keys: torch.Tensor, scale: float) -> torch.Tensor:

@@ -91,10 +91,6 @@ class MemoryEstimate:
         """What the prefill still has to allocate (the decoded media are already held)."""
         return self.peak_bytes
 
-    @property
-    def total_bytes(self) -> int:
-        return self.peak_bytes + self.media_bytes
-
     def summary(self) -> dict[str, int]:
         """What the prefill was to allocate above the weights, and its parts (the session report's `memory_estimate`)."""
         return {
