@@ -1201,7 +1201,7 @@ def _headline_speed(gpu, row: dict[str, Any], full: dict[str, Any] | None, key: 
     if fair:
         ratios.append((row.get("vs_best_generate") or {}).get(key))
     shown = "; ".join("—" if r is None else f"{r:.2f}×" for r in ratios)
-    return f"{gpu._cell(row, key, 2 if key == 'ttft_seconds' else 0)} ({shown})"
+    return f"{gpu.figure_cell(row, key, 2 if key == 'ttft_seconds' else 0)} ({shown})"
 
 
 def _headline_note(d: dict[str, Any], fair: bool) -> str:

@@ -17,8 +17,9 @@ backend but cuDNN's, whose graph is rebuilt for each new sequence length; `torch
 each case runs once untimed on the exact input and token count it is then measured on (every shape it meets is
 built before the clock), then `repeats` times (default 3). Every timed figure is
 ``{"median", "min", "max", "n"}`` over the repeats: TTFT, decode tokens/s (and its steady rate and setup),
-CUDA peak over the weights; per case the CUDA peak is reset first, and the weights (all that is allocated before
-it) are subtracted.
+CUDA peak over the weights; per run the CUDA peak is reset first and what is allocated then is subtracted
+(`allocated_before_bytes`: the weights, plus anything a previous run left held, such as the graph pool of
+transformers' compiled static decode, which `generate-static`'s peak therefore leaves out).
 
 TTFT (the same for every row): from the decoded media in host memory to the first generated token id on the host,
 including the processor, the vision tower and the prefill. A video is decoded into host memory once per input,
@@ -222,6 +223,7 @@ def run_method(
         "decode_steady_tokens_per_second": _steady_rate(record),
         "new_tokens": len(record.token_ids),
         "peak_over_weights_bytes": _peak_over(base),
+        "allocated_before_bytes": base,  # what the peak above is counted from (the weights, and anything held)
         # the memory guard's estimate of what the prefill was to allocate (media decoding and decode aside)
         "guard_estimate_bytes": (report["memory_estimate"] or {}).get("to_allocate_bytes"),
         "cache_peak_bytes": report["peak_kv_bytes"],
@@ -286,6 +288,7 @@ def run_generate(adapter: ModelAdapter, media: Media, cfg: GpuBenchConfig, stati
         "decode_tokens_per_second": (n_new - 1) / max(t_end - steps[0], 1e-9) if len(steps) > 1 else 0.0,
         "new_tokens": n_new,
         "peak_over_weights_bytes": _peak_over(base),
+        "allocated_before_bytes": base,  # what the peak above is counted from (the weights, and anything held)
         "cache_peak_bytes": cache_bytes,
         "cache_final_bytes": cache_bytes,
         "prompt_tokens": int(enc["input_ids"].shape[1]),
@@ -623,9 +626,9 @@ def _line(row: dict[str, Any]) -> str:
     peak_txt = f"{peak / 2**20:9.0f} MiB over weights" if peak is not None else "  (no CUDA peak)"
     per_hour = median(row, "ttft_seconds_per_hour")
     return (
-        f"{head} TTFT {_cell(row, 'ttft_seconds')} s"
+        f"{head} TTFT {figure_cell(row, 'ttft_seconds')} s"
         + (f" ({per_hour:.0f} s per hour of video)" if per_hour is not None else "")
-        + f"  decode {_cell(row, 'decode_tokens_per_second', 1)} tok/s ({_decode_how(row)})  {peak_txt}  "
+        + f"  decode {figure_cell(row, 'decode_tokens_per_second', 1)} tok/s ({_decode_how(row)})  {peak_txt}  "
         f"cache peak {row['cache_peak_bytes'] / 2**20:9.1f} MiB"
     )
 
@@ -635,7 +638,7 @@ def _decode_how(row: dict[str, Any]) -> str:
     return ", ".join(x for x in (row.get("decode_mode"), row.get("decode_attention")) if x) or row["method"]
 
 
-def _cell(row: dict[str, Any], key: str, digits: int = 2, scale: float = 1.0) -> str:
+def figure_cell(row: dict[str, Any], key: str, digits: int = 2, scale: float = 1.0) -> str:
     """A figure's median, with "(min–max)" after it when it has several repeats ("" when not measured)."""
     figure = stat(row, key)
     if figure is None:
@@ -682,8 +685,16 @@ def markdown_table(result: dict[str, Any]) -> str:
         # the kernel of the prefill's blocks after the cache (block_attention): rows measured before it have none
         attention = f" ({r['prefill_attention']})" if r.get("prefill_attention") else ""
         memory = (r.get("vs_generate") or {}).get("peak_over_weights_bytes")
-        cells = [label, case_label(r), _cell(r, "ttft_seconds") + attention, _cell(r, "ttft_seconds_per_hour", 0)]
-        cells += [_cell(r, "decode_tokens_per_second", 1) + mode, _cell(r, "peak_over_weights_bytes", 0, 2**20)]
+        cells = [
+            label,
+            case_label(r),
+            figure_cell(r, "ttft_seconds") + attention,
+            figure_cell(r, "ttft_seconds_per_hour", 0),
+        ]
+        cells += [
+            figure_cell(r, "decode_tokens_per_second", 1) + mode,
+            figure_cell(r, "peak_over_weights_bytes", 0, 2**20),
+        ]
         vs_full = r.get("vs_full") or _ratios(r, full.get(input_label(r)))  # files before `vs_full`: divided here
         if not fair and r["method"] in GENERATE_ROWS:
             vs_full = None  # a generate row not warmed per shape nor backend-pinned: no speed ratio
