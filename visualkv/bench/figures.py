@@ -55,9 +55,21 @@ def source_line(*names_and_data: tuple[str, dict[str, Any]], prefix: str = "docs
         prov = data.get("provenance") or {}
         command = prov.get("command") or data.get("command", "command not recorded")
         machine = machine_label(prov) if prov else data.get("machine", "machine not recorded")
-        commit = f", commit `{prov['commit']}`" if prov.get("commit") else ""
+        commit = _commit_phrase(prov)
         parts.append(f"[`{name}`]({prefix}{name}): `{command}` ({machine}{commit})")
     return "Source: " + "; ".join(parts) + "."
+
+
+def _commit_phrase(prov: dict[str, Any]) -> str:
+    """ ", commit `abc1234`", with ", from a dirty tree (diff sha256 `…`)" when the measured code was not that commit."""
+    if not prov.get("commit"):
+        return ""
+    commit = prov["commit"].removesuffix("+changes")
+    dirty = prov.get("dirty") or prov["commit"].endswith("+changes")
+    if not dirty:
+        return f", commit `{commit}`"
+    diff = f" (diff sha256 `{prov['diff_sha256'][:12]}`)" if prov.get("diff_sha256") else ""
+    return f", commit `{commit}` from a dirty tree{diff}"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -1093,61 +1105,127 @@ def table_gpu(results: Path) -> str:
     from visualkv.bench import gpu, gpu_targets  # torch and the models: only when this table is drawn
 
     d = load(GPU_RESULTS, results)
-    note = (
-        f"torch {d['torch']}, transformers {d['transformers']}; the model built in {d['load_seconds']:.1f} s "
-        f"({d['weights_bytes'] / 2**30:.2f} GiB of bf16 weights); every case run once untimed first "
-        f"({d['warmup_seconds']:.0f} s)."
+    notes = [_gpu_runs_note(d), _gpu_limits_note(d)]
+    return "\n\n".join(
+        [gpu.markdown_table(d), gpu_targets.markdown(d), *filter(None, notes), source_line((GPU_RESULTS, d))]
     )
-    targets = _without_first_column(gpu_targets.markdown(d), "issue")
-    return "\n\n".join([gpu.markdown_table(d), targets, note, source_line((GPU_RESULTS, d))])
 
 
-def _without_first_column(markdown: str, header: str) -> str:
-    """`markdown` with the first column of its table dropped where that column is `header` (the targets table's
-    tracker column: the target itself says what is judged)."""
-    lines = markdown.split("\n")
-    if not lines or not lines[0].startswith(f"| {header} |"):
-        return markdown
-    out = []
-    for line in lines:
-        out.append("|" + line.split("|", 2)[2] if line.startswith("|") else line)
-    return "\n".join(out)
+def _gpu_runs_note(d: dict[str, Any]) -> str:
+    """How the figures of a `bench gpu` file were taken: versions, warm-up, repeats, attention backend, TTFT."""
+    head = (
+        f"torch {d['torch']}, transformers {d['transformers']}; the model built in {d['load_seconds']:.1f} s "
+        f"({d['weights_bytes'] / 2**30:.2f} GiB of {d['model_info']['dtype']} weights)"
+    )
+    cfg = d["config"]
+    if not cfg.get("sdpa_backends"):
+        return (
+            f"{head}; every case run once untimed first, on a smaller image ({d['warmup_seconds']:.0f} s); each "
+            "figure is one run. This file predates the fair reference rows: its `transformers-generate` row was "
+            "not warmed on the measured shapes nor run with a pinned attention backend, so speed is compared with "
+            "VisualKV's `full` only (what compression adds); memory is compared with `generate`."
+        )
+    backends = ", ".join(cfg["sdpa_backends"])
+    return (
+        f"{head}. Each case ran once untimed on its own input ({d['warmup_seconds']:.0f} s in all, transformers' "
+        f"compile of the static decode included), then {cfg['repeats']} times: each figure is the median "
+        f"(min–max), each ratio one of medians. SDPA backends pinned for every row: {backends}. TTFT: "
+        f"{cfg['ttft']}."
+    )
 
 
-HEADLINE_METHODS = ("transformers-generate", "full", "blockwise-keydiff", "salicache", "lightkv")
+def _gpu_limits_note(d: dict[str, Any]) -> str:
+    """What the share-of-limits column divides by (only in files that carry limits)."""
+    peak = d.get("device_peaks")
+    if "work" not in d:
+        return ""
+    if not peak:
+        return "Share of limits: no peak figures for this device (`visualkv/bench/device_peaks.py`)."
+    return (
+        f"Share of limits: TTFT against the FLOPs of the vision tower and the LLM prefill at "
+        f"{peak['bf16_flops_per_second'] / 1e12:,.0f} TFLOP/s dense bf16, decode against "
+        f"{d['work']['decode_bytes_per_token'] / 2**30:.2f} GiB of weights read per token at "
+        f"{peak['memory_bytes_per_second'] / 1e12:.2f} TB/s ({peak['source']}; what is counted: "
+        "`visualkv/bench/limits.py`)."
+    )
+
+
+HEADLINE_METHODS = ("generate", "generate-static", "transformers-generate", "full")
+HEADLINE_METHODS += ("blockwise-keydiff", "salicache", "lightkv")
 
 
 def table_headline(results: Path) -> str:
-    """README's headline: on one GPU and a 7B shape, what each method holds, how soon it answers and how fast it
-    decodes, each beside transformers' own `generate` on the same input (from `bench gpu`'s JSON)."""
+    """README's headline: on one GPU and a 7B shape, what each method holds beside transformers' own `generate`,
+    and how soon it answers and how fast it decodes beside VisualKV's `full` (what compression adds) and, in a file
+    with fair reference rows, beside the better of `generate` and `generate-static` (from `bench gpu`'s JSON)."""
+    from visualkv.bench import gpu, gpu_targets  # torch and the models: only when this table is drawn
+
     d = load(GPU_RESULTS, results)
+    fair = gpu_targets.fair_reference(d)
+    full = {r["input"]: r for r in d["cases"] if gpu_targets.case_label(r) == "full" and gpu_targets.measured(r)}
     body = []
     for row in d["cases"]:
-        if row.get("case", row["method"]) not in HEADLINE_METHODS or "ttft_seconds" not in row:
+        if gpu_targets.case_label(row) not in HEADLINE_METHODS or not gpu_targets.measured(row):
             continue
-        vs = row["vs_generate"]
         what = "4K image" if row["input"] == "image" else f"{row['video_seconds']:g}-s video"
-        decode = f"{row['decode_tokens_per_second']:.0f}"
-        body.append(
-            [
-                f"{what} ({row['visual_tokens']:,} visual tokens)",
-                f"`{row['method']}`",
-                f"{row['peak_over_weights_bytes'] / MIB:,.0f} MiB ({vs['peak_over_weights_bytes']:.3f}×)",
-                f"{row['ttft_seconds']:.2f} s ({vs['ttft_seconds']:.2f}×)",
-                f"{decode} tok/s ({vs['decode_tokens_per_second']:.1f}×)",
-            ]
-        )
+        cells = [f"{what} ({row['visual_tokens']:,} visual tokens)", f"`{row['method']}`", _headline_peak(row)]
+        if fair or row["method"] not in gpu_targets.GENERATE_ROWS:
+            speed = ("ttft_seconds", "decode_tokens_per_second")
+            cells += [_headline_speed(gpu, row, full.get(row["input"]), key, fair) for key in speed]
+        else:
+            cells += ["— (not a fair speed reference: below)"] * 2
+        body.append(cells)
+    header = ["input", "method", "GPU peak over the weights (vs generate)"]
+    if fair:
+        header += ["time to first token, s (vs full; vs better generate)", "decode tok/s (vs full; vs better generate)"]
+    else:
+        header += ["time to first token, s (vs full)", "decode tok/s (vs full)"]
+    return _render(header, body, [(GPU_RESULTS, d)], _headline_note(d, fair))
+
+
+def _headline_peak(row: dict[str, Any]) -> str:
+    from visualkv.bench.gpu_targets import median
+
+    ratio = (row.get("vs_generate") or {}).get("peak_over_weights_bytes")
+    peak = median(row, "peak_over_weights_bytes")
+    return f"{peak / MIB:,.0f} MiB ({ratio:.3f}×)" if peak is not None and ratio is not None else "—"
+
+
+def _headline_speed(gpu, row: dict[str, Any], full: dict[str, Any] | None, key: str, fair: bool) -> str:
+    """The median (min–max) of `key`, then its median over `full`'s (and over the better generate's, in a fair
+    file)."""
+    from visualkv.bench.gpu_targets import median
+
+    a, b = median(row, key), median(full, key)
+    ratios = [a / b if a is not None and b else None]
+    if fair:
+        ratios.append((row.get("vs_best_generate") or {}).get(key))
+    shown = "; ".join("—" if r is None else f"{r:.2f}×" for r in ratios)
+    return f"{gpu.figure_cell(row, key, 2 if key == 'ttft_seconds' else 0)} ({shown})"
+
+
+def _headline_note(d: dict[str, Any], fair: bool) -> str:
     cfg, info = d["config"], d["model_info"]
-    header = ["input", "method", "GPU peak over the weights (vs generate)", "time to first token", "decode"]
-    note = (
+    head = (
         f"`{cfg['model']}`: {info['layers']} decoder layers, {info['kv_heads']} KV heads, the released configuration "
         f"with random {info['dtype']} weights (memory and speed only; answers are noise), on {d['machine']}; torch "
         f"{d['torch']}, transformers {d['transformers']}. Budget M = {cfg['budget']} visual entries per layer and KV "
-        f"head, {cfg['new_tokens']} new tokens, every case once untimed first, the CUDA peak reset before each; "
-        "`transformers-generate` is transformers' own processor and `model.generate`. Every method and variant: "
-        "docs/RESULTS.md."
+        f"head, {cfg['new_tokens']} new tokens, the CUDA peak reset before each case; `generate` is transformers' "
+        "own processor and `model.generate`."
     )
-    return _render(header, body, [(GPU_RESULTS, d)], note)
+    if fair:
+        how = (
+            f" Each case ran once untimed on its own input, then {cfg['repeats']} times: median (min–max); SDPA "
+            f"backends pinned for every row ({', '.join(cfg['sdpa_backends'])}); `generate-static` is "
+            '`model.generate(..., cache_implementation="static")`. TTFT: ' + cfg["ttft"] + "."
+        )
+    else:
+        how = (
+            " Each figure is one run. The `transformers-generate` speed reference in this file was not warmed on "
+            "the measured shapes nor run with a pinned attention backend, so speed is stated against VisualKV's "
+            "`full` (what compression adds) and memory against `generate`."
+        )
+    return head + how + " Every method and variant: docs/RESULTS.md."
 
 
 def table_gpu_warmup(results: Path) -> str:

@@ -1,34 +1,47 @@
-"""`python -m visualkv bench gpu`: every method against transformers' own `generate`, on the GPU.
+"""`python -m visualkv bench gpu`: every method against transformers' own `generate` and VisualKV's `full`, on the GPU.
 
-One process, the model built (or loaded) once. Two inputs: a 4K image (3840 x 2160) and a long synthetic
-video (default 512 s at 1 fps, 640 x 360). For each input, every method runs one turn through
-`ChatSession`, and transformers' `model.generate` runs on the same input as the reference a user would
-otherwise run. Per case the CUDA peak is reset and the case reports:
+One process, the model built (or loaded) once. Two inputs: a 4K image (3840 x 2160) and a long synthetic video
+(default 512 s at 1 fps, 640 x 360). On each input the reference rows run first, on the untouched model:
 
-- `peak_over_weights_bytes`: CUDA peak allocated during the case minus what was allocated before it
-  (the weights and nothing else: inputs are built on the host),
-- `guard_estimate_bytes` (the methods' rows): the memory guard's estimate of what the prefill was to allocate
-  (`visualkv.runtime.memory_guard`), to set beside the peak above (which also holds the media's decoding and the decode),
-- `cache_peak_bytes`: the KV cache's own high-water mark (ours: `peak_kv_bytes`; generate: the bytes of
-  the returned cache, which only grows),
-- `ttft_seconds`: from the raw media (processor included, for both) to the first new token; on a video
-  also `ttft_seconds_per_hour` (scaled to an hour of video),
-- `decode_tokens_per_second` over `new_tokens` tokens (EOS is ignored so every case decodes as many),
-- ratios of each to `generate` on the same input.
+- `generate`: transformers' own processor and `model.generate`, as a user calls it (dynamic cache);
+- `generate-static`: the same with `cache_implementation="static"` (on CUDA transformers compiles its decode step:
+  the compile and graph capture fall in the case's warm-up, reported as `warmup_seconds`, not in its figures);
+- `full`: VisualKV with no compression (isolates what compression adds from what VisualKV's decode adds);
 
-The video is a generated file (`visualkv.bench.long_video`: ``mix``, static shots, pans and cuts like the
-example video, or ``moving``, every frame moves; cached under `video_dir`) loaded like a user's upload, so
-its frames are decoded lazily, per block, for every case. Each case loads it with its own frame cap: none
-for a method whose memory is bounded (`visualkv.methods.media_limits`); `FULL_FRAME_CAP` (512 frames) for
-`full` and the other bulk methods, and `reference_max_frames` (the same 512 by default) for transformers'
-`generate`, which stacks every frame in host memory and encodes them in one vision call. A case past its
-cap is a row with `refused` (the one-line reason) instead of figures: an hour of video (3,600 frames,
-~540k visual tokens on Qwen2.5-VL) runs the bounded methods and shows the others refused.
+then every method through `ChatSession`. A speed claim names its cause: each row's `vs_full` (compression) and
+`vs_best_generate` (against the better of the two `generate` rows, per figure); `vs_generate` (the dynamic-cache
+row) holds the memory ratios.
 
-Memory needs CUDA; on CPU (the test, or a dry run) the same code runs with small sizes and the memory
-fields are null. GPU code paths import neither plotly, gradio, decord nor kaleido: the chart is written
-only when plotly imports. The JSON and the table are rewritten after every case, so a run cut short by a
-time limit keeps what it measured (`complete` is false until the last case).
+Fairness: every row, warm-ups included, runs with the same SDPA backends pinned (`sdpa_backends`, default every
+backend but cuDNN's, whose graph is rebuilt for each new sequence length; `torch.nn.attention.sdpa_kernel`), and
+each case runs once untimed on the exact input and token count it is then measured on (every shape it meets is
+built before the clock), then `repeats` times (default 3). Every timed figure is
+``{"median", "min", "max", "n"}`` over the repeats: TTFT, decode tokens/s (and its steady rate and setup),
+CUDA peak over the weights; per run the CUDA peak is reset first and what is allocated then is subtracted
+(`allocated_before_bytes`: the weights, plus anything a previous run left held, such as the graph pool of
+transformers' compiled static decode, which `generate-static`'s peak therefore leaves out).
+
+TTFT (the same for every row): from the decoded media in host memory to the first generated token id on the host,
+including the processor, the vision tower and the prefill. A video is decoded into host memory once per input,
+before any case's clock starts. Decode tokens/s: the tokens after the first over the time from the first to the
+last on the host (EOS is ignored so every case decodes `new_tokens`). On a video also `ttft_seconds_per_hour`.
+
+Each row also carries `limits` (`visualkv.bench.limits`): its TTFT against the FLOPs of the vision tower and the
+LLM prefill at the device's dense bf16 peak, its decode rate against the weight bytes read per token at the
+memory bandwidth (`visualkv.bench.device_peaks`; null shares on CPU). `cache_peak_bytes` is the KV cache's own
+high-water mark (ours: `peak_kv_bytes`; generate: the bytes of the returned cache); `guard_estimate_bytes` (the
+methods' rows) the memory guard's estimate of what the prefill was to allocate.
+
+Each case loads the video with its own frame cap: none for a method whose memory is bounded
+(`visualkv.methods.media_limits`); `FULL_FRAME_CAP` (512 frames) for `full` and the other bulk methods, and
+`reference_max_frames` (the same 512 by default) for the `generate` rows, which stack every frame and encode them
+in one vision call. A case past its cap is a row with `refused` (the one-line reason) instead of figures: an hour
+of video (3,600 frames) runs the bounded methods and shows the others refused.
+
+Memory needs CUDA; on CPU (the test, or a dry run) the same code runs with small sizes and the memory fields are
+null. GPU code paths import neither plotly, gradio, decord nor kaleido: the chart is written only when plotly
+imports. The JSON and the table are rewritten after every case, so a run cut short by a time limit keeps what it
+measured (`complete` is false until the last case).
 """
 
 from __future__ import annotations
@@ -47,11 +60,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from visualkv.attention import packed as packed_attention
-from visualkv.attention.vision import stock_vision_attention
-from visualkv.bench import gpu_targets, provenance
-from visualkv.bench.gpu_targets import case_label, input_label, measured
-from visualkv.bench.synthetic import image_media, video_media
+from visualkv.bench import device_peaks, gpu_targets, provenance
+from visualkv.bench.gpu_targets import (
+    GENERATE,
+    GENERATE_ROWS,
+    GENERATE_STATIC,
+    case_label,
+    input_label,
+    measured,
+    median,
+    stat,
+    stats,
+)
+from visualkv.bench.limits import ModelWork, model_work, row_limits, work_json
+from visualkv.bench.synthetic import image_media
 from visualkv.errors import MediaError
 from visualkv.media import FrameSampling, Media, MediaLimits, load_media
 from visualkv.methods import FULL_FRAME_CAP, METHODS, media_limits, method_traits
@@ -60,9 +82,23 @@ from visualkv.models.registry import load_model
 from visualkv.report.telemetry import peak_rss_bytes
 from visualkv.runtime.session import ChatSession, SessionConfig
 
-REFERENCE = gpu_targets.REFERENCE  # transformers' own processor + generate, the row every ratio divides by
+REFERENCE = GENERATE  # the memory ratios (`vs_generate`) divide by this row
 PROMPT = "Describe what you see in detail."
 HOUR = 3600.0  # seconds of video `ttft_seconds_per_hour` is scaled to
+TTFT_DEFINITION = (
+    "from the decoded media in host memory to the first generated token id on the host, including the processor, "
+    "the vision tower and the prefill"
+)
+#: every SDPA backend but cuDNN's (its execution graph is rebuilt for every new sequence length)
+PINNED_SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+#: figures measured on every repeat: {"median", "min", "max", "n"} in the JSON
+TIMED = (
+    "ttft_seconds",
+    "decode_tokens_per_second",
+    "decode_steady_tokens_per_second",
+    "decode_setup_seconds",
+    "peak_over_weights_bytes",
+)
 
 
 @dataclass
@@ -72,7 +108,7 @@ class GpuBenchConfig:
     model: str = "shape-qwen2.5-vl-7b"
     device: str = "cuda"
     dtype: str = "auto"
-    methods: tuple[str, ...] = tuple(METHODS)
+    methods: tuple[str, ...] = tuple(METHODS)  # `full` always runs, as a reference
     budget: int = 1024
     block_size: int | None = None
     image_size: tuple[int, int] = (3840, 2160)
@@ -81,15 +117,15 @@ class GpuBenchConfig:
     video_size: tuple[int, int] = (640, 360)
     video_kinds: tuple[str, ...] = ("mix",)  # visualkv.bench.long_video.VIDEO_KINDS; one video input each
     video_dir: str | None = None  # where generated videos are cached; None: long_video.default_video_dir()
-    # transformers' generate stacks every frame and encodes them at once: refused past this many frames
+    # the generate rows stack every frame and encode them at once: refused past this many frames
     reference_max_frames: int = FULL_FRAME_CAP
     new_tokens: int = 64
     inputs: tuple[str, ...] = ("image", "video")
     out: str = "bench_out"
-    # SessionConfig fields set for every method case (not the reference), e.g. {"decode": "eager"}
+    # SessionConfig fields set for every VisualKV case (not the generate rows), e.g. {"decode": "eager"}
     session_overrides: dict[str, Any] = field(default_factory=dict)
     # also run each method whose default prefill is hybrid with every block of b tokens (prefill "blockwise"):
-    # issue 11's TTFT target holds for both plans
+    # the block-wise TTFT target holds for both plans
     forced_blockwise: bool = False
     # also run each method whose default prefill is hybrid with this many blocks' media per vision-tower call
     # (SessionConfig.vision_ahead; 1: no such rows): the tower-launch lever beside the default
@@ -97,10 +133,12 @@ class GpuBenchConfig:
     # also run each method with the fixed-shape decode's attention forced to each of these ("model", "grouped"),
     # beside its default ("auto"): SessionConfig.decode_attention, measured side by side on the same input
     decode_attention_rows: tuple[str, ...] = ()
-    # run every case once, untimed, on a small image before the measured ones: the first CUDA call of each
-    # code path pays one-off costs (library handles, lazily loaded kernels, the first graph capture) that a
-    # user pays once per process, not per question; without it the first rows' TTFT carries them
+    # run each case once, untimed, on the exact input and token count it is measured on, before its repeats:
+    # kernels, library handles, transformers' compile of the static decode and per-shape graphs are built there
     warmup: bool = True
+    repeats: int = 3  # timed runs per case: each figure is their median, min and max
+    # torch.nn.attention.SDPBackend names allowed for every row (warm-ups included); () leaves torch's choice
+    sdpa_backends: tuple[str, ...] = PINNED_SDPA_BACKENDS
 
 
 def machine() -> str:
@@ -185,6 +223,7 @@ def run_method(
         "decode_steady_tokens_per_second": _steady_rate(record),
         "new_tokens": len(record.token_ids),
         "peak_over_weights_bytes": _peak_over(base),
+        "allocated_before_bytes": base,  # what the peak above is counted from (the weights, and anything held)
         # the memory guard's estimate of what the prefill was to allocate (media decoding and decode aside)
         "guard_estimate_bytes": (report["memory_estimate"] or {}).get("to_allocate_bytes"),
         "cache_peak_bytes": report["peak_kv_bytes"],
@@ -221,16 +260,44 @@ class _Clock:
         pass
 
 
-def run_generate(adapter: ModelAdapter, media: Media, cfg: GpuBenchConfig) -> dict[str, Any]:
-    """transformers' own processor + `generate` on the same media, device and dtype."""
-    vision = stock_vision_attention(adapter.visual) if hasattr(adapter, "visual") else contextlib.nullcontext()
-    with vision, packed_attention.stock(adapter.text_config):  # transformers' own towers and attention functions
-        return _run_generate(adapter, media, cfg)
-
-
-def _run_generate(adapter: ModelAdapter, media: Media, cfg: GpuBenchConfig) -> dict[str, Any]:
+def run_generate(adapter: ModelAdapter, media: Media, cfg: GpuBenchConfig, static: bool = False) -> dict[str, Any]:
+    """transformers' own processor + `model.generate` on the same media, device and dtype, on the untouched model;
+    `static`: with `cache_implementation="static"`."""
     base = _start_case()
     t0 = time.perf_counter()
+    enc = _processor_inputs(adapter, media)
+    clock = _Clock()
+    options = {"cache_implementation": "static"} if static else {}
+    with torch.no_grad():
+        out = adapter.model.generate(
+            **enc,
+            max_new_tokens=cfg.new_tokens,
+            min_new_tokens=cfg.new_tokens,
+            do_sample=False,
+            streamer=clock,
+            return_dict_in_generate=True,
+            **options,
+        )
+    _sync()
+    t_end = time.perf_counter()
+    steps = clock.times[1:]  # [0] is the prompt; each put() receives the new token ids already on the host
+    n_new = int(out.sequences.shape[1] - enc["input_ids"].shape[1])
+    cache_bytes = _cache_bytes(out.past_key_values)
+    return {
+        "ttft_seconds": (steps[0] if steps else t_end) - t0,
+        "decode_tokens_per_second": (n_new - 1) / max(t_end - steps[0], 1e-9) if len(steps) > 1 else 0.0,
+        "new_tokens": n_new,
+        "peak_over_weights_bytes": _peak_over(base),
+        "allocated_before_bytes": base,  # what the peak above is counted from (the weights, and anything held)
+        "cache_peak_bytes": cache_bytes,
+        "cache_final_bytes": cache_bytes,
+        "prompt_tokens": int(enc["input_ids"].shape[1]),
+        "process_peak_rss_bytes": peak_rss_bytes(),
+    }
+
+
+def _processor_inputs(adapter: ModelAdapter, media: Media) -> dict[str, Any]:
+    """The processor's tensors for `media` and the prompt, on the model's device."""
     proc = adapter.processor
     text = adapter.chat_text(media, PROMPT)
     if media.kind == "image":
@@ -241,37 +308,12 @@ def _run_generate(adapter: ModelAdapter, media: Media, cfg: GpuBenchConfig) -> d
     else:
         enc = proc(
             text=[text],
-            videos=[np.stack(list(media.frames))],  # decodes every frame of a lazy video: hence its frame cap
+            videos=[np.stack(list(media.frames))],
             video_metadata=[video_metadata(media)],
             do_sample_frames=False,
             return_tensors="pt",
         )
-    enc = {k: v.to(adapter.device) if isinstance(v, torch.Tensor) else v for k, v in enc.items()}
-    clock = _Clock()
-    with torch.no_grad():
-        out = adapter.model.generate(
-            **enc,
-            max_new_tokens=cfg.new_tokens,
-            min_new_tokens=cfg.new_tokens,
-            do_sample=False,
-            streamer=clock,
-            return_dict_in_generate=True,
-        )
-    _sync()
-    t_end = time.perf_counter()
-    steps = clock.times[1:]  # [0] is the prompt
-    n_new = int(out.sequences.shape[1] - enc["input_ids"].shape[1])
-    cache_bytes = _cache_bytes(out.past_key_values)
-    return {
-        "ttft_seconds": (steps[0] if steps else t_end) - t0,
-        "decode_tokens_per_second": (n_new - 1) / max(t_end - steps[0], 1e-9) if len(steps) > 1 else 0.0,
-        "new_tokens": n_new,
-        "peak_over_weights_bytes": _peak_over(base),
-        "cache_peak_bytes": cache_bytes,
-        "cache_final_bytes": cache_bytes,
-        "prompt_tokens": int(enc["input_ids"].shape[1]),
-        "process_peak_rss_bytes": peak_rss_bytes(),
-    }
+    return {k: v.to(adapter.device) if isinstance(v, torch.Tensor) else v for k, v in enc.items()}
 
 
 def _cache_bytes(cache) -> int:
@@ -316,24 +358,30 @@ def video_input(cfg: GpuBenchConfig, kind: str, log: Callable[[str], None] = pri
 
 
 def case_limits(method: str, cfg: GpuBenchConfig) -> MediaLimits:
-    """The frame cap a case loads the video with: the method's (none if bounded), or the reference's
-    (capped like `full`: it holds every frame's KV too), with its own cap and name in the refusal."""
-    limits = media_limits("full" if method == REFERENCE else method)
-    if method == REFERENCE:
-        limits = dataclasses.replace(limits, max_frames=cfg.reference_max_frames, cap_method=REFERENCE)
+    """The frame cap a case loads the video with: the method's (none if bounded), or the generate rows'
+    (capped like `full`: they hold every frame's KV too), with its own cap and name in the refusal."""
+    reference = method in GENERATE_ROWS
+    limits = media_limits("full" if reference else method)
+    if reference:
+        limits = dataclasses.replace(limits, max_frames=cfg.reference_max_frames, cap_method=method)
     # the refusal names this command's own option (bench gpu reads every frame of its generated videos)
     return dataclasses.replace(limits, fewer_frames="or shorten the video (--video-seconds)")
 
 
 def load_case_media(method: str, video: VideoInput, cfg: GpuBenchConfig) -> Media:
-    """The video as `method` gets it: decoded lazily; MediaError (one line) past the case's frame cap."""
+    """The video as `method` gets it, opened lazily; MediaError (one line) past the case's frame cap."""
     sampling = FrameSampling(fps=cfg.video_fps, max_frames=None)
     return load_media(video.path, case_limits(method, cfg), sampling)
 
 
+def in_host_memory(media: Media) -> Media:
+    """`media` with every frame decoded (where TTFT starts: the same decoded frames for every row)."""
+    return dataclasses.replace(media, frames=list(media.frames)) if media.is_lazy else media
+
+
 @dataclass(frozen=True)
 class Case:
-    """One row of the bench on one input: a method (or the reference), with its prefill plan forced or not."""
+    """One row of the bench on one input: a reference or a method, with its prefill plan forced or not."""
 
     method: str
     forced_prefill: str | None = None  # "blockwise": every block of b tokens; None: the method's default plan
@@ -350,11 +398,12 @@ class Case:
 
 
 def cases(cfg: GpuBenchConfig) -> list[Case]:
-    """The reference, then every method in `cfg.methods`, each block-wise one followed by its forced
-    block-wise variant when `cfg.forced_blockwise` (a hybrid plan may give the first block more tokens) and by
-    its vision-ahead variant when `cfg.vision_ahead` > 1; every method by one row per `cfg.decode_attention_rows`."""
-    out = [Case(REFERENCE)]
-    for method in cfg.methods:
+    """The references (`generate`, `generate-static`, `full`), then every other method in `cfg.methods`; each
+    block-wise one followed by its forced block-wise variant when `cfg.forced_blockwise` (a hybrid plan may give
+    the first block more tokens) and by its vision-ahead variant when `cfg.vision_ahead` > 1; every VisualKV row
+    by one row per `cfg.decode_attention_rows`."""
+    out = [Case(GENERATE), Case(GENERATE_STATIC)]
+    for method in ("full", *(m for m in cfg.methods if m != "full")):
         out.append(Case(method))
         hybrid = method_traits(method).default_prefill == "hybrid"
         if cfg.forced_blockwise and hybrid:
@@ -366,8 +415,9 @@ def cases(cfg: GpuBenchConfig) -> list[Case]:
 
 
 def run_case(adapter: ModelAdapter, media: Media, case: Case, cfg: GpuBenchConfig) -> dict[str, Any]:
-    if case.method == REFERENCE:
-        return run_generate(adapter, media, cfg)
+    """One run of `case` on `media` (untimed or timed: the caller decides)."""
+    if case.method in GENERATE_ROWS:
+        return run_generate(adapter, media, cfg, static=case.method == GENERATE_STATIC)
     return run_method(
         adapter,
         media,
@@ -377,6 +427,44 @@ def run_case(adapter: ModelAdapter, media: Media, case: Case, cfg: GpuBenchConfi
         vision_ahead=case.vision_ahead,
         decode_attention=case.decode_attention,
     )
+
+
+def measure_case(adapter: ModelAdapter, media: Media, case: Case, cfg: GpuBenchConfig) -> dict[str, Any]:
+    """`case` once untimed on `media` (with `cfg.warmup`), then `cfg.repeats` times: the TIMED figures as
+    {"median", "min", "max", "n"}, the others (token counts, cache bytes: the same every run) from the last run."""
+    row: dict[str, Any] = {}
+    if cfg.warmup:
+        t0 = time.perf_counter()
+        run_case(adapter, media, case, cfg)
+        _sync()
+        row["warmup_seconds"] = time.perf_counter() - t0
+    runs = [run_case(adapter, media, case, cfg) for _ in range(max(1, cfg.repeats))]
+    row.update(runs[-1])
+    for key in TIMED:
+        if key in row:
+            row[key] = stats([run[key] for run in runs])
+    return row
+
+
+@contextlib.contextmanager
+def pinned_attention(backends: tuple[str, ...]) -> Iterator[None]:
+    """Only `backends` (SDPBackend names) for every scaled_dot_product_attention call inside (none: torch's)."""
+    if not backends:
+        yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([getattr(SDPBackend, name) for name in backends]):
+        yield
+
+
+def attention_backend(cfg: GpuBenchConfig) -> dict[str, Any]:
+    """How the rows' attention backend was fixed (the JSON's config)."""
+    return {
+        "sdpa_backends": list(cfg.sdpa_backends),
+        "how": "torch.nn.attention.sdpa_kernel around every row, warm-ups included" if cfg.sdpa_backends else "",
+        "TORCH_CUDNN_SDPA_AVOID_RECOMPILE": os.environ.get("TORCH_CUDNN_SDPA_AVOID_RECOMPILE"),
+    }
 
 
 def run_gpu_bench(
@@ -389,22 +477,27 @@ def run_gpu_bench(
     _sync()
     load_seconds = time.perf_counter() - t_load
     weights = sum(p.nbytes for p in adapter.model.parameters())
+    work = model_work(adapter)
+    peak = device_peaks.device_peak(torch.cuda.get_device_name() if torch.cuda.is_available() else None)
+    config = {**asdict(cfg), "ttft": TTFT_DEFINITION, "attention_backend": attention_backend(cfg)}
     result: dict[str, Any] = {
         "bench": "gpu",
         "command": " ".join(["python -m visualkv", *sys.argv[1:]]) if sys.argv else "",
         "machine": machine(),
         "torch": torch.__version__,
         "transformers": _transformers_version(),
-        "config": asdict(cfg),
+        "config": config,
         "model_info": adapter.describe(),
         "weights_bytes": weights,
+        "work": work_json(work),
+        "device_peaks": device_peaks.as_json(peak),
         "load_seconds": load_seconds,
         "videos": [],
         "complete": False,
         "cases": [],
     }
     log(f"{cfg.model}: {weights / 2**30:.2f} GiB of weights, built/loaded in {load_seconds:.1f} s on {machine()}")
-    sources: list[Media | VideoInput] = []  # the image in memory; a video as a file each case loads
+    sources: list[Media | VideoInput] = []  # the image in memory; a video as a file, decoded once per input
     if "image" in cfg.inputs:
         sources.append(image_media(*cfg.image_size, seed=7))
     if "video" in cfg.inputs:
@@ -412,53 +505,32 @@ def run_gpu_bench(
             video = video_input(cfg, kind, log)
             result["videos"].append(asdict(video))
             sources.append(video)
-    if cfg.warmup:
-        result["warmup_seconds"] = warm_up(adapter, cfg)
-        video = f" and a {WARMUP_VIDEO_FRAMES}-frame video" if "video" in cfg.inputs else ""
-        size = "x".join(map(str, warmup_size(cfg)))
-        log(f"warm-up: every case once on a {size} image{video}, untimed: {result['warmup_seconds']:.1f} s")
-    for source in sources:
-        rows = []
-        for case in cases(cfg):
-            row = _one_case(adapter, source, case, cfg)
-            rows.append(row)
-            result["cases"].append(row)
-            _add_ratios(rows)
-            log(_line(row))
-            if on_case is not None:
-                on_case(result)
+    with pinned_attention(cfg.sdpa_backends):
+        for source in sources:
+            _run_input(adapter, source, cfg, result, work, peak, log, on_case)
+    result["warmup_seconds"] = sum(r.get("warmup_seconds") or 0.0 for r in result["cases"])
     result["complete"] = True
     return result
 
 
-WARMUP_MAX_SIZE = (1344, 756)  # ~1.3k visual tokens on Qwen2.5-VL: past the default budget, so eviction runs too
-WARMUP_VIDEO_FRAMES = 8  # a video's own paths (its processor, the tower's temporal patches) warm up too
+def _run_input(adapter, source, cfg, result, work, peak, log, on_case) -> None:
+    """Every case on one input, its rows appended to `result["cases"]` with their ratios and limits."""
+    rows: list[dict[str, Any]] = []
+    decoded: dict[str, Media] = {}  # the video's frames in host memory, decoded once for every case
+    for case in cases(cfg):
+        row = _one_case(adapter, source, case, cfg, decoded)
+        rows.append(row)
+        result["cases"].append(row)
+        _add_ratios(rows)
+        _add_limits(rows, work, peak)
+        log(_line(row))
+        if on_case is not None:
+            on_case(result)
 
 
-def warmup_size(cfg: GpuBenchConfig) -> tuple[int, int]:
-    """The warm-up image: the bench's image size, at most `WARMUP_MAX_SIZE`."""
-    return (min(cfg.image_size[0], WARMUP_MAX_SIZE[0]), min(cfg.image_size[1], WARMUP_MAX_SIZE[1]))
-
-
-def warm_up(adapter: ModelAdapter, cfg: GpuBenchConfig) -> float:
-    """Every case once on a small image (and a short video when the bench has one) with two new tokens,
-    results dropped; returns the seconds it took. A failing case is left to fail again, measured, in its own
-    row (the warm-up never stops the bench)."""
-    t0 = time.perf_counter()
-    small = dataclasses.replace(cfg, new_tokens=2)
-    width, height = warmup_size(cfg)
-    inputs = [image_media(width, height, seed=11)]
-    if "video" in cfg.inputs:
-        inputs.append(video_media(WARMUP_VIDEO_FRAMES, *cfg.video_size, fps=cfg.video_fps, seed=11))
-    for media in inputs:
-        for case in cases(cfg):
-            with contextlib.suppress(Exception):
-                run_case(adapter, media, case, small)
-    _sync()
-    return time.perf_counter() - t0
-
-
-def _one_case(adapter: ModelAdapter, source: Media | VideoInput, case: Case, cfg: GpuBenchConfig) -> dict[str, Any]:
+def _one_case(
+    adapter: ModelAdapter, source: Media | VideoInput, case: Case, cfg: GpuBenchConfig, decoded: dict[str, Media]
+) -> dict[str, Any]:
     head: dict[str, Any] = {"input": "image" if isinstance(source, Media) else "video", "method": case.method}
     if case.forced_prefill is not None:
         head.update(case=case.label, forced_prefill=case.forced_prefill)
@@ -472,13 +544,19 @@ def _one_case(adapter: ModelAdapter, source: Media | VideoInput, case: Case, cfg
         media = source if isinstance(source, Media) else load_case_media(case.method, source, cfg)
     except MediaError as exc:  # past the case's frame cap (or the video-length limit): nothing decoded yet
         return {**head, "refused": str(exc).splitlines()[0]}
+    if isinstance(source, VideoInput):  # decoded before any clock starts, once for the input
+        media = decoded.setdefault(source.path, in_host_memory(media))
     try:
-        row = run_case(adapter, media, case, cfg)
+        row = measure_case(adapter, media, case, cfg)
     except Exception as exc:  # noqa: BLE001 - one failed case must not lose the others
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         return {**head, "error": f"{type(exc).__name__}: {first}", "traceback": traceback.format_exc()[-2000:]}
     if isinstance(source, VideoInput):
-        row["ttft_seconds_per_hour"] = row["ttft_seconds"] * HOUR / source.seconds
+        ttft = row["ttft_seconds"]
+        row["ttft_seconds_per_hour"] = {
+            **ttft,
+            **{k: ttft[k] * HOUR / source.seconds for k in ("median", "min", "max")},
+        }
     return {**head, **row}
 
 
@@ -488,20 +566,54 @@ def _transformers_version() -> str:
     return transformers.__version__
 
 
+RATIO_KEYS = ("ttft_seconds", "decode_tokens_per_second", "peak_over_weights_bytes", "cache_peak_bytes")
+
+
+def _ratios(row: dict[str, Any], ref: dict[str, Any] | None, keys=RATIO_KEYS) -> dict[str, float | None] | None:
+    """Medians of `row` over the reference's (None without a measured reference)."""
+    if ref is None:
+        return None
+    out = {}
+    for key in keys:
+        a, b = median(row, key), median(ref, key)
+        out[key] = a / b if a is not None and b else None
+    return out
+
+
 def _add_ratios(rows: list[dict[str, Any]]) -> None:
-    """Each case's figures over the reference's on the same input (refused and failed rows have none)."""
-    ref = next((r for r in rows if r["method"] == REFERENCE and measured(r)), None)
+    """Each measured row's medians over the references' on the same input: `vs_generate` (the dynamic-cache row:
+    memory), `vs_full` (compression) and `vs_best_generate` (time, against the better generate row per figure)."""
+    generate = next((r for r in rows if r["method"] == REFERENCE and measured(r)), None)
+    full = next((r for r in rows if r["method"] == "full" and "case" not in r and measured(r)), None)
+    best = {
+        "ttft_seconds": gpu_targets.best_generate(rows, "ttft_seconds", higher_is_better=False),
+        "decode_tokens_per_second": gpu_targets.best_generate(rows, "decode_tokens_per_second", higher_is_better=True),
+    }
     visual = next((r.get("visual_tokens") for r in rows if r.get("visual_tokens")), None)
     for row in rows:
         if not row.get("visual_tokens"):
             row["visual_tokens"] = visual
-        if ref is None or not measured(row):
+        if not measured(row):
             continue
-        ratios = {}
-        for key in ("ttft_seconds", "decode_tokens_per_second", "peak_over_weights_bytes", "cache_peak_bytes"):
-            a, b = row.get(key), ref.get(key)
-            ratios[key] = a / b if a is not None and b else None
-        row["vs_generate"] = ratios
+        row["vs_generate"] = _ratios(row, generate)
+        row["vs_full"] = _ratios(row, full)
+        vs_best: dict[str, Any] = {}
+        for key, ref in best.items():
+            vs_best[key] = (_ratios(row, ref, (key,)) or {}).get(key)
+            vs_best[key.replace("_seconds", "").replace("_tokens_per_second", "") + "_reference"] = (
+                ref["method"] if ref else None
+            )
+        row["vs_best_generate"] = vs_best
+
+
+def _add_limits(rows: list[dict[str, Any]], work: ModelWork, peak) -> None:
+    """Each measured row's `limits` on the input's uncompressed work (`visualkv.bench.limits`)."""
+    prompt = max((r.get("prompt_tokens") or 0 for r in rows if measured(r)), default=0)
+    visual = max((r.get("visual_tokens") or 0 for r in rows if measured(r)), default=0)
+    for row in rows:
+        if measured(row):
+            ttft, decode = median(row, "ttft_seconds"), median(row, "decode_tokens_per_second")
+            row["limits"] = row_limits(work, peak, prompt, visual, ttft, decode)
 
 
 def _line(row: dict[str, Any]) -> str:
@@ -510,45 +622,86 @@ def _line(row: dict[str, Any]) -> str:
         return f"{head} refused: {row['refused']}"
     if "error" in row:
         return f"{head} FAILED {row['error']}"
-    peak = row["peak_over_weights_bytes"]
+    peak = median(row, "peak_over_weights_bytes")
     peak_txt = f"{peak / 2**20:9.0f} MiB over weights" if peak is not None else "  (no CUDA peak)"
-    per_hour = row.get("ttft_seconds_per_hour")
+    per_hour = median(row, "ttft_seconds_per_hour")
     return (
-        f"{head} TTFT {row['ttft_seconds']:7.2f} s"
+        f"{head} TTFT {figure_cell(row, 'ttft_seconds')} s"
         + (f" ({per_hour:.0f} s per hour of video)" if per_hour is not None else "")
-        + f"  decode {row['decode_tokens_per_second']:7.1f} tok/s ({_decode_how(row)})  {peak_txt}  "
+        + f"  decode {figure_cell(row, 'decode_tokens_per_second', 1)} tok/s ({_decode_how(row)})  {peak_txt}  "
         f"cache peak {row['cache_peak_bytes'] / 2**20:9.1f} MiB"
     )
 
 
 def _decode_how(row: dict[str, Any]) -> str:
-    """ "graph, grouped" (the decode mode and a fixed-shape step's attention), or "generate" for the reference."""
-    return ", ".join(x for x in (row.get("decode_mode"), row.get("decode_attention")) if x) or "generate"
+    """ "graph, grouped" (the decode mode and a fixed-shape step's attention), or the generate row's name."""
+    return ", ".join(x for x in (row.get("decode_mode"), row.get("decode_attention")) if x) or row["method"]
+
+
+def figure_cell(row: dict[str, Any], key: str, digits: int = 2, scale: float = 1.0) -> str:
+    """A figure's median, with "(min–max)" after it when it has several repeats ("" when not measured)."""
+    figure = stat(row, key)
+    if figure is None:
+        return ""
+    text = f"{figure.median / scale:,.{digits}f}"
+    if figure.n > 1:
+        text += f" ({figure.lo / scale:,.{digits}f}–{figure.hi / scale:,.{digits}f})"
+    return text
+
+
+def _ratio_pair(ratios: dict[str, Any] | None) -> str:
+    """ "0.53× / 7.0×": TTFT and decode over a reference ("" without one)."""
+    if not ratios or ratios.get("ttft_seconds") is None or ratios.get("decode_tokens_per_second") is None:
+        return ""
+    return f"{ratios['ttft_seconds']:.2f}× / {ratios['decode_tokens_per_second']:.2f}×"
+
+
+def _shares(row: dict[str, Any]) -> str:
+    """ "12% / 41%": TTFT's share of its FLOP floor and decode's of its bandwidth ceiling ("" when unknown)."""
+    limits = row.get("limits") or {}
+    shares = [limits.get("ttft_share"), limits.get("decode_share")]
+    return "" if all(s is None for s in shares) else " / ".join("—" if s is None else f"{s:.0%}" for s in shares)
 
 
 def markdown_table(result: dict[str, Any]) -> str:
-    """The README table: one row per (input, method); refused and failed cases say why."""
+    """The table of one result: one row per (input, case); refused and failed cases say why. Figures are medians
+    with (min–max) over the repeats; ratios are of medians. A file without a fair generate reference
+    (`gpu_targets.fair_reference`) shows no speed ratio against generate."""
+    fair = gpu_targets.fair_reference(result)
+    limits = any("limits" in r for r in result["cases"])  # files written before the limits have no such column
     columns = ["input", "method", "TTFT s", "TTFT s per hour of video", "decode tok/s", "peak over weights MiB"]
-    columns += ["cache peak MiB", "peak / generate"]
+    columns += ["cache peak MiB", "TTFT / decode vs full"]
+    columns += ["TTFT / decode vs better generate"] if fair else []
+    columns += ["peak / generate"] + (["share of limits: TTFT / decode"] if limits else [])
     lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
+    full = {input_label(r): r for r in result["cases"] if r["method"] == "full" and "case" not in r and measured(r)}
     for r in result["cases"]:
         label = f"{input_label(r)} ({r.get('visual_tokens') or '?'} visual tokens)"
         if "refused" in r or "error" in r:
             why = f"refused: {r['refused']}" if "refused" in r else f"failed: {r['error']}"
-            lines.append(f"| {label} | {case_label(r)} | {why.replace('|', '/')} | | | | | |")
+            lines.append(f"| {label} | {case_label(r)} | {why.replace('|', '/')} |" + " |" * (len(columns) - 3))
             continue
-        peak = r["peak_over_weights_bytes"]
-        ratio = (r.get("vs_generate") or {}).get("peak_over_weights_bytes")
-        per_hour = r.get("ttft_seconds_per_hour")
         mode = f" ({_decode_how(r)})" if r.get("decode_mode") else ""
         # the kernel of the prefill's blocks after the cache (block_attention): rows measured before it have none
         attention = f" ({r['prefill_attention']})" if r.get("prefill_attention") else ""
-        lines.append(
-            f"| {label} | {case_label(r)} | {r['ttft_seconds']:.2f}{attention} | "
-            f"{'' if per_hour is None else f'{per_hour:,.0f}'} | "
-            f"{r['decode_tokens_per_second']:.1f}{mode} | {'' if peak is None else f'{peak / 2**20:,.0f}'} | "
-            f"{r['cache_peak_bytes'] / 2**20:,.1f} | {'' if ratio is None else f'{ratio:.3f}'} |"
-        )
+        memory = (r.get("vs_generate") or {}).get("peak_over_weights_bytes")
+        cells = [
+            label,
+            case_label(r),
+            figure_cell(r, "ttft_seconds") + attention,
+            figure_cell(r, "ttft_seconds_per_hour", 0),
+        ]
+        cells += [
+            figure_cell(r, "decode_tokens_per_second", 1) + mode,
+            figure_cell(r, "peak_over_weights_bytes", 0, 2**20),
+        ]
+        vs_full = r.get("vs_full") or _ratios(r, full.get(input_label(r)))  # files before `vs_full`: divided here
+        if not fair and r["method"] in GENERATE_ROWS:
+            vs_full = None  # a generate row not warmed per shape nor backend-pinned: no speed ratio
+        cells += [f"{r['cache_peak_bytes'] / 2**20:,.1f}", _ratio_pair(vs_full)]
+        cells += [_ratio_pair(r.get("vs_best_generate"))] if fair else []
+        cells += ["" if memory is None else f"{memory:.3f}"] + ([_shares(r)] if limits else [])
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -558,9 +711,9 @@ def save(result: dict[str, Any], out: str, prov: dict[str, Any] | None = None, c
     os.makedirs(out, exist_ok=True)
     stem = os.path.join(out, f"gpu_{result['config']['model']}")
     paths = [stem + ".json"]
-    verdicts = gpu_targets.evaluate(result)  # the issues' GPU targets, judged on the rows so far
+    verdicts = gpu_targets.evaluate(result)  # the GPU targets, judged on the rows so far
     result = {**result, "targets": gpu_targets.as_json(verdicts)}
-    result = provenance.save_json(result, paths[0], prov)  # with the command, machine and load
+    result = provenance.save_json(result, paths[0], prov)  # with the command, machine, load and code version
     with open(stem + ".md", "w") as fh:
         fh.write(markdown_table(result) + "\n\n" + gpu_targets.markdown(result, verdicts) + "\n")
     paths.append(stem + ".md")
@@ -575,13 +728,9 @@ def save(result: dict[str, Any], out: str, prov: dict[str, Any] | None = None, c
     for kind in dict.fromkeys(input_label(r) for r in ok):
         rows = [r for r in ok if input_label(r) == kind]
         names = [case_label(r) for r in rows]
-        mem = [
-            (r["peak_over_weights_bytes"] if r["peak_over_weights_bytes"] is not None else r["cache_peak_bytes"])
-            / 2**20
-            for r in rows
-        ]
+        mem = [(median(r, "peak_over_weights_bytes") or r["cache_peak_bytes"]) / 2**20 for r in rows]
         fig.add_bar(x=names, y=mem, name=f"{kind} memory", row=1, col=1)
-        fig.add_bar(x=names, y=[r["ttft_seconds"] for r in rows], name=f"{kind} TTFT", row=1, col=2)
+        fig.add_bar(x=names, y=[median(r, "ttft_seconds") for r in rows], name=f"{kind} TTFT", row=1, col=2)
     fig.update_layout(title=f"bench gpu: {result['config']['model']} on {result['machine']}", barmode="group")
     fig.write_html(stem + ".html", include_plotlyjs="cdn")
     paths.append(stem + ".html")
@@ -620,6 +769,7 @@ def bench_gpu(args) -> int:
         vision_ahead=getattr(args, "vision_ahead", 1),
         decode_attention_rows=tuple(getattr(args, "decode_attention_rows", None) or ()),
         warmup=not getattr(args, "no_warmup", False),
+        repeats=getattr(args, "repeats", None) or GpuBenchConfig.repeats,
     )
     prov = getattr(args, "provenance", None)
     # rewritten after every case: a run stopped by a time limit keeps what it measured

@@ -1,49 +1,94 @@
-"""The GPU speed and memory targets, judged on `bench gpu` results (`visualkv.bench.gpu`).
+"""The GPU targets judged on `bench gpu` results (`visualkv.bench.gpu`), and how its rows are read.
 
-Each target is a ratio or a size read from the rows of one input (ratios are against transformers' own
-`generate` on the same input, measured in the same process). A target whose figure is missing (no CUDA peak on
-a CPU run, a refused or failed row, a method or input not run) is "not measured", never met. The verdicts are
-for the machine the result names: on CPU they say nothing about the GPU targets (`bench gpu` marks them so).
+Rows come in two formats: a figure is a number (one run: files written before repeats), or
+``{"median", "min", "max", "n"}`` over the repeats; `stat` reads either. Time targets compare a method with the
+better of the two `generate` rows on the same input (transformers' `model.generate`, dynamic and static cache);
+a result whose reference was not warmed per shape nor backend-pinned (no `sdpa_backends` in its config) has no
+fair one, and its time targets against `generate` are "no fair reference", never judged.
+
+A verdict, from the repeats: **met** where the method's worst repeat meets the limit against the reference's best
+repeat; **within noise** where only the medians meet it; **not met** otherwise; **not measured** when a figure is
+missing (no CUDA peak on a CPU run, a refused or failed row, a method or input not run). On CPU the verdicts say
+nothing about the GPU targets (the table says so).
 
 Targets:
-- block-wise TTFT <= 1.10x `generate` at 4K and on the long video, hybrid plan and forced block-wise;
-- decode tokens/s after any compressing method >= 2x `generate`'s, and >= `full`'s, on every input;
-- Sali-Cache TTFT <= 1.0x on the `mix` video (static shots, pans and cuts, like the bundled example video) and
-  <= 1.25x on the `moving` one (nothing can be skipped), its CUDA peak no higher than `full`'s;
-- LightKV TTFT <= 0.75x at 4K;
+- block-wise TTFT <= 1.10x the better generate, at 4K and on the long video, hybrid plan and forced block-wise;
+- decode tokens/s after any compressing method >= 2x the better generate's, and >= `full`'s, on every input;
+- Sali-Cache TTFT <= 1.0x the better generate on the `mix` video (static shots, pans and cuts, like the bundled
+  example video) and <= 1.25x on the `moving` one (nothing can be skipped), its CUDA peak no higher than `full`'s;
+- LightKV TTFT <= 0.75x the better generate at 4K;
 - block-wise CUDA peak over the weights <= 1/5 of `full`'s at 4K and <= 1/50 on the long video;
-- on an hour of video, CUDA peak over the weights <= 1 GiB for block-wise KeyDiff and the composed
-  pipeline (TTFT per hour of video is recorded beside it).
-Decode rows also give the fraction of the weight-bandwidth limit reached: tokens/s x weight bytes over the
-GPU's memory bandwidth, for the GPUs listed in `BANDWIDTH` (a decode step reads every weight once).
+- on an hour of video, CUDA peak over the weights <= 1 GiB for block-wise KeyDiff and the composed pipeline (TTFT
+  per hour of video is recorded beside it).
 """
 
 from __future__ import annotations
 
 import re
+import statistics
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-REFERENCE = "transformers-generate"  # the reference row of `bench gpu` (visualkv.bench.gpu uses this name)
+GENERATE = "generate"  # transformers' processor + model.generate, as a user calls it
+GENERATE_STATIC = "generate-static"  # the same with cache_implementation="static"
+LEGACY_GENERATE = "transformers-generate"  # the `generate` row's name in files written before the static one
+GENERATE_ROWS = (GENERATE, GENERATE_STATIC, LEGACY_GENERATE)
+REFERENCE_ROWS = (*GENERATE_ROWS, "full")  # the rows every compressed method is stated against
 BLOCKWISE = ("blockwise-keydiff", "blockwise-snapkv")
 HOUR_METHODS = ("blockwise-keydiff", "blockwise-keydiff+salicache")
 GIB = 2**30
-#: memory bandwidth (bytes/s) by a substring of the CUDA device name, from the vendors' data sheets
-BANDWIDTH = {"H200": 4.8e12, "H100 SXM": 3.35e12, "H100 PCIe": 2.0e12, "A100": 2.0e12, "L4": 0.3e12, "A10G": 0.6e12}
+MET, NOISE, NOT_MET, NOT_MEASURED, UNFAIR = "met", "within noise", "not met", "not measured", "no fair reference"
+
+
+class Stat(NamedTuple):
+    """One figure over the repeats (a one-run figure: all three equal, n = 1)."""
+
+    median: float
+    lo: float
+    hi: float
+    n: int
+
+
+def stats(values: list[float | None]) -> dict[str, Any] | None:
+    """`{"median", "min", "max", "n"}` of the repeats' values (None when any is None: not measured here)."""
+    if not values or any(v is None for v in values):
+        return None
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def stat(row: dict[str, Any] | None, key: str) -> Stat | None:
+    """`row[key]` as a Stat, from a number or a repeats dict (None: missing, or the row has no figures)."""
+    value = row.get(key) if measured(row) else None
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        return Stat(value["median"], value["min"], value["max"], value["n"])
+    return Stat(value, value, value, 1)
+
+
+def median(row: dict[str, Any] | None, key: str) -> float | None:
+    figure = stat(row, key)
+    return None if figure is None else figure.median
+
+
+def fair_reference(result: dict[str, Any]) -> bool:
+    """Whether the result's `generate` rows were warmed on the measured shapes with the attention backend pinned."""
+    return bool((result.get("config") or {}).get("sdpa_backends"))
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """One target on one case: the measured figure, the limit, and whether it holds (None: not measured)."""
+    """One target on one case: the median ratio (or size), the worst repeats' one, the limit and the verdict."""
 
     target: str
     input: str
     case: str
-    measured: float | None
+    measured: float | None  # medians
+    worst: float | None  # the method's worst repeat against the reference's best
     limit: float | None
-    met: bool | None
-    unit: str = "x"  # "x": a ratio; "GiB"; "s/h" (informational, no limit)
+    verdict: str  # MET, NOISE, NOT_MET, NOT_MEASURED, UNFAIR ("" for a figure only recorded)
+    unit: str = "x"  # "x": a ratio; "GiB"; "s/h" (recorded, no limit)
 
 
 def input_label(row: dict[str, Any]) -> str:
@@ -62,18 +107,6 @@ def case_label(row: dict[str, Any]) -> str:
 def measured(row: dict[str, Any] | None) -> bool:
     """A row with figures (not missing, refused or failed)."""
     return row is not None and "error" not in row and "refused" not in row
-
-
-def _ratio(row: dict[str, Any] | None, key: str) -> float | None:
-    return (row.get("vs_generate") or {}).get(key) if measured(row) else None
-
-
-def _at_most(value: float | None, limit: float) -> bool | None:
-    return None if value is None else value <= limit
-
-
-def _at_least(value: float | None, limit: float) -> bool | None:
-    return None if value is None else value >= limit
 
 
 def _by_input(cases: list[dict[str, Any]]) -> Iterator[tuple[str, list[dict[str, Any]]]]:
@@ -101,85 +134,114 @@ def _variant(row: dict[str, Any]) -> bool:
     return "forced_prefill" in row or "vision_ahead" in row or "forced_decode_attention" in row
 
 
-def _peak_over(a: dict[str, Any] | None, b: dict[str, Any] | None) -> float | None:
-    """a's CUDA peak over the weights divided by b's (None without both)."""
-    if not (measured(a) and measured(b)) or a["peak_over_weights_bytes"] is None or not b["peak_over_weights_bytes"]:
+def best_generate(rows: list[dict[str, Any]], key: str, higher_is_better: bool) -> dict[str, Any] | None:
+    """The `generate` row (dynamic or static cache) with the better median `key` on one input's rows."""
+    found = [r for r in rows if r["method"] in GENERATE_ROWS and not _variant(r) and median(r, key) is not None]
+    if not found:
         return None
-    return a["peak_over_weights_bytes"] / b["peak_over_weights_bytes"]
+    pick = max if higher_is_better else min
+    return pick(found, key=lambda r: median(r, key))
 
 
-def _input_verdicts(label: str, rows: list[dict[str, Any]], hour: bool) -> Iterator[Verdict]:
+def judge(a: Stat | None, b: Stat | None, limit: float, at_most: bool) -> tuple[float | None, float | None, str]:
+    """(median ratio, worst-case ratio, verdict) of a / b against `limit` (`at_most`: a / b <= limit; else >=).
+    Worst case: a's worst repeat against b's best (for <=: a's max over b's min)."""
+    if a is None or b is None or not b.median or not b.lo or not b.hi:
+        return None, None, NOT_MEASURED
+    ratio = a.median / b.median
+    worst = a.hi / b.lo if at_most else a.lo / b.hi
+    holds = (lambda x: x <= limit) if at_most else (lambda x: x >= limit)
+    return ratio, worst, MET if holds(worst) else NOISE if holds(ratio) else NOT_MET
+
+
+def _peak_ratio(a, b, limit: float) -> tuple[float | None, float | None, str]:
+    return judge(stat(a, "peak_over_weights_bytes"), stat(b, "peak_over_weights_bytes"), limit, at_most=True)
+
+
+class _Judge:
+    """The verdicts of one input's rows (`fair`: its `generate` rows may be compared for time)."""
+
+    def __init__(self, label: str, rows: list[dict[str, Any]], fair: bool) -> None:
+        self.label, self.rows, self.fair = label, rows, fair
+        self.full = _find(rows, "full")
+        self.ttft_ref = best_generate(rows, "ttft_seconds", higher_is_better=False)
+        self.decode_ref = best_generate(rows, "decode_tokens_per_second", higher_is_better=True)
+
+    def verdict(self, target, row, judged, limit, unit: str = "x", method: str = "") -> Verdict:
+        case = case_label(row) if row else f"{method} (not run)"
+        return Verdict(target, self.label, case, judged[0], judged[1], limit, judged[2], unit)
+
+    def vs_generate(self, target, row, key: str, limit: float, at_most: bool, method: str = "") -> Verdict:
+        """`row`'s `key` against the better generate's (no fair reference: not judged)."""
+        ref = self.ttft_ref if key == "ttft_seconds" else self.decode_ref
+        judged = judge(stat(row, key), stat(ref, key), limit, at_most)
+        if not self.fair and measured(row):
+            judged = (None, None, UNFAIR)
+        return self.verdict(target, row, judged, limit, method=method)
+
+
+def _input_verdicts(label: str, rows: list[dict[str, Any]], hour: bool, fair: bool) -> Iterator[Verdict]:
+    j = _Judge(label, rows, fair)
     video = rows[0]["input"] == "video"
-    kind = rows[0].get("video_kind")
-    full = _find(rows, "full")
-
-    def v(target: str, row, measured, limit, met, unit: str = "x", method: str = "") -> Verdict:
-        return Verdict(target, label, case_label(row) if row else f"{method} (not run)", measured, limit, met, unit)
-
-    if hour:  # past every frame cap, only the bounded methods run; no reference to divide by
-        for method in HOUR_METHODS:
-            row = _find(rows, method)
-            peak = row["peak_over_weights_bytes"] / GIB if measured(row) and row["peak_over_weights_bytes"] else None
-            yield v("CUDA peak over weights <= 1 GiB on an hour", row, peak, 1.0, _at_most(peak, 1.0), "GiB", method)
-            per_hour = row.get("ttft_seconds_per_hour") if measured(row) else None
-            yield v("TTFT per hour of video (recorded)", row, per_hour, None, None, "s/h", method)
+    if hour:  # past every frame cap only the bounded methods run: sizes, no reference to divide by
+        yield from _hour_verdicts(j)
         return
     for method in BLOCKWISE:
         for forced, ahead in ((False, False), (True, False), (False, True)):
             row = _find(rows, method, forced, ahead)
             if row is None and (forced or ahead):
                 continue  # not run (bench gpu --forced-blockwise / --vision-ahead N add them)
-            ratio = _ratio(row, "ttft_seconds")
-            yield v("block-wise TTFT <= 1.10x generate", row, ratio, 1.10, _at_most(ratio, 1.10), method=method)
+            target = "block-wise TTFT <= 1.10x the better generate"
+            yield j.vs_generate(target, row, "ttft_seconds", 1.10, at_most=True, method=method)
         row = _find(rows, method)
         limit = 1 / 50 if video else 1 / 5
-        share = _peak_over(row, full)
         target = f"block-wise CUDA peak <= 1/{round(1 / limit)} of full's"
-        yield v(target, row, share, limit, _at_most(share, limit), method=method)
+        yield j.verdict(target, row, _peak_ratio(row, j.full, limit), limit, method=method)
     for row in rows:
-        if row["method"] in (REFERENCE, "full") or _variant(row):
+        if row["method"] in REFERENCE_ROWS or _variant(row):
             continue
-        ratio = _ratio(row, "decode_tokens_per_second")
-        yield v("decode tok/s >= 2x generate after compression", row, ratio, 2.0, _at_least(ratio, 2.0))
-        vs_full = None
-        if measured(row) and measured(full) and full["decode_tokens_per_second"]:
-            vs_full = row["decode_tokens_per_second"] / full["decode_tokens_per_second"]
-        yield v("decode tok/s >= full's", row, vs_full, 1.0, _at_least(vs_full, 1.0))
-    sali = _find(rows, "salicache")
+        yield j.vs_generate("decode tok/s >= 2x the better generate", row, "decode_tokens_per_second", 2.0, False)
+        judged = judge(stat(row, "decode_tokens_per_second"), stat(j.full, "decode_tokens_per_second"), 1.0, False)
+        yield j.verdict("decode tok/s >= full's", row, judged, 1.0)
+    yield from _method_verdicts(j, video, rows[0].get("video_kind"))
+
+
+def _method_verdicts(j: _Judge, video: bool, kind: str | None) -> Iterator[Verdict]:
+    sali = _find(j.rows, "salicache")
     if video and kind in ("mix", "moving") and sali is not None:
         limit = 1.0 if kind == "mix" else 1.25
-        ratio = _ratio(sali, "ttft_seconds")
-        yield v(f"Sali-Cache TTFT <= {limit:.2f}x generate ({kind} video)", sali, ratio, limit, _at_most(ratio, limit))
-        share = _peak_over(sali, full)
-        yield v("Sali-Cache CUDA peak <= full's", sali, share, 1.0, _at_most(share, 1.0))
-    light = _find(rows, "lightkv")
+        target = f"Sali-Cache TTFT <= {limit:.2f}x the better generate ({kind} video)"
+        yield j.vs_generate(target, sali, "ttft_seconds", limit, at_most=True)
+        yield j.verdict("Sali-Cache CUDA peak <= full's", sali, _peak_ratio(sali, j.full, 1.0), 1.0)
+    light = _find(j.rows, "lightkv")
     if not video and light is not None:
-        ratio = _ratio(light, "ttft_seconds")
-        yield v("LightKV TTFT <= 0.75x generate at 4K", light, ratio, 0.75, _at_most(ratio, 0.75))
+        yield j.vs_generate("LightKV TTFT <= 0.75x the better generate at 4K", light, "ttft_seconds", 0.75, True)
+
+
+def _hour_verdicts(j: _Judge) -> Iterator[Verdict]:
+    one_gib = Stat(GIB, GIB, GIB, 1)
+    for method in HOUR_METHODS:
+        row = _find(j.rows, method)
+        judged = judge(stat(row, "peak_over_weights_bytes"), one_gib, 1.0, at_most=True)
+        yield j.verdict("CUDA peak over weights <= 1 GiB on an hour", row, judged, 1.0, "GiB", method)
+        per_hour = median(row, "ttft_seconds_per_hour")
+        yield j.verdict("TTFT per hour of video (recorded)", row, (per_hour, None, ""), None, "s/h", method)
 
 
 def evaluate(result: dict[str, Any]) -> list[Verdict]:
     """Every target that `result` (one `bench gpu` run) bears on, with its verdict. A video of an hour or more is
-    judged on the hour's memory target; any other input on the speed and memory ratios."""
+    judged on the hour's memory target; any other input on the others."""
     out: list[Verdict] = []
+    fair = fair_reference(result)
     for label, rows in _by_input(result["cases"]):
         hour = rows[0]["input"] == "video" and rows[0]["video_seconds"] >= 3600
-        out.extend(_input_verdicts(label, rows, hour))
+        out.extend(_input_verdicts(label, rows, hour, fair))
     return out
-
-
-def bandwidth_fraction(result: dict[str, Any], tokens_per_second: float) -> float | None:
-    """tokens/s x weight bytes / the GPU's memory bandwidth (None for a GPU not in `BANDWIDTH`, or on CPU)."""
-    machine = result.get("machine", "")
-    bandwidth = next((bw for name, bw in BANDWIDTH.items() if name in machine), None)
-    if bandwidth is None or not result.get("weights_bytes"):
-        return None
-    return tokens_per_second * result["weights_bytes"] / bandwidth
 
 
 def _fmt(value: float | None, unit: str) -> str:
     if value is None:
-        return "not measured"
+        return "—"
     if unit == "GiB":
         return f"{value:.2f} GiB"
     if unit == "s/h":
@@ -193,40 +255,26 @@ def _limit(v: Verdict) -> str:
     return ("≥ " if ">=" in v.target else "≤ ") + _fmt(v.limit, v.unit)
 
 
-VERDICT_WORDS: dict[bool | None, str] = {True: "met", False: "**not met**", None: "not measured"}
-
-
 def markdown(result: dict[str, Any], verdicts: list[Verdict] | None = None) -> str:
-    """The targets table of one result, then the decode rows' share of the weight-bandwidth limit."""
+    """The targets table of one result: medians, the worst repeats' figure and the verdict."""
     verdicts = evaluate(result) if verdicts is None else verdicts
-    lines = ["| target | input | case | measured | limit | verdict |", "|" + " --- |" * 6]
+    lines = ["| target | input | case | median | worst repeat | limit | verdict |", "|" + " --- |" * 7]
     for v in verdicts:
         target = re.sub(r"(\d)x\b", r"\1×", v.target.replace("<=", "≤").replace(">=", "≥"))
-        verdict = "" if v.unit == "s/h" else VERDICT_WORDS[v.met]
-        lines.append(f"| {target} | {v.input} | {v.case} | {_fmt(v.measured, v.unit)} | {_limit(v)} | {verdict} |")
-    shares = _bandwidth_lines(result)
-    if not result.get("machine", "").startswith("CPU") and not shares:
-        shares = ["Weight-bandwidth share: this GPU is not in `gpu_targets.BANDWIDTH`."]
+        verdict = f"**{v.verdict}**" if v.verdict == NOT_MET else v.verdict
+        lines.append(
+            f"| {target} | {v.input} | {v.case} | {_fmt(v.measured, v.unit)} | {_fmt(v.worst, v.unit)} | "
+            f"{_limit(v)} | {verdict} |"
+        )
+    notes = []
+    if not fair_reference(result):
+        notes.append(
+            "No fair reference: this file's `generate` row was not warmed on the measured shapes nor run with a "
+            "pinned attention backend, so no time target against it is judged."
+        )
     if result.get("machine", "").startswith("CPU"):
-        shares = ["Measured on CPU: these verdicts are not the GPU targets' (CUDA peaks are not measured)."]
-    return "\n".join(lines + ([""] + shares if shares else []))
-
-
-def _bandwidth_lines(result: dict[str, Any]) -> list[str]:
-    parts = []
-    for row in result["cases"]:
-        if not measured(row) or not row.get("decode_tokens_per_second"):
-            continue
-        share = bandwidth_fraction(result, row["decode_tokens_per_second"])
-        if share is not None:
-            parts.append(
-                f"{input_label(row)} / {case_label(row)}: {row['decode_tokens_per_second']:.0f} tok/s = {share:.0%}"
-            )
-    if not parts:
-        return []
-    return [
-        "Decode as a share of the weight-bandwidth limit (tokens/s × weight bytes / bandwidth): " + "; ".join(parts)
-    ]
+        notes.append("Measured on CPU: these verdicts are not the GPU targets' (CUDA peaks are not measured).")
+    return "\n".join(lines + [line for note in notes for line in ("", note)])
 
 
 def as_json(verdicts: list[Verdict]) -> list[dict[str, Any]]:

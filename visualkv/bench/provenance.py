@@ -8,11 +8,17 @@ Load: the 1-minute load average is read when the run starts and when it ends. A 
 when both stay at or below the number of cores plus 0.5 (the benchmark itself keeps about one core
 busy; more runnable processes than cores means something else competed for them), ``loaded``
 otherwise. Wall-clock ratios from a loaded run are noisier; memory figures are exact either way.
+
+Code: the full commit sha, whether the tree differed from it (`dirty`) and the sha256 of that difference
+(:func:`git_state`), so a figure from uncommitted code can be told apart and matched to its diff.
+``python -m visualkv.bench.provenance PATH [LABEL]`` writes the provenance of a run that starts and ends now
+(scripts/gpu_check.sh puts one beside its logs).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import os
 import platform
@@ -28,25 +34,40 @@ def _loadavg() -> float | None:
         return None
 
 
-def _git_commit(folder: str | None = None) -> str | None:
-    """The checkout's HEAD, with "+changes" when tracked files differ from it (the measured code is not
-    that commit then; a GPU run measures the working tree it was sent, committed or not). Result files under
-    docs/results/ do not count: a run of several benchmarks rewrites them as it goes, and they are data, not
-    the code measured."""
-    here = folder or os.path.dirname(os.path.abspath(__file__))
+#: result files are data, not the code measured: a run of several benchmarks rewrites them as it goes
+_NOT_CODE = ("--", ":/", ":(top,exclude)docs/results")
 
-    def git(*args: str) -> str | None:
-        try:
-            out = subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, timeout=5, check=False)
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return out.stdout.strip() if out.returncode == 0 else None
 
-    head = git("rev-parse", "--short", "HEAD")
-    if not head:
+def _git(folder: str, *args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
         return None
-    changed = git("status", "--porcelain", "--untracked-files=no", "--", ":/", ":(top,exclude)docs/results")
-    return head + ("+changes" if changed else "")
+    return out.stdout if out.returncode == 0 else None
+
+
+def git_state(folder: str | None = None) -> dict[str, Any]:
+    """The code measured: `commit_sha` (HEAD, in full), `dirty` (tracked files outside docs/results differ from
+    it: a GPU run measures the working tree it was sent, committed or not), `diff_sha256` (sha256 of `git diff
+    HEAD` of those files, None when clean) and `commit` (HEAD's short sha, with "+changes" when dirty). All None
+    outside a git checkout."""
+    here = folder or os.path.dirname(os.path.abspath(__file__))
+    sha = (_git(here, "rev-parse", "HEAD") or "").strip()
+    if not sha:
+        return {"commit": None, "commit_sha": None, "dirty": None, "diff_sha256": None}
+    diff = _git(here, "diff", "HEAD", "--no-ext-diff", "--binary", *_NOT_CODE) or ""
+    dirty = bool(diff)
+    return {
+        "commit": sha[:7] + ("+changes" if dirty else ""),
+        "commit_sha": sha,
+        "dirty": dirty,
+        "diff_sha256": hashlib.sha256(diff.encode()).hexdigest() if dirty else None,
+    }
+
+
+def _git_commit(folder: str | None = None) -> str | None:
+    """HEAD's short sha, with "+changes" when tracked files outside docs/results differ from it."""
+    return git_state(folder)["commit"]
 
 
 def _gpu_name() -> str | None:
@@ -64,7 +85,7 @@ def start(argv: list[str] | None = None) -> dict[str, Any]:
         "cpu_cores": os.cpu_count(),
         "machine": platform.machine(),
         "load_start": _loadavg(),
-        "commit": _git_commit(),
+        **git_state(),
         "started": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
 
@@ -99,3 +120,19 @@ def save_json(out: dict[str, Any], path: str, prov: dict[str, Any] | None = None
     with open(path, "w") as fh:
         json.dump(result, fh, indent=1)
     return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m visualkv.bench.provenance PATH [LABEL]`: write this checkout's provenance, labelled, to PATH."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args:
+        print("usage: python -m visualkv.bench.provenance PATH [LABEL]", file=sys.stderr)
+        return 2
+    prov = start([])
+    prov["command"] = " ".join(args[1:]) or prov["command"]
+    save_json({}, args[0], prov)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -109,8 +109,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--repeats",
         type=positive_int,
-        default=1,
-        help="(latency/salicache) runs per configuration; the minimum time is kept",
+        default=None,
+        help="(latency/salicache, default 1) runs per configuration, the minimum time kept; (gpu, default 3) timed "
+        "runs per case, each figure their median, min and max",
     )
     p.add_argument(
         "--device", choices=DEVICES, default=None, help="where the model runs (default: auto for gpu, cpu otherwise)"
@@ -189,8 +190,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-warmup",
         action="store_true",
-        help="(gpu) measure from the first case: skip running every case once, untimed, on a small image (and a "
-        "short video) first, so the first rows carry the one-off CUDA start-up costs",
+        help="(gpu) skip running each case once, untimed, on its own input before its timed repeats, so they carry "
+        "the one-off costs (kernels loaded, graphs built, transformers' compile of the static decode)",
     )
     p.add_argument(
         "--inputs",
@@ -302,6 +303,8 @@ def run_bench(args: argparse.Namespace) -> int:
         args.model = DEFAULT_MODELS.get(args.kind, FALLBACK_MODEL)
     if args.device is None:
         args.device = "auto" if args.kind == "gpu" else "cpu"
+    if args.repeats is None:
+        args.repeats = 3 if args.kind == "gpu" else 1
     if args.methods is None and args.kind == "gpu":
         from visualkv.methods import METHODS
 
