@@ -47,8 +47,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from visualkv.attention import packed as packed_attention
-from visualkv.attention.vision import stock_vision_attention
 from visualkv.bench import gpu_targets, provenance
 from visualkv.bench.gpu_targets import case_label, input_label, measured
 from visualkv.bench.synthetic import image_media, video_media
@@ -89,7 +87,7 @@ class GpuBenchConfig:
     # SessionConfig fields set for every method case (not the reference), e.g. {"decode": "eager"}
     session_overrides: dict[str, Any] = field(default_factory=dict)
     # also run each method whose default prefill is hybrid with every block of b tokens (prefill "blockwise"):
-    # issue 11's TTFT target holds for both plans
+    # the TTFT target holds for both plans
     forced_blockwise: bool = False
     # also run each method whose default prefill is hybrid with this many blocks' media per vision-tower call
     # (SessionConfig.vision_ahead; 1: no such rows): the tower-launch lever beside the default
@@ -222,13 +220,8 @@ class _Clock:
 
 
 def run_generate(adapter: ModelAdapter, media: Media, cfg: GpuBenchConfig) -> dict[str, Any]:
-    """transformers' own processor + `generate` on the same media, device and dtype."""
-    vision = stock_vision_attention(adapter.visual) if hasattr(adapter, "visual") else contextlib.nullcontext()
-    with vision, packed_attention.stock(adapter.text_config):  # transformers' own towers and attention functions
-        return _run_generate(adapter, media, cfg)
-
-
-def _run_generate(adapter: ModelAdapter, media: Media, cfg: GpuBenchConfig) -> dict[str, Any]:
+    """transformers' own processor + `generate` on the same media, device and dtype: the model as users get it
+    (VisualKV changes it only inside the sessions' own `visualkv.attention.patched`)."""
     base = _start_case()
     t0 = time.perf_counter()
     proc = adapter.processor
@@ -558,7 +551,7 @@ def save(result: dict[str, Any], out: str, prov: dict[str, Any] | None = None, c
     os.makedirs(out, exist_ok=True)
     stem = os.path.join(out, f"gpu_{result['config']['model']}")
     paths = [stem + ".json"]
-    verdicts = gpu_targets.evaluate(result)  # the issues' GPU targets, judged on the rows so far
+    verdicts = gpu_targets.evaluate(result)  # the GPU targets, judged on the rows so far
     result = {**result, "targets": gpu_targets.as_json(verdicts)}
     result = provenance.save_json(result, paths[0], prov)  # with the command, machine and load
     with open(stem + ".md", "w") as fh:
