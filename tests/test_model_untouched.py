@@ -193,6 +193,10 @@ def test_patched_changes_the_model_inside_and_restores_it_exactly():
         raise RuntimeError("inside")
     assert vars(config) == before and vars(top) == top_before and model_state(adapter.model) == state
     assert implementation(adapter) == adapter.attn_implementation == "sdpa"
+    session = ChatSession(adapter, _config("full", 1))
+    session.ask("What?", image_media(112, 84, seed=1))
+    with patched(adapter):  # a report written while another chat's turn runs names the model's own kernel
+        assert session.report()["model_info"]["attn_implementation"] == "sdpa"
 
 
 def test_a_model_in_training_mode_runs_in_eval_mode_inside_and_trains_again_after():
