@@ -7,7 +7,7 @@ Why: `visualkv.attention.block` lets every block after cached entries attend wit
 (`scripts/block_attention.py` times one layer's call). This measures what a user sees: per session, a first turn
 over a synthetic image (the cache), then follow-up questions, each a block of a few tokens after every entry.
 Two sessions alternate in one process on the same input: `tensor mask` builds the engine's dense bool mask for
-every block (the code before block_attention: transformers' SDPA then repeats K/V to every query head) and
+every block (without block_attention: transformers' SDPA then repeats K/V to every query head) and
 `marker` runs as shipped. Per follow-up: TTFT (the question's prefill and the first answer token) and the
 growth of the process's peak RSS over its RSS before the turn (Linux's VmHWM, reset before each follow-up). Read
 the memory from a run with `--pin-mmap` (glibc's mmap threshold pinned at 64 KiB, so every tensor's memory is
@@ -40,7 +40,7 @@ QUESTIONS = ("What colour is the largest shape?", "Is there any text in the pict
 
 
 def tensor_mask(q: int, n_past: int, impl: str, device):
-    """The engine's mask as it was before `block_attention`: a dense bool tensor for every block after the cache."""
+    """The engine's mask without `block_attention`: a dense bool tensor for every block after the cache."""
     mask = shipped(q, n_past, impl, device)
     return mask.dense(n_past + q, device) if isinstance(mask, engine.AfterCache) else mask
 

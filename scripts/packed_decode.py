@@ -1,5 +1,5 @@
-"""Sali-Cache's decode step over its packed tiers: dequantized in the model dtype (now) vs through float32
-(before), beside `full`.
+"""Sali-Cache's decode step over its packed tiers: dequantized in the model dtype vs through float32, beside
+`full`.
 
 Usage: python scripts/packed_decode.py OUT.json [--shape shape-qwen2.5-vl-7b] [--visual-tokens 10549]
   [--text-tokens 30] [--repeats 15] [--dtypes float32,bfloat16]
@@ -11,8 +11,8 @@ its default tiers (43 % full precision, 10 % INT8, 29 % INT4, the rest pruned; g
 text at full precision. Three cases, in one process on the same random entries:
 - `full`: every token at full precision (what the uncompressed cache reads);
 - `salicache, float32 dequantize`: each packed segment dequantized through float32 codes, product and sum,
-  then cast, and attended as a part of its own (the code before this benchmark; `dequantize_through_float32`);
-- `salicache`: what a decode step runs now: every segment dequantized by one `addcmul` per tensor (codes read
+  then cast, and attended as a part of its own (the alternative; `dequantize_through_float32`);
+- `salicache`: what a decode step runs: every segment dequantized by one `addcmul` per tensor (codes read
   as they are, rounded once, no float32 copy) into one buffer, attended as one part (`packed_attention.dequantized`).
 Per case: the bytes its kernels read and write (`OpCounter.bytes_moved`: the traffic of a memory-bound GPU
 step), kernel launches, CPU ms per layer (median over interleaved repeats, one torch thread) and the largest
@@ -80,7 +80,7 @@ def _exact(p: PackedTensor) -> torch.Tensor:
 
 
 def dequantize_through_float32(p: PackedTensor) -> torch.Tensor:
-    """`quant.dequantize` as it was before: float32 codes, product and sum, then a cast (six kernels for INT8,
+    """`quant.dequantize` through float32: float32 codes, product and sum, then a cast (six kernels for INT8,
     nine for INT4)."""
     return _exact(p).to(p.dtype)
 

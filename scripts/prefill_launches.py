@@ -9,7 +9,7 @@ Usage: python scripts/prefill_launches.py OUT.json [--shape shape-qwen2.5-vl-7b|
 (`SessionConfig.vision_ahead`), beside the one call per block.
 
 A GPU that is launch-bound spends its time on the number of kernels launched and on host synchronisations,
-not on arithmetic (issue 11: a block-wise 4K prefill made 51,179 launches and 3,105 syncs, and the GPU idled
+not on arithmetic (a profile: a block-wise 4K prefill made 51,179 launches and 3,105 syncs, and the GPU idled
 two thirds of the time). Both numbers depend on the model's structure and the input, not on its widths, so
 they can be counted on a CPU: the model here has the released depths and layer structure (LLM layers, vision
 blocks, windows, full-attention blocks, GQA) with narrow widths (`--text-width`, `--vision-width`; head_dim kept
@@ -85,10 +85,9 @@ def _generate(adapter, media) -> None:
     import numpy as np
     from PIL import Image
 
-    from visualkv.attention.vision import stock_vision_attention
     from visualkv.models.base import video_metadata
 
-    with stock_vision_attention(_tower(adapter)), torch.no_grad():
+    with torch.no_grad():  # the model as users get it: VisualKV changes it only inside its sessions' turns
         text = adapter.chat_text(media, PROMPT)
         if media.kind == "image" and adapter.family == "smolvlm":  # one list of images per prompt
             enc = adapter.processor(text=[text], images=[[Image.fromarray(media.frames[0])]], return_tensors="pt")

@@ -3,8 +3,8 @@
 Usage: python scripts/vision_launches.py OUT.json [--shape shape-qwen2.5-vl-7b] [--image 3840x2160]
   [--video-frames 64 --video-size 640x360] [--width 128] [--repeats 3]
 
-On a GPU each dispatched ATen operation is (about) one kernel launch, and issue 11's profile found the
-Qwen2.5-VL vision tower's per-window loop to be most of a 4K prefill's 51,000 launches. This counts, on CPU,
+On a GPU each dispatched ATen operation is (about) one kernel launch, and a profile found the Qwen2.5-VL vision
+tower's per-window loop to be most of a 4K prefill's 51,000 launches. This counts, on CPU,
 what the tower of a released configuration (depth, heads, patch, window and full-attention layers exactly as
 released: `visualkv.models.synthetic.shapes`) dispatches for a 4K image and a video, with its widths scaled down
 (`--width`: hidden size; MLP scaled alike) so it runs on a CPU: the number of operations and attention calls
@@ -16,6 +16,7 @@ GPU), the two paths run alternately in one process. Outputs are compared (max ab
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -64,20 +65,23 @@ def _inputs(processor, image: tuple[int, int], frames: int, video_size: tuple[in
     return out
 
 
-def _run(tower, pixels, grid, stock: bool) -> tuple[torch.Tensor, dict]:
-    from visualkv.attention.vision import stock_vision_attention
+def _attention(tower, stock: bool):
+    """transformers' own per-chunk loop (the tower as it is), or VisualKV's batched chunks (`patched`)."""
+    from visualkv.attention import patched
 
+    return contextlib.nullcontext() if stock else patched(tower)
+
+
+def _run(tower, pixels, grid, stock: bool) -> tuple[torch.Tensor, dict]:
     counter, reads = OpCounter(), HostReads()
-    with torch.no_grad(), stock_vision_attention(tower) if stock else torch.no_grad(), reads, counter:
+    with torch.no_grad(), _attention(tower, stock), reads, counter:
         out = tower(pixels, grid_thw=grid).pooler_output
     return out, {"ops": counter.ops, "attention_calls": counter.attention, "host_reads": reads.reads}
 
 
 def _timed(tower, pixels, grid, stock: bool) -> float:
-    from visualkv.attention.vision import stock_vision_attention
-
     t0 = time.process_time()
-    with torch.no_grad(), stock_vision_attention(tower) if stock else torch.no_grad():
+    with torch.no_grad(), _attention(tower, stock):
         tower(pixels, grid_thw=grid)
     return time.process_time() - t0
 
@@ -93,7 +97,6 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
 
-    from visualkv.attention.vision import batch_vision_chunks
     from visualkv.bench.provenance import save_json, start
 
     prov = start()
@@ -105,7 +108,6 @@ def main() -> None:
         return w, h
 
     tower, processor = _tower(args.shape, args.width)
-    batch_vision_chunks(tower)
     rows = []
     for name, (pixels, grid) in _inputs(processor, size(args.image), args.video_frames, size(args.video_size)).items():
         stock_out, stock = _run(tower, pixels, grid, stock=True)

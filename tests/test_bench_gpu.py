@@ -128,6 +128,29 @@ def test_ratios_name_their_reference(result):
         assert rows["full"]["vs_full"]["ttft_seconds"] == 1.0 and rows[GENERATE]["vs_generate"]["ttft_seconds"] == 1.0
 
 
+def test_generate_reference_runs_on_the_untouched_model(monkeypatch):
+    """The reference is transformers as users get it: during `generate` no attention of VisualKV is named and no
+    module carries a forward of ours (the sessions' changes live inside their own `patched`)."""
+    from tests.conftest import get_adapter
+    from visualkv.bench.gpu import run_generate
+    from visualkv.bench.synthetic import image_media
+    from visualkv.runtime.session import ChatSession, SessionConfig
+
+    adapter = get_adapter("tiny-qwen2.5-vl")
+    ChatSession(adapter, SessionConfig(method="full", max_new_tokens=2)).ask("Hi?", image_media(448, 252, seed=1))
+    seen = []
+    original = adapter.model.generate
+
+    def generate(*args, **kwargs):
+        overridden = [m for m in adapter.model.modules() if "forward" in vars(m)]
+        seen.append((adapter.text_config._attn_implementation, len(overridden)))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(adapter.model, "generate", generate)
+    run_generate(adapter, image_media(448, 252, seed=1), GpuBenchConfig(device="cpu", new_tokens=2))
+    assert seen == [("sdpa", 0)]
+
+
 def test_partial_results_are_handed_over_after_every_case(result):
     """bench gpu saves after each case, so a run cut short by a time limit keeps what it measured."""
     n = len(result["cases"])

@@ -8,7 +8,6 @@ import os
 import pytest
 import torch
 
-from visualkv.attention import packed as packed_attention
 from visualkv.kv.cache import TIER_FULL, TIER_INT4, TIER_INT8, CompressibleCache
 from visualkv.kv.quant import QuantSpec, dequantize, packed_bytes_per_token
 from visualkv.layout import VisualUnit, plan_blocks
@@ -113,12 +112,12 @@ def test_cache_tiers_are_packed_and_counted_exactly():
     )
     assert layer.kv_bytes() == expected
     assert layer.tier_counts() == {TIER_FULL: 4, TIER_INT8: 4, TIER_INT4: 4}  # summed over 2 heads
-    # next block: the full-precision entries are returned, the packed ones announced to the attention call
+    # next block: the full-precision entries are returned; the packed ones go to the attention call beside them
     cache.pending_tiers = None
     cache.pending_token_index = torch.tensor([6])
     keys2, _ = cache.update(torch.randn(b, h, 1, d), torch.randn(b, h, 1, d), 0)
     assert keys2.shape[2] == 3 and layer.kv_bytes() == expected + 2 * h * d * 4
-    segments = packed_attention._take(keys2)  # what the attention call reading keys2 adds (INT8, then INT4)
+    segments = layer.packed_segments()  # what the attention call reading keys2 adds (INT8, then INT4)
     assert [s.token_index[0, 0].tolist() for s in segments] == [[1, 3], [2, 5]]
     assert torch.allclose(dequantize(segments[0].keys)[0], k[0, :, [1, 3]], atol=0.05)
     assert cache.peak_kv_bytes == cache.kv_bytes()

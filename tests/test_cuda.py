@@ -375,6 +375,25 @@ def test_graph_decode_in_bf16_on_cuda(small_image):
     assert s.turns[1].decode_tokens_per_second > 0
 
 
+@pytest.mark.parametrize("alias", ["tiny-qwen2.5-vl", "tiny-smolvlm2"])
+def test_graph_decoded_turns_leave_the_model_untouched_on_cuda(alias, small_image):
+    """The graph is captured inside `visualkv.attention.patched` and replayed outside it: after turns of packed
+    tiers and block-wise eviction the model's state and transformers' own outputs are exactly as before."""
+    from tests.test_model_untouched import model_state
+
+    adapter = cuda_adapter(alias)
+    logits, tokens, _ = _hf_reference(adapter, small_image)
+    state = model_state(adapter.model)
+    for method, budget in (("blockwise-keydiff+salicache", 48), ("lightkv", None)):
+        s = ChatSession(adapter, SessionConfig(method=method, budget=budget, max_new_tokens=6, decode="graph"))
+        s.ask(PROMPT, small_image)
+        s.ask("And what else?")
+        assert [t.decode_mode for t in s.turns] == ["graph", "graph"]
+    assert model_state(adapter.model) == state
+    again_logits, again_tokens, _ = _hf_reference(adapter, small_image)
+    assert torch.equal(again_logits, logits) and again_tokens == tokens
+
+
 @pytest.mark.parametrize("alias", ALL_FAMILIES)
 @pytest.mark.parametrize("method", ["blockwise-keydiff", "blockwise-snapkv"])
 def test_vision_ahead_matches_a_call_per_block_on_cuda(alias, method, small_image, small_video, no_tf32):
@@ -430,7 +449,7 @@ def test_device_auto_loads_with_device_map_and_runs_every_method(
     [("tiny-qwen2.5-vl", "lightkv", "image"), ("tiny-smolvlm2", "blockwise-keydiff", "video")],
 )
 def test_cli_runs_on_cuda(alias, method, media_kind, tmp_path):
-    """`python -m visualkv run --device cuda` as the issue's user ran it (it crashed at the first image): two
+    """`python -m visualkv run --device cuda` as a user runs it, on an image: two
     sampled turns, exit 0, a report whose per-turn CUDA peak is measured."""
     import json
     import subprocess

@@ -1,5 +1,5 @@
-"""Issue 11: the device-built cache (in-place appends and eviction, exact bytes), Sali-Cache's packed tiers
-attended per segment (no dequantized copy kept) and incremental detokenization."""
+"""The device-built cache (in-place appends and eviction, exact bytes), Sali-Cache's packed tiers attended per
+segment through the attention call's own arguments (no dequantized copy kept) and incremental detokenization."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from tests.conftest import get_adapter
-from visualkv.attention import packed as packed_attention
 from visualkv.bench.synthetic import video_media
 from visualkv.kv import quant
 from visualkv.kv.cache import TIER_FULL, TIER_INT4, TIER_INT8, CompressibleCache, CompressibleLayer, split_tiers
@@ -89,7 +88,6 @@ def _packed_layer(n_full: int = 5, n_int8: int = 7, n_int4: int = 6, dtype=torch
     k, v = _kv(n_full + n_int8 + n_int4, seed=4, dim=32)
     codes = torch.tensor([TIER_FULL] * n_full + [TIER_INT8] * n_int8 + [TIER_INT4] * n_int4)
     layer.update(k.to(dtype), v.to(dtype), torch.arange(codes.numel()), split_tiers(codes))
-    packed_attention._take(layer.keys)  # that update's own announcement (no attention call read it here)
     return layer
 
 
@@ -119,6 +117,7 @@ def test_packed_segments_are_attended_like_a_dequantized_concatenation(queries, 
     """The wrapped attention (one query: one softmax over the parts; several: one concatenation for the call)
     equals SDPA over [dequantized packed | full] with grouped-query heads and the engine's masks."""
     layer = _packed_layer()
+    segments = layer.packed_segments()  # what the runner passes to the layer's attention call, taken before it runs
     k_new, v_new = _kv(queries, seed=5, dim=32)
     keys, values = layer.update(k_new, v_new, torch.arange(18, 18 + queries))  # full entries + the new ones
     query = torch.randn(1, 4, queries, 32, generator=torch.Generator().manual_seed(6))  # 4 heads over 2 KV heads
@@ -134,11 +133,11 @@ def test_packed_segments_are_attended_like_a_dequantized_concatenation(queries, 
     attention = ALL_ATTENTION_FUNCTIONS["visualkv_sdpa"]
     module = torch.nn.Module()
     module.num_key_value_groups, module.is_causal = 2, True  # what transformers' sdpa reads from an attention module
-    out, _ = attention(module, query, keys, values, mask, scaling=0.2, dropout=0.0)
+    out, _ = attention(module, query, keys, values, mask, packed_segments=segments, scaling=0.2, dropout=0.0)
     want = _reference(query, layer, keys, values, mask, 0.2)
-    assert out.shape == want.shape == (1, queries, 4, 32)
+    assert len(segments) == 2 and out.shape == want.shape == (1, queries, 4, 32)
     assert torch.allclose(out, want, atol=1e-5), (out - want).abs().max()
-    # and the segments matter: without the announcement the same call attends the full entries only
+    # and the segments matter: without them the same call attends the full entries only
     alone, _ = attention(module, query, keys, values, mask[..., -keys.shape[2] :] if mask is not None else None)
     assert not torch.allclose(alone, want, atol=1e-3)
 
@@ -172,6 +171,37 @@ def test_salicache_keeps_no_dequantized_copy_and_decodes_what_it_stores(monkeypa
     assert cache.peak_device_bytes >= cache.allocated_bytes() + max(
         layer.packed_working_bytes(1) for layer in cache.layers
     )
+
+
+@pytest.mark.parametrize(
+    "alias", ["tiny-qwen2.5-vl", "tiny-qwen3-vl", "tiny-smolvlm2", "tiny-internvl3.5", "tiny-llava-onevision"]
+)
+def test_packed_segments_reach_attention_through_the_layers_arguments(alias, monkeypatch):
+    """Every family's decoder layer passes `packed_segments` on to the attention function: each decode step, plain
+    or fixed-shape, attends every layer's packed tiers (one `one_query` call with one dequantized part per layer
+    holding any), and both decoders give the same logits."""
+    from visualkv.attention import packed as packed_attention
+
+    adapter = get_adapter(alias)
+    parts = []
+    original = packed_attention.one_query
+    monkeypatch.setattr(
+        packed_attention, "one_query", lambda q, k, v, m, p, s: parts.append(len(p)) or original(q, k, v, m, p, s)
+    )
+    logits = []
+    for decode in ("eager", "static"):
+        parts.clear()
+        session = ChatSession(adapter, SessionConfig(method="salicache", max_new_tokens=3, decode=decode))
+        seen: list[torch.Tensor] = []
+        session._sample = lambda lg, gen, seen=seen, sample=session._sample: seen.append(lg.clone()) or sample(lg, gen)
+        session.ask("What moves?", video_media(4, 224, 168, fps=1.0, seed=3))
+        packed_layers = sum(bool(layer.quant) for layer in session.cache.layers)
+        record = session.turns[-1]
+        steps = len(record.token_ids) - (record.stopped != "eos")  # tokens fed back (not a last one kept pending)
+        assert packed_layers and steps > 0
+        assert parts == [1] * packed_layers * steps, (decode, parts)
+        logits.append(torch.stack(seen))
+    torch.testing.assert_close(logits[1], logits[0], rtol=0, atol=1e-5)
 
 
 def test_incremental_detokenizer_matches_full_decode():
@@ -211,7 +241,7 @@ def test_packed_tiers_under_eager_attention_match_sdpa():
         session.ask("What moves?", video)
         assert sum(len(layer.quant) for layer in session.cache.layers) > 0
         logits.append(torch.stack(seen))
-    assert eager.attn_implementation == "eager" and eager.text_config._attn_implementation == "visualkv_eager"
+    assert eager.attn_implementation == "eager" == eager.text_config._attn_implementation  # the model's own again
     assert torch.allclose(logits[0], logits[1], atol=1e-4), (logits[0] - logits[1]).abs().max()
 
 

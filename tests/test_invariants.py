@@ -21,7 +21,10 @@ PROMPT = "What is in the picture?"
 
 
 def _hf_reference(adapter, media, prompt=PROMPT, new_tokens=6):
-    """Logits of the last prompt token and greedy tokens from transformers' own forward/generate."""
+    """Logits of the last prompt token and greedy tokens from transformers' own forward/generate, on the model as
+    its owner has it (VisualKV's changes live inside its `patched` scope only: nothing of them is left here)."""
+    assert not any("visualkv" in str(m.config._attn_implementation) for m in adapter.model.modules() if _has_config(m))
+    assert not [name for name, m in adapter.model.named_modules() if "forward" in vars(m)]
     proc = adapter.processor
     text = proc.apply_chat_template(
         [{"role": "user", "content": [{"type": media.kind}, {"type": "text", "text": prompt}]}],
@@ -46,6 +49,10 @@ def _hf_reference(adapter, media, prompt=PROMPT, new_tokens=6):
         logits = adapter.model(**enc).logits[0, -1].float()
         gen = adapter.model.generate(**enc, max_new_tokens=new_tokens, do_sample=False)
     return logits, gen[0, enc["input_ids"].shape[1] :].tolist()
+
+
+def _has_config(module) -> bool:
+    return getattr(module, "config", None) is not None and hasattr(module.config, "_attn_implementation")
 
 
 def _session(adapter, method, budget=None, prefill=None, block_size=None, max_new_tokens=6):

@@ -1,17 +1,19 @@
-"""Batched chunk attention in the Qwen vision towers (visualkv.attention.vision).
+"""Batched chunk attention in the Qwen vision towers (visualkv.attention.vision), inside `patched`.
 
-Same output as transformers' per-chunk loop (images with interior and edge windows, videos of several
-temporal patches, SDPA and eager attention), in far fewer attention calls.
+Same output as transformers' per-chunk loop on the untouched model (images with interior and edge windows, videos
+of several temporal patches, SDPA and eager attention), in far fewer attention calls.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from tests.conftest import get_adapter
-from visualkv.attention.vision import stock_vision_attention
+from visualkv.attention import patched
 from visualkv.bench.synthetic import image_media, video_media
 
 
@@ -32,7 +34,7 @@ def _encode(adapter, media, stock: bool, calls: list) -> tuple[torch.Tensor, int
     prepared = adapter.prepare(media, "What is in it?")
     adapter.reset_stream()
     calls.clear()
-    with torch.no_grad(), stock_vision_attention(adapter.visual) if stock else torch.no_grad():
+    with torch.no_grad(), contextlib.nullcontext() if stock else patched(adapter):
         out, per_layer = adapter.encode_units_with_layer_features(prepared, prepared.layout.units)
     adapter.reset_stream()
     return torch.cat([out, *per_layer]) if per_layer else out, len(calls)
@@ -56,12 +58,16 @@ def test_batched_chunks_match_transformers_loop(alias, kind, attention, sdpa_cal
             assert batched_calls * 4 <= stock_calls
 
 
-def test_stock_switch_restores_the_batched_path(sdpa_calls):
+def test_the_batched_path_lives_inside_patched_only(sdpa_calls):
+    """Outside `patched` the tower runs transformers' own loop (no forward of ours left on a module), inside it
+    the batched chunks, as often as it is entered."""
     adapter = get_adapter("tiny-qwen2.5-vl")
     media = image_media(1000, 700, seed=1)
-    before = _encode(adapter, media, stock=False, calls=sdpa_calls)[1]
-    _encode(adapter, media, stock=True, calls=sdpa_calls)
-    assert _encode(adapter, media, stock=False, calls=sdpa_calls)[1] == before
+    stock = _encode(adapter, media, stock=True, calls=sdpa_calls)[1]
+    batched = _encode(adapter, media, stock=False, calls=sdpa_calls)[1]
+    assert _encode(adapter, media, stock=True, calls=sdpa_calls)[1] == stock > batched
+    assert _encode(adapter, media, stock=False, calls=sdpa_calls)[1] == batched
+    assert not any("forward" in vars(m) for m in adapter.visual.modules())
 
 
 @pytest.mark.parametrize("alias", ["tiny-qwen2.5-vl", "tiny-qwen3-vl"])

@@ -13,7 +13,7 @@ wrapped sdpa function (`visualkv.attention.packed`) calls `attend`, which picks,
   head for its query heads (at the 7B geometry, 1,024 queries after 8,192 entries in float32: 60.8 MiB of
   transients against 312.9 with `repeat_kv`, the same output; docs/results/block_attention_7b_cpu_float32.json);
 - "stock" (CUDA without flash, e.g. float32, where `enable_gqa` with a mask would fall to the math kernel):
-  transformers' own function with the dense mask, as before this module.
+  transformers' own function with the dense mask.
 
 The CUDA choice is checked once per device, dtype and geometry against transformers' own function on a small
 random problem (`_agrees`); a kernel that fails or disagrees is never used for that key again.

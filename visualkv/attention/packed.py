@@ -1,40 +1,15 @@
-"""Attention over a layer's full-precision entries plus its packed INT8 / INT4 segments, without keeping a
-dequantized copy of them.
+"""VisualKV's decoder attention: transformers' sdpa / eager functions, plus what the cache needs.
 
-A `CompressibleLayer.update` returns only the full-precision K/V (views of its buffers, no copy) and
-`announce`s the packed segments the attention call about to read them must add. That call is transformers'
-own attention function, wrapped: the model's text config names `visualkv_sdpa` / `visualkv_eager` (registered
-here with transformers' `AttentionInterface` and `AttentionMaskInterface`, `install`), which delegate to
-`sdpa` / the model's eager function unchanged unless the keys they receive were announced. For announced keys:
-
-- one query token (a decode step): the segments are dequantized for this call (into one buffer), and the
-  scores over [segments | full-precision window] are one softmax; each part's values are multiplied by its share of
-  the probabilities, so nothing of the cache is copied (the mask, if any, covers the window only);
-- several query tokens (a prefill block after packed ones): the segments are dequantized into one buffer that
-  also receives the block's K/V (one copy per layer per block, as a quantized block already makes) and the
-  call goes on as below over the widened keys.
-
-A block after cached entries arrives with the engine's `block_attention.AfterCache` marker instead of a mask
-tensor: under sdpa it goes to `block_attention.attend` (no K/V expansion; flash on CUDA), under eager the
-marker's additive mask is passed to the model's own function.
-
-Inside `grouped_decode()` (the fixed-shape decoder's step with `SessionConfig.decode_attention` "grouped") a
-one-query call without segments takes the same `one_query` path over its window alone.
-
-Either way the dequantized segments live for one layer's attention only, so the device holds the packed
-bytes plus one layer's transient (`working_bytes`), never a full-precision copy of every packed tier.
-Dequantizing is one kernel for INT8 and four for INT4, in the model dtype (`quant.dequantize`). Announcements are kept
-per thread (the app serves chats from threads) and match the exact key tensor returned by `update`, so an
-attention call that reads any other keys (transformers' own forward, another model) is untouched.
+Registered as `visualkv_sdpa` / `visualkv_eager` (`WRAPPED`), named on the decoder's configs only inside
+`visualkv.attention.patched`. A call delegates to the model's own function unchanged unless it brings, through the
+decoder layer's keyword arguments, the layer's `packed_segments` (INT8 / INT4 tiers, dequantized for this call only,
+so no full-precision copy of a tier is ever kept), an `AfterCache` mask (a block after cached entries, attended
+without expanding K/V) or `grouped_decode=True` (a fixed-shape decode step over its window, `one_query`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import sys
-import threading
-from collections.abc import Iterator
-from typing import Any
 
 import torch
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
@@ -46,69 +21,6 @@ from visualkv.kv.quant import dequantize_all
 
 #: the wrapped name of each implementation that takes an explicit mask (flash attention is left alone)
 WRAPPED = {"sdpa": "visualkv_sdpa", "eager": "visualkv_eager"}
-_BASE = {wrapped: base for base, wrapped in WRAPPED.items()}
-_pending = threading.local()  # .keys: the key tensor announced last in this thread; .segments: its segments
-_decode = threading.local()  # .grouped: one-query calls run `one_query` even without packed segments
-
-
-def announce(keys: torch.Tensor, segments: list) -> None:
-    """Tell the next attention call in this thread that reads `keys` to add `segments` (QuantSegments)."""
-    _pending.keys, _pending.segments = keys, segments
-
-
-def _take(keys: torch.Tensor) -> list | None:
-    if getattr(_pending, "keys", None) is keys:
-        segments = _pending.segments
-        _pending.keys = _pending.segments = None
-        return segments
-    return None
-
-
-def base_implementation(name: str | None) -> str:
-    """The implementation a wrapped name stands for ("visualkv_sdpa" -> "sdpa"); other names unchanged."""
-    return _BASE.get(name or "sdpa", name or "sdpa")
-
-
-def install(text_config: Any) -> None:
-    """Route a model's decoder attention through the wrappers (sdpa and eager; other kernels unchanged)."""
-    name = text_config._attn_implementation or "sdpa"
-    if name in WRAPPED:
-        text_config._attn_implementation = WRAPPED[name]
-
-
-def installed(text_config: Any) -> bool:
-    """Whether the model's decoder attention adds announced packed segments (sdpa and eager do, once installed;
-    flash attention takes no explicit mask and is not wrapped)."""
-    return text_config._attn_implementation in _BASE
-
-
-@contextlib.contextmanager
-def stock(text_config: Any) -> Iterator[None]:
-    """transformers' own attention function for the duration (the `bench gpu` reference runs it unwrapped)."""
-    name = text_config._attn_implementation
-    text_config._attn_implementation = base_implementation(name)
-    try:
-        yield
-    finally:
-        text_config._attn_implementation = name
-
-
-@contextlib.contextmanager
-def grouped_decode(enabled: bool = True) -> Iterator[None]:
-    """Within (this thread): a one-query call through the wrappers runs `one_query` even with no packed segments.
-
-    Why (reasoned from decode rates on an H200, not yet measured per kernel: scripts/decode_attention.py does): the
-    fixed-shape decoder (visualkv.runtime.static_decode) attends over a window with a boolean mask, and a mask keeps
-    PyTorch's SDPA off its flash kernels; transformers then packs a KV head's query heads as its queries, so on
-    CUDA the masked kernel would run one thread block per KV head (4 on Qwen2.5-VL-7B), each streaming its head's
-    whole window. `one_query`'s batched matmuls spread the window over the GPU instead.
-    """
-    previous = getattr(_decode, "grouped", False)
-    _decode.grouped = enabled
-    try:
-        yield
-    finally:
-        _decode.grouped = previous
 
 
 def _base_function(name: str, module: torch.nn.Module):
@@ -119,10 +31,12 @@ def _base_function(name: str, module: torch.nn.Module):
 
 
 def _wrapper(base: str):
-    def attention(module, query, key, value, attention_mask, **kwargs):
-        segments = _take(key)
+    """The attention function registered for `base` ("sdpa" or "eager"); see the module docstring."""
+
+    def attention(module, query, key, value, attention_mask, packed_segments=None, grouped_decode=False, **kwargs):
+        segments = packed_segments  # QuantSegments of the layer, held before this block: [] or None for none
         fn = _base_function(base, module)
-        if query.shape[2] == 1 and (segments or getattr(_decode, "grouped", False)):
+        if query.shape[2] == 1 and (segments or grouped_decode):
             # one query: every segment in one part beside the window, nothing of the cache is copied
             parts = [dequantized(segments)] if segments else []  # this call's transient
             return one_query(query, key, value, attention_mask, parts, kwargs.get("scaling"))

@@ -2,26 +2,21 @@
 
 Qwen2.5-VL's vision tower attends inside 112-px windows in most layers, Qwen3-VL's (and the full-attention layers
 of both) inside each image or temporal patch: `cu_seqlens` lists the chunks. Under SDPA or eager attention
-transformers splits q / k / v per chunk and calls attention once per chunk in a Python loop (with a
-`tolist()` of the chunk lengths per layer): a 4K image is ~660 windows x 28 windowed layers, some 20,000
-attention calls and four times as many small copies, which leaves a GPU idle most of the time (issue 11's
-profile). Here the chunks of one length are gathered into a batch and attended in one call: a handful of
-calls per layer (interior windows share one length, edge windows a few others), the same arithmetic per
-chunk (scores never cross a chunk), and the chunk lengths read on the host once per distinct `cu_seqlens`
-tensor (the tower passes the same two tensors to every layer) instead of once per layer.
+transformers splits q / k / v per chunk and calls attention once per chunk in a Python loop (with a `tolist()` of
+the chunk lengths per layer): a 4K image is ~660 windows x 28 windowed layers, some 20,000 attention calls, which
+leaves a GPU idle most of the time. Here the chunks of one length are gathered into a batch and attended in one
+call: a handful of calls per layer, the same arithmetic per chunk (scores never cross a chunk), and the chunk
+lengths read on the host once per distinct `cu_seqlens` tensor (the tower passes the same two to every layer).
 
-`batch_vision_chunks(visual)` installs this on a tower's attention modules (idempotent). Flash attention
-(varlen kernels) keeps transformers' own path, and `stock_vision_attention(visual)` switches back temporarily
-(the GPU bench's `generate` reference measures transformers as users get it).
+`batched_forward(module, groups)` is the forward `visualkv.attention.patched` gives each vision attention module
+while it is entered; flash attention (varlen kernels) keeps transformers' own path.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import sys
-from collections.abc import Iterator
-from types import MethodType
+from collections.abc import Callable
 
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -29,12 +24,17 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from visualkv.devices import to_device
 
 ATTENTION_CLASSES = ("Qwen2_5_VLVisionAttention", "Qwen3VLVisionAttention")
-_FLAG = "_visualkv_batched"  # on the tower: False runs transformers' own per-chunk loop
-_GROUPS = "_visualkv_chunk_groups"  # on the tower: {id(cu_seqlens): (cu_seqlens, groups)}, the last few
-
 
 #: chunks per attention call at most: CUDA grids cap a launch dimension at 65,535 (batch, or batch x heads, by kernel)
 MAX_CHUNKS_PER_CALL = 2048
+
+#: distinct `cu_seqlens` tensors whose chunk groups are kept (a tower call makes two: windows and whole images)
+CACHED_BOUNDARIES = 4
+
+
+def vision_attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules of `model` whose forward `batched_forward` replaces (the Qwen vision towers' attention)."""
+    return [m for m in model.modules() if type(m).__name__ in ATTENTION_CLASSES]
 
 
 def _chunk_groups(cu_seqlens: torch.Tensor, cache: dict) -> list[tuple[int, list[torch.Tensor] | None]]:
@@ -60,14 +60,10 @@ def _chunk_groups(cu_seqlens: torch.Tensor, cache: dict) -> list[tuple[int, list
             continue
         positions = (torch.tensor(starts)[:, None] + torch.arange(length)).flatten()
         per_call = MAX_CHUNKS_PER_CALL * length
-        groups.append(
-            (
-                length,
-                [to_device(positions[i : i + per_call], cu_seqlens.device) for i in range(0, len(positions), per_call)],
-            )
-        )
-    if len(cache) >= 4:
-        cache.pop(next(iter(cache)))
+        calls = [to_device(positions[i : i + per_call], cu_seqlens.device) for i in range(0, len(positions), per_call)]
+        groups.append((length, calls))
+    if len(cache) >= CACHED_BOUNDARIES:  # another thread may have evicted it already
+        cache.pop(next(iter(cache), None), None)
     cache[id(cu_seqlens)] = (cu_seqlens, groups)
     return groups
 
@@ -97,38 +93,23 @@ def _attend_chunks(module, q, k, v, groups) -> torch.Tensor:
     return out
 
 
-def _forward(self, hidden_states, cu_seqlens, position_embeddings=None, max_seqlen=None, **kwargs):
-    """The vision attention's forward with chunks batched by length (transformers' own where it does not apply)."""
-    tower = self._visualkv_tower
-    if not getattr(tower, _FLAG, False) or "flash" in (self.config._attn_implementation or ""):
-        return type(self).forward(self, hidden_states, cu_seqlens, position_embeddings, max_seqlen, **kwargs)
-    apply_rotary = sys.modules[type(self).__module__].apply_rotary_pos_emb_vision  # the class's own module
-    seq_length = hidden_states.shape[0]
-    q, k, v = self.qkv(hidden_states).reshape(seq_length, 3, self.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
-    cos, sin = position_embeddings
-    q, k = apply_rotary(q, k, cos, sin)
-    out = _attend_chunks(self, q, k, v, _chunk_groups(cu_seqlens, getattr(tower, _GROUPS)))
-    return self.proj(out.reshape(seq_length, -1).contiguous())
+def batched_forward(module: torch.nn.Module, chunk_groups: dict) -> Callable[..., torch.Tensor]:
+    """`module`'s forward with chunks batched by length (transformers' own under flash attention).
 
+    chunk_groups: where the chunk groups of the last few `cu_seqlens` are kept (owned by the caller's patch).
+    """
+    cls = type(module)
+    apply_rotary = sys.modules[cls.__module__].apply_rotary_pos_emb_vision  # the class's own module
 
-def batch_vision_chunks(visual: torch.nn.Module) -> int:
-    """Install the batched forward on a vision tower's attention modules; returns how many (0: none found)."""
-    modules = [m for m in visual.modules() if type(m).__name__ in ATTENTION_CLASSES]
-    for module in modules:
-        object.__setattr__(module, "_visualkv_tower", visual)  # not a submodule: no cycle in modules()
-        module.forward = MethodType(_forward, module)
-    if modules:
-        object.__setattr__(visual, _GROUPS, {})
-        object.__setattr__(visual, _FLAG, True)
-    return len(modules)
+    def forward(hidden_states, cu_seqlens, position_embeddings=None, max_seqlen=None, **kwargs):
+        if "flash" in (module.config._attn_implementation or ""):
+            return cls.forward(module, hidden_states, cu_seqlens, position_embeddings, max_seqlen, **kwargs)
+        seq_length = hidden_states.shape[0]
+        qkv = module.qkv(hidden_states).reshape(seq_length, 3, module.num_heads, -1).permute(1, 0, 2, 3)
+        q, k, v = qkv.unbind(0)
+        cos, sin = position_embeddings
+        q, k = apply_rotary(q, k, cos, sin)
+        out = _attend_chunks(module, q, k, v, _chunk_groups(cu_seqlens, chunk_groups))
+        return module.proj(out.reshape(seq_length, -1).contiguous())
 
-
-@contextlib.contextmanager
-def stock_vision_attention(visual: torch.nn.Module) -> Iterator[None]:
-    """Run transformers' own per-chunk loop inside the block (a reference measured as users get it)."""
-    before = getattr(visual, _FLAG, False)
-    object.__setattr__(visual, _FLAG, False)
-    try:
-        yield
-    finally:
-        object.__setattr__(visual, _FLAG, before)
+    return forward

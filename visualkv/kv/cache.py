@@ -30,10 +30,11 @@ Byte accounting (all exact, from tensor shapes):
 Bookkeeping (`token_index`, int32) is reported separately as `index_bytes()`.
 
 Packed tiers are attended per segment (`visualkv.attention.packed`): a layer's
-`update` returns only its full-precision entries and tells the attention call
-that follows which packed segments it must add; that call dequantizes them for
-itself and drops them, so no full-precision copy of a packed tier is ever kept
-(the device holds what `kv_bytes()` says, plus free capacity).
+`update` returns only its full-precision entries, and the runner passes the
+layer's `packed_segments()` to that layer's attention call as a keyword
+argument; the call dequantizes them for itself and drops them, so no
+full-precision copy of a packed tier is ever kept (the device holds what
+`kv_bytes()` says, plus free capacity).
 """
 
 from __future__ import annotations
@@ -177,6 +178,7 @@ class CompressibleLayer(CacheLayerMixin):
         self.quant_specs: dict[int, QuantSpec] = {}
         self.working_bytes = 0  # transient bytes of the last operation (read by the cache's peak)
         self.query_group = 1  # query heads per KV head (GQA): sizes a decode step's packed-attention transient
+        self._segments: list[QuantSegment] | None = None  # `packed_segments()` until a packed tier changes
         super().__init__()
 
     # `keys` / `values` are views, not attributes: transformers' base class assigns None to them.
@@ -227,8 +229,9 @@ class CompressibleLayer(CacheLayerMixin):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append new entries; return the full-precision K/V to attend to (new entries last, in block order).
 
-        The packed tiers held before this call are attended too: they are announced to the attention call that
-        follows (`packed_attention.announce`), which adds them, dequantized for that call only.
+        The packed tiers held before this call are attended too: the runner passes them (`packed_segments()`, taken
+        before the layer runs) to the attention call that reads what this returns, which adds them, dequantized for
+        that call only.
 
         token_index: (q,) sequence indices of the new tokens (on this layer's
         device, or moved here). tiers: None (all full precision) or {tier: (k,)
@@ -252,11 +255,11 @@ class CompressibleLayer(CacheLayerMixin):
             self.working_bytes += self._rows.ensure(
                 first + self.headroom, [key_states, value_states, new_index], self.capacity_hint
             )
-        packed = self._packed_before_append()
+        self.working_bytes += self._attention_working_bytes(q, b, h, self._rows.n + q, key_states.shape[-1])
         if tiers is None:
             # The common path (every decode step, every block without quantized tiers): write in place, read a view.
             self.working_bytes += self._rows.append([key_states, value_states, new_index], self.capacity_hint)
-            return self._announced(self._rows.view(0), self._rows.view(1), packed, q)
+            return self._rows.view(0), self._rows.view(1)
         # A block with quantized tiers (Sali-Cache prefill): attend to [old entries, the whole block at full
         # precision], then store each tier (one concatenation per layer per such block; never while decoding).
         attend_k = torch.cat([self._rows.view(0), key_states], dim=-2)
@@ -269,24 +272,23 @@ class CompressibleLayer(CacheLayerMixin):
                 self.working_bytes += self._rows.append([k, v, idx], self.capacity_hint)
             else:
                 self._append_quant(tier, k, v, idx)
-        return self._announced(attend_k, attend_v, packed, q)
+        return attend_k, attend_v
 
-    def _packed_before_append(self) -> list[QuantSegment]:
-        """The packed segments as they are now (views fixed to their current length: entries a block adds to a
-        tier after this are not part of them, as the block attends to its own entries at full precision)."""
-        return list(self.quant.values()) if self._stores else []
+    def packed_segments(self) -> list[QuantSegment]:
+        """The packed segments as they are now, for the attention call of the layer's next block or step (views
+        fixed to their current length: entries a block adds to a tier after this are not part of them, as the
+        block attends to its own entries at full precision). Built once until a packed tier changes."""
+        if self._segments is None:
+            self._segments = list(self.quant.values()) if self._stores else []
+        return self._segments
 
-    def _announced(self, keys: torch.Tensor, values: torch.Tensor, packed: list[QuantSegment], queries: int | None):
-        """(keys, values), after telling the attention call about to read them which packed segments to add.
-
-        queries: the new tokens that call attends for; its transient (`packed_attention.working_bytes`) counts as
-        this operation's working memory. None: not counted here (fixed-shape decoding notes its widest layer once,
-        `StaticDecoder`)."""
-        if packed:
-            packed_attention.announce(keys, packed)
-            if queries is not None:  # the attention call reads them for itself: transient, one layer at a time
-                self.working_bytes += packed_attention.working_bytes(packed, queries, self.query_group, keys.shape)
-        return keys, values
+    def _attention_working_bytes(self, queries: int, b: int, h: int, window: int, d: int) -> int:
+        """The transient of the attention call that adds the packed segments for `queries` new tokens over a
+        `window` of full-precision entries (`packed_attention.working_bytes`; one layer at a time)."""
+        segments = self.packed_segments()
+        if not segments:
+            return 0
+        return packed_attention.working_bytes(segments, queries, self.query_group, torch.Size((b, h, window, d)))
 
     def packed_working_bytes(self, queries: int = 1) -> int:
         """What the attention call of `queries` new tokens holds while it adds this layer's packed tiers (see
@@ -294,8 +296,7 @@ class CompressibleLayer(CacheLayerMixin):
         if not self._stores or not self._rows.buffers:
             return 0
         b, h, _, d = self._rows.buffers[0].shape
-        window = torch.Size((b, h, self._rows.n + queries, d))
-        return packed_attention.working_bytes(self._packed_before_append(), queries, self.query_group, window)
+        return self._attention_working_bytes(queries, b, h, self._rows.n + queries, d)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.get_seq_length() + query_length, 0
@@ -309,6 +310,7 @@ class CompressibleLayer(CacheLayerMixin):
     def reset(self) -> None:
         self._rows = _Rows()
         self._stores = {}
+        self._segments = None
         self.visual_entries = 0
         self.is_initialized = False
 
@@ -324,14 +326,15 @@ class CompressibleLayer(CacheLayerMixin):
             spec = (self.quant_specs.get(tier) or QuantSpec(bits=8 if tier == TIER_INT8 else 4)).resolved(k.shape[-1])
             store = self._stores[tier] = _PackedStore(spec, k.shape[-1], k.dtype)
         self.working_bytes += store.append(k, v, idx)
+        self._segments = None
 
     # -- fixed-shape decoding (visualkv.runtime.static_decode) ----------------------------------
     def static_window(self, steps: int) -> int:
         """Prepare for `steps` fixed-shape decode steps; returns the entries the window holds (held + steps).
 
         Reserves the room now: during fixed-shape decoding nothing may reallocate, as a CUDA graph keeps the
-        buffers' addresses. The window covers the full-precision entries; packed tiers are added by the
-        attention call (`write_slot` announces them).
+        buffers' addresses. The window covers the full-precision entries; the packed tiers (`packed_segments`,
+        unchanged while an answer decodes) are added by the attention call.
         """
         self.reserve(steps)
         if self._rows.capacity < self._rows.n + steps:
@@ -357,8 +360,7 @@ class CompressibleLayer(CacheLayerMixin):
         keys.index_copy_(2, slot, key_states)
         values.index_copy_(2, slot, value_states)
         index.index_copy_(2, slot, token_index.to(torch.int32).view(1, 1, 1).expand(*index.shape[:2], 1))
-        # the packed tiers do not change while an answer decodes: the same segments every step
-        return self._announced(keys[:, :, :window], values[:, :, :window], self._packed_before_append(), None)
+        return keys[:, :, :window], values[:, :, :window]
 
     def commit_slots(self, n: int) -> None:
         """Count `n` entries written by `write_slot` as held (they follow the held ones, in order)."""
@@ -374,6 +376,7 @@ class CompressibleLayer(CacheLayerMixin):
         store = self._stores[tier]
         index = index.sort(dim=-1).values
         self.working_bytes = store.rows.compact(index.to(self.device))
+        self._segments = None
 
     # -- accounting (host ints and tensor shapes only: nothing reads the device) --------
     def total_entries_per_head(self) -> int:

@@ -20,7 +20,6 @@ import torch
 from transformers.image_utils import SizeDict
 from transformers.video_utils import VideoMetadata
 
-from visualkv.attention import packed as packed_attention
 from visualkv.layout import VisualLayout, VisualUnit
 from visualkv.media import Media
 
@@ -84,7 +83,7 @@ class ModelAdapter:
     position_axes: int = 1
 
     def __init__(self, model: torch.nn.Module, processor: Any, name: str) -> None:
-        self.model = model.eval()
+        self.model = model  # the owner's: VisualKV changes it only inside `visualkv.attention.patched`
         self.processor = processor
         self.name = name
         self.tokenizer = getattr(processor, "tokenizer", processor)
@@ -131,8 +130,10 @@ class ModelAdapter:
 
     @property
     def attn_implementation(self) -> str:
-        """The decoder's attention kernel ("sdpa", "eager", ...), also once `packed_attention` wraps it."""
-        return packed_attention.base_implementation(self.text_config._attn_implementation)
+        """The decoder's attention kernel as the model names it ("sdpa", "eager", ...). While
+        `visualkv.attention.patched` is entered the config names VisualKV's own functions instead, so the runtime
+        asks `visualkv.attention.implementation(adapter)`."""
+        return self.text_config._attn_implementation or "sdpa"
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """(q,) ids -> (1, q, hidden)."""

@@ -32,7 +32,6 @@ import torch
 from transformers.models.qwen2_vl.video_processing_qwen2_vl import smart_resize
 from transformers.vision_utils import get_vision_position_ids
 
-from visualkv.attention.vision import batch_vision_chunks
 from visualkv.layout import FrameInfo, VisualLayout, VisualUnit, consecutive_runs, grid_boxes
 from visualkv.media import Media
 from visualkv.models.base import (
@@ -70,7 +69,6 @@ class Qwen25VLAdapter(ModelAdapter):
         self._strip: tuple[int, int, torch.Tensor] | None = None  # (row0, row1, embeddings)
         self._ahead_strips: dict[tuple[int, int], torch.Tensor] = {}  # (row0, row1) -> embeddings, encoded ahead
         self._ahead_frames: dict[int, torch.Tensor] = {}  # temporal patch -> embeddings, encoded ahead
-        batch_vision_chunks(self.visual)  # one attention call per window length, not per window
 
     @property
     def language_model(self) -> torch.nn.Module:

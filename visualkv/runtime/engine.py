@@ -17,6 +17,7 @@ original positions and new tokens continue the original numbering.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from visualkv.attention import block as block_attention
+from visualkv.attention import implementation, patched
 from visualkv.attention import packed as packed_attention
 from visualkv.attention.block import AfterCache
 from visualkv.devices import to_device
@@ -55,8 +57,9 @@ def attention_mask(q: int, n_past: int, impl: str, device) -> AfterCache | torch
 
     Every cached entry is visible, whatever was evicted; the block itself is causal. One query token needs no
     mask, nor does a first block under an SDPA-like kernel (its own causal flag is used, as transformers does).
-    The wrapped sdpa / eager functions (`packed_attention`) take the `AfterCache` marker, which lets sdpa attend
-    without expanding K/V (`block_attention`); any other kernel gets the bool mask.
+    `impl`: the model's own kernel. Inside `patched`, sdpa and eager run VisualKV's functions (`packed_attention`),
+    which take the `AfterCache` marker (sdpa then attends without expanding K/V, `block_attention`); any other
+    kernel gets the bool mask.
     """
     if not needs_mask(q, n_past, impl):
         return None  # SDPA-like kernels then run causally without materialising a mask
@@ -107,8 +110,11 @@ class BlockPlan:
         return self._on[key]
 
 
-def attention_working_bytes(adapter: ModelAdapter, q: int, n: int, causal_flag: bool, dtype: torch.dtype) -> int:
-    """Transient bytes one attention call of q queries over n keys holds on top of the cache (from shapes).
+def attention_working_bytes(
+    adapter: ModelAdapter, q: int, n: int, causal_flag: bool, dtype: torch.dtype, impl: str | None = None
+) -> int:
+    """Transient bytes one attention call of q queries over n keys holds on top of the cache (from shapes);
+    `impl`: the model's own attention kernel (default: `implementation(adapter)`).
 
     Without a mask (`causal_flag`: a first block, or one query) transformers' SDPA path uses the kernel's own
     GQA. With one (a block after cached entries) the wrapped sdpa takes `block_attention`'s kernel: "flash"
@@ -121,12 +127,13 @@ def attention_working_bytes(adapter: ModelAdapter, q: int, n: int, causal_flag: 
     hq, hkv, hd = cfg.num_attention_heads, adapter.num_kv_heads, adapter.head_dim
     itemsize = dtype.itemsize
     expanded = 0 if hq == hkv else 2 * hq * n * hd * itemsize
-    if adapter.attn_implementation == "eager":
+    impl = impl or implementation(adapter)
+    if impl == "eager":
         return expanded + 2 * hq * q * n * itemsize + (0 if causal_flag else q * n * itemsize)
     if causal_flag:
         return 0
     kernel = block_attention.kernel_for(adapter.device, dtype, hd)
-    if adapter.attn_implementation != "sdpa":
+    if impl != "sdpa":
         kernel = "stock"
     mask = q * n * (1 + itemsize)
     return {"flash": 0, "gqa": mask, "stock": mask + expanded}[kernel]
@@ -144,15 +151,29 @@ def _latest_frame_time(frames, units, so_far: float | None) -> float | None:
     return max(times) if times and (so_far is None or max(times) > so_far) else so_far
 
 
+def _inside_patch(run: Callable) -> Callable:
+    """An `Engine` method run inside `patched(self.adapter)` (entered once; nested entries only count)."""
+
+    @functools.wraps(run)
+    def wrapper(self: Engine, *args, **kwargs):
+        with patched(self.adapter):
+            return run(self, *args, **kwargs)
+
+    return wrapper
+
+
 class Engine:
-    """Runs blocks of tokens through the LLM with a `CompressibleCache`."""
+    """Runs blocks of tokens through the LLM with a `CompressibleCache`.
+
+    What runs the model (`prefill`: the vision tower and the layers; `run_layers`, which `text_pass` and `extend`
+    call) does so inside `visualkv.attention.patched`: the model is as its owner left it whenever none runs.
+    """
 
     def __init__(self, adapter: ModelAdapter) -> None:
         self.adapter = adapter
-        # packed INT8 / INT4 tiers are attended per segment by the (wrapped) attention function
-        packed_attention.install(adapter.text_config)
 
     # -- the layer loop -------------------------------------------------------------
+    @_inside_patch
     @torch.no_grad()
     def run_layers(
         self,
@@ -172,26 +193,37 @@ class Engine:
         the layer loop itself never reads the device (no host synchronisation).
         layer_features: the block's DeepStack-style additions, added after their layers (before the
         method sees the layer's output, as they are part of the model's own layer output).
+        Runs inside `patched`; a layer's packed tiers reach its attention call as the
+        `packed_segments` keyword, which transformers' decoder layers pass on to the attention function.
         """
         adapter = self.adapter
+        impl = implementation(adapter)
         cos, sin = adapter.rotary(hidden, positions)
         plan = BlockPlan(token_index, tiers, ctx)
         masks: dict[tuple, AfterCache | torch.Tensor | None] = {}
         for layer_idx, layer in enumerate(adapter.layers):
             device = layer.input_layernorm.weight.device
             hidden, cos, sin = hidden.to(device), cos.to(device), sin.to(device)
-            q, n_past = hidden.shape[1], cache.layers[layer_idx].get_seq_length()  # host ints
+            cache_layer = cache.layers[layer_idx]
+            q, n_past = hidden.shape[1], cache_layer.get_seq_length()  # host ints
             key = (q, n_past, device)
             if key not in masks:  # one mask per block (per distinct cache length and device)
-                masks[key] = attention_mask(q, n_past, adapter.attn_implementation, device)
+                masks[key] = attention_mask(q, n_past, impl, device)
             mask = masks[key]
             cache.pending_token_index = plan.index_on(device)
             cache.pending_tiers = plan.tiers_on(device)
             cache.pending_visual = plan.n_visual_full
+            segments = cache_layer.packed_segments()  # held before this block: what its attention call adds
+            packed = {"packed_segments": segments} if segments else {}
             out = layer(
-                hidden, attention_mask=mask, position_embeddings=(cos, sin), past_key_values=cache, use_cache=True
+                hidden,
+                attention_mask=mask,
+                position_embeddings=(cos, sin),
+                past_key_values=cache,
+                use_cache=True,
+                **packed,
             )
-            cache.note_working(attention_working_bytes(adapter, q, n_past + q, mask is None, hidden.dtype))
+            cache.note_working(attention_working_bytes(adapter, q, n_past + q, mask is None, hidden.dtype, impl))
             if layer_features is not None:
                 out = layer_features.add_after_layer(layer_idx, out, token_index)
             if method is not None:
@@ -246,6 +278,7 @@ class Engine:
                 layer_features = LayerFeatures(unit_idx + seq_offset, [f[kept.to(f.device)] for f in per_layer])
         return hidden, local, layer_features
 
+    @_inside_patch
     @torch.no_grad()
     def prefill(
         self,
@@ -279,9 +312,9 @@ class Engine:
             prepared.seq_len, prepared.layout.units, mode, block_size, budget, question_apart=method.question_apart
         )
         method.begin(ctx)
-        if ctx.tiers is not None and not packed_attention.installed(self.adapter.text_config):
+        if ctx.tiers is not None and (impl := implementation(self.adapter)) not in packed_attention.WRAPPED:
             raise ConfigError(
-                f"INT8/INT4 tiers need sdpa or eager attention; this model runs {self.adapter.attn_implementation!r}"
+                f"INT8/INT4 tiers need sdpa or eager attention; this model runs {impl!r}"
                 " (load it with attn_implementation='sdpa', or choose a method without tiers)"
             )
         cache.set_capacity_hint(method.capacity_hint(ctx))

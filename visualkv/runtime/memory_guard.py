@@ -54,6 +54,7 @@ import numpy as np
 import psutil
 import torch
 
+from visualkv.attention import implementation
 from visualkv.errors import VisualKVError
 from visualkv.kv.cache import grown_capacity
 from visualkv.kv.quant import QuantSpec, packed_bytes_per_token
@@ -252,7 +253,7 @@ class _CacheWalk:
             # the block at this group's last layer: the group's other layers already evicted to `after`
             block_peak = max(block_peak, rise + (g.layers - 1) * (after - g.held) + q_g)
             rise += g.layers * (after - g.held)
-            causal_flag = not needs_mask(q_g, g.held, adapter.attn_implementation)  # as the engine's layer loop
+            causal_flag = not needs_mask(q_g, g.held, implementation(adapter))  # as the engine's layer loop
             working = attention_working_bytes(adapter, q_g, g.held + q_g, causal_flag, adapter.dtype)
             attention_bytes = max(attention_bytes, working)
             g.q, g.after, g.vis_after = q_g, after, vis_after

@@ -27,6 +27,7 @@ import torch
 from PIL import Image
 
 from visualkv.attention import block as block_attention
+from visualkv.attention import implementation
 from visualkv.errors import ConfigError
 from visualkv.kv.cache import CompressibleCache
 from visualkv.media import Media, load_image, load_media
@@ -469,7 +470,8 @@ class ChatSession:
         ctx = self.prefill_result.context if self.prefill_result is not None else None
         report: dict[str, Any] = {
             "model": self.adapter.name,
-            "model_info": self.adapter.describe(),
+            # the model's own kernel, also while another chat's turn has the model inside `patched`
+            "model_info": self.adapter.describe() | {"attn_implementation": implementation(self.adapter)},
             "method": self.config.method,
             "method_config": self.method.config_dict(),
             "budget": self.config.budget,

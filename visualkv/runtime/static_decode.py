@@ -1,9 +1,9 @@
 """Decoding with fixed shapes, replayed as one CUDA graph per token.
 
 A decode step through `Engine.extend` is launch-bound on a GPU: a 7B model runs ~300 small kernels per token
-with Python between them, so the GPU idles most of the time (issue 11 measured ~40 tokens/s on an H200, where
-reading the weights once per token allows ~330). Fixing every shape of a step lets the whole step be captured
-once per answer and replayed per token:
+with Python between them, so the GPU idles most of the time (~40 tokens/s measured on an H200, where reading the
+weights once per token allows ~330). Fixing every shape of a step lets the whole step be captured once per answer
+and replayed per token:
 
 - each layer gets a fixed *window*: the entries it holds when the answer starts plus room for the answer,
   reserved before decoding, so no buffer moves while the graph holds its address;
@@ -13,10 +13,16 @@ once per answer and replayed per token:
 - the token to feed is written into a device buffer before each replay (`fill_`, no host read).
 
 Attention over the window (`SessionConfig.decode_attention`): "model" runs the model's own function (SDPA or eager)
-with the mask; "grouped" runs `packed_attention.one_query` (two batched matmuls, a float32 softmax, KV heads not
-repeated), which spreads a long window over the GPU where masked SDPA may stream it with one thread block per KV
-head (the reasoning, not yet measured: `packed_attention.grouped_decode`); "auto" takes "grouped" on CUDA once the
-widest window holds `GROUPED_MIN_ENTRIES`, else "model".
+with the mask; "grouped" passes `grouped_decode=True` to each layer's attention call, which then runs
+`packed_attention.one_query` (two batched matmuls, a float32 softmax, KV heads not repeated). Why: a mask keeps
+PyTorch's SDPA off its flash kernels, and transformers packs a KV head's query heads as its queries, so on CUDA the
+masked kernel may run one thread block per KV head, each streaming its head's whole window (reasoned from decode
+rates, measured per kernel by scripts/decode_attention.py); `one_query` spreads the window over the GPU. "auto"
+takes "grouped" on CUDA once the widest window holds `GROUPED_MIN_ENTRIES`, else "model". Each layer's packed
+tiers (unchanged while an answer decodes) reach its attention call as `packed_segments`.
+
+Every step that runs the layers in Python (the static steps, the graph's warm-up and capture) runs inside
+`visualkv.attention.patched`; a graph replay runs no Python attention and needs none.
 
 The host reads one value per token, the sampled id (for EOS and the streamed text), as the plain path does.
 The entries written are counted on the host once, when the answer ends (`finish`).
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import torch
 
+from visualkv.attention import implementation, patched
 from visualkv.attention import packed as packed_attention
 from visualkv.kv.cache import CompressibleCache, CompressibleLayer
 from visualkv.models.base import ModelAdapter
@@ -61,8 +68,8 @@ def graph_unsupported(adapter: ModelAdapter) -> str | None:
         return "CUDA graphs need the model on a CUDA device"
     if len(devices) > 1:
         return "the model is split over several devices"
-    if adapter.attn_implementation not in GRAPH_ATTENTION:
-        return f"attention {adapter.attn_implementation!r} takes no mask (use sdpa or eager)"
+    if (impl := implementation(adapter)) not in GRAPH_ATTENTION:
+        return f"attention {impl!r} takes no mask (use sdpa or eager)"
     if not torch.cuda.is_available() or not hasattr(torch.cuda, "CUDAGraph"):
         return "this PyTorch build has no CUDA graphs"
     return None
@@ -102,11 +109,12 @@ class StaticDecoder:
         n_packed = [layer.total_entries_per_head() - layer.n_full for layer in cache.layers]
         widest = max(w + p for w, p in zip(self.windows, n_packed))
         self.attention = decode_attention(attention, torch.device(device), max(self.windows))
+        impl = implementation(adapter)
         if self.attention == "grouped":
             heads = adapter.text_config.num_attention_heads
             transient = packed_attention.one_query_working_bytes(heads, widest) + widest  # + the bool mask
         else:
-            transient = attention_working_bytes(adapter, 1, widest, True, adapter.dtype)
+            transient = attention_working_bytes(adapter, 1, widest, True, adapter.dtype, impl)
         cache.note_working(transient + max(packed))
         # one slot arange per distinct window (layers of one model usually share it)
         self._slots = {w: torch.arange(w, device=device) for w in set(self.windows)}
@@ -114,7 +122,13 @@ class StaticDecoder:
         self._slot_of: dict[int, torch.Tensor] = {}
         self._graph = None
         self._out: torch.Tensor | None = None
-        self._eager_mask = adapter.attn_implementation == "eager"
+        self._eager_mask = impl == "eager"
+        # what each layer's attention call takes beyond transformers' own arguments (the same every step)
+        grouped = {"grouped_decode": True} if self.attention == "grouped" and impl in packed_attention.WRAPPED else {}
+        self._attention_kwargs = [
+            {"packed_segments": segments, **grouped} if (segments := layer.packed_segments()) else grouped
+            for layer in cache.layers
+        ]
         cache.static = self
         if graph:
             try:
@@ -133,18 +147,18 @@ class StaticDecoder:
         cos, sin = adapter.rotary(hidden, positions)
         self._slot_of = {n: self.step_index + n for n in set(self.held)}
         self._masks = {}
-        with packed_attention.grouped_decode(self.attention == "grouped"):
-            for layer_idx, layer in enumerate(adapter.layers):
-                key = (self.held[layer_idx], self.windows[layer_idx])
-                if key not in self._masks:
-                    self._masks[key] = self._mask(*key, hidden.dtype)
-                hidden = layer(
-                    hidden,
-                    attention_mask=self._masks[key],
-                    position_embeddings=(cos, sin),
-                    past_key_values=self.cache,
-                    use_cache=True,
-                )
+        for layer_idx, layer in enumerate(adapter.layers):
+            key = (self.held[layer_idx], self.windows[layer_idx])
+            if key not in self._masks:
+                self._masks[key] = self._mask(*key, hidden.dtype)
+            hidden = layer(
+                hidden,
+                attention_mask=self._masks[key],
+                position_embeddings=(cos, sin),
+                past_key_values=self.cache,
+                use_cache=True,
+                **self._attention_kwargs[layer_idx],
+            )
         logits = adapter.final_hidden_to_logits(hidden[:, -1:])[0, -1]
         self.step_index += 1
         return logits
@@ -173,7 +187,7 @@ class StaticDecoder:
         stream = torch.cuda.Stream(device)  # captures need a stream other than the default one
         stream.wait_stream(torch.cuda.current_stream(device))
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(stream):
+        with torch.cuda.stream(stream), patched(self.adapter):
             # warm-up outside the graph (lazy cuBLAS / kernel setup); it writes slot `held`, which step 0
             # writes again, and its step count is undone below
             self._run()
@@ -200,7 +214,8 @@ class StaticDecoder:
         if self._graph is not None:
             self._graph.replay()
             return self._out
-        return self._run()
+        with patched(self.adapter):  # per step: a consumer that stops iterating leaves nothing patched
+            return self._run()
 
     @property
     def mode(self) -> str:

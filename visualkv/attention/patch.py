@@ -1,0 +1,135 @@
+"""`patched(adapter)`: the one scoped context through which VisualKV changes a transformers model.
+
+Inside it the decoder's attention configs name VisualKV's functions (`packed.WRAPPED`), the Qwen vision towers'
+attention modules batch their chunks (`vision.batched_forward`), and a model left in training mode runs in eval
+mode. The outermost entry makes these changes and its exit (normal, on error, on Stop) puts every attribute back
+exactly as it was; nested entries only count. State lives here, per model (a lock, a depth, what was saved), never
+on the model, and threads serving several chats from one model share one patch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from visualkv.attention import packed as packed_attention
+from visualkv.attention import vision
+
+_ABSENT = object()  # an attribute that was not in the object's own namespace before the patch
+_INTERNAL = "_attn_implementation_internal"  # what transformers' `config._attn_implementation` property reads
+
+
+def _namespace(obj: Any) -> dict:
+    """`obj`'s own attribute dict, read past any `__getattribute__` override (transformers' configs have a slow one)."""
+    return object.__getattribute__(obj, "__dict__")
+
+
+class _Patch:
+    """One model's patch: the namespaces to change (found once), the entry depth, and what was saved on entry.
+
+    Entering and leaving are a few dict operations per changed attribute: cheap enough for every decode step.
+    """
+
+    def __init__(self, model: torch.nn.Module, decoder_configs: list[Any]) -> None:
+        self.lock = threading.Lock()
+        self.depth = 0
+        self.model = weakref.ref(model)  # a value of `_PATCHES` must not keep its key alive
+        self.config_namespaces = [_namespace(c) for c in decoder_configs]
+        self.chunk_groups: dict = {}  # the vision towers' chunk groups while entered (`vision._chunk_groups`)
+        self.vision_forwards = [
+            (_namespace(m), vision.batched_forward(m, self.chunk_groups))
+            for m in vision.vision_attention_modules(model)
+        ]
+        self.implementation: str | None = None  # the decoder's own attention while entered
+        self.saved: list[tuple[dict, str, Any]] = []  # (namespace, attribute, value before or _ABSENT), in order
+
+    def apply(self) -> None:
+        for own in self.config_namespaces:
+            name = own.get(_INTERNAL) or "sdpa"
+            if self.implementation is None:  # the text config's, first
+                self.implementation = name
+            if name in packed_attention.WRAPPED:  # set directly: the property's setter would touch sub-configs
+                self._set(own, _INTERNAL, packed_attention.WRAPPED[name])
+        for own, forward in self.vision_forwards:
+            self._set(own, "forward", forward)
+        model = self.model()
+        if model is not None and model.training:  # VisualKV never trains: dropout off while it runs the model
+            for module in model.modules():
+                if module.training:
+                    self._set(_namespace(module), "training", False)
+
+    def _set(self, own: dict, name: str, value: Any) -> None:
+        self.saved.append((own, name, own.get(name, _ABSENT)))
+        own[name] = value
+
+    def restore(self) -> None:
+        while self.saved:  # last change first
+            own, name, before = self.saved.pop()
+            if before is _ABSENT:
+                own.pop(name, None)
+            else:
+                own[name] = before
+        self.chunk_groups.clear()  # no tensor of a tower call outlives the patch
+        self.implementation = None
+
+
+_PATCHES: weakref.WeakKeyDictionary[torch.nn.Module, _Patch] = weakref.WeakKeyDictionary()
+_REGISTRY = threading.Lock()
+
+
+def _model_and_configs(target: Any) -> tuple[torch.nn.Module, list[Any]]:
+    """(the model, the configs its decoder's attention modules read, deduplicated by identity) of an adapter;
+    (the module, []) of a bare module (its vision towers only)."""
+    if isinstance(target, torch.nn.Module):
+        return target, []
+    attentions = [getattr(layer, "self_attn", None) for layer in target.layers]
+    configs = [target.text_config, *(getattr(attention, "config", None) for attention in attentions)]
+    unique = {id(c): c for c in configs if c is not None}
+    return target.model, list(unique.values())
+
+
+def _patch_of(target: Any) -> _Patch:
+    model = target if isinstance(target, torch.nn.Module) else target.model
+    with _REGISTRY:
+        patch = _PATCHES.get(model)
+        if patch is None:
+            patch = _PATCHES[model] = _Patch(*_model_and_configs(target))
+        return patch
+
+
+@contextlib.contextmanager
+def patched(target: Any) -> Iterator[None]:
+    """Within the block, `target` (a `ModelAdapter`, or a bare module such as a vision tower) runs VisualKV's
+    attention; on leaving the outermost block the model is exactly as before."""
+    patch = _patch_of(target)
+    with patch.lock:
+        if patch.depth == 0:
+            try:
+                patch.apply()
+            except BaseException:
+                patch.restore()
+                raise
+        patch.depth += 1
+    try:
+        yield
+    finally:
+        with patch.lock:
+            patch.depth -= 1
+            if patch.depth == 0:
+                patch.restore()
+
+
+def implementation(adapter: Any) -> str:
+    """The decoder's own attention implementation ("sdpa", "eager", "flash_attention_2", ...), also while
+    `patched` has it name VisualKV's functions."""
+    patch = _PATCHES.get(adapter.model)
+    if patch is not None:
+        with patch.lock:
+            if patch.depth and patch.implementation is not None:
+                return patch.implementation
+    return adapter.attn_implementation
