@@ -189,7 +189,7 @@ class CompressibleLayer(CacheLayerMixin):
     @keys.setter
     def keys(self, value) -> None:
         if value is not None:
-            raise AttributeError("CompressibleLayer.keys is a view; use replace_full")
+            raise AttributeError("CompressibleLayer.keys is a read-only view of the layer's buffer")
 
     @property
     def values(self) -> torch.Tensor | None:
@@ -198,7 +198,7 @@ class CompressibleLayer(CacheLayerMixin):
     @values.setter
     def values(self, value) -> None:
         if value is not None:
-            raise AttributeError("CompressibleLayer.values is a view; use replace_full")
+            raise AttributeError("CompressibleLayer.values is a read-only view of the layer's buffer")
 
     @property
     def token_index(self) -> torch.Tensor | None:

@@ -40,6 +40,11 @@ from visualkv.runtime.memory_guard import MemoryEstimate, MemoryGuard
 from visualkv.runtime.static_decode import DECODE_ATTENTION, DECODE_MODES, StaticDecoder, graph_unsupported
 
 
+def model_info(adapter: ModelAdapter) -> dict[str, Any]:
+    """The report's model description, naming the model's own attention kernel (also while `patched` is on)."""
+    return adapter.describe() | {"attn_implementation": implementation(adapter)}
+
+
 @dataclass
 class SessionConfig:
     """Everything that decides how a conversation is compressed and decoded.
@@ -471,7 +476,7 @@ class ChatSession:
         report: dict[str, Any] = {
             "model": self.adapter.name,
             # the model's own kernel, also while another chat's turn has the model inside `patched`
-            "model_info": self.adapter.describe() | {"attn_implementation": implementation(self.adapter)},
+            "model_info": model_info(self.adapter),
             "method": self.config.method,
             "method_config": self.method.config_dict(),
             "budget": self.config.budget,

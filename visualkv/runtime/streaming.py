@@ -33,7 +33,7 @@ from visualkv.methods import METHODS, method_traits
 from visualkv.methods.compose import SEPARATOR
 from visualkv.report.telemetry import TIME_LIMIT_STOP
 from visualkv.runtime.memory_guard import out_of_memory_caught
-from visualkv.runtime.session import ChatSession, SessionConfig
+from visualkv.runtime.session import ChatSession, SessionConfig, model_info
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ def live_report(session: ChatSession, blocks: Iterable[Any]) -> dict[str, Any]:
     """
     return {
         "model": session.adapter.name,
-        "model_info": session.adapter.describe(),
+        "model_info": model_info(session.adapter),
         "method": session.config.method,
         "budget": session.config.budget,
         "blocks": [b if isinstance(b, dict) else b.to_dict() for b in blocks],
