@@ -7,6 +7,9 @@ import shutil
 
 from visualkv.bench import figures
 from visualkv.bench.provenance import finish, machine_label, start
+from visualkv.bench.tables import gpu as gpu_tables
+from visualkv.bench.tables import lightkv as lightkv_tables
+from visualkv.bench.tables.format import source_line
 
 
 def test_readme_and_docs_tables_match_the_committed_json():
@@ -99,19 +102,21 @@ def test_every_table_names_its_json_command_machine_and_commit_where_recorded():
             continue
         assert "Source: [`" in table and "`python " in table, name
         assert "command not recorded" not in table and "machine not recorded" not in table, name
-    assert "commit `54679a1`)" in figures.table_headline(figures.RESULTS)  # the GPU run's provenance names it
+    assert "commit `54679a1`)" in gpu_tables.headline_memory_and_speed(
+        figures.RESULTS
+    )  # the GPU run's provenance names it
 
 
 def test_computed_schedule_table_follows_the_code(monkeypatch):
     """The LightKV schedule table is the code's schedule: change the paper schedule and the table changes."""
     from visualkv.methods import lightkv
 
-    before = figures.table_lightkv_schedule(figures.RESULTS)
+    before = lightkv_tables.lightkv_default_schedule(figures.RESULTS)
     assert "| Qwen2.5-VL-7B (28) | 11, 16, 21 | 6, 4, 2 | 0.589 |" in before
     schedules = dict(lightkv.PAPER_SCHEDULES)
     schedules["qwen2_5_vl"] = lightkv.PaperSchedule(28, (10, 17, 22), (6, 4, 2), (0.5, 0.5, 0.5))
     monkeypatch.setattr(lightkv, "PAPER_SCHEDULES", schedules)
-    assert "| Qwen2.5-VL-7B (28) | 9, 16, 21 | 6, 4, 2 |" in figures.table_lightkv_schedule(figures.RESULTS)
+    assert "| Qwen2.5-VL-7B (28) | 9, 16, 21 | 6, 4, 2 |" in lightkv_tables.lightkv_default_schedule(figures.RESULTS)
 
 
 def test_provenance_says_idle_or_loaded_from_the_load_average():
@@ -155,20 +160,20 @@ def test_provenance_names_the_commit_and_hashes_the_diff_of_a_dirty_tree(tmp_pat
 
 def test_a_source_line_says_when_the_figures_came_from_a_dirty_tree():
     clean = {"provenance": {"command": "python -m visualkv bench x", "commit": "abc1234", "dirty": False}}
-    assert figures.source_line(("x.json", clean)).endswith("commit `abc1234`).")
+    assert source_line(("x.json", clean)).endswith("commit `abc1234`).")
     dirty = {"provenance": {**clean["provenance"], "commit": "abc1234+changes", "dirty": True}}
     dirty["provenance"]["diff_sha256"] = "0123456789abcdef" * 4
-    line = figures.source_line(("x.json", dirty))
+    line = source_line(("x.json", dirty))
     assert "commit `abc1234` from a dirty tree (diff sha256 `0123456789ab`)" in line
     legacy = {"provenance": {"command": "python -m visualkv bench x", "commit": "abc1234+changes"}}  # no `dirty` field
-    assert "commit `abc1234` from a dirty tree)" in figures.source_line(("x.json", legacy))
+    assert "commit `abc1234` from a dirty tree)" in source_line(("x.json", legacy))
 
 
 # -- the GPU tables, on the committed one-run file and on a file in the repeats format --
 
 
 def test_headline_on_the_one_run_file_states_speed_against_full_only():
-    table = figures.table_headline(figures.RESULTS)
+    table = gpu_tables.headline_memory_and_speed(figures.RESULTS)
     assert "| time to first token, s (vs full) | decode tok/s (vs full) |" in table
     assert "vs better generate" not in table and "(7.0×)" not in table  # no speed ratio against that generate
     lines = {line.split(" | ")[1]: line for line in table.splitlines() if line.startswith("| 4K image")}
@@ -180,7 +185,7 @@ def test_headline_on_the_one_run_file_states_speed_against_full_only():
 
 def _committed(kind: str, method: str, key: str) -> float:
     """A figure of the committed one-run GPU file."""
-    d = json.loads((figures.RESULTS / figures.GPU_RESULTS).read_text())
+    d = json.loads((figures.RESULTS / gpu_tables.GPU_RESULTS).read_text())
     return next(r[key] for r in d["cases"] if r["input"] == kind and r.get("case", r["method"]) == method)
 
 
@@ -191,7 +196,7 @@ def _repeats_format_file(tmp_path):
     from visualkv.bench.device_peaks import device_peak
     from visualkv.bench.limits import ModelWork
 
-    d = json.loads((figures.RESULTS / figures.GPU_RESULTS).read_text())
+    d = json.loads((figures.RESULTS / gpu_tables.GPU_RESULTS).read_text())
     rows = []
     for row in d["cases"]:
         row = {k: v for k, v in row.items() if not k.startswith("vs_")}
@@ -222,12 +227,12 @@ def _repeats_format_file(tmp_path):
         },
     )
     (tmp_path / "gpu").mkdir()
-    (tmp_path / figures.GPU_RESULTS).write_text(json.dumps(d))
+    (tmp_path / gpu_tables.GPU_RESULTS).write_text(json.dumps(d))
     return tmp_path
 
 
 def test_headline_in_the_repeats_format_shows_ranges_and_both_references(tmp_path):
-    table = figures.table_headline(_repeats_format_file(tmp_path))
+    table = gpu_tables.headline_memory_and_speed(_repeats_format_file(tmp_path))
     assert "| time to first token, s (vs full; vs better generate) |" in table
     lines = {line.split(" | ")[1]: line for line in table.splitlines() if line.startswith("| 4K image")}
     ttft = _committed("image", "blockwise-keydiff", "ttft_seconds")  # 2.48 s
@@ -240,7 +245,7 @@ def test_headline_in_the_repeats_format_shows_ranges_and_both_references(tmp_pat
 
 
 def test_gpu_table_in_the_repeats_format_has_ratios_ranges_and_limits(tmp_path):
-    table = figures.table_gpu(_repeats_format_file(tmp_path))
+    table = gpu_tables.gpu_methods_and_targets(_repeats_format_file(tmp_path))
     header = table.splitlines()[0]
     assert "TTFT / decode vs full" in header and "TTFT / decode vs better generate" in header
     assert "share of limits: TTFT / decode" in header
@@ -259,7 +264,7 @@ def test_gpu_table_in_the_repeats_format_has_ratios_ranges_and_limits(tmp_path):
 
 
 def test_gpu_table_on_the_one_run_file_judges_no_speed_against_generate():
-    table = figures.table_gpu(figures.RESULTS)
+    table = gpu_tables.gpu_methods_and_targets(figures.RESULTS)
     assert "TTFT / decode vs better generate" not in table.splitlines()[0]
     assert "no fair reference" in table and "No fair reference" in table
     assert "| 2.24× / 1.55× |" in table  # block-wise KeyDiff's image row against full's

@@ -69,11 +69,11 @@ from visualkv.bench.gpu_targets import (
     input_label,
     measured,
     median,
-    stat,
     stats,
 )
 from visualkv.bench.limits import ModelWork, model_work, row_limits, work_json
 from visualkv.bench.synthetic import image_media
+from visualkv.bench.tables.gpu import console_line, markdown_table
 from visualkv.errors import MediaError
 from visualkv.media import FrameSampling, Media, MediaLimits, load_media
 from visualkv.methods import FULL_FRAME_CAP, METHODS, media_limits, method_traits
@@ -523,7 +523,7 @@ def _run_input(adapter, source, cfg, result, work, peak, log, on_case) -> None:
         result["cases"].append(row)
         _add_ratios(rows)
         _add_limits(rows, work, peak)
-        log(_line(row))
+        log(console_line(row))
         if on_case is not None:
             on_case(result)
 
@@ -614,95 +614,6 @@ def _add_limits(rows: list[dict[str, Any]], work: ModelWork, peak) -> None:
         if measured(row):
             ttft, decode = median(row, "ttft_seconds"), median(row, "decode_tokens_per_second")
             row["limits"] = row_limits(work, peak, prompt, visual, ttft, decode)
-
-
-def _line(row: dict[str, Any]) -> str:
-    head = f"  {input_label(row):18s} {case_label(row):28s}"
-    if "refused" in row:
-        return f"{head} refused: {row['refused']}"
-    if "error" in row:
-        return f"{head} FAILED {row['error']}"
-    peak = median(row, "peak_over_weights_bytes")
-    peak_txt = f"{peak / 2**20:9.0f} MiB over weights" if peak is not None else "  (no CUDA peak)"
-    per_hour = median(row, "ttft_seconds_per_hour")
-    return (
-        f"{head} TTFT {figure_cell(row, 'ttft_seconds')} s"
-        + (f" ({per_hour:.0f} s per hour of video)" if per_hour is not None else "")
-        + f"  decode {figure_cell(row, 'decode_tokens_per_second', 1)} tok/s ({_decode_how(row)})  {peak_txt}  "
-        f"cache peak {row['cache_peak_bytes'] / 2**20:9.1f} MiB"
-    )
-
-
-def _decode_how(row: dict[str, Any]) -> str:
-    """ "graph, grouped" (the decode mode and a fixed-shape step's attention), or the generate row's name."""
-    return ", ".join(x for x in (row.get("decode_mode"), row.get("decode_attention")) if x) or row["method"]
-
-
-def figure_cell(row: dict[str, Any], key: str, digits: int = 2, scale: float = 1.0) -> str:
-    """A figure's median, with "(min–max)" after it when it has several repeats ("" when not measured)."""
-    figure = stat(row, key)
-    if figure is None:
-        return ""
-    text = f"{figure.median / scale:,.{digits}f}"
-    if figure.n > 1:
-        text += f" ({figure.lo / scale:,.{digits}f}–{figure.hi / scale:,.{digits}f})"
-    return text
-
-
-def _ratio_pair(ratios: dict[str, Any] | None) -> str:
-    """ "0.53× / 7.0×": TTFT and decode over a reference ("" without one)."""
-    if not ratios or ratios.get("ttft_seconds") is None or ratios.get("decode_tokens_per_second") is None:
-        return ""
-    return f"{ratios['ttft_seconds']:.2f}× / {ratios['decode_tokens_per_second']:.2f}×"
-
-
-def _shares(row: dict[str, Any]) -> str:
-    """ "12% / 41%": TTFT's share of its FLOP floor and decode's of its bandwidth ceiling ("" when unknown)."""
-    limits = row.get("limits") or {}
-    shares = [limits.get("ttft_share"), limits.get("decode_share")]
-    return "" if all(s is None for s in shares) else " / ".join("—" if s is None else f"{s:.0%}" for s in shares)
-
-
-def markdown_table(result: dict[str, Any]) -> str:
-    """The table of one result: one row per (input, case); refused and failed cases say why. Figures are medians
-    with (min–max) over the repeats; ratios are of medians. A file without a fair generate reference
-    (`gpu_targets.fair_reference`) shows no speed ratio against generate."""
-    fair = gpu_targets.fair_reference(result)
-    limits = any("limits" in r for r in result["cases"])  # files written before the limits have no such column
-    columns = ["input", "method", "TTFT s", "TTFT s per hour of video", "decode tok/s", "peak over weights MiB"]
-    columns += ["cache peak MiB", "TTFT / decode vs full"]
-    columns += ["TTFT / decode vs better generate"] if fair else []
-    columns += ["peak / generate"] + (["share of limits: TTFT / decode"] if limits else [])
-    lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
-    full = {input_label(r): r for r in result["cases"] if r["method"] == "full" and "case" not in r and measured(r)}
-    for r in result["cases"]:
-        label = f"{input_label(r)} ({r.get('visual_tokens') or '?'} visual tokens)"
-        if "refused" in r or "error" in r:
-            why = f"refused: {r['refused']}" if "refused" in r else f"failed: {r['error']}"
-            lines.append(f"| {label} | {case_label(r)} | {why.replace('|', '/')} |" + " |" * (len(columns) - 3))
-            continue
-        mode = f" ({_decode_how(r)})" if r.get("decode_mode") else ""
-        # the kernel of the prefill's blocks after the cache (block_attention): rows measured before it have none
-        attention = f" ({r['prefill_attention']})" if r.get("prefill_attention") else ""
-        memory = (r.get("vs_generate") or {}).get("peak_over_weights_bytes")
-        cells = [
-            label,
-            case_label(r),
-            figure_cell(r, "ttft_seconds") + attention,
-            figure_cell(r, "ttft_seconds_per_hour", 0),
-        ]
-        cells += [
-            figure_cell(r, "decode_tokens_per_second", 1) + mode,
-            figure_cell(r, "peak_over_weights_bytes", 0, 2**20),
-        ]
-        vs_full = r.get("vs_full") or _ratios(r, full.get(input_label(r)))  # files before `vs_full`: divided here
-        if not fair and r["method"] in GENERATE_ROWS:
-            vs_full = None  # a generate row not warmed per shape nor backend-pinned: no speed ratio
-        cells += [f"{r['cache_peak_bytes'] / 2**20:,.1f}", _ratio_pair(vs_full)]
-        cells += [_ratio_pair(r.get("vs_best_generate"))] if fair else []
-        cells += ["" if memory is None else f"{memory:.3f}"] + ([_shares(r)] if limits else [])
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 def save(result: dict[str, Any], out: str, prov: dict[str, Any] | None = None, chart: bool = True) -> list[str]:
