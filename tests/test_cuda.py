@@ -238,7 +238,7 @@ def test_cuda_peak_is_reset_for_every_turn(small_image):
 @pytest.mark.parametrize("alias", ALL_FAMILIES)
 def test_memory_guard_estimate_bounds_the_cuda_peak(alias, method, media_kind, small_image):
     """The guard's estimate (what a prefill still has to allocate) is not below what the turn's prefill really
-    allocated on the GPU in bf16: CUDA's peak over what was allocated before it (the README's guard table is
+    allocated on the GPU in bf16: CUDA's peak over what was allocated before it (docs/RESULTS.md's guard table is
     measured on CPU, by RSS)."""
     import gc
 

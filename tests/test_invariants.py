@@ -113,7 +113,7 @@ def test_qwen_image_streamed_encoding_deviation_is_measured(small_image):
     """Qwen2.5-VL's full-attention vision layers see one strip at a time: inexact, by a measured amount.
 
     A block holding the whole image is exact; strips move the logits by about the measured figure
-    (the README reports the same comparison on the bench model).
+    (docs/RESULTS.md reports the same comparison on the bench model).
     """
     adapter = get_adapter("tiny-qwen2.5-vl")
     ref = _session(adapter, "full")

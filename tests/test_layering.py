@@ -36,23 +36,35 @@ TOP = 9  # visualkv/__init__.py and __main__.py: the public names and the entry 
 
 
 def _imports(path: Path) -> set[str]:
+    """Every module `path` imports, at the top or inside a function. `from visualkv import X` names the part X
+    when X is one, else the package's public names (`visualkv`, the top level)."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-            if node.module == "visualkv":  # `from visualkv import media`: the part named
-                names.update(f"visualkv.{alias.name}" for alias in node.names)
+            if node.module != "visualkv":
+                names.add(node.module)
+                continue
+            for alias in node.names:
+                names.add(f"visualkv.{alias.name}" if alias.name in LEVELS else "visualkv")
     return names
 
 
-def part_of(module: str) -> str | None:
-    """The library part a dotted module name belongs to ("visualkv.kv.cache" -> "kv"); None outside it."""
+def _relative_imports(path: Path) -> list[int]:
+    """Line numbers of relative imports (`from . import x`), which the level check could not place."""
+    tree = ast.parse(path.read_text())
+    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level > 0]
+
+
+def level_of_module(module: str) -> int | None:
+    """The level of a dotted module name ("visualkv.kv.cache" -> kv's; "visualkv" -> the top); None outside."""
     pieces = module.split(".")
-    if pieces[0] != "visualkv" or len(pieces) < 2:
+    if pieces[0] != "visualkv":
         return None
-    return pieces[1]
+    if len(pieces) == 1 or pieces[1] in ("__init__", "__main__"):
+        return TOP
+    return LEVELS.get(pieces[1])
 
 
 def level_of(path: Path) -> int:
@@ -61,15 +73,11 @@ def level_of(path: Path) -> int:
     return TOP if name in ("__init__", "__main__") else LEVELS[name]
 
 
-def upward_imports(path: Path) -> list[str]:
-    """The imports in `path` that point to a higher level of the library."""
-    own = level_of(path)
-    bad = []
-    for module in sorted(_imports(path)):
-        part = part_of(module)
-        if part is not None and part in LEVELS and LEVELS[part] > own:
-            bad.append(module)
-    return bad
+def upward_imports(path: Path, own: int | None = None) -> list[str]:
+    """The imports in `path` that point to a higher level of the library (`own`: the file's level, by default
+    read from where it lies in visualkv/)."""
+    own = level_of(path) if own is None else own
+    return sorted(m for m in _imports(path) if (level := level_of_module(m)) is not None and level > own)
 
 
 LIBRARY_FILES = sorted(LIBRARY.rglob("*.py"))
@@ -87,18 +95,25 @@ def test_imports_point_down(path):
 
 
 def test_the_rule_catches_an_upward_import(tmp_path):
-    """The check itself can fail: a kv module importing the runtime is upward."""
-    fake = LIBRARY / "kv" / "cache.py"
-    source = "from visualkv.runtime.engine import Engine\nimport visualkv.methods\n"
+    """The check itself can fail: a kv module importing the runtime, the methods (inside a function) or the
+    package's public names is upward; importing models or errors is not."""
     probe = tmp_path / "probe.py"
-    probe.write_text(source)
-    assert _imports(probe) == {"visualkv.runtime.engine", "visualkv.methods"}
-    assert LEVELS[part_of("visualkv.runtime.engine")] > level_of(fake)
+    probe.write_text(
+        "from visualkv.runtime.engine import Engine\nfrom visualkv import ChatSession, errors\n"
+        "from visualkv.models.base import ModelAdapter\n\ndef f():\n    import visualkv.methods\n"
+    )
+    assert upward_imports(probe, own=LEVELS["kv"]) == ["visualkv", "visualkv.methods", "visualkv.runtime.engine"]
+    assert upward_imports(probe, own=TOP) == []
+
+
+def test_the_library_has_no_relative_imports():
+    relative = {str(p.relative_to(LIBRARY)): lines for p in LIBRARY_FILES if (lines := _relative_imports(p))}
+    assert relative == {}
 
 
 def test_methods_never_import_the_runtime():
     for path in (LIBRARY / "methods").rglob("*.py"):
-        assert not any(part_of(name) == "runtime" for name in _imports(path)), path
+        assert not any(name.startswith("visualkv.runtime") for name in _imports(path)), path
 
 
 @pytest.mark.parametrize("path", LIBRARY_FILES, ids=lambda p: str(p.relative_to(LIBRARY)))

@@ -5,7 +5,7 @@ browser-like session, start together; each sends one of the app's eight examples
 and settings, then a follow-up. All must get answers and reports, none may see another's media, history or
 report, and once every client has closed, the server's RSS must be back within 10 % of what it was before
 (closed sessions release their chat at once). Wall time and the server's peak RSS are written to
-docs/results/load_8_sessions.json (quoted in README's "Sessions, limits, safety"). The same app also shows
+docs/results/load_8_sessions.json (the `load` table of docs/RESULTS.md). The same app also shows
 that a full queue tells visitors to try again, and that, being public, it refuses paths and unlisted ids in
 one line that names none of them.
 """
@@ -237,7 +237,9 @@ def test_eight_sessions_at_once(app):
         "after_over_before": round(after / before, 3),
         "methods": [f"{m} {s}" if s else m for m, s in METHODS],
     }
-    if os.environ.get("VISUALKV_RECORD") == "1":  # README quotes the committed record; a plain test run keeps it
+    if (
+        os.environ.get("VISUALKV_RECORD") == "1"
+    ):  # docs/RESULTS.md shows the committed record; a plain test run keeps it
         RESULT.write_text(json.dumps(record, indent=1) + "\n")
     assert after <= 1.10 * before, f"RSS after all sessions closed {after / 2**20:.0f} MiB vs {before / 2**20:.0f} MiB"
 

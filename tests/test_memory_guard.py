@@ -6,7 +6,7 @@ the measured peak also computed by hand from the model's shapes and the token la
 estimate equals the peak; for full and post-snapkv it is over by a stated number of tokens (the answer's
 room). salicache and lightkv store less than they read: for them the estimate is an upper bound. The whole
 estimate against a process's measured RSS growth over the prefill: `scripts/guard_check.py` (the slow test
-below on the tiny model at 4K; README quotes the bench model).
+below on the tiny model at 4K; docs/RESULTS.md has the bench model).
 """
 
 from __future__ import annotations
@@ -378,7 +378,7 @@ def test_turn_within_its_time_limit_is_untouched(small_image):
 
 @pytest.mark.slow
 def test_whole_estimate_against_measured_rss(tmp_path):
-    """scripts/guard_check.py on a 4K image (tiny models; the bench model's figures are in README): the whole
+    """scripts/guard_check.py on a 4K image (tiny models; the bench model's figures are in docs/RESULTS.md): the whole
     estimate within 25 % of the process's measured RSS growth over the prefill (35 % above with 4 blocks per
     vision-tower call: strips shared by two blocks count for both), the KV parts exact; block-wise KeyDiff also
     with 4 blocks per call (the larger transient the guard must count). SmolVLM2 too: its vision call holds

@@ -20,6 +20,7 @@ from transformers import GenerationConfig, PretrainedConfig
 
 from tests.conftest import get_adapter
 from visualkv.attention import implementation, patched
+from visualkv.attention.patch import _PATCHES
 from visualkv.bench.synthetic import image_media, video_media
 from visualkv.errors import PrefillStopped
 from visualkv.methods import method_names, method_traits
@@ -213,16 +214,26 @@ def test_a_model_in_training_mode_runs_in_eval_mode_inside_and_trains_again_afte
 
 
 def test_chats_in_threads_share_one_patch_and_leave_the_model_untouched():
-    """Two chats on one model from two threads (as the app serves them): both answer as they do alone, and the
-    model is untouched once both are done."""
-    adapter = get_adapter("tiny-smolvlm2")
+    """Two chats on one model from two threads (as the app serves them), held inside their prefills at the same
+    time: both answer as they do alone, and the model is untouched once both are done."""
+    adapter = get_adapter("tiny-qwen2.5-vl")
     image = image_media(224, 168, seed=1)
     state = model_state(adapter.model)
     config = _config("blockwise-keydiff", 1, max_new_tokens=3)
     alone = ChatSession(adapter, config).ask("What?", image).token_ids
+    both_inside = threading.Barrier(2, timeout=60)
+    depths: list[int] = []
+
+    def on_block(event) -> None:
+        if event.index == 0:  # both threads wait here, each inside its own prefill's patch
+            both_inside.wait()
+            depths.append(_PATCHES[adapter.model].depth)
+
     answers: list[list[int]] = []
     threads = [
-        threading.Thread(target=lambda: answers.append(ChatSession(adapter, config).ask("What?", image).token_ids))
+        threading.Thread(
+            target=lambda: answers.append(ChatSession(adapter, config).ask("What?", image, on_block=on_block).token_ids)
+        )
         for _ in range(2)
     ]
     for thread in threads:
@@ -230,4 +241,42 @@ def test_chats_in_threads_share_one_patch_and_leave_the_model_untouched():
     for thread in threads:
         thread.join()
     assert answers == [alone, alone]
+    assert min(depths) >= 2  # the two prefills overlapped inside one patch
     assert model_state(adapter.model) == state
+
+
+def test_a_tower_patch_and_its_model_patch_leave_no_override_whatever_order_they_exit():
+    """`patched(tower)` and `patched(adapter)` override the same vision modules; each may exit first."""
+    adapter = get_adapter("tiny-qwen2.5-vl")
+    state = model_state(adapter.model)
+    modules = [m for m in adapter.visual.modules() if type(m).__name__ == "Qwen2_5_VLVisionAttention"]
+    model_patch, tower_patch = patched(adapter), patched(adapter.visual)
+    model_patch.__enter__()
+    tower_patch.__enter__()
+    model_patch.__exit__(None, None, None)  # the model's patch leaves first: the tower still runs batched
+    assert all("forward" in vars(m) for m in modules)
+    tower_patch.__exit__(None, None, None)
+    assert model_state(adapter.model) == state and not any("forward" in vars(m) for m in modules)
+
+
+def test_under_accelerate_hooks_the_batched_attention_replaces_the_hooked_forward_only():
+    """accelerate (device_map) wraps `forward` and calls `_old_forward`: the patch replaces `_old_forward`, so
+    the hook still runs, and both come back as they were."""
+    adapter = get_adapter("tiny-qwen2.5-vl")
+    module = next(m for m in adapter.visual.modules() if type(m).__name__ == "Qwen2_5_VLVisionAttention")
+    calls: list[str] = []
+
+    def hooked(*args, **kwargs):
+        calls.append("hook")
+        return module._old_forward(*args, **kwargs)
+
+    original = module.forward
+    vars(module).update(_hf_hook=object(), _old_forward=original, forward=hooked)
+    try:
+        with patched(adapter):
+            assert vars(module)["forward"] is hooked and vars(module)["_old_forward"] is not original
+            ChatSession(adapter, _config("full", 1)).ask("What?", image_media(112, 84, seed=1))
+        assert calls and vars(module)["forward"] is hooked and vars(module)["_old_forward"] is original
+    finally:
+        for name in ("_hf_hook", "_old_forward", "forward"):
+            vars(module).pop(name, None)

@@ -98,7 +98,7 @@ def test_qwen3_image_strips_deviation_is_measured(small_image):
     """Every Qwen3-VL vision block attends over the whole image: strips of rows are inexact, but close.
 
     Strips get their true rotary ids and resampled position embeddings, so attention is the only
-    difference. Printed; the README reports it.
+    difference. Printed; docs/RESULTS.md reports it.
     """
     adapter = get_adapter("tiny-qwen3-vl")
     ref_logits, _ = _reference("tiny-qwen3-vl", small_image)

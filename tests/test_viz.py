@@ -417,7 +417,7 @@ def test_live_block_updates_keep_the_page_up_with_the_engine(snap, monkeypatch, 
     from ui import chat
     from ui.callbacks import Callbacks
     from ui.state import ModelCache
-    from visualkv.report import viz  # the module through which ui.handlers looks the figure up
+    from visualkv.report import viz  # the module through which the ui looks the figure up
 
     draw = block_memory_figure
 

@@ -46,7 +46,7 @@ class _Patch:
             for m in vision.vision_attention_modules(model)
         ]
         self.implementation: str | None = None  # the decoder's own attention while entered
-        self.saved: list[tuple[dict, str, Any]] = []  # (namespace, attribute, value before or _ABSENT), in order
+        self.saved: list[tuple[dict, str]] = []  # (namespace, attribute) this patch holds overridden, in order
 
     def apply(self) -> None:
         for own in self.config_namespaces:
@@ -56,7 +56,8 @@ class _Patch:
             if name in packed_attention.WRAPPED:  # set directly: the property's setter would touch sub-configs
                 self._set(own, _INTERNAL, packed_attention.WRAPPED[name])
         for own, forward in self.vision_forwards:
-            self._set(own, "forward", forward)
+            # under accelerate's hooks (device_map) the hook's forward calls `_old_forward`: replace that one
+            self._set(own, "_old_forward" if "_hf_hook" in own and "_old_forward" in own else "forward", forward)
         model = self.model()
         if model is not None and model.training:  # VisualKV never trains: dropout off while it runs the model
             for module in model.modules():
@@ -64,18 +65,45 @@ class _Patch:
                     self._set(_namespace(module), "training", False)
 
     def _set(self, own: dict, name: str, value: Any) -> None:
-        self.saved.append((own, name, own.get(name, _ABSENT)))
-        own[name] = value
+        _override(own, name, value)
+        self.saved.append((own, name))
 
     def restore(self) -> None:
         while self.saved:  # last change first
-            own, name, before = self.saved.pop()
-            if before is _ABSENT:
-                own.pop(name, None)
-            else:
-                own[name] = before
+            _release(*self.saved.pop())
         self.chunk_groups.clear()  # no tensor of a tower call outlives the patch
         self.implementation = None
+
+
+#: (id of a namespace, attribute) -> [the namespace, how many patches hold the override, the value before]
+_OVERRIDES: dict[tuple[int, str], list] = {}
+_OVERRIDES_LOCK = threading.Lock()
+
+
+def _override(own: dict, name: str, value: Any) -> None:
+    """Set `own[name]` unless another patch already overrides it (a model's patch and its tower's share
+    modules); the value before the first override is kept until the last holder releases it."""
+    with _OVERRIDES_LOCK:
+        held = _OVERRIDES.get((id(own), name))
+        if held is not None:
+            held[1] += 1
+            return
+        _OVERRIDES[(id(own), name)] = [own, 1, own.get(name, _ABSENT)]
+        own[name] = value
+
+
+def _release(own: dict, name: str) -> None:
+    """Drop one hold of an override; the last one puts back the value from before the first."""
+    with _OVERRIDES_LOCK:
+        held = _OVERRIDES[(id(own), name)]
+        held[1] -= 1
+        if held[1]:
+            return
+        del _OVERRIDES[(id(own), name)]
+        if held[2] is _ABSENT:
+            own.pop(name, None)
+        else:
+            own[name] = held[2]
 
 
 _PATCHES: weakref.WeakKeyDictionary[torch.nn.Module, _Patch] = weakref.WeakKeyDictionary()
@@ -107,21 +135,24 @@ def patched(target: Any) -> Iterator[None]:
     """Within the block, `target` (a `ModelAdapter`, or a bare module such as a vision tower) runs VisualKV's
     attention; on leaving the outermost block the model is exactly as before."""
     patch = _patch_of(target)
-    with patch.lock:
-        if patch.depth == 0:
-            try:
-                patch.apply()
-            except BaseException:
-                patch.restore()
-                raise
-        patch.depth += 1
+    entered = False
     try:
+        with patch.lock:
+            if patch.depth == 0:
+                try:
+                    patch.apply()
+                except BaseException:
+                    patch.restore()
+                    raise
+            patch.depth += 1
+            entered = True
         yield
     finally:
-        with patch.lock:
-            patch.depth -= 1
-            if patch.depth == 0:
-                patch.restore()
+        if entered:
+            with patch.lock:
+                patch.depth -= 1
+                if patch.depth == 0:
+                    patch.restore()
 
 
 def implementation(adapter: Any) -> str:

@@ -62,8 +62,9 @@ def _chunk_groups(cu_seqlens: torch.Tensor, cache: dict) -> list[tuple[int, list
         per_call = MAX_CHUNKS_PER_CALL * length
         calls = [to_device(positions[i : i + per_call], cu_seqlens.device) for i in range(0, len(positions), per_call)]
         groups.append((length, calls))
-    if len(cache) >= CACHED_BOUNDARIES:  # another thread may have evicted it already
-        cache.pop(next(iter(cache), None), None)
+    if len(cache) >= CACHED_BOUNDARIES:  # list(): one step under the GIL, safe while another thread inserts
+        for stale in list(cache)[: len(cache) - CACHED_BOUNDARIES + 1]:
+            cache.pop(stale, None)
     cache[id(cu_seqlens)] = (cu_seqlens, groups)
     return groups
 

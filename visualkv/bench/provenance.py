@@ -65,11 +65,6 @@ def git_state(folder: str | None = None) -> dict[str, Any]:
     }
 
 
-def _git_commit(folder: str | None = None) -> str | None:
-    """HEAD's short sha, with "+changes" when tracked files outside docs/results differ from it."""
-    return git_state(folder)["commit"]
-
-
 def _gpu_name() -> str | None:
     torch = sys.modules.get("torch")  # never import torch just for this
     if torch is None or not torch.cuda.is_available():

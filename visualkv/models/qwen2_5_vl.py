@@ -9,7 +9,7 @@ most layers and over the whole image in a few (`fullatt_block_indexes`).
 Images are encoded in horizontal strips aligned to the window grid, with the
 strip's true row offset fed to the vision RoPE, so the windowed layers are
 exact; only the full-attention layers see the strip instead of the whole image
-(the one inexact step, measured in the tests and the README). Leftover rows of
+(the one inexact step, measured in the tests and docs/RESULTS.md). Leftover rows of
 a strip are buffered for the next block, so each strip is encoded once. When a
 block holds a whole image it is encoded in one call, exactly as transformers
 does. Videos are exact block by block: their attention never crosses a

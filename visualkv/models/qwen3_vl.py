@@ -16,7 +16,7 @@ What differs from Qwen2.5-VL (whose adapter this extends):
   resampled to the whole image's grid. A block holding a whole image is encoded in one call (exact). An
   image split into strips of token rows gets each strip's true rotary ids and resampled position
   embeddings (both precomputed over the whole grid), so the only inexact step is that attention sees the
-  strip instead of the image: measured in the tests and the README. Video is exact block by block
+  strip instead of the image: measured in the tests and docs/RESULTS.md. Video is exact block by block
   (attention never crosses a temporal patch).
 
 Internally the vision output is packed as [embedding | deepstack_1 | ... | deepstack_k] along the

@@ -470,7 +470,7 @@ class ChatSession:
         return per_layer.mean(axis=0) if per_layer.size else np.zeros(0)
 
     def report(self) -> dict[str, Any]:
-        """The JSON report of DESIGN.md (see README for every field)."""
+        """The JSON report (docs/CLI.md lists every field)."""
         layout = self.prepared.layout if self.prepared is not None else None
         ctx = self.prefill_result.context if self.prefill_result is not None else None
         report: dict[str, Any] = {
@@ -493,7 +493,7 @@ class ChatSession:
             # dequantized packed tiers among them: no dequantized copy is kept, see visualkv.attention.packed)
             "allocated_kv_bytes": self.cache.allocated_bytes() if self.cache else 0,
             "peak_device_kv_bytes": self.cache.peak_device_bytes if self.cache else 0,
-            # what the memory guard estimated before the prefill that built this cache (README: *Memory guard*)
+            # what the memory guard estimated before the prefill that built this cache (docs/APP.md: the memory guard)
             "memory_estimate": self.memory_estimate.summary() if self.memory_estimate else None,
             "full_kv_bytes": self.full_kv_bytes(),
             "peak_rss_bytes": peak_rss_bytes(),
