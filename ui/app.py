@@ -123,7 +123,8 @@ def _wire_chat(page: Page, callbacks: Callbacks) -> None:
     compare = page.compare
     turn_events = []
     for trigger in (chat.chat_input.submit, chat.send_btn.click):
-        # at once (no queue): say where this turn waits in Gradio's queue while another computation runs
+        # at once (no queue), just before the turn joins Gradio's queue (the page sends them in this order): say
+        # where it will wait there
         trigger(turns.queued, [chat.chat_input, state], [chat.progress_html], **AT_ONCE)
         turn = trigger(turns.chat, turn_inputs, _turn_outputs(page), show_progress="hidden", **COMPUTE)
         callbacks.queue.register("turn", turn)
@@ -203,7 +204,7 @@ def _wire_result_views(page: Page) -> None:
 def _wire_compare(page: Page, callbacks: Callbacks) -> None:
     """Compare (its queue line at once, then the run), Compare's own Stop, and its ticks following its file."""
     compare, comparisons, state = page.compare, callbacks.comparisons, page.state
-    # at once (no queue), as for a chat turn: where the comparison waits
+    # at once (no queue), just before the comparison joins Gradio's queue, as for a chat turn: where it will wait
     compare.run_btn.click(comparisons.compare_queued, [state], [compare.status], **AT_ONCE)
     run = compare.run_btn.click(
         comparisons.compare,

@@ -69,11 +69,11 @@ class CompareCallbacks:
         self.context = context
         self.method_names: list[str] = []  # the Compare tab's methods, in menu order (set when the page is built)
 
-    async def compare_queued(self, request: gr.Request, state):
-        """Runs at once when Compare is clicked: where the comparison waits in Gradio's queue, in Compare's
-        status line (nothing when it runs at once or Gradio refused it)."""
+    def compare_queued(self, state):
+        """Runs at once when Compare is clicked, just before the comparison joins Gradio's queue: where it will
+        wait there, in Compare's status line (nothing when Gradio will refuse it: its queue is full)."""
         queue = self.context.queue
-        ahead = await queue.seek(request, "compare")
+        ahead = queue.ahead_of_a_new_one()
         return gr.skip() if ahead is None else queue.waiting_line(ahead)
 
     @gpu

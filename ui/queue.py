@@ -1,16 +1,15 @@
 """Where a computation stands in the one compute queue that chat turns, comparisons and model loads share.
 
 Every model computation is an event of Gradio's concurrency group `compute` (one runs at a time), and positions
-are read from Gradio's own queue of that group: only requests Gradio accepted count, none outlives its event
-(it ran, was cancelled, or its tab closed), and a session's several waiting computations of one kind count once,
-so no session can inflate the positions others are told. The app keeps only which waiting events Stop withdrew
+are read from Gradio's own queue of that group when a computation is about to join it: only requests Gradio
+accepted count, none outlives its event (it ran, was cancelled, or its tab closed), and a session's several
+waiting computations of one kind count once, so no session can inflate the positions others are told. The app keeps only which waiting events Stop withdrew
 (each is skipped when it comes up) and what runs for each chat state (`active`), so each Stop button stops its
 own. Gradio's queue is read, never changed.
 """
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from typing import Any
@@ -18,8 +17,6 @@ from typing import Any
 from .status import STARTING_LABEL, WAITING_LABEL
 
 COMPUTE_ID = "compute"  # the concurrency group of every model computation
-SEEK_SECONDS = 2.0  # how long an at-once call looks for the event sent with it (Gradio may still be adding it)
-SEEK_STEP_SECONDS = 0.05
 WITHDRAWN_KEPT_SECONDS = 3600.0  # a withdrawn event that never comes up (New chat cancelled it) is forgotten then
 
 
@@ -69,34 +66,20 @@ class ComputeQueue:
     def _kind(self, event) -> str | None:
         return self._kind_of_fn.get(event.fn._id)
 
-    def place(self, request, kind: str) -> int | None:
-        """How many computations run or wait ahead of this session's newest waiting computation of `kind`
-        (None: none waits). Withdrawn ones are left out (they end at once); a session counts once per kind."""
-        session = session_key(request)
-        waiting, running = self._events()
-        mine = [i for i, e in enumerate(waiting) if e.session_hash == session and self._kind(e) == kind]
-        if not mine:
+    def ahead_of_a_new_one(self) -> int | None:
+        """For the at-once call the page sends just before a computation joins Gradio's queue: how many
+        computations will run or wait ahead of it. None when Gradio will refuse it (its queue is full: the page
+        then shows Gradio's own "busy" message). Withdrawn ones are left out (they end at once); a session's
+        several waiting computations of one kind count once."""
+        gradio_queue = getattr(self._blocks, "_queue", None)
+        if gradio_queue is None:
+            return 0
+        if gradio_queue.max_size is not None and len(gradio_queue) >= gradio_queue.max_size:
             return None
+        waiting, running = self._events()
         with self._lock:
-            before = {(e.session_hash, self._kind(e)) for e in waiting[: mine[-1]] if e._id not in self._withdrawn}
-        return len(before) + len(running)
-
-    def is_running(self, request, kind: str) -> bool:
-        """Whether a computation of `kind` of this session holds the compute slot now."""
-        _, running = self._events()
-        return any(e.session_hash == session_key(request) and self._kind(e) == kind for e in running)
-
-    async def seek(self, request, kind: str) -> int | None:
-        """For an at-once call sent with a computation: its place once Gradio holds it (`place`); None when it
-        runs already, or Gradio refused it (a full queue) or has not added it within SEEK_SECONDS."""
-        deadline = time.monotonic() + SEEK_SECONDS
-        while True:
-            ahead = self.place(request, kind)
-            if ahead is not None:
-                return ahead
-            if self.is_running(request, kind) or time.monotonic() >= deadline:
-                return None
-            await asyncio.sleep(SEEK_STEP_SECONDS)
+            ahead = {(e.session_hash, self._kind(e)) for e in waiting if e._id not in self._withdrawn}
+        return len(ahead) + len(running)
 
     def waiting_line(self, ahead: int) -> str:
         """What a computation with `ahead` others before it shows while it waits."""
