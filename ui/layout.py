@@ -478,6 +478,7 @@ def _compare_tab(method_names: list[str]) -> ComparePanel:
             interactive=False,
             wrap=True,
             column_widths=COMPARE_COLUMN_WIDTHS,
+            max_height=900,  # every method's row in sight (the answers wrap, so rows are tall)
             elem_id="vkv-cmp-table",
         )
         plot = gr.Plot(label="KV memory: held after each block, and at its peak", elem_id="vkv-cmp-plot")
