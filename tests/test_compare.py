@@ -17,6 +17,7 @@ from gradio.context import LocalContext
 from gradio.queueing import Event
 from PIL import Image
 
+from ui import queue as queue_module
 from ui.callbacks import Callbacks
 from ui.queue import COMPUTE_ID
 from ui.state import ModelCache, UserState
@@ -400,13 +401,13 @@ def gradio():
     return h, GradioQueue(h)
 
 
-def _said(h, kind: str = "turn") -> str:
-    """What the at-once call the page sends just before a computation of `kind` joins the queue shows ("" for
-    nothing)."""
+def _said(h, who: str, kind: str = "turn") -> str:
+    """What the at-once call the page sends just before `who`'s computation of `kind` joins the queue shows
+    ("" for nothing)."""
     if kind == "turn":
-        said = h.turns.queued({"text": "a question"}, None)
+        said = h.turns.queued(_who(who), {"text": "a question"}, None)
     else:
-        said = h.comparisons.compare_queued(None)
+        said = h.comparisons.compare_queued(_who(who), None)
     return "" if said == gr.skip() else str(said)
 
 
@@ -418,15 +419,27 @@ def _as_event(event: Event):
 def test_positions_are_gradios_turns_comparisons_and_loads_alike(gradio):
     h, q = gradio
     q.start(q.send("ann", "load"))  # a model load runs
+    assert "position 2" in _said(h, "bob", "compare")
     q.send("bob", "compare")
-    said = _said(h)  # Carol sends a turn
+    said = _said(h, "carol")
     assert said.count("waiting: position 3") == 1 and "2 computation(s) ahead" in said, said
     q.send("carol", "turn")
-    said = _said(h, "compare")  # Dan clicks Compare
+    said = _said(h, "dan", "compare")
     assert "waiting: position 4" in said and "3 computation(s) ahead" in said, said
+    q.send("dan", "compare")
     q.finish()
     q.start(q.waiting[0])  # the load ended; Bob's comparison runs
-    assert "position 3" in _said(h)
+    assert "position 4" in _said(h, "erin")
+
+
+def test_a_send_on_its_way_counts_for_the_next_one(gradio):
+    """Two sessions send at once: the second's at-once call comes before the first's event is in Gradio's queue."""
+    h, q = gradio
+    assert "starting…" in _said(h, "alice")
+    said = _said(h, "bob")
+    assert "position 2" in said and "1 computation(s) ahead" in said, said
+    q.start(q.send("alice", "turn"))  # her event arrives and runs: it counts once
+    assert "position 3" in _said(h, "carol")  # Alice's running turn and Bob's send on its way
 
 
 def test_a_send_gradio_refuses_leaves_no_record():
@@ -434,32 +447,38 @@ def test_a_send_gradio_refuses_leaves_no_record():
     q = GradioQueue(h, max_size=1)
     q.start(q.send("ann", "turn"))
     q.send("bob", "turn")  # the queue of one is full
-    for _ in range(50):  # Gradio refuses each of these sends: the at-once call says nothing and keeps nothing
-        assert _said(h) == "" and _said(h, "compare") == ""
+    for _ in range(50):  # Gradio refuses each of these sends: the at-once call says nothing and notes nothing
+        assert _said(h, "mallory") == "" and _said(h, "mallory", "compare") == ""
     q.finish()
     q.start(q.waiting[0])
     q.finish()  # an idle server: nobody is told to wait
-    said = _said(h)
+    said = _said(h, "newcomer")
     assert "starting…" in said and "position" not in said, said
 
 
-def test_one_session_counts_once_in_what_others_are_told(gradio):
+def test_one_session_counts_once_in_what_others_are_told(gradio, monkeypatch):
     h, q = gradio
     q.start(q.send("ann", "turn"))
+    for _ in range(50):  # one session's at-once calls, with no event behind them
+        _said(h, "mallory")
+    said = _said(h, "bob")
+    assert "position 3" in said and "2 computation(s) ahead" in said, said  # Ann, and Mallory once
+    monkeypatch.setattr(queue_module, "JOIN_SECONDS", 0.0)  # her sends never arrived: they no longer count
     for _ in range(5):
-        q.send("mallory", "turn")  # one session, five sends
-    said = _said(h)
-    assert "position 3" in said and "2 computation(s) ahead" in said, said
+        q.send("mallory", "turn")  # five real sends of one session
+    said = _said(h, "carol")
+    assert "position 3" in said and "2 computation(s) ahead" in said, said  # Ann, and Mallory once
 
 
-def test_a_cancelled_turn_no_longer_counts(gradio):
+def test_a_cancelled_turn_no_longer_counts(gradio, monkeypatch):
     """New chat cancels a waiting turn: Gradio takes it out of its queue, and with it out of every position."""
+    monkeypatch.setattr(queue_module, "JOIN_SECONDS", 0.0)  # only what Gradio holds counts here
     h, q = gradio
     q.start(q.send("ann", "turn"))
     cancelled = q.send("alice", "turn")
-    assert "position 3" in _said(h)
+    assert "position 3" in _said(h, "bob")
     q.waiting.remove(cancelled)
-    assert "position 2" in _said(h)
+    assert "position 2" in _said(h, "bob")
 
 
 def test_stop_while_a_turn_waits_withdraws_it(gradio, png):
@@ -467,9 +486,9 @@ def test_stop_while_a_turn_waits_withdraws_it(gradio, png):
     state = UserState(model_name=MODEL)
     q.start(q.send("bob", "turn"))
     alices = [q.send("alice", "turn"), q.send("alice", "turn")]  # sent with Enter and with Send
-    carols_place = _said(h)
+    carols_place = _said(h, "carol")
     assert h.turns.stop(_who("alice"), state) == progress_html(0, 1, WITHDRAWN_TURN)
-    assert "position 2" in _said(h) and "position 3" in carols_place  # withdrawn: not ahead of the next send
+    assert "position 2" in _said(h, "carol") and "position 3" in carols_place  # withdrawn: not ahead of her
     for event in alices:  # when each comes up, it does not run
         q.start(event)
         token = _as_event(event)

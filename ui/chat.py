@@ -84,13 +84,13 @@ class ChatCallbacks:
         self.context = context
         self.reports = ReportFiles()
 
-    def queued(self, message, state):
+    def queued(self, request: gr.Request, message, state):
         """Runs at once when a turn is sent, just before it joins Gradio's queue: where it will wait there while
         other computations run (nothing when Gradio will refuse it: its queue is full)."""
         if not (message or {}).get("text", "").strip():
             return gr.skip()
         queue = self.context.queue
-        ahead = queue.ahead_of_a_new_one()
+        ahead = queue.ahead_of_a_new_one(request, "turn")
         return gr.skip() if ahead is None else progress_html(0, 1, queue.waiting_line(ahead))
 
     @gpu

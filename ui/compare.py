@@ -69,11 +69,11 @@ class CompareCallbacks:
         self.context = context
         self.method_names: list[str] = []  # the Compare tab's methods, in menu order (set when the page is built)
 
-    def compare_queued(self, state):
+    def compare_queued(self, request: gr.Request, state):
         """Runs at once when Compare is clicked, just before the comparison joins Gradio's queue: where it will
         wait there, in Compare's status line (nothing when Gradio will refuse it: its queue is full)."""
         queue = self.context.queue
-        ahead = queue.ahead_of_a_new_one()
+        ahead = queue.ahead_of_a_new_one(request, "compare")
         return gr.skip() if ahead is None else queue.waiting_line(ahead)
 
     @gpu

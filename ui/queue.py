@@ -1,9 +1,11 @@
 """Where a computation stands in the one compute queue that chat turns, comparisons and model loads share.
 
 Every model computation is an event of Gradio's concurrency group `compute` (one runs at a time), and positions
-are read from Gradio's own queue of that group when a computation is about to join it: only requests Gradio
-accepted count, none outlives its event (it ran, was cancelled, or its tab closed), and a session's several
-waiting computations of one kind count once, so no session can inflate the positions others are told. The app keeps only which waiting events Stop withdrew
+are read from Gradio's own queue of that group when a computation is about to join it: what Gradio holds, plus
+the sends of the last moment that are on their way to it (at most one per session and kind, none that Gradio will
+refuse, each gone once its event arrives or after a few seconds). Nothing outlives its event (it ran, was
+cancelled, or its tab closed), and a session's several waiting computations of one kind count once, so no
+session can inflate the positions others are told. The app keeps only which waiting events Stop withdrew
 (each is skipped when it comes up) and what runs for each chat state (`active`), so each Stop button stops its
 own. Gradio's queue is read, never changed.
 """
@@ -17,6 +19,7 @@ from typing import Any
 from .status import STARTING_LABEL, WAITING_LABEL
 
 COMPUTE_ID = "compute"  # the concurrency group of every model computation
+JOIN_SECONDS = 5.0  # how long a send counts before its event is in Gradio's queue (the page sends it right after)
 WITHDRAWN_KEPT_SECONDS = 3600.0  # a withdrawn event that never comes up (New chat cancelled it) is forgotten then
 
 
@@ -40,6 +43,7 @@ class ComputeQueue:
         self._blocks: Any = None  # the gr.Blocks whose queue is read (`attach`)
         self._kind_of_fn: dict[int, str] = {}  # Gradio function id -> "turn", "compare" or "load"
         self._withdrawn: dict[str, float] = {}  # event id Stop withdrew -> when
+        self._joining: dict[tuple, float] = {}  # (session, kind) sent a moment ago, not yet in Gradio's queue -> when
         self._turn_seconds = 0.0  # moving average of recent turn times
         # id() of the UserStates with a computation running -> "turn" or "compare" (what each Stop button stops)
         self.active: dict[int, str] = {}
@@ -66,19 +70,36 @@ class ComputeQueue:
     def _kind(self, event) -> str | None:
         return self._kind_of_fn.get(event.fn._id)
 
-    def ahead_of_a_new_one(self) -> int | None:
-        """For the at-once call the page sends just before a computation joins Gradio's queue: how many
+    def ahead_of_a_new_one(self, request, kind: str) -> int | None:
+        """For the at-once call the page sends just before a computation of `kind` joins Gradio's queue: how many
         computations will run or wait ahead of it. None when Gradio will refuse it (its queue is full: the page
-        then shows Gradio's own "busy" message). Withdrawn ones are left out (they end at once); a session's
-        several waiting computations of one kind count once."""
+        then shows Gradio's own "busy" message), and then nothing is noted. Otherwise the send is noted as about
+        to join (one note per session and kind), so that a send a moment later counts it too; the note goes
+        when its event is in Gradio's queue, or after JOIN_SECONDS. Withdrawn computations are left out (they end
+        at once); a session's several waiting computations of one kind count once."""
         gradio_queue = getattr(self._blocks, "_queue", None)
-        if gradio_queue is None:
-            return 0
-        if gradio_queue.max_size is not None and len(gradio_queue) >= gradio_queue.max_size:
+        if (
+            gradio_queue is not None
+            and gradio_queue.max_size is not None
+            and len(gradio_queue) >= gradio_queue.max_size
+        ):
             return None
         waiting, running = self._events()
+        now = time.monotonic()
         with self._lock:
+            self._joining = {
+                key: sent
+                for key, sent in self._joining.items()
+                if now - sent < JOIN_SECONDS
+                and not any(
+                    (e.session_hash, self._kind(e)) == key and e.enqueue_time >= sent for e in waiting + running
+                )
+            }
             ahead = {(e.session_hash, self._kind(e)) for e in waiting if e._id not in self._withdrawn}
+            mine = (session_key(request), kind)  # a note of its own earlier send is replaced by this one
+            held = {(e.session_hash, self._kind(e)) for e in running}
+            ahead |= {key for key in self._joining if key != mine and key not in held}
+            self._joining[mine] = now
         return len(ahead) + len(running)
 
     def waiting_line(self, ahead: int) -> str:

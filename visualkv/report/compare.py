@@ -81,7 +81,7 @@ def compare_memory_figure(results: dict[str, dict[str, Any] | str]) -> go.Figure
         cols=1,
         row_heights=[0.58, 0.42],
         vertical_spacing=0.24,
-        subplot_titles=("held after each block", "peak (light) and at the end (dark)"),
+        subplot_titles=("held after each block", "MiB at the peak (light) and at the end (dark)"),
     )
     for k, (name, rep) in enumerate(drawn):
         colour = _PALETTE[k % len(_PALETTE)]
@@ -121,12 +121,12 @@ def compare_memory_figure(results: dict[str, dict[str, Any] | str]) -> go.Figure
     fig.update_layout(
         barmode="overlay",
         height=320 + 30 * len(drawn),
-        margin={"l": 50, "r": 10, "t": 56, "b": 40},  # the subplot title clear of the app's label
-        legend={"orientation": "h", "y": -0.14, "yanchor": "top"},
+        margin={"l": 50, "r": 10, "t": 56, "b": 80},  # the subplot title clear of the app's label
+        legend={"orientation": "h", "y": -0.07, "yanchor": "top"},
     )
     fig.update_xaxes(title_text="tokens read", tickformat="d", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="KV MiB", rangemode="tozero", row=1, col=1)
-    fig.update_xaxes(title_text="KV MiB", rangemode="tozero", row=2, col=1)
+    fig.update_xaxes(rangemode="tozero", row=2, col=1)  # its unit is in its title: the legend sits under it
     fig.update_yaxes(autorange="reversed", automargin=True, row=2, col=1)  # the methods top down, as in the table
     return fig
 
