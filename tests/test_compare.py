@@ -13,11 +13,15 @@ from typing import ClassVar
 
 import gradio as gr
 import pytest
+from gradio.context import LocalContext
+from gradio.queueing import Event
 from PIL import Image
 
+from ui import queue as queue_module
 from ui.callbacks import Callbacks
+from ui.queue import COMPUTE_ID
 from ui.state import ModelCache, UserState
-from ui.status import WITHDRAWN_COMPARE, WITHDRAWN_TURN
+from ui.status import WITHDRAWN_COMPARE, WITHDRAWN_TURN, progress_html
 from visualkv.bench.synthetic import image_media, synthetic_image
 from visualkv.models.registry import load_model
 from visualkv.report.telemetry import TIME_LIMIT_STOP
@@ -290,14 +294,16 @@ def test_compare_under_the_time_limit_says_so(png, timers):
     assert statuses[-1].startswith("⏱ The time limit stopped the comparison after 0 of 2 methods (120 s"), statuses
 
 
-def test_new_chat_stops_a_running_compare(png):
+def test_new_chat_stops_a_running_compare_and_it_writes_nothing_more(png):
+    """New chat emptied Compare's results: the comparison it stopped must not fill them again."""
     h, state = _app(), UserState(model_name=MODEL)
     statuses = []
     for _table, _fig, status, _state in _compare(h, state, png, ["full", "blockwise-keydiff"]):
         statuses.append(status)
         if status == "1/2 done":
             state.new_chat()
-    assert statuses[-1].startswith("⏹ Stopped after 1 of 2 methods"), statuses
+    assert statuses[-1] == "1/2 done", statuses
+    assert state.stop.is_set() is False and h.queue.active == {}  # ended: nothing of it runs
 
 
 def test_compare_with_nothing_ticked_is_one_line(png):
@@ -350,136 +356,207 @@ def test_chat_answer_cut_by_the_time_limit_is_not_called_yours(png, timers):
     assert "stopped by you" not in answer and last is not None
 
 
-# -- the queue line: chat turns and comparisons share one compute queue -----------------------------
+# -- the queue line: positions read from Gradio's own queue of the compute group ----------------------
 
 
-def test_a_waiting_comparison_counts_in_a_chat_turns_position_and_back():
+class GradioQueue:
+    """A real Gradio queue (gradio.queueing) with the app's three kinds of computation in its compute group,
+    which a test fills and runs by hand, as Gradio's server would."""
+
+    def __init__(self, h: Callbacks, max_size: int = 16) -> None:
+        with gr.Blocks() as self.demo:
+            button = gr.Button()
+            listeners = {
+                kind: button.click(lambda: None, None, None, concurrency_id=COMPUTE_ID, concurrency_limit=1)
+                for kind in ("turn", "compare", "load")
+            }
+        self.demo.queue(max_size=max_size)
+        self.queue = self.demo._queue
+        self.queue.active_jobs = [None]
+        self.fns = {kind: self.demo.fns[listener["id"]] for kind, listener in listeners.items()}
+        for kind, listener in listeners.items():
+            h.queue.register(kind, listener)
+            self.queue.create_event_queue_for_fn(self.fns[kind])
+        h.queue.attach(self.demo)
+        self.waiting = self.queue.event_queue_per_concurrency_id[COMPUTE_ID].queue
+
+    def send(self, session: str, kind: str) -> Event:
+        """An event Gradio accepted: it waits at the end of the queue."""
+        event = Event(session, self.fns[kind], request=None, username=None)
+        self.waiting.append(event)
+        return event
+
+    def start(self, event: Event) -> None:
+        """The event reaches the front and its handler runs (Gradio moves it from the queue to a job)."""
+        self.waiting.remove(event)
+        self.queue.active_jobs[0] = [event]
+
+    def finish(self) -> None:
+        self.queue.active_jobs[0] = None
+
+
+@pytest.fixture
+def gradio():
     h = _app()
-    assert h.comparisons.compare_queued(_who("alice"), None) == "starting…"  # nothing ahead
-    said = str(h.turns.queued(_who("bob"), {"text": "a question"}, None))
+    return h, GradioQueue(h)
+
+
+def _said(h, who: str, kind: str = "turn") -> str:
+    """What the at-once call the page sends just before `who`'s computation of `kind` joins the queue shows
+    ("" for nothing)."""
+    if kind == "turn":
+        said = h.turns.queued(_who(who), {"text": "a question"}, None)
+    else:
+        said = h.comparisons.compare_queued(_who(who), None)
+    return "" if said == gr.skip() else str(said)
+
+
+def _as_event(event: Event):
+    """Runs the following handler as Gradio runs the handler of `event` (its id in Gradio's context)."""
+    return LocalContext.event_id.set(event._id)
+
+
+def test_positions_are_gradios_turns_comparisons_and_loads_alike(gradio):
+    h, q = gradio
+    q.start(q.send("ann", "load"))  # a model load runs
+    assert "position 2" in _said(h, "bob", "compare")
+    q.send("bob", "compare")
+    said = _said(h, "carol")
+    assert said.count("waiting: position 3") == 1 and "2 computation(s) ahead" in said, said
+    q.send("carol", "turn")
+    said = _said(h, "dan", "compare")
+    assert "waiting: position 4" in said and "3 computation(s) ahead" in said, said
+    q.send("dan", "compare")
+    q.finish()
+    q.start(q.waiting[0])  # the load ended; Bob's comparison runs
+    assert "position 4" in _said(h, "erin")
+
+
+def test_a_send_on_its_way_counts_for_the_next_one(gradio):
+    """Two sessions send at once: the second's at-once call comes before the first's event is in Gradio's queue."""
+    h, q = gradio
+    assert "starting…" in _said(h, "alice")
+    said = _said(h, "bob")
     assert "position 2" in said and "1 computation(s) ahead" in said, said
-    said = h.comparisons.compare_queued(_who("carol"), None)
-    assert said.startswith("waiting: position 3") and "2 computation(s) ahead" in said, said
+    q.start(q.send("alice", "turn"))  # her event arrives and runs: it counts once
+    assert "position 3" in _said(h, "carol")  # Alice's running turn and Bob's send on its way
 
 
-def test_one_session_may_have_a_turn_and_a_comparison_waiting():
+def test_a_send_gradio_refuses_leaves_no_record():
     h = _app()
-    h.turns.queued(_who("alice"), {"text": "a question"}, None)
-    h.comparisons.compare_queued(_who("alice"), None)
-    h.queue.leave(_who("alice"), "compare")  # the comparison comes up and runs; the turn still waits
-    h.queue.started(_who("alice"), "compare")
-    said = str(h.turns.queued(_who("bob"), {"text": "another"}, None))
-    assert "position 3" in said, said
+    q = GradioQueue(h, max_size=1)
+    q.start(q.send("ann", "turn"))
+    q.send("bob", "turn")  # the queue of one is full
+    for _ in range(50):  # Gradio refuses each of these sends: the at-once call says nothing and notes nothing
+        assert _said(h, "mallory") == "" and _said(h, "mallory", "compare") == ""
+    q.finish()
+    q.start(q.waiting[0])
+    q.finish()  # an idle server: nobody is told to wait
+    said = _said(h, "newcomer")
+    assert "starting…" in said and "position" not in said, said
 
 
-def test_a_comparison_refused_for_its_input_leaves_the_queue(png):
-    h, state = _app(), UserState(model_name=MODEL)
-    h.comparisons.compare_queued(_who("alice"), state)
-    (out,) = list(_compare(h, state, png, []))  # nothing ticked: refused before it runs
-    assert "tick at least one method" in out[2]
-    assert "starting" in str(h.turns.queued(_who("bob"), {"text": "a question"}, None))
+def test_one_session_counts_once_in_what_others_are_told(gradio, monkeypatch):
+    h, q = gradio
+    q.start(q.send("ann", "turn"))
+    for _ in range(50):  # one session's at-once calls, with no event behind them
+        _said(h, "mallory")
+    said = _said(h, "bob")
+    assert "position 3" in said and "2 computation(s) ahead" in said, said  # Ann, and Mallory once
+    monkeypatch.setattr(queue_module, "JOIN_SECONDS", 0.0)  # her sends never arrived: they no longer count
+    for _ in range(5):
+        q.send("mallory", "turn")  # five real sends of one session
+    said = _said(h, "carol")
+    assert "position 3" in said and "2 computation(s) ahead" in said, said  # Ann, and Mallory once
 
 
-def test_a_finished_comparison_leaves_the_queue(png):
-    h, state = _app(), UserState(model_name=MODEL)
-    h.comparisons.compare_queued(_who("alice"), state)
-    list(_compare(h, state, png, ["full"]))
-    assert "starting" in str(h.turns.queued(_who("bob"), {"text": "a question"}, None))
+def test_a_cancelled_turn_no_longer_counts(gradio, monkeypatch):
+    """New chat cancels a waiting turn: Gradio takes it out of its queue, and with it out of every position."""
+    monkeypatch.setattr(queue_module, "JOIN_SECONDS", 0.0)  # only what Gradio holds counts here
+    h, q = gradio
+    q.start(q.send("ann", "turn"))
+    cancelled = q.send("alice", "turn")
+    assert "position 3" in _said(h, "bob")
+    q.waiting.remove(cancelled)
+    assert "position 2" in _said(h, "bob")
 
 
-def test_stop_while_a_turn_waits_withdraws_it(png):
-    h, state = _app(), UserState(model_name=MODEL)
-    h.turns.queued(_who("bob"), {"text": "ahead"}, None)  # Bob's turn is ahead of Alice's
-    h.turns.queued(_who("alice"), {"text": PROMPT}, None)
-    assert WITHDRAWN_TURN in h.turns.stop(_who("alice"), state)  # said at once
-    said = str(h.turns.queued(_who("carol"), {"text": "later"}, None))
-    assert "position 2" in said, said  # Alice's withdrawn turn no longer counts
-    outs = list(_chat(h, state, PROMPT, [png]))  # when her turn comes up, it does not run
-    assert len(outs) == 1 and WITHDRAWN_TURN in outs[0][4] and state.history == []
-    assert not isinstance(outs[0][1], dict) or "text" not in outs[0][1]  # the input is left as it is
-    outs = list(_chat(h, state, PROMPT, [png]))  # her next turn runs
+def test_stop_while_a_turn_waits_withdraws_it(gradio, png):
+    h, q = gradio
+    state = UserState(model_name=MODEL)
+    q.start(q.send("bob", "turn"))
+    alices = [q.send("alice", "turn"), q.send("alice", "turn")]  # sent with Enter and with Send
+    carols_place = _said(h, "carol")
+    assert h.turns.stop(_who("alice"), state) == progress_html(0, 1, WITHDRAWN_TURN)
+    assert "position 2" in _said(h, "carol") and "position 3" in carols_place  # withdrawn: not ahead of her
+    for event in alices:  # when each comes up, it does not run
+        q.start(event)
+        token = _as_event(event)
+        outs = list(_chat(h, state, PROMPT, [png]))
+        LocalContext.event_id.reset(token)
+        assert len(outs) == 1 and WITHDRAWN_TURN in outs[0][4] and state.history == []
+        assert outs[0][1] == gr.skip()  # the question stays in the input box
+    resent = q.send("alice", "turn")  # her next send runs
+    q.start(resent)
+    token = _as_event(resent)
+    outs = list(_chat(h, state, PROMPT, [png]))
+    LocalContext.event_id.reset(token)
     assert len(state.history) == 2 and outs[-1][4].count("done") == 1
 
 
-def test_stop_while_a_comparison_waits_withdraws_it(png):
-    h, state = _app(), UserState(model_name=MODEL)
-    h.turns.queued(_who("bob"), {"text": "ahead"}, None)
-    h.comparisons.compare_queued(_who("alice"), state)
+def test_stop_while_a_comparison_waits_withdraws_it(gradio, png):
+    h, q = gradio
+    state = UserState(model_name=MODEL)
+    q.start(q.send("bob", "turn"))
+    waiting = q.send("alice", "compare")
     assert h.turns.stop(_who("alice"), state) == gr.skip()  # the chat's Stop: no turn of hers waits
     assert h.comparisons.stop_compare(_who("alice"), state) == WITHDRAWN_COMPARE
+    q.start(waiting)
+    token = _as_event(waiting)
     assert [out[2] for out in _compare(h, state, png, ["full"])] == [WITHDRAWN_COMPARE]
+    LocalContext.event_id.reset(token)
     statuses = [out[2] for out in _compare(h, state, png, ["full"])]  # her next comparison runs
     assert statuses[-1].startswith("done: 1 methods"), statuses
     assert h.comparisons.stop_compare(_who("alice"), state) == gr.skip()  # nothing waits or runs: nothing to stop
 
 
-def test_an_at_once_event_arriving_after_its_turn_started_registers_nothing():
-    h = _app()
-    h.queue.started(_who("alice"), "turn")  # her queued turn started before its at-once event arrived
-    assert h.turns.queued(_who("alice"), {"text": PROMPT}, None) == gr.skip()
-    said = str(h.turns.queued(_who("bob"), {"text": "later"}, None))
-    assert "position 2" in said and "1 computation(s) ahead" in said, said
+def test_without_gradio_nothing_is_waiting_and_nothing_is_withdrawn(png):
+    """Handlers called outside Gradio (no queue attached, no event): no line, every computation runs."""
+    h, state = _app(), UserState(model_name=MODEL)
+    assert h.turns.stop(_who("alice"), state) == gr.skip()
+    outs = list(_chat(h, state, PROMPT, [png]))
+    assert len(state.history) == 2 and outs[-1][4].count("done") == 1
 
 
-def test_a_model_loading_counts_in_the_positions_behind_it():
-    h, state, said = _app(), UserState(model_name=MODEL), []
-
-    def get(name):  # while the model loads, Bob sends a turn
-        said.append(str(h.turns.queued(_who("bob"), {"text": "a question"}, None)))
-        h.queue.leave(_who("bob"), "turn")  # (his turn then waits on; only the line matters here)
-
-    h.context.cache = SimpleNamespace(get=get)
+def test_new_chat_and_load_model_clear_compares_results():
+    h, state = _app(), UserState(model_name=MODEL)
+    outs = h.turns.new_chat(state, "full", "reuse")
+    assert outs[-3:] == ([], None, "")  # Compare's table, chart and status
     outs = h.loading.load_model(_who("alice"), MODEL, "", state, progress=lambda *a, **k: None)
-    assert "Loaded" in outs[4], outs
-    assert "position 2" in said[0] and "1 computation(s) ahead" in said[0], said
-    assert "starting" in str(h.turns.queued(_who("carol"), {"text": "later"}, None))  # the load is over
+    assert "Loaded" in outs[4] and outs[-3:] == ([], None, "")
+    failed = h.loading.load_model(_who("alice"), "no/such-model-here", "", state, progress=lambda *a, **k: None)
+    assert all(out == gr.skip() for out in failed[-3:])  # a failed load keeps them
 
 
-def test_a_send_after_stop_keeps_its_place_when_the_withdrawn_turn_comes_up(png):
-    h, state = _app(), UserState(model_name=MODEL)
-    h.turns.queued(_who("bob"), {"text": "ahead"}, None)
-    h.turns.queued(_who("alice"), {"text": PROMPT}, None)
-    h.turns.stop(_who("alice"), state)  # withdrawn while it waits
-    h.turns.queued(_who("alice"), {"text": PROMPT}, None)  # and sent again before the withdrawn one comes up
-    h.queue.leave(_who("bob"), "turn")  # Bob's turn comes up and runs
-    h.queue.started(_who("bob"), "turn")
-    outs = list(_chat(h, state, PROMPT, [png]))  # the withdrawn one comes up: skipped
-    assert len(outs) == 1 and WITHDRAWN_TURN in outs[0][4]
-    said = str(h.turns.queued(_who("carol"), {"text": "later"}, None))
-    assert "position 3" in said and "2 computation(s) ahead" in said, said  # Bob's running, Alice's resent
-    outs = list(_chat(h, state, PROMPT, [png]))  # her second send runs
-    assert len(state.history) == 2 and outs[-1][4].count("done") == 1
+def test_compares_default_ticks_suit_the_media(tmp_path, png):
+    from visualkv.bench.synthetic import write_video_file
 
-
-def test_two_waiting_turns_of_one_session_each_count_until_each_comes_up():
     h = _app()
-    h.turns.queued(_who("alice"), {"text": "with Enter"}, None)
-    h.turns.queued(_who("alice"), {"text": "with Send"}, None)
-    h.queue.leave(_who("alice"), "turn")  # the first comes up
-    said = str(h.turns.queued(_who("bob"), {"text": "later"}, None))
-    assert "position 2" in said and "1 computation(s) ahead" in said, said
-
-
-def test_stop_withdraws_every_waiting_turn_of_the_session(png):
-    h, state = _app(), UserState(model_name=MODEL)
-    h.turns.queued(_who("alice"), {"text": "with Enter"}, None)
-    h.turns.queued(_who("alice"), {"text": "with Send"}, None)
-    assert WITHDRAWN_TURN in h.turns.stop(_who("alice"), state)
-    for _ in range(2):  # neither runs when it comes up
-        outs = list(_chat(h, state, PROMPT, [png]))
-        assert len(outs) == 1 and WITHDRAWN_TURN in outs[0][4]
-    assert state.history == []
-
-
-def test_new_chat_forgets_waiting_and_withdrawn_turns(png):
-    h, state = _app(), UserState(model_name=MODEL)
-    h.turns.queued(_who("alice"), {"text": "withdrawn"}, None)
-    h.turns.stop(_who("alice"), state)
-    h.turns.queued(_who("alice"), {"text": "waiting"}, None)
-    h.turns.new_chat(_who("alice"), state, "full", "reuse")  # Gradio cancels both events: neither comes up
-    assert "starting" in str(h.turns.queued(_who("bob"), {"text": "later"}, None))
-    outs = list(_chat(h, state, PROMPT, [png]))  # her next turn runs: no withdrawal outlived New chat
-    assert len(state.history) == 2 and outs[-1][4].count("done") == 1
+    h.comparisons.method_names = [
+        "full",
+        "blockwise-keydiff",
+        "blockwise-snapkv",
+        "post-snapkv",
+        "salicache",
+        "lightkv",
+    ]
+    image_ticks = ["full", "blockwise-snapkv", "post-snapkv", "lightkv"]
+    video = write_video_file(str(tmp_path / "clip.mp4"), n_frames=4, width=64, height=64)
+    assert h.comparisons.ticks_for_media(None, video, image_ticks) == [*image_ticks[:3], "salicache", "lightkv"]
+    assert h.comparisons.ticks_for_media(None, png, [*image_ticks[:3], "salicache", "lightkv"]) == image_ticks
+    chat_on_video = UserState(model_name=MODEL, media_path=video)
+    assert "salicache" in h.comparisons.ticks_for_media(chat_on_video, None, image_ticks)
+    assert h.comparisons.ticks_for_media(None, video, ["full", "lightkv"]) == gr.skip()  # the user's own ticks stay
 
 
 def test_blocks_per_vision_tower_call_reaches_the_chat_and_a_bad_value_is_one_line(png):

@@ -13,6 +13,7 @@ from . import text, views
 from .callbacks import Callbacks
 from .examples import ASSETS
 from .layout import (
+    COMPARE_CSS,
     CSS,
     DEFAULT_METHOD,
     ChatPanel,
@@ -24,12 +25,15 @@ from .layout import (
     build_settings,
 )
 from .loading import start_model
+from .queue import COMPUTE_ID
 from .sharing import ServeOptions, limit_heap_arenas, release_on_close, release_state
 from .state import ModelCache, is_offline_model
 from .status import compare_stop_ack_js, stop_ack_js
 
-COMPUTE = {"concurrency_id": "compute", "concurrency_limit": 1}  # one model computation at a time
-LIGHT = {"concurrency_limit": None, "show_progress": "hidden"}  # drawing only: runs beside a computation
+COMPUTE = {"concurrency_id": COMPUTE_ID, "concurrency_limit": 1}  # one model computation at a time
+# drawing, settings, Stop and New chat: outside the queue, so they run beside a computation and answer even when
+# the queue is full (Gradio refuses every queued event then, whatever its concurrency group)
+AT_ONCE = {"queue": False, "show_progress": "hidden"}
 
 
 @dataclass
@@ -63,6 +67,8 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
         page = _build_page(demo, model_name, start_error)
         callbacks.context.method_keys = page.settings.method_keys
         callbacks.method_choice.group_names = list(page.settings.groups)
+        callbacks.comparisons.method_names = [value for _, value in page.compare.methods.choices]
+        callbacks.queue.attach(demo)  # positions are read from this page's Gradio queue
         _wire_chat(page, callbacks)
         _wire_model_and_method(page, callbacks)
         _wire_result_views(page)
@@ -114,22 +120,30 @@ def _wire_chat(page: Page, callbacks: Callbacks) -> None:
     chat, turns, state = page.chat, callbacks.turns, page.state
     turn_inputs = [chat.chat_input, state, *page.settings.inputs, *page.settings.method_components]
     view_inputs, view_outputs = [state, page.views.layer_dd, page.views.opacity], page.views.outputs
+    compare = page.compare
     turn_events = []
     for trigger in (chat.chat_input.submit, chat.send_btn.click):
-        # at once (no queue): say where this turn waits while another session's turn runs
-        trigger(turns.queued, [chat.chat_input, state], [chat.progress_html], queue=False, show_progress="hidden")
+        # at once (no queue), just before the turn joins Gradio's queue (the page sends them in this order): say
+        # where it will wait there
+        trigger(turns.queued, [chat.chat_input, state], [chat.progress_html], **AT_ONCE)
         turn = trigger(turns.chat, turn_inputs, _turn_outputs(page), show_progress="hidden", **COMPUTE)
-        turn_events += [turn, turn.then(views.views, view_inputs, view_outputs, **LIGHT)]
+        callbacks.queue.register("turn", turn)
+        turn_events.append(turn)
+        drawn = turn.then(views.views, view_inputs, view_outputs, **AT_ONCE)
+        # the chat's media may be of another kind now: Compare's default ticks follow it
+        drawn.then(
+            callbacks.comparisons.ticks_for_media, [state, compare.file, compare.methods], [compare.methods], **AT_ONCE
+        )
 
     def pick_example(evt: gr.SelectData):  # the annotation is how Gradio passes the clicked card
         return chat.examples[evt.index]
 
-    chat.example_gallery.select(pick_example, None, [chat.chat_input], queue=False, show_progress="hidden")
+    chat.example_gallery.select(pick_example, None, [chat.chat_input], **AT_ONCE)
     # Stop answers in the browser at once: the server's own answer can wait behind a loaded machine's
     # stream of block updates. Only a running turn's progress line (not "done…", a queue position or
     # nothing) is replaced, so a Stop with nothing to stop changes nothing.
     chat.stop_btn.click(None, [chat.progress_html], [chat.progress_html], js=stop_ack_js(), queue=False)
-    chat.stop_btn.click(turns.stop, [state], [chat.progress_html], queue=False, show_progress="hidden")
+    chat.stop_btn.click(turns.stop, [state], [chat.progress_html], **AT_ONCE)
     new_chat_outputs = [
         state,
         chat.chatbot,
@@ -141,35 +155,41 @@ def _wire_chat(page: Page, callbacks: Callbacks) -> None:
         chat.summary_md,
         chat.followup_md,
         *view_outputs,
+        *_compare_results(page),
     ]
+    # its waiting turns are cancelled (Gradio's `cancels`); a running one is dropped by the state's epoch
     chat.new_btn.click(
         turns.new_chat,
         [state, page.settings.method_dd, page.settings.followup],
         new_chat_outputs,
         cancels=turn_events,
-        show_progress="hidden",
-        concurrency_limit=None,
+        **AT_ONCE,
     )
+
+
+def _compare_results(page: Page) -> list:
+    """What a comparison shows (emptied by New chat and Load model: the results were about the old chat)."""
+    return [page.compare.table, page.compare.plot, page.compare.status]
 
 
 def _wire_model_and_method(page: Page, callbacks: Callbacks) -> None:
     """Load model, and a new method or follow-up choice."""
     settings, chat = page.settings, page.chat
     load_outputs = [page.state, page.model_note, chat.error_md, chat.chatbot, chat.progress_html, page.memory_plot]
-    settings.load_btn.click(
+    load = settings.load_btn.click(
         callbacks.loading.load_model,
         [settings.model_dd, settings.model_id, page.state],
-        [*load_outputs, chat.download_btn, chat.summary_md, *page.views.outputs],
+        [*load_outputs, chat.download_btn, chat.summary_md, *page.views.outputs, *_compare_results(page)],
         show_progress_on=[page.model_note],
         **COMPUTE,
     )
+    callbacks.queue.register("load", load)
     for control in (settings.method_dd, settings.followup):
         control.change(
             callbacks.method_choice.method_changed,
             [settings.method_dd, settings.followup, page.state],
             [settings.method_md, settings.budget, chat.followup_md, *settings.groups.values()],
-            queue=False,
-            show_progress="hidden",
+            **AT_ONCE,
         )
 
 
@@ -177,16 +197,16 @@ def _wire_result_views(page: Page) -> None:
     """A new layer or overlay opacity redraws the before/after slider."""
     result_views = page.views
     inputs = [page.state, result_views.layer_dd, result_views.opacity]
-    result_views.layer_dd.input(views.layer_changed, inputs, [result_views.heatmap], **LIGHT)
-    result_views.opacity.release(views.layer_changed, inputs, [result_views.heatmap], **LIGHT)
+    result_views.layer_dd.input(views.layer_changed, inputs, [result_views.heatmap], **AT_ONCE)
+    result_views.opacity.release(views.layer_changed, inputs, [result_views.heatmap], **AT_ONCE)
 
 
 def _wire_compare(page: Page, callbacks: Callbacks) -> None:
-    """Compare (its queue line at once, then the run) and Compare's own Stop."""
+    """Compare (its queue line at once, then the run), Compare's own Stop, and its ticks following its file."""
     compare, comparisons, state = page.compare, callbacks.comparisons, page.state
-    # at once (no queue), as for a chat turn: where the comparison waits
-    compare.run_btn.click(comparisons.compare_queued, [state], [compare.status], queue=False, show_progress="hidden")
-    compare.run_btn.click(
+    # at once (no queue), just before the comparison joins Gradio's queue, as for a chat turn: where it will wait
+    compare.run_btn.click(comparisons.compare_queued, [state], [compare.status], **AT_ONCE)
+    run = compare.run_btn.click(
         comparisons.compare,
         [
             state,
@@ -200,8 +220,13 @@ def _wire_compare(page: Page, callbacks: Callbacks) -> None:
         show_progress_on=[compare.table],
         **COMPUTE,
     )
+    callbacks.queue.register("compare", run)
     compare.stop_btn.click(None, [compare.status], [compare.status], js=compare_stop_ack_js(), queue=False)
-    compare.stop_btn.click(comparisons.stop_compare, [state], [compare.status], queue=False, show_progress="hidden")
+    compare.stop_btn.click(comparisons.stop_compare, [state], [compare.status], **AT_ONCE)
+    # a file given here sets the default ticks for its kind of media (unless the ticks are the user's own)
+    compare.file.change(
+        comparisons.ticks_for_media, [state, compare.file, compare.methods], [compare.methods], **AT_ONCE
+    )
 
 
 def launch(demo: gr.Blocks, host: str | None = None, port: int | None = None, share: bool = False) -> None:
@@ -213,7 +238,7 @@ def launch(demo: gr.Blocks, host: str | None = None, port: int | None = None, sh
         server_port=port,
         share=share,
         max_file_size=serve.max_upload_bytes,
-        css=CSS,
+        css=CSS + COMPARE_CSS,
         ssr_mode=False,
         allowed_paths=[str(ASSETS)],
         show_error=True,

@@ -26,6 +26,7 @@ from visualkv.runtime.session import ChatSession, SessionConfig
 from visualkv.runtime.streaming import TIME_LIMIT_STOPPED, failure_message, live_report, stream_turn, turn_report
 
 from . import text
+from .compare import empty_compare
 from .context import AppContext, gpu
 from .forms import FormValues
 from .state import UserState
@@ -84,11 +85,12 @@ class ChatCallbacks:
         self.reports = ReportFiles()
 
     def queued(self, request: gr.Request, message, state):
-        """Runs at once when a turn is sent: where it waits while other computations run."""
+        """Runs at once when a turn is sent, just before it joins Gradio's queue: where it will wait there while
+        other computations run (nothing when Gradio will refuse it: its queue is full)."""
         if not (message or {}).get("text", "").strip():
             return gr.skip()
         queue = self.context.queue
-        ahead = queue.enqueue(request, "turn")
+        ahead = queue.ahead_of_a_new_one(request, "turn")
         return gr.skip() if ahead is None else progress_html(0, 1, queue.waiting_line(ahead))
 
     @gpu
@@ -111,7 +113,7 @@ class ChatCallbacks:
     ):
         """Generator: one turn, streamed (outputs: see the module's docstring)."""
         queue = self.context.queue
-        if not queue.leave(request, "turn"):
+        if not queue.comes_up():
             skip = gr.skip()
             yield (skip, skip, skip, skip, progress_html(0, 1, WITHDRAWN_TURN), skip, skip, skip, skip)
             return
@@ -119,12 +121,11 @@ class ChatCallbacks:
             method, budget, block_size, max_new, temperature, followup, prefill, vision_ahead, fps, max_frames,
             method_values,
         )  # fmt: skip
-        queue.started(request, "turn")
         t0 = time.monotonic()
         try:
             yield from self._turn(message, state, form)
         finally:
-            queue.finished(request, "turn", time.monotonic() - t0)
+            queue.turn_took(time.monotonic() - t0)
 
     def _turn(self, message, state, form: FormValues):
         st = self.context.user_state(state)
@@ -297,9 +298,9 @@ class ChatCallbacks:
             return progress_html(0, 1, WITHDRAWN_TURN)
         return gr.skip()  # nothing of this session's is running or waiting: nothing to stop
 
-    def new_chat(self, request: gr.Request, state, method, followup):
-        """A fresh chat: its waiting turns are cancelled (Gradio's `cancels`), every output emptied."""
-        self.context.queue.cancel_waiting(request, "turn")
+    def new_chat(self, state, method, followup):
+        """A fresh chat: its waiting turns are cancelled (Gradio's `cancels`), a running comparison stopped,
+        every output emptied (Compare's results too: they were about the old chat)."""
         st = self.context.user_state(state)
         st.new_chat()
         return (
@@ -313,4 +314,5 @@ class ChatCallbacks:
             "",
             text.followup_note(method, followup),
             *empty_views(),
+            *empty_compare(),
         )

@@ -15,8 +15,8 @@ from typing import Any
 
 import gradio as gr
 
-from visualkv.errors import ConfigError
-from visualkv.media import load_media
+from visualkv.errors import ConfigError, VisualKVError
+from visualkv.media import load_media, media_kind
 from visualkv.methods import is_bounded
 from visualkv.report import viz
 from visualkv.runtime.streaming import failure_message, method_options, stream_compare
@@ -32,6 +32,22 @@ from .status import (
     WITHDRAWN_COMPARE,
     error_line,
 )
+
+#: the methods ticked for each kind of media: Sali-Cache's frame skipping is for video, so it is ticked for one only
+COMPARED_BY_DEFAULT = {
+    "image": ("full", "blockwise-snapkv", "post-snapkv", "lightkv"),
+    "video": ("full", "blockwise-snapkv", "post-snapkv", "salicache", "lightkv"),
+}
+
+
+def default_ticks(kind: str, method_names: list[str]) -> list[str]:
+    """The methods ticked by default for media of `kind` ("image" or "video"), in menu order."""
+    return [m for m in method_names if m in COMPARED_BY_DEFAULT.get(kind, COMPARED_BY_DEFAULT["image"])]
+
+
+def empty_compare() -> tuple:
+    """Compare's table, chart and status line with no comparison (outputs: table, chart, status)."""
+    return [], None, ""
 
 
 @dataclasses.dataclass
@@ -51,11 +67,13 @@ class CompareCallbacks:
 
     def __init__(self, context: AppContext) -> None:
         self.context = context
+        self.method_names: list[str] = []  # the Compare tab's methods, in menu order (set when the page is built)
 
     def compare_queued(self, request: gr.Request, state):
-        """Runs at once when Compare is clicked: where the comparison waits, in Compare's status line."""
+        """Runs at once when Compare is clicked, just before the comparison joins Gradio's queue: where it will
+        wait there, in Compare's status line (nothing when Gradio will refuse it: its queue is full)."""
         queue = self.context.queue
-        ahead = queue.enqueue(request, "compare")
+        ahead = queue.ahead_of_a_new_one(request, "compare")
         return gr.skip() if ahead is None else queue.waiting_line(ahead)
 
     @gpu
@@ -83,7 +101,7 @@ class CompareCallbacks:
         Stoppable (`stop_compare`, New chat) and bounded by the turn time limit as a whole: on a shared
         instance one comparison holds the model no longer than one chat turn may."""
         skip, queue = gr.skip(), self.context.queue
-        if not queue.leave(request, "compare"):
+        if not queue.comes_up():
             yield skip, skip, WITHDRAWN_COMPARE, skip
             return
         st = self.context.user_state(state)
@@ -100,7 +118,6 @@ class CompareCallbacks:
             return
         st.stop = threading.Event()
         queue.active[id(st)] = "compare"
-        queue.started(request, "compare")
         try:
             yield skip, skip, f"running {len(methods)} methods…", st
             yield from self._run(st, run)
@@ -108,7 +125,19 @@ class CompareCallbacks:
             yield skip, skip, error_line(failure_message(exc), [path]), skip
         finally:
             queue.active.pop(id(st), None)
-            queue.finished(request, "compare", None)
+
+    def ticks_for_media(self, state, file, ticked):
+        """The method ticks after Compare's file or the chat's media changed: the defaults for that media's kind,
+        unless the ticks are the user's own (they are then kept)."""
+        path = file or getattr(state, "media_path", None)
+        try:
+            kind = media_kind(path) if path else "image"
+        except VisualKVError:  # an unreadable file: its own error comes with the comparison
+            return gr.skip()
+        names = self.method_names
+        if sorted(ticked or []) not in [sorted(default_ticks(k, names)) for k in COMPARED_BY_DEFAULT]:
+            return gr.skip()
+        return default_ticks(kind, names)
 
     def _prepare(self, st: UserState, methods, question: str, path, form: FormValues) -> Comparison:
         """Every input checked and the media read (raises with one line)."""
@@ -131,12 +160,15 @@ class CompareCallbacks:
     def _run(self, st: UserState, run: Comparison):
         """The comparison's events, as outputs: a status line per method and block, a table row per result."""
         skip, limit = gr.skip(), self.context.turn_time_limit
+        epoch = st.epoch  # New chat or Load model meanwhile cleared the results: this run then writes nothing
         results: dict[str, Any] = {}
         last_update = float("-inf")
         events = stream_compare(
             run.adapter, run.media, run.question, run.methods, run.base, run.options, st.stop, time_limit=limit
         )
         for kind, payload in events:
+            if st.epoch != epoch:
+                return
             if kind == "method":
                 name, index, total = payload
                 position = f"{index + 1}/{total}"

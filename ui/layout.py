@@ -14,13 +14,14 @@ import gradio as gr
 from visualkv.bench.demo_examples import DemoExample, question_forms
 from visualkv.models.registry import HUB_MODELS, OFFLINE_MODELS, offline_aliases
 from visualkv.report import viz
+from visualkv.report.compare import COMPARE_COLUMN_WIDTHS
 from visualkv.runtime.streaming import method_settings
 
 from . import text
+from .compare import default_ticks
 from .examples import chat_examples, example_cards
 
 DEFAULT_METHOD = "blockwise-snapkv"
-COMPARED_BY_DEFAULT = ("full", "blockwise-snapkv", "post-snapkv", "salicache", "lightkv")
 
 CSS = """
 #vkv-error {color: #b00020; font-weight: 600;}
@@ -433,8 +434,38 @@ def _numbers_tab() -> gr.Markdown:
         return gr.Markdown("No turn yet.", elem_id="vkv-numbers")
 
 
+COMPARE_CSS = """
+/* Compare's table fits its panel: a small proportional font, headers and numbers broken only between words,
+   method names and answers wrapped anywhere (the column widths are COMPARE_COLUMN_WIDTHS) */
+#vkv-cmp-table .table-wrap, #vkv-cmp-table .table-wrap * {font-family: var(--font) !important;
+  font-size: 12px !important; line-height: 1.3 !important;}
+#vkv-cmp-table .header-cell, #vkv-cmp-table .body-cell {padding: 3px 4px !important;}
+#vkv-cmp-table .cell-wrap {padding: 0 !important;}
+#vkv-cmp-table .wrap {word-break: normal !important; overflow-wrap: normal !important;}
+#vkv-cmp-table .body-cell:first-child .wrap, #vkv-cmp-table .body-cell:last-child .wrap {
+  overflow-wrap: anywhere !important;}
+#vkv-cmp-table .cell-menu-button {display: none !important;}
+"""
+
+
 def _compare_tab(method_names: list[str]) -> ComparePanel:
+    """Run and Stop first (in view without scrolling), then what to compare, then the results."""
     with gr.Tab("Compare"):
+        with gr.Row():
+            run_btn = gr.Button("Compare", variant="primary", elem_id="vkv-cmp-run", min_width=80, size="sm")
+            stop_btn = gr.Button("Stop", variant="stop", elem_id="vkv-cmp-stop", min_width=80, size="sm")
+        status = gr.Markdown("", elem_id="vkv-cmp-status")
+        methods = gr.CheckboxGroup(
+            method_names,
+            value=default_ticks("image", method_names),
+            label="methods",
+            info="ticked by default: those that suit the media (Sali-Cache's frame skipping for a video only)",
+            elem_id="vkv-cmp-methods",
+        )
+        question = gr.Textbox(label="question (default: the chat's first question)", elem_id="vkv-cmp-q")
+        file = gr.File(
+            label="media (optional; default: the chat's)", type="filepath", elem_id="vkv-cmp-file", height=90
+        )
         gr.Markdown(
             "Runs the chat's media (or a file given here) and one question through several "
             "methods, each in a fresh cache, with the budget and settings on the left. "
@@ -442,18 +473,13 @@ def _compare_tab(method_names: list[str]) -> ComparePanel:
             "block or token and keeps the finished rows.",
             elem_classes="vkv-small",
         )
-        methods = gr.CheckboxGroup(
-            method_names,
-            value=[m for m in method_names if m in COMPARED_BY_DEFAULT],
-            label="methods",
-            elem_id="vkv-cmp-methods",
+        table = gr.Dataframe(
+            headers=viz.COMPARE_HEADERS,
+            interactive=False,
+            wrap=True,
+            column_widths=COMPARE_COLUMN_WIDTHS,
+            max_height=900,  # every method's row in sight (the answers wrap, so rows are tall)
+            elem_id="vkv-cmp-table",
         )
-        file = gr.File(label="media (optional; default: the chat's)", type="filepath", elem_id="vkv-cmp-file")
-        question = gr.Textbox(label="question (default: the chat's first question)", elem_id="vkv-cmp-q")
-        with gr.Row():
-            run_btn = gr.Button("Compare", variant="primary", elem_id="vkv-cmp-run", min_width=80)
-            stop_btn = gr.Button("Stop", variant="stop", elem_id="vkv-cmp-stop", min_width=80)
-        status = gr.Markdown("", elem_id="vkv-cmp-status")
-        table = gr.Dataframe(headers=viz.COMPARE_HEADERS, interactive=False, wrap=True, elem_id="vkv-cmp-table")
-        plot = gr.Plot(label="KV memory against tokens read", elem_id="vkv-cmp-plot")
+        plot = gr.Plot(label="KV memory: held after each block, and at its peak", elem_id="vkv-cmp-plot")
     return ComparePanel(methods, file, question, run_btn, stop_btn, status, table, plot)

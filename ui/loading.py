@@ -13,6 +13,7 @@ import gradio as gr
 from visualkv.runtime.streaming import failure_message
 
 from . import text
+from .compare import empty_compare
 from .context import AppContext
 from .state import ModelCache, default_offline_model, is_offline_model
 from .status import error_line
@@ -32,7 +33,7 @@ def start_model(cache: ModelCache, requested: str | None) -> tuple[str, str | No
 
 class ModelLoading:
     """The Load model button. Outputs: state, model note, error, chat, progress, memory chart, download,
-    summary, then the result tabs."""
+    summary, the result tabs, then Compare's table, chart and status (a new chat: old results go)."""
 
     def __init__(self, context: AppContext) -> None:
         self.context = context
@@ -43,18 +44,14 @@ class ModelLoading:
         st = self.context.user_state(state)
         skip = gr.skip()
         name = (typed or "").strip() or (choice or "").strip()
-        keep = (skip,) * (5 + len(empty_views()))  # chat, progress, plot, download, summary, views
+        keep = (skip,) * (5 + len(empty_views()) + len(empty_compare()))  # chat … summary, views, Compare's
         if not name:
             return (st, skip, error_line("Choose a model or type a Hub id / local folder."), *keep)
         progress(0.1, desc=f"loading {name}…")
-        queue = self.context.queue
-        queue.started(request, "load")
         try:
             self.context.cache.get(name)
         except Exception as exc:  # noqa: BLE001 - ModelLoadError or anything else: keep the current model
             return (st, skip, error_line(f"{failure_message(exc)} — still using {st.model_name}."), *keep)
-        finally:
-            queue.finished(request, "load", None)
         progress(1.0, desc="loaded")
         st.model_name = name
         st.new_chat()  # a chat's cache belongs to its model: every result view of the old one goes
@@ -69,4 +66,5 @@ class ModelLoading:
             gr.update(value=None, interactive=False),
             "",
             *empty_views(),
+            *empty_compare(),
         )

@@ -1,61 +1,106 @@
-"""Positions in the one compute queue that chat turns, comparisons and model loads share.
+"""Where a computation stands in the one compute queue that chat turns, comparisons and model loads share.
 
-Each computation is keyed by (browser session, kind), kind "turn", "compare" or "load"; a session may have one
-of each waiting (a load only runs: its own wait is Gradio's progress on the model note). Stop withdraws a
-session's waiting computations; `active` says what runs for each chat state, so each Stop button stops its own.
+Every model computation is an event of Gradio's concurrency group `compute` (one runs at a time), and positions
+are read from Gradio's own queue of that group when a computation is about to join it: what Gradio holds, plus
+the sends of the last moment that are on their way to it (at most one per session and kind, none that Gradio will
+refuse, each gone once its event arrives or after a few seconds). Nothing outlives its event (it ran, was
+cancelled, or its tab closed), and a session's several waiting computations of one kind count once, so no
+session can inflate the positions others are told. The app keeps only which waiting events Stop withdrew
+(each is skipped when it comes up) and what runs for each chat state (`active`), so each Stop button stops its
+own. Gradio's queue is read, never changed.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
+from typing import Any
 
 from .status import STARTING_LABEL, WAITING_LABEL
 
-LOST_AFTER_SECONDS = 1800  # an entry whose handler never ran (a closed tab, a Gradio cancel) is dropped then
+COMPUTE_ID = "compute"  # the concurrency group of every model computation
+JOIN_SECONDS = 5.0  # how long a send counts before its event is in Gradio's queue (the page sends it right after)
+WITHDRAWN_KEPT_SECONDS = 3600.0  # a withdrawn event that never comes up (New chat cancelled it) is forgotten then
 
 
 def session_key(request) -> str | None:
-    """The browser session a queue entry belongs to (None in calls without a request, e.g. some tests)."""
+    """The browser session a computation belongs to (None in calls without a request, e.g. some tests)."""
     return getattr(request, "session_hash", None)
 
 
+def current_event_id() -> str | None:
+    """Gradio's id of the event whose handler runs in this thread (None outside Gradio, e.g. in tests)."""
+    from gradio.context import LocalContext
+
+    return LocalContext.event_id.get(None)
+
+
 class ComputeQueue:
-    """Where each waiting computation stands; shared by every session's callbacks (thread-safe)."""
+    """Reads Gradio's queue of the `compute` group; shared by every session's callbacks (thread-safe)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # (session, kind) -> when each of its waiting computations was sent, oldest first (Gradio's queue is
-        # first in, first out, so the oldest is the next to come up; a session can have two of a kind waiting,
-        # e.g. a turn sent with Enter and another with Send, or a second send after a Stop)
-        self._waiting: dict[tuple, list[float]] = {}
-        # (session, kind) -> how many of its computations Stop withdrew while they waited: that many of the next
-        # to come up are skipped (they are the oldest: all that waited when Stop was pressed)
-        self._withdrawn: Counter[tuple] = Counter()
-        self._running_since: dict[tuple, float] = {}  # (session, kind) computing now -> when it started
+        self._blocks: Any = None  # the gr.Blocks whose queue is read (`attach`)
+        self._kind_of_fn: dict[int, str] = {}  # Gradio function id -> "turn", "compare" or "load"
+        self._withdrawn: dict[str, float] = {}  # event id Stop withdrew -> when
+        self._joining: dict[tuple, float] = {}  # (session, kind) sent a moment ago, not yet in Gradio's queue -> when
         self._turn_seconds = 0.0  # moving average of recent turn times
         # id() of the UserStates with a computation running -> "turn" or "compare" (what each Stop button stops)
         self.active: dict[int, str] = {}
 
-    def enqueue(self, request, kind: str) -> int | None:
-        """Registers a computation sent now: how many run or wait ahead of it. None when it is already running
-        (this at-once event arrived after the queued one had started: an entry then would never be removed)."""
-        now = time.monotonic()
-        key = (session_key(request), kind)
-        with self._lock:
-            if now - self._running_since.get(key, float("-inf")) < 2.0:
-                return None
-            self._forget_lost(now)
-            self._waiting.setdefault(key, []).append(now)
-            ahead = sum(t < now for sent in self._waiting.values() for t in sent)
-            return ahead + (1 if self._running_since else 0)
+    def attach(self, blocks) -> None:
+        """Read the queue of `blocks` (its `queue()` call may come later: the queue is looked up on each read)."""
+        self._blocks = blocks
 
-    def _forget_lost(self, now: float) -> None:
-        """Drops entries older than half an hour: an event whose handler never ran would otherwise count in
-        every later position."""
-        fresh = {key: [t for t in sent if now - t < LOST_AFTER_SECONDS] for key, sent in self._waiting.items()}
-        self._waiting = {key: sent for key, sent in fresh.items() if sent}
+    def register(self, kind: str, dependency) -> None:
+        """The event listener `dependency` (what `.click(...)` returned) runs computations of `kind`."""
+        self._kind_of_fn[dependency["id"]] = kind
+
+    def _events(self) -> tuple[list, list]:
+        """(waiting, running) events of the compute group as Gradio holds them now, waiting ones oldest first."""
+        gradio_queue = getattr(self._blocks, "_queue", None)
+        if gradio_queue is None:
+            return [], []
+        group = gradio_queue.event_queue_per_concurrency_id.get(COMPUTE_ID)
+        waiting = list(group.queue) if group is not None else []
+        jobs = list(gradio_queue.active_jobs)
+        running = [e for job in jobs if job for e in job if e.concurrency_id == COMPUTE_ID]
+        return waiting, running
+
+    def _kind(self, event) -> str | None:
+        return self._kind_of_fn.get(event.fn._id)
+
+    def ahead_of_a_new_one(self, request, kind: str) -> int | None:
+        """For the at-once call the page sends just before a computation of `kind` joins Gradio's queue: how many
+        computations will run or wait ahead of it. None when Gradio will refuse it (its queue is full: the page
+        then shows Gradio's own "busy" message), and then nothing is noted. Otherwise the send is noted as about
+        to join (one note per session and kind), so that a send a moment later counts it too; the note goes
+        when its event is in Gradio's queue, or after JOIN_SECONDS. Withdrawn computations are left out (they end
+        at once); a session's several waiting computations of one kind count once."""
+        gradio_queue = getattr(self._blocks, "_queue", None)
+        if (
+            gradio_queue is not None
+            and gradio_queue.max_size is not None
+            and len(gradio_queue) >= gradio_queue.max_size
+        ):
+            return None
+        waiting, running = self._events()
+        now = time.monotonic()
+        with self._lock:
+            self._joining = {
+                key: sent
+                for key, sent in self._joining.items()
+                if now - sent < JOIN_SECONDS
+                and not any(
+                    (e.session_hash, self._kind(e)) == key and e.enqueue_time >= sent for e in waiting + running
+                )
+            }
+            ahead = {(e.session_hash, self._kind(e)) for e in waiting if e._id not in self._withdrawn}
+            mine = (session_key(request), kind)  # a note of its own earlier send is replaced by this one
+            held = {(e.session_hash, self._kind(e)) for e in running}
+            ahead |= {key for key in self._joining if key != mine and key not in held}
+            self._joining[mine] = now
+        return len(ahead) + len(running)
 
     def waiting_line(self, ahead: int) -> str:
         """What a computation with `ahead` others before it shows while it waits."""
@@ -67,49 +112,26 @@ class ComputeQueue:
             f"comparisons or model loads; one runs at a time).{per_turn}"
         )
 
-    def leave(self, request, kind: str) -> bool:
-        """A queued computation reached the front (or was refused): it no longer counts in others' positions.
-        False if Stop withdrew it while it waited: it must not run (its entry went with the Stop, so an entry
-        still there belongs to a later send, which keeps its place)."""
-        key = (session_key(request), kind)
-        with self._lock:
-            if self._withdrawn[key]:
-                self._withdrawn[key] -= 1
-                if not self._withdrawn[key]:
-                    del self._withdrawn[key]
-                return False
-            sent = self._waiting.get(key)
-            if sent:
-                sent.pop(0)
-                if not sent:
-                    del self._waiting[key]
-            return True
-
     def withdraw(self, request, kind: str) -> bool:
-        """Stop while waiting: True if this session had computations of `kind` waiting (none of them will run)."""
-        key = (session_key(request), kind)
+        """Stop while waiting: this session's waiting computations of `kind` will not run when they come up.
+        False if none waits."""
+        session = session_key(request)
+        waiting, _ = self._events()
+        ids = [e._id for e in waiting if e.session_hash == session and self._kind(e) == kind]
+        now = time.monotonic()
         with self._lock:
-            sent = self._waiting.pop(key, None)
-            if not sent:
-                return False
-            self._withdrawn[key] += len(sent)
-            return True
+            self._withdrawn = {i: t for i, t in self._withdrawn.items() if now - t < WITHDRAWN_KEPT_SECONDS}
+            for event_id in ids:
+                self._withdrawn.setdefault(event_id, now)
+        return bool(ids)
 
-    def cancel_waiting(self, request, kind: str) -> None:
-        """New chat cancels this session's waiting events of `kind` in Gradio's queue: none of them comes up,
-        so neither their entries nor a withdrawal of them may outlive it."""
-        key = (session_key(request), kind)
+    def comes_up(self) -> bool:
+        """Called first in a computation's handler: False if Stop withdrew its event (it must not run)."""
+        event_id = current_event_id()
         with self._lock:
-            self._waiting.pop(key, None)
-            self._withdrawn.pop(key, None)
+            return event_id is None or self._withdrawn.pop(event_id, None) is None
 
-    def started(self, request, kind: str) -> None:
+    def turn_took(self, seconds: float) -> None:
+        """A chat turn ended after `seconds`: kept as a moving average for the waiting line."""
         with self._lock:
-            self._running_since[(session_key(request), kind)] = time.monotonic()
-
-    def finished(self, request, kind: str, seconds: float | None) -> None:
-        """A computation ended; `seconds`: a chat turn's time (None for a comparison or a load, not a turn)."""
-        with self._lock:
-            self._running_since.pop((session_key(request), kind), None)
-            if seconds is not None:  # a moving average of turn times, for the waiting message
-                self._turn_seconds = seconds if not self._turn_seconds else 0.7 * self._turn_seconds + 0.3 * seconds
+            self._turn_seconds = seconds if not self._turn_seconds else 0.7 * self._turn_seconds + 0.3 * seconds

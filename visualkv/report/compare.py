@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from visualkv.report.memory_chart import MIB
 from visualkv.report.telemetry import CUT_SHORT
@@ -20,16 +21,18 @@ def agreement(ids: Sequence[int], reference: Sequence[int]) -> float:
     return sum(a == b for a, b in zip(ids, reference)) / n
 
 
-#: what a reader compares first comes first: the app's panel shows about five columns before it scrolls sideways
+#: what a reader compares first comes first; short headers that break only between words, so the table fits the
+#: app's panel (about 540 px at 1440x900) without scrolling sideways, the answer wrapping in the last column
 COMPARE_HEADERS = [
     "method",
     "agreement with full",
     "peak vs full",
-    "peak KV (MiB)",
-    "final KV (MiB)",
-    "TTFT (s)",
+    "peak MiB",
+    "final MiB",
+    "TTFT s",
     "answer",
 ]
+COMPARE_COLUMN_WIDTHS = ["19%", "17%", "11%", "10%", "10%", "9%", "24%"]
 
 
 def compare_rows(results: dict[str, dict[str, Any] | str]) -> list[list[Any]]:
@@ -67,33 +70,66 @@ def compare_rows(results: dict[str, dict[str, Any] | str]) -> list[list[Any]]:
 
 
 def compare_memory_figure(results: dict[str, dict[str, Any] | str]) -> go.Figure:
-    """KV MiB against tokens read, one curve per method (methods block their input differently,
-    so tokens read is the common x axis)."""
-    fig = go.Figure()
-    palette = ("#000000", "#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9")
-    dashes = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
-    symbols = ("circle", "square", "diamond", "triangle-up", "x", "star", "cross")
+    """Two panels, one colour per method. Top: KV MiB held after each block against tokens read (methods block
+    their input differently, so tokens read is the common x axis), lines from the origin. Bottom: one row per
+    method, its peak (light bar: a transient such as post-snapkv's full-size prefill shows here at full size) and
+    what it held at the end (dark bar inside it). Each method has a place of its own there: no mark hides another.
+    A method's traces share its name (one legend entry)."""
     drawn = [(name, rep) for name, rep in results.items() if not isinstance(rep, str) and rep.get("blocks")]
+    fig = make_subplots(
+        rows=2,
+        cols=1,
+        row_heights=[0.58, 0.42],
+        vertical_spacing=0.24,
+        subplot_titles=("held after each block", "MiB at the peak (light) and at the end (dark)"),
+    )
     for k, (name, rep) in enumerate(drawn):
-        blocks = rep["blocks"]
-        # earlier traces are drawn wider and under later ones: where two methods coincide (post-snapkv
-        # equals full until its last block) both stay visible, and each differs in colour, dash and marker
+        colour = _PALETTE[k % len(_PALETTE)]
+        # earlier traces are drawn wider and under later ones: where two curves coincide (post-snapkv's line
+        # meets the block-wise ones at its one block) both stay visible, each in its own colour and dash
         width = 2 + 2.5 * (len(drawn) - 1 - k) / max(len(drawn) - 1, 1)
+        blocks = rep["blocks"]
         fig.add_trace(
             go.Scatter(
-                x=list(np.cumsum([b["tokens_in"] for b in blocks])),
-                y=[b["kv_bytes"] / MIB for b in blocks],
-                mode="lines+markers",
+                x=[0, *np.cumsum([b["tokens_in"] for b in blocks]).tolist()],
+                y=[0.0, *(b["kv_bytes"] / MIB for b in blocks)],
+                mode="lines",
                 name=name,
-                line={"color": palette[k % len(palette)], "dash": dashes[k % len(dashes)], "width": width},
-                marker={"symbol": symbols[k % len(symbols)], "size": 5 + 4 * width / 4.5},
-            )
+                legendgroup=name,
+                line={"color": colour, "dash": _DASHES[k % len(_DASHES)], "width": width},
+                hovertemplate="%{y:.3f} MiB after %{x} tokens<extra>%{fullData.name}</extra>",
+            ),
+            row=1,
+            col=1,
         )
+        for value, opacity, bar_width in ((rep["peak_kv_bytes"], 0.35, 0.8), (rep["final_kv_bytes"], 1.0, 0.4)):
+            fig.add_trace(
+                go.Bar(
+                    x=[value / MIB],
+                    y=[name],
+                    orientation="h",
+                    name=name,
+                    legendgroup=name,
+                    showlegend=False,
+                    width=bar_width,
+                    marker={"color": colour, "opacity": opacity},
+                    hovertemplate="%{x:.3f} MiB<extra>%{y}</extra>",
+                ),
+                row=2,
+                col=1,
+            )
     fig.update_layout(
-        xaxis={"title": "tokens read", "tickformat": "d", "rangemode": "tozero"},
-        yaxis={"title": "KV MiB after block", "rangemode": "tozero"},
-        height=320,
-        margin={"l": 50, "r": 10, "t": 20, "b": 40},
-        legend={"orientation": "h", "y": -0.25},
+        barmode="overlay",
+        height=320 + 30 * len(drawn),
+        margin={"l": 50, "r": 10, "t": 56, "b": 80},  # the subplot title clear of the app's label
+        legend={"orientation": "h", "y": -0.07, "yanchor": "top"},
     )
+    fig.update_xaxes(title_text="tokens read", tickformat="d", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="KV MiB", rangemode="tozero", row=1, col=1)
+    fig.update_xaxes(rangemode="tozero", row=2, col=1)  # its unit is in its title: the legend sits under it
+    fig.update_yaxes(autorange="reversed", automargin=True, row=2, col=1)  # the methods top down, as in the table
     return fig
+
+
+_PALETTE = ("#000000", "#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9")
+_DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
