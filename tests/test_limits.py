@@ -11,12 +11,13 @@ import pytest
 from tests.conftest import get_adapter
 from visualkv.bench.synthetic import video_media
 from visualkv.errors import ConfigError, PrefillStopped, check_range
-from visualkv.media.saliency import MotionConfig, frame_decisions
+from visualkv.media.saliency import MotionConfig, frame_decisions, motion_pass_bytes
 from visualkv.methods import METHODS, make_method
 from visualkv.methods.blockwise import SnapKVConfig
 from visualkv.methods.full import FullCache
 from visualkv.methods.lightkv import LightKVConfig
 from visualkv.report.telemetry import TIME_LIMIT_STOP, TurnRecord
+from visualkv.runtime.memory_guard import MemoryGuard
 from visualkv.runtime.session import ChatSession, SessionConfig
 from visualkv.runtime.streaming import method_options, stream_turn
 
@@ -241,3 +242,18 @@ def test_turn_ends_within_a_second_of_the_time_limit(method, long_video):
     stopped = kind == "stopped" or (kind == "done" and payload.stopped == TIME_LIMIT_STOP)
     assert stopped, f"{method}: the turn was not stopped by the time limit ({kind}: {payload})"
     assert elapsed < TIME_LIMIT + 1.0, f"{method}: the turn ran {elapsed:.2f} s with a {TIME_LIMIT} s limit"
+
+
+def test_memory_guard_counts_the_motion_pass(small_video):
+    """Sali-Cache's motion pass holds two downscaled frames (grey + RGB) and the flow's float32 work."""
+    adapter = get_adapter("tiny-qwen2.5-vl")
+    prepared = adapter.prepare(small_video, "What happens?")
+    width, height = small_video.size  # 224 x 168: at 640 px wide the flow runs on 640 x 480 frames
+    assert (width, height) == (224, 168)
+    expected = 640 * 480 * (2 * 4 + 4 * 40)
+    assert motion_pass_bytes((width, height), MotionConfig(downscale_width=640)) == expected
+    for method in ("salicache", "blockwise-keydiff+salicache"):
+        options = {"downscale_width": 640} if method == "salicache" else {"salicache": {"downscale_width": 640}}
+        config = SessionConfig(method=method, budget=32 if "+" in method else None, method_options=options)
+        assert MemoryGuard().check(adapter, prepared, config).peak_bytes >= expected
+    assert make_method("salicache").begin_bytes(adapter.prepare(None, "Hi")) == 0  # no video: no motion pass

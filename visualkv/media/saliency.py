@@ -186,6 +186,20 @@ class MotionFilter:
         return decision
 
 
+#: float32 values the flow holds per downscaled pixel (Farneback: both frames' polynomial expansions, their
+#: pyramids, the matrices it solves and the field; DIS holds less)
+_FLOW_FLOATS_PER_PIXEL = 40
+
+
+def motion_pass_bytes(frame_size: tuple[int, int], cfg: MotionConfig | None = None) -> int:
+    """Bytes the temporal filter holds at once for frames of ``frame_size`` (width, height), besides the decoded
+    frame itself: the reference and the current frame downscaled (grey and RGB) and the flow's float32 work."""
+    cfg = cfg or MotionConfig()
+    width, height = frame_size
+    pixels = cfg.downscale_width * max(1, round(height * cfg.downscale_width / width))
+    return pixels * (2 * (1 + 3) + 4 * _FLOW_FLOATS_PER_PIXEL)
+
+
 def frame_decisions(
     frames: Iterable[np.ndarray], cfg: MotionConfig | None = None, should_stop: Callable[[], bool] | None = None
 ) -> list[FrameDecision]:

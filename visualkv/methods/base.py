@@ -152,6 +152,11 @@ class Method:
         them); None: every token read is stored at full precision."""
         return None
 
+    def begin_bytes(self, prepared: PreparedInput) -> int:
+        """For the memory guard: bytes `begin` holds at once over `prepared` before the first block (Sali-Cache's
+        motion pass), besides the media themselves. This default: nothing."""
+        return 0
+
     #: does the method shrink a block's visual tokens between decoder layers (LightKV), so that later layers
     #: store fewer than they read? The memory guard then asks `visual_kept_by_layer`.
     merges_between_layers: ClassVar[bool] = False

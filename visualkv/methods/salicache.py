@@ -34,6 +34,7 @@ from visualkv.media.saliency import (
     TierSpec,
     assign_tiers,
     frame_decisions,
+    motion_pass_bytes,
     parse_tiers,
     token_saliency,
 )
@@ -123,6 +124,10 @@ class SaliCache(Method):
 
     def config_dict(self) -> dict[str, Any]:
         return {"method": self.name, **asdict(self.config), "tiers": list(self.config.tiers)}
+
+    def begin_bytes(self, prepared) -> int:
+        media = prepared.media
+        return motion_pass_bytes(media.size, self.motion) if media is not None and media.kind == "video" else 0
 
     # -- decisions before any block ----------------------------------------------------
     def begin(self, ctx: PrefillContext) -> None:
