@@ -29,7 +29,7 @@ class ConfigError(VisualKVError):
 
 
 class PrefillStopped(VisualKVError):
-    """A stop request ended a prefill at a block boundary; the partial cache is discarded."""
+    """A stop request (Stop or a time limit) ended a prefill; the partial cache is discarded."""
 
     def __init__(self, message: str = "stopped while reading the media; nothing was kept") -> None:
         super().__init__(message)

@@ -186,10 +186,10 @@ class ChatSession:
 
         The first turn may carry media: a `Media` from `load_media`, or a file path, a PIL image or an RGB array,
         loaded here with the method's limits (default frame sampling; use `load_media` to choose it). Later
-        turns reuse it. If anything fails
-        before decoding starts, the session is left exactly as it was. `stop` is
-        checked between prefill blocks (raising `PrefillStopped`, session unchanged)
-        and between decoded tokens (the answer so far is kept).
+        turns reuse it. If anything fails before decoding starts, the session is left exactly as it was. `stop`
+        is checked throughout the prefill, at least before every decoder layer and every few frames of a pass
+        over the media (`Engine.prefill`; raising `PrefillStopped`, session unchanged), and between decoded
+        tokens (the answer so far is kept).
         """
         if not prompt or not prompt.strip():
             raise ConfigError("the question is empty; type a question about the image or video")
