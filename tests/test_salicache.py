@@ -351,7 +351,7 @@ def test_one_frame_video(tmp_path, capsys):
     [
         (["--tiers", "0.9,0.9,0"], "error: salicache: tier fractions must sum to <= 1"),
         (["--tiers", "half"], "error: salicache: tiers must be 'full,int8,int4' fractions"),
-        (["--flow-threshold", "-1"], "error: salicache: threshold and cut_threshold must be >= 0"),
+        (["--flow-threshold", "-1"], "error: salicache flow_threshold must be a number from 0 to 1,000, got -1.0"),
     ],
 )
 def test_bad_options_give_one_line(capsys, args, message):

@@ -16,17 +16,24 @@ Photometric change is a local mean absolute RGB difference on the 0-255 scale.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import cv2
 import numpy as np
+
+from visualkv.errors import PrefillStopped
 
 # ----------------------------------------------------------------------------------------------
 # Temporal filter
 # ----------------------------------------------------------------------------------------------
 
 _FLOWS = ("farneback", "dis")
+#: widest frames the flow runs on: its cost grows with the pixels (about 3 ms a frame at 160 px, 50 ms at 640)
+MAX_DOWNSCALE_WIDTH = 640
+#: largest flow threshold (downscaled px; a frame moving that much is never still) and photometric cut (0-255)
+MAX_FLOW_THRESHOLD = 1000.0
+MAX_CUT_THRESHOLD = 255.0
 
 
 @dataclass(frozen=True)
@@ -61,8 +68,8 @@ class MotionConfig:
     cut_threshold: float = 8.0
 
     def __post_init__(self) -> None:
-        if self.downscale_width < 16:
-            raise ValueError(f"downscale_width must be >= 16, got {self.downscale_width}")
+        if not 16 <= self.downscale_width <= MAX_DOWNSCALE_WIDTH:
+            raise ValueError(f"downscale_width must be from 16 to {MAX_DOWNSCALE_WIDTH}, got {self.downscale_width}")
         if self.flow not in _FLOWS:
             raise ValueError(f"flow must be one of {_FLOWS}, got {self.flow!r}")
         if not (self.threshold >= 0 and self.cut_threshold >= 0):
@@ -179,10 +186,36 @@ class MotionFilter:
         return decision
 
 
-def frame_decisions(frames: Sequence[np.ndarray], cfg: MotionConfig | None = None) -> list[FrameDecision]:
-    """Decisions for a whole list of frames (see ``MotionFilter``)."""
+#: float32 values the flow holds per downscaled pixel (Farneback: both frames' polynomial expansions, their
+#: pyramids, the matrices it solves and the field; DIS holds less)
+_FLOW_FLOATS_PER_PIXEL = 40
+
+
+def motion_pass_bytes(frame_size: tuple[int, int], cfg: MotionConfig | None = None) -> int:
+    """Bytes the temporal filter holds at once for frames of ``frame_size`` (width, height), besides the decoded
+    frame itself: the reference and the current frame downscaled (grey and RGB) and the flow's float32 work."""
+    cfg = cfg or MotionConfig()
+    width, height = frame_size
+    pixels = cfg.downscale_width * max(1, round(height * cfg.downscale_width / width))
+    return pixels * (2 * (1 + 3) + 4 * _FLOW_FLOATS_PER_PIXEL)
+
+
+def frame_decisions(
+    frames: Iterable[np.ndarray], cfg: MotionConfig | None = None, should_stop: Callable[[], bool] | None = None
+) -> list[FrameDecision]:
+    """Decisions for a whole sequence of frames (see ``MotionFilter``). ``should_stop`` (a turn's Stop or time
+    limit) is asked after every frame: when it says yes, ``PrefillStopped`` ends the pass."""
     motion_filter = MotionFilter(cfg)
-    return [motion_filter.push(f) for f in frames]
+    decisions = []
+    for frame in frames:
+        decisions.append(motion_filter.push(frame))
+        _stop_if_asked(should_stop)  # before the next frame is decoded
+    return decisions
+
+
+def _stop_if_asked(should_stop: Callable[[], bool] | None) -> None:
+    if should_stop is not None and should_stop():
+        raise PrefillStopped()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -293,8 +326,10 @@ def token_saliency(
     *,
     edge_weight: float = 0.5,
     box_index: np.ndarray | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> np.ndarray:
-    """Per-token saliency in [0, 1] from the token's pixel box.
+    """Per-token saliency in [0, 1] from the token's pixel box (``should_stop``: asked before every frame is read;
+    a yes raises ``PrefillStopped``).
 
     ``boxes``: (n_tokens, 4) int ``x0, y0, x1, y1`` (half-open, clipped to the frame; an empty box
     scores 0) in the pixel coordinates of frame ``frame_of_token[i]``; with ``box_index`` (n_tokens,),
@@ -331,6 +366,7 @@ def token_saliency(
     sorted_frames = frame_of_token[order]
     starts = np.flatnonzero(np.r_[True, sorted_frames[1:] != sorted_frames[:-1]]) if n else np.zeros(0, int)
     for start, end in zip(starts, [*starts[1:], n][: len(starts)], strict=True):
+        _stop_if_asked(should_stop)
         sel = order[start:end]
         rows = sel if box_index is None else np.asarray(box_index)[sel]
         edge[sel], colour[sel] = _frame_signals(frames[int(sorted_frames[start])], boxes[rows].astype(np.int64))

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from visualkv.devices import to_device
+from visualkv.errors import PrefillStopped
 from visualkv.kv.cache import CompressibleCache
 from visualkv.layout import Block
 from visualkv.models.base import ModelAdapter, PreparedInput
@@ -49,6 +50,14 @@ class PrefillContext:
     #: every decoder layer in a scratch cache, calling observer.after_layer(ctx, state) after each layer
     #: (proxy queries, the question's hidden states); methods never import the engine
     text_pass: Callable[[torch.Tensor, torch.Tensor, Method], None] | None = None
+    #: the turn's Stop (or its time limit): asked before every decoder layer and every few frames of a pass over
+    #: the media, so that no step of a prefill outlasts it by more than one layer or frame
+    should_stop: Callable[[], bool] | None = None
+
+    def stop_if_asked(self) -> None:
+        """Raise PrefillStopped when `should_stop` says so (a Python call: no host synchronisation)."""
+        if self.should_stop is not None and self.should_stop():
+            raise PrefillStopped()
 
     def is_visual(self, token_index: torch.Tensor) -> torch.Tensor:
         """Bool tensor: which global token indices (>= 0) are (evictable) visual tokens of this prepared input,
@@ -142,6 +151,11 @@ class Method:
         when the method fixes them before the prefill (Sali-Cache's tiers; the memory guard sizes the stores by
         them); None: every token read is stored at full precision."""
         return None
+
+    def begin_bytes(self, prepared: PreparedInput) -> int:
+        """For the memory guard: bytes `begin` holds at once over `prepared` before the first block (Sali-Cache's
+        motion pass), besides the media themselves. This default: nothing."""
+        return 0
 
     #: does the method shrink a block's visual tokens between decoder layers (LightKV), so that later layers
     #: store fewer than they read? The memory guard then asks `visual_kept_by_layer`.

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from visualkv.errors import check_range
 from visualkv.layout import Block
 from visualkv.methods.base import LayerState, Method, PrefillContext
 from visualkv.methods.eviction import evict_tiers
@@ -31,11 +32,19 @@ from visualkv.scoring import (
     snapkv_working_bytes,
 )
 
+#: bounds of SnapKV's settings: a window past any question's length, a pooling wider than a frame's row
+MAX_WINDOW = 4096
+MAX_KERNEL_SIZE = 63
+
 
 @dataclass
 class SnapKVConfig:
     window: int = 64  # proxy / observation queries: at most this many question + assistant-prompt tokens
     kernel_size: int = 5  # 1-D pooling over each tile / frame's original token order
+
+    def __post_init__(self) -> None:
+        check_range("snapkv window", self.window, 1, MAX_WINDOW, whole=True)
+        check_range("snapkv kernel_size (pooling width)", self.kernel_size, 1, MAX_KERNEL_SIZE, whole=True)
 
 
 class BlockwiseKeyDiff(Method):

@@ -129,6 +129,9 @@ class Pipeline(Method):
     def stored_shares(self) -> tuple[float, float, float] | None:
         return next((s.stored_shares for s in self.stages if s.stored_shares is not None), None)
 
+    def begin_bytes(self, prepared) -> int:
+        return max(s.begin_bytes(prepared) for s in self.stages)  # the stages' passes run one after another
+
     def visual_kept_by_layer(self, adapter, prepared, visual_ids) -> list[tuple[int, int]]:
         """The merging stage's (at most one per pipeline; an evicting stage's budget is the guard's own term)."""
         merging = next((s for s in self.stages if s.merges_between_layers), None)

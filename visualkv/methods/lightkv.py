@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from visualkv.devices import to_device
-from visualkv.errors import ConfigError
+from visualkv.errors import ConfigError, check_range
 from visualkv.kv.cache import TIER_FULL, TIER_INT4, TIER_INT8
 from visualkv.methods.base import LayerState, Method, PrefillContext
 
@@ -85,6 +85,12 @@ def _as_tuple(value, cast, what: str) -> tuple | None:
         raise ConfigError(f"lightkv {what} must be a comma-separated list of numbers, got {value!r}") from None
 
 
+#: bounds of LightKV's settings: merge stages, the deepest layer index any model has, windows per grid side
+MAX_STAGES = 64
+MAX_LAYER = 1023
+MAX_WINDOWS = 64
+
+
 @dataclass
 class LightKVConfig:
     """LightKV schedule; None = the family's paper schedule scaled to the model's depth.
@@ -103,14 +109,16 @@ class LightKVConfig:
         self.layers = _as_tuple(self.layers, int, "layers")
         self.windows = _as_tuple(self.windows, int, "windows")
         self.ratios = _as_tuple(self.ratios, float, "ratios")
+        for what, values in (("layers", self.layers), ("windows", self.windows), ("ratios", self.ratios)):
+            if values is not None:
+                check_range(f"lightkv {what}: the number of values", len(values), 1, MAX_STAGES, whole=True)
         if self.layers is not None:
-            if not self.layers:
-                raise ConfigError("lightkv layers: give at least one layer")
             if any(b <= a for a, b in zip(self.layers, self.layers[1:])) or min(self.layers) < 0:
                 raise ConfigError(f"lightkv layers must be increasing 0-based layer indices, got {self.layers}")
-        if self.windows is not None and (not self.windows or min(self.windows) < 1):
-            raise ConfigError(f"lightkv windows must be whole numbers >= 1 (windows per side), got {self.windows}")
-        if self.ratios is not None and (not self.ratios or not all(0.0 <= p <= 1.0 for p in self.ratios)):
+            check_range("lightkv layers: the last layer", self.layers[-1], 0, MAX_LAYER, whole=True)
+        for window in self.windows or ():
+            check_range("lightkv windows (per side of a tile / frame grid)", window, 1, MAX_WINDOWS, whole=True)
+        if self.ratios is not None and not all(0.0 <= p <= 1.0 for p in self.ratios):
             raise ConfigError(f"lightkv ratios must lie in [0, 1], got {self.ratios}")
 
     def resolve(self, family: str, depth: int) -> list[tuple[int, int, float]]:

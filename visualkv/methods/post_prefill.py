@@ -43,6 +43,7 @@ class PostPrefillSnapKV(Method):
         if self.proxy_ids is not None:  # follow-up re-prefill: score with the new question
             window = dict(enumerate(proxy_queries(ctx, self.config.window, self.proxy_ids)))
         for layer_idx, queries in window.items():
+            ctx.stop_if_asked()  # scoring a long video's whole cache, layer by layer
             layer = ctx.cache.layers[layer_idx]
             scores = snapkv_scores(
                 queries.to(layer.keys.device),

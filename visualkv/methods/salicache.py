@@ -22,15 +22,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from visualkv.errors import ConfigError
+from visualkv.errors import ConfigError, check_range
 from visualkv.kv.cache import TIER_FULL, TIER_INT4, TIER_INT8
 from visualkv.kv.quant import QuantSpec
 from visualkv.media.saliency import (
+    MAX_CUT_THRESHOLD,
+    MAX_DOWNSCALE_WIDTH,
+    MAX_FLOW_THRESHOLD,
     TIER_PRUNED,
     MotionConfig,
     TierSpec,
     assign_tiers,
     frame_decisions,
+    motion_pass_bytes,
     parse_tiers,
     token_saliency,
 )
@@ -68,6 +72,17 @@ class SaliCacheConfig:
         return MotionConfig(self.downscale_width, self.flow, self.flow_threshold, self.cut_threshold)
 
 
+MAX_GROUP_SIZE = 1024  # channels per quantization scale (a group shrinks to head_dim when larger)
+#: (setting, low, high, whole number) of every numeric Sali-Cache setting
+_BOUNDS = (
+    ("flow_threshold", 0.0, MAX_FLOW_THRESHOLD, False),
+    ("cut_threshold", 0.0, MAX_CUT_THRESHOLD, False),
+    ("group_size", 1, MAX_GROUP_SIZE, True),
+    ("downscale_width", 16, MAX_DOWNSCALE_WIDTH, True),
+    ("edge_weight", 0.0, 1.0, False),
+)
+
+
 class SaliCache(Method):
     name = "salicache"
     description = "Skip redundant video frames before encoding; keep tokens at FP / INT8 / INT4 / pruned by saliency."
@@ -86,6 +101,8 @@ class SaliCache(Method):
         if unknown:
             raise ConfigError(f"unknown salicache option(s): {', '.join(sorted(unknown))}; known: {', '.join(fields)}")
         fields.update({k: v for k, v in options.items() if v is not None})
+        for key, low, high, whole in _BOUNDS:  # one line naming the setting, before anything is computed
+            check_range(f"salicache {key}", fields[key], low, high, whole)
         try:
             tiers = fields["tiers"]
             spec = parse_tiers(tiers) if isinstance(tiers, str) else TierSpec(tuple(float(f) for f in tiers))
@@ -93,14 +110,10 @@ class SaliCache(Method):
             for key in ("flow_threshold", "cut_threshold", "edge_weight"):
                 fields[key] = float(fields[key])
             for key in ("group_size", "downscale_width"):
-                if int(fields[key]) != fields[key]:
-                    raise ValueError(f"{key} must be a whole number, got {fields[key]}")
                 fields[key] = int(fields[key])
             self.config = SaliCacheConfig(**fields)
-            self.motion = self.config.motion_config()  # validates thresholds, flow, width
-            QuantSpec(8, self.config.group_size)  # validates group_size
-            if not 0.0 <= self.config.edge_weight <= 1.0:
-                raise ValueError(f"edge_weight must be in [0, 1], got {self.config.edge_weight}")
+            self.motion = self.config.motion_config()  # validates the flow's name
+            QuantSpec(8, self.config.group_size)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"salicache: {exc}") from None
         self.tier_spec = TierSpec(self.config.tiers)
@@ -111,6 +124,10 @@ class SaliCache(Method):
 
     def config_dict(self) -> dict[str, Any]:
         return {"method": self.name, **asdict(self.config), "tiers": list(self.config.tiers)}
+
+    def begin_bytes(self, prepared) -> int:
+        media = prepared.media
+        return motion_pass_bytes(media.size, self.motion) if media is not None and media.kind == "video" else 0
 
     # -- decisions before any block ----------------------------------------------------
     def begin(self, ctx: PrefillContext) -> None:
@@ -138,13 +155,13 @@ class SaliCache(Method):
             if is_video:
                 # one streaming pass over frames downscaled right after decoding (a lazy video never
                 # holds more than one full-size frame here); same pixels as downscaling full frames
-                decisions = frame_decisions(media.iter_small(self.motion.downscale_width), self.motion)
+                decisions = frame_decisions(media.iter_small(self.motion.downscale_width), self.motion, ctx.should_stop)
                 redundant = [d.redundant for d in decisions]
                 for f, info in enumerate(layout.frames):
                     unit_skipped[f] = all(redundant[s] for s in info.source_frames)
             token_skipped = unit_skipped[layout.frame]
             active = np.flatnonzero(~token_skipped)
-            saliency = _token_saliency(media.frames, layout, self.config.edge_weight, active)
+            saliency = _token_saliency(media.frames, layout, self.config.edge_weight, active, ctx.should_stop)
             if media.is_lazy:  # the last decoded frames it cached (full size) are not what the blocks read first
                 media.frames.clear_cache()
             tier_of_token[token_skipped] = TIER_SKIPPED
@@ -222,7 +239,9 @@ class SaliCache(Method):
         return out
 
 
-def _token_saliency(frames: Sequence[np.ndarray], layout, edge_weight: float, active: np.ndarray) -> np.ndarray:
+def _token_saliency(
+    frames: Sequence[np.ndarray], layout, edge_weight: float, active: np.ndarray, should_stop=None
+) -> np.ndarray:
     """Saliency of the ``active`` visual tokens (NaN elsewhere): max over the token's source
     frames (2 for a Qwen patch), normalised over all active tokens. Skipped frames cost nothing.
 
@@ -242,7 +261,12 @@ def _token_saliency(frames: Sequence[np.ndarray], layout, edge_weight: float, ac
     if token_ids_all.size == 0:
         return out
     values = token_saliency(
-        frames, layout.box, np.concatenate(frame_ids), edge_weight=edge_weight, box_index=token_ids_all
+        frames,
+        layout.box,
+        np.concatenate(frame_ids),
+        edge_weight=edge_weight,
+        box_index=token_ids_all,
+        should_stop=should_stop,
     )
     out[active] = 0.0
     np.maximum.at(out, token_ids_all, values)

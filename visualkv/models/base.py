@@ -20,6 +20,7 @@ import torch
 from transformers.image_utils import SizeDict
 from transformers.video_utils import VideoMetadata
 
+from visualkv.errors import stop_point
 from visualkv.layout import VisualLayout, VisualUnit
 from visualkv.media import Media
 
@@ -379,6 +380,7 @@ def in_chunks(n: int, chunk: int, process: Callable[[int, int], torch.Tensor], d
         return process(0, n)
     out = None
     for i0 in range(0, n, chunk):
+        stop_point()  # a prefill's Stop ends a long video's preparation between chunks
         i1 = min(i0 + chunk, n)
         part = process(i0, i1)
         if out is None:

@@ -17,9 +17,10 @@ original positions and new tokens continue the original numbering.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -29,7 +30,7 @@ from visualkv.attention import implementation, patched
 from visualkv.attention import packed as packed_attention
 from visualkv.attention.block import AfterCache
 from visualkv.devices import to_device
-from visualkv.errors import ConfigError, PrefillStopped
+from visualkv.errors import ConfigError, stop_point, stop_scope
 from visualkv.kv.cache import TIER_FULL, CompressibleCache, split_tiers
 from visualkv.layout import Block, plan_blocks
 from visualkv.methods.base import LayerState, Method, PrefillContext
@@ -151,6 +152,30 @@ def _latest_frame_time(frames, units, so_far: float | None) -> float | None:
     return max(times) if times and (so_far is None or max(times) > so_far) else so_far
 
 
+@contextlib.contextmanager
+def _vision_stops(adapter: ModelAdapter, should_stop: Callable[[], bool] | None) -> Iterator[None]:
+    """Within the block, every block of the model's stacks outside the decoder (the vision tower's; `run_layers`
+    asks before each decoder layer), and each of its parts, asks `stop_point` before it runs, so a bulk prefill's
+    one vision call over a long video ends at Stop within a vision block's step. Hooks that only read a Python
+    flag, removed on exit."""
+    if should_stop is None:
+        yield
+        return
+    decoder = {id(m) for m in adapter.layers.modules()}
+    stacks = [m for m in adapter.model.modules() if isinstance(m, torch.nn.ModuleList) and id(m) not in decoder]
+    inside = {id(m): m for stack in stacks for block in stack for m in block.modules()}  # each block's parts too
+    handles = [module.register_forward_pre_hook(_stop_hook) for module in inside.values()]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _stop_hook(module: torch.nn.Module, args: tuple) -> None:
+    stop_point()
+
+
 def _inside_patch(run: Callable) -> Callable:
     """An `Engine` method run inside `patched(self.adapter)` (entered once; nested entries only count)."""
 
@@ -202,6 +227,8 @@ class Engine:
         plan = BlockPlan(token_index, tiers, ctx)
         masks: dict[tuple, AfterCache | torch.Tensor | None] = {}
         for layer_idx, layer in enumerate(adapter.layers):
+            if ctx is not None:  # a prefill's layer (bulk: the whole media in one block) ends at Stop
+                ctx.stop_if_asked()
             device = layer.input_layernorm.weight.device
             hidden, cos, sin = hidden.to(device), cos.to(device), sin.to(device)
             cache_layer = cache.layers[layer_idx]
@@ -295,17 +322,47 @@ class Engine:
     ) -> PrefillResult:
         """Run the whole prepared input into `cache` under `method`.
 
-        `should_stop` is asked before every block and once after the last (a block is never cut
-        halfway): when it says yes, `PrefillStopped` is raised and `cache` must be discarded.
+        `should_stop` is asked before every block, before every decoder layer of a block (a bulk prefill is
+        one block), before every vision-tower block and chunk of video preparation (`stop_scope`), by the
+        method's own passes over the media (`PrefillContext.stop_if_asked`) and once after the last block: when
+        it says yes, `PrefillStopped` is raised and `cache` must be discarded.
         `vision_ahead`: the media of this many blocks go through the vision tower in one call (each block's
         own strip or frames a separate sequence there, so the embeddings are those of one call per block),
         held until their blocks run: fewer tower entries (kernel launches) for a larger transient; adapters
         without `encode_ahead` encode block by block whatever it says.
         """
+        with stop_scope(should_stop), _vision_stops(self.adapter, should_stop):
+            return self._prefill(
+                prepared,
+                cache,
+                method,
+                budget,
+                block_size,
+                prefill_mode,
+                seq_offset,
+                on_block,
+                should_stop,
+                vision_ahead,
+            )
+
+    def _prefill(
+        self,
+        prepared: PreparedInput,
+        cache: CompressibleCache,
+        method: Method,
+        budget: int | None,
+        block_size: int | None,
+        prefill_mode: str | None,
+        seq_offset: int,
+        on_block: BlockCallback | None,
+        should_stop: Callable[[], bool] | None,
+        vision_ahead: int,
+    ) -> PrefillResult:
         t_start = time.perf_counter()
         block_size = block_size or self.adapter.default_block_size
         mode = prefill_mode or method.default_prefill
         ctx = PrefillContext(self.adapter, cache, prepared, budget, block_size, mode, seq_offset)
+        ctx.should_stop = should_stop
         ctx.text_pass = lambda ids, positions, observer: self.text_pass(ids, positions, observer, ctx)
         self.adapter.reset_stream()
         ctx.blocks = plan_blocks(  # before `begin`, so a method can plan per block (LightKV's windows)
@@ -326,8 +383,7 @@ class Engine:
         ahead_until = 0  # blocks before this one have had their media encoded ahead
         try:
             for i, block in enumerate(ctx.blocks):
-                if should_stop is not None and should_stop():
-                    raise PrefillStopped()
+                ctx.stop_if_asked()
                 t0 = time.perf_counter()
                 ctx.block = block
                 if vision_ahead > 1 and i >= ahead_until and block.units:
@@ -371,8 +427,7 @@ class Engine:
         except BaseException:  # stopped or failed: nothing encoded ahead (nor a buffered strip) outlives it
             self.adapter.reset_stream()
             raise
-        if should_stop is not None and should_stop():
-            raise PrefillStopped()
+        ctx.stop_if_asked()
         if last_hidden is None:
             raise ValueError("nothing to prefill: every token was dropped")
         method.end(ctx)

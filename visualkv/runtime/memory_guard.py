@@ -30,8 +30,12 @@ the turn's peak from the model's dimensions and the planned blocks, weights asid
   are reported but not asked of the free memory). A lazily decoded video (``Media.is_lazy``) holds
   a few cached frames plus the frames of the block being encoded, estimated from metadata.
 
+- **The method's pass before the first block** (`Method.begin_bytes`): Sali-Cache's motion pass holds two
+  downscaled frames and the optical flow's work.
+
 The peak is the largest, over the blocks, of what coexists: the cache before the block plus the vision
-tower on it, or the cache during the block plus its LLM layer (plus the block's embeddings either way).
+tower on it, or the cache during the block plus its LLM layer (plus the block's embeddings either way), or
+the method's pass before the first block.
 
 `check` compares the part still to be allocated with the free memory of the device the cache lives
 on (CUDA: `torch.cuda.mem_get_info` plus what PyTorch's allocator holds unused; CPU: psutil's
@@ -199,6 +203,8 @@ def estimate_prefill(
         act_peak, vision_peak = max(act_peak, act_b), max(vision_peak, vision_b)
         peak = max(peak, kv.allocated_before + vision_b + embeddings, kv.allocated + kv.growing + act_b + embeddings)
     kv_peak = max(kv_peak, walk.entries_with_answer(headroom))
+    # the method's own pass before the first block (Sali-Cache's motion pass), with nothing of the cache yet
+    peak = max(peak, make_method(method_cls.name, **(method_options or {})).begin_bytes(prepared))
     media_bytes = _media_bytes(prepared, blocks)
     return MemoryEstimate(
         kv_peak * entry_bytes,

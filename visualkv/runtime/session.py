@@ -28,7 +28,7 @@ from PIL import Image
 
 from visualkv.attention import block as block_attention
 from visualkv.attention import implementation
-from visualkv.errors import ConfigError
+from visualkv.errors import ConfigError, check_range
 from visualkv.kv.cache import CompressibleCache
 from visualkv.media import Media, load_image, load_media
 from visualkv.methods import make_method, media_limits, method_traits
@@ -94,24 +94,24 @@ class SessionConfig:
 
     def validate(self) -> None:
         traits = method_traits(self.method)  # ConfigError for an unknown name or a refused composition
-        if self.budget is not None and self.budget < 1:
-            raise ConfigError(f"budget must be a positive number of tokens, got {self.budget}")
+        if self.budget is not None:
+            check_range("budget", self.budget, 1, MAX_TOKENS, whole=True)
         if traits.needs_budget and self.budget is None:
             raise ConfigError(
                 f"method {self.method!r} needs a budget (visual entries kept per layer and KV head; --budget N)"
             )
-        if self.block_size is not None and self.block_size < 1:
-            raise ConfigError(f"block size must be >= 1, got {self.block_size}")
+        if self.block_size is not None:
+            check_range("block size", self.block_size, 1, MAX_TOKENS, whole=True)
         if self.prefill not in (None, "hybrid", "blockwise", "bulk"):
             raise ConfigError(f"prefill must be hybrid, blockwise or bulk, got {self.prefill!r}")
-        if self.max_new_tokens < 1:
-            raise ConfigError("max_new_tokens must be >= 1")
-        if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise ConfigError("temperature must be >= 0 and top_p in (0, 1]")
+        check_range("max_new_tokens", self.max_new_tokens, 1, MAX_NEW_TOKENS, whole=True)
+        check_range("temperature", self.temperature, 0, MAX_TEMPERATURE)
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        check_range("seed", self.seed, 0, MAX_SEED, whole=True)
         if self.followup not in ("reuse", "reprefill"):
             raise ConfigError("followup must be 'reuse' or 'reprefill'")
-        if self.vision_ahead < 1:
-            raise ConfigError(f"vision_ahead must be >= 1 (blocks per vision-tower call), got {self.vision_ahead}")
+        check_range("vision_ahead (blocks per vision-tower call)", self.vision_ahead, 1, MAX_VISION_AHEAD, whole=True)
         if self.decode not in DECODE_MODES:
             raise ConfigError(f"decode must be one of {', '.join(DECODE_MODES)}, got {self.decode!r}")
         if self.decode_attention not in DECODE_ATTENTION:
@@ -119,6 +119,14 @@ class SessionConfig:
                 f"decode_attention must be one of {', '.join(DECODE_ATTENTION)}, got {self.decode_attention!r}"
             )
 
+
+#: bounds of the settings (`SessionConfig.validate`): a budget or block of more tokens than an hour of video
+#: holds, an answer longer than any a chat needs, or more blocks per vision-tower call than make one call
+MAX_TOKENS = 1 << 20
+MAX_NEW_TOKENS = 32_768
+MAX_TEMPERATURE = 10.0
+MAX_SEED = 2**32 - 1
+MAX_VISION_AHEAD = 64
 
 #: what a turn's media may be given as (see ChatSession.stream)
 MediaSource = Media | str | os.PathLike | Image.Image | np.ndarray
@@ -178,10 +186,10 @@ class ChatSession:
 
         The first turn may carry media: a `Media` from `load_media`, or a file path, a PIL image or an RGB array,
         loaded here with the method's limits (default frame sampling; use `load_media` to choose it). Later
-        turns reuse it. If anything fails
-        before decoding starts, the session is left exactly as it was. `stop` is
-        checked between prefill blocks (raising `PrefillStopped`, session unchanged)
-        and between decoded tokens (the answer so far is kept).
+        turns reuse it. If anything fails before decoding starts, the session is left exactly as it was. `stop`
+        is checked throughout the prefill, at least before every decoder layer and every few frames of a pass
+        over the media (`Engine.prefill`; raising `PrefillStopped`, session unchanged), and between decoded
+        tokens (the answer so far is kept).
         """
         if not prompt or not prompt.strip():
             raise ConfigError("the question is empty; type a question about the image or video")

@@ -1,10 +1,12 @@
 """Run chat turns in a worker thread and hand their telemetry to a reader as one ordered stream of events.
 
 A UI wants prefill blocks and answer text in one stream, with the model compute off its own thread so that a
-stop request is seen while the model runs. `stream_turn` yields ("block", BlockEvent), ("text", str), then
-exactly one of ("done", TurnRecord), ("error", one-line message) or ("stopped", message): `stop` (or the turn's
-time limit, `TIME_LIMIT_STOPPED`) ends the prefill at a block boundary, leaving the session as before the
-turn. Errors never escape as exceptions. Turns of one session are serialised by a per-session lock.
+stop request is seen while the model runs. `stream_turn` yields ("block", BlockEvent), ("text", str) (the pieces
+decoded since the reader last asked, joined), then exactly one of ("done", TurnRecord), ("error", one-line
+message) or ("stopped", message): `stop` (or the turn's time limit, `TIME_LIMIT_STOPPED`) ends the prefill
+within a decoder layer or a few frames of a pass over the media, leaving the session as before the turn, or
+the answer at the next token. Errors never escape as exceptions. Turns of one session are serialised by a
+per-session lock.
 
 Also here: `stream_compare` / `compare_methods` (one question through several methods, each in a fresh
 session), `turn_report`, `live_report` (a partial report during prefill), and `method_settings` /
@@ -119,9 +121,13 @@ def stream_turn(
     worker = threading.Thread(target=work, name="visualkv-turn", daemon=True)
     worker.start()
     finished = False
+    held: Event | None = None  # an event read while joining text, yielded next
     try:
         while True:
-            kind, payload = events.get()
+            kind, payload = held or events.get()
+            held = None
+            if kind == "text":
+                payload, held = _joined_text(events, payload)
             if kind in ("done", "error", "stopped"):
                 finished = True
             yield kind, payload
@@ -130,6 +136,23 @@ def stream_turn(
     finally:
         if not finished and stop is not None:
             stop.set()
+
+
+def _joined_text(events: queue.Queue[Event], text: str) -> tuple[str, Event | None]:
+    """`text` joined with the text pieces already queued behind it, and the first other event read (or None).
+
+    A reader slower than decoding (a browser fed one update per piece) then gets what was decoded meanwhile in
+    one piece: it is never more than one update behind, so a request that holds the model's one compute slot
+    ends when decoding ends, not when the last of hundreds of pieces has been sent."""
+    pieces = [text]
+    while True:
+        try:
+            kind, payload = events.get_nowait()
+        except queue.Empty:
+            return "".join(pieces), None
+        if kind != "text":
+            return "".join(pieces), (kind, payload)
+        pieces.append(payload)
 
 
 # -- reports ----------------------------------------------------------------------------------

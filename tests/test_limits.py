@@ -1,0 +1,259 @@
+"""Every setting that decides how much is computed has a bound, refused in one line before any compute."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from tests.conftest import get_adapter
+from visualkv.bench.synthetic import video_media
+from visualkv.errors import ConfigError, PrefillStopped, check_range
+from visualkv.media.saliency import MotionConfig, frame_decisions, motion_pass_bytes
+from visualkv.methods import METHODS, make_method
+from visualkv.methods.blockwise import SnapKVConfig
+from visualkv.methods.full import FullCache
+from visualkv.methods.lightkv import LightKVConfig
+from visualkv.report.telemetry import TIME_LIMIT_STOP, TurnRecord
+from visualkv.runtime.memory_guard import MemoryGuard
+from visualkv.runtime.session import ChatSession, SessionConfig
+from visualkv.runtime.streaming import method_options, stream_turn
+
+
+def test_check_range_names_the_setting_the_value_and_the_range():
+    with pytest.raises(ConfigError) as caught:
+        check_range("salicache downscale_width", 3000, 16, 640, whole=True)
+    assert str(caught.value) == "salicache downscale_width must be a whole number from 16 to 640, got 3000"
+    for bad in (float("nan"), "7", None, True, 2.5):
+        with pytest.raises(ConfigError):
+            check_range("x", bad, 0, 10, whole=True)
+    check_range("x", 10, 0, 10, whole=True)  # the bounds themselves are allowed
+    check_range("x", 0.0, 0, 10)
+
+
+@pytest.mark.parametrize(
+    "field, bad, good",
+    [
+        ("budget", 10**7, 10**6),
+        ("budget", 0, 1),
+        ("block_size", 10**7, 4096),
+        ("max_new_tokens", 10**6, 32_768),
+        ("temperature", 1e9, 10.0),
+        ("seed", -1, 0),
+        ("seed", 2**40, 2**32 - 1),
+        ("vision_ahead", 10**4, 64),
+    ],
+)
+def test_session_config_bounds(field, bad, good):
+    base = {"method": "blockwise-keydiff", "budget": 64}
+    SessionConfig(**(base | {field: good})).validate()
+    cfg = SessionConfig(**(base | {field: bad}))
+    with pytest.raises(ConfigError, match=f"must be a (whole )?number from .* got {bad!r}"):
+        cfg.validate()
+
+
+@pytest.mark.parametrize("method", ["blockwise-snapkv", "post-snapkv"])
+def test_snapkv_pooling_and_window_bounds(method):
+    with pytest.raises(ConfigError, match=r"kernel_size .* from 1 to 63, got 1000000"):
+        make_method(method, config=SnapKVConfig(kernel_size=1_000_000))
+    with pytest.raises(ConfigError, match=r"window .* from 1 to 4,096, got 0"):
+        make_method(method, config=SnapKVConfig(window=0))
+    # through the app's settings form too: one line, not a failure inside the scoring
+    with pytest.raises(ConfigError, match="kernel_size"):
+        method_options(method, {"config.kernel_size": 1_000_000})
+    assert make_method(method, config=SnapKVConfig(window=4096, kernel_size=63)).config.kernel_size == 63
+
+
+@pytest.mark.parametrize(
+    "key, bad",
+    [
+        ("downscale_width", 3000),
+        ("downscale_width", 8),
+        ("flow_threshold", -0.1),
+        ("flow_threshold", 1e6),
+        ("cut_threshold", 256.0),
+        ("group_size", 4096),
+        ("edge_weight", 1.5),
+    ],
+)
+def test_salicache_bounds(key, bad):
+    with pytest.raises(ConfigError, match=rf"salicache {key} must be .* from .* got {bad!r}"):
+        make_method("salicache", **{key: bad})
+    with pytest.raises(ConfigError, match=rf"salicache {key}"):  # a stage of a composition alike
+        make_method("blockwise-keydiff+salicache", salicache={key: bad})
+
+
+def test_salicache_bounds_allow_their_ends():
+    method = make_method("salicache", downscale_width=640, flow_threshold=1000.0, cut_threshold=255.0)
+    assert method.motion.downscale_width == 640
+    with pytest.raises(ValueError, match="downscale_width"):  # the motion filter used alone is bounded too
+        MotionConfig(downscale_width=3000)
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"layers": (1, 5000)}, "last layer .* got 5000"),
+        ({"windows": 1000}, r"windows .* from 1 to 64, got 1000"),
+        ({"ratios": tuple([0.5] * 65)}, "number of values .* got 65"),
+        ({"layers": ()}, "number of values .* got 0"),
+    ],
+)
+def test_lightkv_bounds(options, match):
+    with pytest.raises(ConfigError, match=match):
+        LightKVConfig(**options)
+
+
+# -- Stop and the time limit reach every step of a turn -----------------------------------------------------
+
+
+class StopAfter:
+    """A `should_stop` that says yes from its `n`-th call on, counting its calls."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.calls = n, 0
+
+    def __call__(self) -> bool:
+        self.calls += 1
+        return self.calls >= self.n
+
+
+def test_motion_pass_asks_before_every_frame():
+    read = []
+
+    def frames():
+        for k in range(20):
+            read.append(k)
+            yield np.full((36, 64, 3), 10 * k, dtype=np.uint8)
+
+    should_stop = StopAfter(4)
+    with pytest.raises(PrefillStopped):
+        frame_decisions(frames(), MotionConfig(), should_stop)
+    assert read == [0, 1, 2, 3]  # four frames filtered, the fifth never decoded
+
+
+def _prefill(method, media, should_stop, events: list) -> None:
+    """A bulk prefill (one block) of `media` under `method` (a name or a Method), asking `should_stop`."""
+    adapter = get_adapter("tiny-qwen2.5-vl")
+    name = method if isinstance(method, str) else "full"
+    session = ChatSession(adapter, SessionConfig(method=name, budget=32 if name != "full" else None))
+    prepared = adapter.prepare(media, "What happens?")
+    session.engine.prefill(
+        prepared, session._new_cache(), method if not isinstance(method, str) else session.method,
+        session.config.budget, None, "bulk", on_block=events.append, should_stop=should_stop,
+    )  # fmt: skip
+
+
+class LayerSpy(FullCache):
+    """The full cache, noting each decoder layer a block has passed."""
+
+    def __init__(self) -> None:
+        self.layers: list[int] = []
+
+    def after_layer(self, ctx, state) -> None:
+        self.layers.append(state.layer_idx)
+
+
+def test_bulk_prefill_stops_between_layers(small_video):
+    """A bulk prefill is one block: Stop is asked before each of its decoder layers, not only before the block."""
+    spy, events = LayerSpy(), []
+    with pytest.raises(PrefillStopped):
+        _prefill(spy, small_video, lambda: bool(spy.layers), events)  # Stop pressed during layer 0
+    assert spy.layers == [0] and events == []
+
+
+def test_bulk_prefill_stops_inside_the_vision_tower(small_video):
+    """The one vision call of a bulk prefill (video preparation, then the tower) asks Stop as it goes."""
+    spy, events, should_stop = LayerSpy(), [], StopAfter(2)
+    with pytest.raises(PrefillStopped):
+        _prefill(spy, small_video, should_stop, events)  # asked before the block, then inside its vision call
+    assert should_stop.calls == 2 and spy.layers == [] and events == []
+
+
+def test_salicache_passes_over_the_media_stop(small_video):
+    """Sali-Cache's motion pass (and its saliency pass) end at Stop before any block is encoded."""
+    should_stop, events = StopAfter(2), []
+    with pytest.raises(PrefillStopped):
+        _prefill("salicache", small_video, should_stop, events)
+    assert should_stop.calls == 2 and events == []  # two frames filtered, then stopped
+
+
+class _DecodedSession:
+    """Stands in for a ChatSession whose answer is decoded while the reader is busy elsewhere."""
+
+    def __init__(self, pieces: list[str]) -> None:
+        self.pieces, self.turns = pieces, []
+        self.go, self.decoded = threading.Event(), threading.Event()
+
+    def snapshot(self) -> dict:
+        return {}
+
+    def stream(self, prompt, media=None, on_block=None, stop=None):
+        yield self.pieces[0]
+        self.go.wait(timeout=30)
+        yield from self.pieces[1:]
+        self.turns.append(TurnRecord(prompt=prompt, answer="".join(self.pieces)))
+        self.decoded.set()
+
+
+def test_text_decoded_while_the_reader_was_busy_comes_as_one_piece():
+    """A slow reader (a browser) never holds the compute slot past decoding: what was decoded meanwhile comes
+    in one event, then the turn ends."""
+    pieces = [f"w{k} " for k in range(50)]
+    session = _DecodedSession(pieces)
+    events = stream_turn(session, "q")
+    assert next(events) == ("text", "w0 ")
+    session.go.set()
+    assert session.decoded.wait(timeout=30)
+    rest = list(events)
+    assert [kind for kind, _ in rest] == ["text", "done"]
+    assert rest[0][1] == "".join(pieces[1:]) and rest[1][1].answer == "".join(pieces)
+
+
+# -- a turn ends within a second of its time limit, whatever the method -------------------------------------
+
+TIME_LIMIT = 1.0
+#: 256 frames of 224x168 (about 6,200 visual tokens): the prefill alone takes longer than TIME_LIMIT for every
+#: method on the tiny model on 2 CPU cores (lightkv, the fastest, about 1.2 s unloaded; salicache about 4 s),
+#: and the answer's MAX_NEW_TOKENS would take seconds more: no turn ends before its limit
+LONG_VIDEO = (256, 224, 168)
+MAX_NEW_TOKENS = 4096
+
+
+@pytest.fixture(scope="module")
+def long_video(small_video):
+    """The long video, with the model warmed up on a short one (first calls load kernels and processors)."""
+    ChatSession(get_adapter("tiny-qwen2.5-vl"), SessionConfig(max_new_tokens=2)).ask("What?", small_video)
+    return video_media(*LONG_VIDEO, fps=1.0, seed=2)
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_turn_ends_within_a_second_of_the_time_limit(method, long_video):
+    adapter = get_adapter("tiny-qwen2.5-vl")
+    needs_budget = METHODS[method].needs_budget
+    config = SessionConfig(method=method, budget=64 if needs_budget else None, max_new_tokens=MAX_NEW_TOKENS)
+    session = ChatSession(adapter, config)
+    started = time.monotonic()
+    events = list(stream_turn(session, "What happens in the video?", long_video, time_limit=TIME_LIMIT))
+    elapsed = time.monotonic() - started
+    kind, payload = events[-1]
+    stopped = kind == "stopped" or (kind == "done" and payload.stopped == TIME_LIMIT_STOP)
+    assert stopped, f"{method}: the turn was not stopped by the time limit ({kind}: {payload})"
+    assert elapsed < TIME_LIMIT + 1.0, f"{method}: the turn ran {elapsed:.2f} s with a {TIME_LIMIT} s limit"
+
+
+def test_memory_guard_counts_the_motion_pass(small_video):
+    """Sali-Cache's motion pass holds two downscaled frames (grey + RGB) and the flow's float32 work."""
+    adapter = get_adapter("tiny-qwen2.5-vl")
+    prepared = adapter.prepare(small_video, "What happens?")
+    width, height = small_video.size  # 224 x 168: at 640 px wide the flow runs on 640 x 480 frames
+    assert (width, height) == (224, 168)
+    expected = 640 * 480 * (2 * 4 + 4 * 40)
+    assert motion_pass_bytes((width, height), MotionConfig(downscale_width=640)) == expected
+    for method in ("salicache", "blockwise-keydiff+salicache"):
+        options = {"downscale_width": 640} if method == "salicache" else {"salicache": {"downscale_width": 640}}
+        config = SessionConfig(method=method, budget=32 if "+" in method else None, method_options=options)
+        assert MemoryGuard().check(adapter, prepared, config).peak_bytes >= expected
+    assert make_method("salicache").begin_bytes(adapter.prepare(None, "Hi")) == 0  # no video: no motion pass
