@@ -361,7 +361,7 @@ def test_turn_time_limit_stops_the_turn(small_image):
     events = list(stream_turn(session, QUESTION, small_image, stop, time_limit=0.01))
     assert stop.is_set()
     kind, payload = events[-1]
-    # the prefill stops at a block boundary, or the answer at its next token: either way early, as Stop would,
+    # the prefill stops before its next layer, or the answer at its next token: either way early, as Stop would,
     # and named as the time limit's doing (tests/test_compare.py fires the limit at each point deterministically)
     if kind == "done":
         assert payload.stopped == TIME_LIMIT_STOP and len(payload.token_ids) < 400

@@ -289,7 +289,7 @@ class ChatCallbacks:
         return record.answer or "(empty answer)"
 
     def stop(self, request: gr.Request, state):
-        """The chat's Stop: a running turn ends at its next block boundary or token; a waiting one will not run."""
+        """The chat's Stop: a running turn ends within a layer (a prefill) or a token; a waiting one will not run."""
         queue = self.context.queue
         if state is not None and queue.active.get(id(state)) == "turn":
             state.stop.set()

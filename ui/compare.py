@@ -201,7 +201,7 @@ class CompareCallbacks:
         return f"⏹ {message[0].upper()}{message[1:]}; the table keeps the finished ones"
 
     def stop_compare(self, request: gr.Request, state):
-        """Compare's own Stop: the running method ends at its next block boundary or token, and a waiting
+        """Compare's own Stop: the running method ends within a layer (a prefill) or a token, and a waiting
         comparison will not run. For a running one it writes nothing: the browser shows "stopping…" itself,
         and the comparison's own last status line, which may come first, must not be overwritten."""
         queue = self.context.queue
