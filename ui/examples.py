@@ -14,7 +14,7 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 # generic examples: real-looking media for memory and kept-token maps (random-weight or Hub models)
 GENERIC_EXAMPLES = [
     ("Where is the small red star?", ASSETS / "example_4k.png"),
-    ("What happens in this video?", ASSETS / "example_video.mp4"),
+    ("What happens in this video?", ASSETS / "example_video.webm"),
 ]
 VIDEO_SUFFIXES = (".mp4", ".webm", ".mov", ".avi", ".mkv")
 THUMB_SIZE = (320, 180)

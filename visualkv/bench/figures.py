@@ -684,7 +684,7 @@ def table_memory_guard_families(results: Path) -> str:
 
 
 def table_memory_guard_video(results: Path) -> str:
-    """The same on a video (assets/example_video.mp4), the bench model and every family's tiny model."""
+    """The same on a video (assets/example_video.webm), the bench model and every family's tiny model."""
     return _memory_guard_rows(results, "memory_guard_video_cpu.json")
 
 
