@@ -3,7 +3,7 @@
 Usage: python scripts/compose_ratio.py OUT.json [--model tiny-qwen2.5-vl] [--fractions 0.25,0.5,1]
   [--tiers 0.43,0.10,0.29] [--method blockwise-keydiff]
 
-On the example video (assets/example_video.mp4, 64 s sampled at 1 fps), one process, one input: for each
+On the example video (assets/example_video.webm, 64 s sampled at 1 fps), one process, one input: for each
 M (a fraction of the visual tokens) it runs `--method` alone and `--method` with Sali-Cache stacked
 (frame skipping at the default flow threshold and the given tiers), and records final and peak KV
 bytes, the visual entries held per tier, and the ratio composed / alone. Memory figures are exact
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "assets" / "example_video.mp4"
+EXAMPLE = Path(__file__).resolve().parent.parent / "assets" / "example_video.webm"
 PROMPT = "What happens in the video?"
 
 
@@ -72,7 +72,7 @@ def main() -> None:
         rows.append(row)
     out = {
         "model": args.model,
-        "media": "assets/example_video.mp4 (1 fps, 64 frames)",
+        "media": "assets/example_video.webm (1 fps, 64 frames)",
         "visual_tokens": n_visual,
         "method": args.method,
         "composed": composed,

@@ -6,13 +6,13 @@ Writes:
   example_4k.png     3840x2160 still: textured background, ~60 muted distractor shapes and a few
                      small "needles" at fixed places (a red star, a yellow "VKV-42" label, ...)
   example_4k.json    the needles' boxes, for needle-in-an-image checks
-  example_video.mp4  64 s, 640x360, 4 fps, mp4v: static shot, slow pan, hard cut, static shot with a
-                     1 s red-ball event, static to the end
+  example_video.webm 64 s, 640x360, 4 fps, VP9 (plays in browsers): static shot, slow pan, hard cut,
+                     static shot with a 1 s red-ball event, static to the end
   example_video.json the video's segments (start/end seconds, kind) and where the ball is
   *.poster.png       a 320 px poster frame of every example video (here and in visualkv-demo/), shown
                      on the app's example cards (`--posters-only` writes just these)
 
-Same output on every run. The generator functions are importable so that tests can make small
+Same pixels on every run (a WebM file also holds a random segment id). The generator functions are importable so that tests can make small
 variants in memory: ``make_still``, ``still_needles``, ``VideoTimeline``, ``iter_video_frames``,
 ``make_video_frames``, ``video_description``.
 """
@@ -36,6 +36,7 @@ from PIL import Image
 STILL_SIZE = (3840, 2160)
 MAX_STILL_BYTES = 8 * 1024**2
 MAX_VIDEO_BYTES = 5 * 1024**2
+VIDEO_FILE = "example_video.webm"
 RED = (230, 20, 20)
 YELLOW = (250, 215, 0)
 BLACK = (0, 0, 0)
@@ -353,41 +354,32 @@ def write_still(out: Path) -> dict:
 
 
 def write_video(out: Path, width: int = 640, height: int = 360, fps: float = 4.0) -> dict:
-    """Write example_video.mp4 (mp4v) and example_video.json; check decord reads it back."""
-    path = out / "example_video.mp4"
-    tmp = out / "example_video.tmp.mp4"  # the extension tells FFmpeg the container
-    writer = cv2.VideoWriter(str(tmp), cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height))
-    if not writer.isOpened():
-        raise SystemExit("OpenCV cannot write mp4v video here (FFmpeg missing from the cv2 build?)")
-    try:
-        for frame in iter_video_frames(width, height, fps):
-            writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
-    finally:
-        writer.release()
+    """Write example_video.webm (VP9) and example_video.json; check it reads back frame for frame."""
+    from visualkv.bench.synthetic import WEBM_CRF, write_frames
+
+    path = out / VIDEO_FILE
+    tmp = out / "example_video.tmp.webm"  # the extension tells FFmpeg the container and the codec
+    write_frames(str(tmp), iter_video_frames(width, height, fps), fps, (width, height))
     os.replace(tmp, path)
     if path.stat().st_size > MAX_VIDEO_BYTES:
         raise SystemExit(f"{path} is {path.stat().st_size} bytes; keep it under 5 MiB")
     description = video_description(width, height, fps)
     description["file"] = path.name
-    description["codec"] = "mp4v"
-    description["decord_frames"] = _decord_frame_count(path)
+    description["codec"] = f"vp9 (libvpx, crf {WEBM_CRF})"
+    description["decoded_frames"] = _decoded_frame_count(path, description["frame_count"])
     (out / "example_video.json").write_text(json.dumps(description, indent=2) + "\n")
     return description
 
 
-def _decord_frame_count(path: Path) -> int | None:
-    try:
-        import decord
-    except ImportError:
-        print(
-            "note: decord is not installed; skipped the read-back check",
-            file=sys.stderr,
-        )
-        return None
-    count = len(decord.VideoReader(str(path)))
-    expected = video_description()["frame_count"]
+def _decoded_frame_count(path: Path, expected: int) -> int:
+    """The frames OpenCV decodes from `path` (the app's reader without decord): all `expected` of them."""
+    cap = cv2.VideoCapture(str(path))
+    count = 0
+    while cap.grab():
+        count += 1
+    cap.release()
     if count != expected:
-        raise SystemExit(f"decord reads {count} frames from {path}, expected {expected}")
+        raise SystemExit(f"OpenCV reads {count} frames from {path}, expected {expected}")
     return count
 
 
@@ -395,10 +387,10 @@ POSTER_WIDTH = 320
 
 
 def write_posters(folder: Path, at: float = 0.25) -> list[Path]:
-    """A poster frame (`at` of the way into the video, past a dark first frame) of every .mp4 under
+    """A poster frame (`at` of the way into the video, past a dark first frame) of every .webm under
     `folder`, as <name>.poster.png, POSTER_WIDTH px wide: the app's example cards show it."""
     written = []
-    for video in sorted(folder.rglob("*.mp4")):
+    for video in sorted(folder.rglob("*.webm")):
         cap = cv2.VideoCapture(str(video))
         count = int(cap.get(cv2.CAP_PROP_FRAME_COUNT) or 0)
         cap.set(cv2.CAP_PROP_POS_FRAMES, int(count * at))
@@ -425,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--posters-only", action="store_true", help="only (re)write the videos' poster frames")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # visualkv, for the videos and demo scenes
     started = time.perf_counter()
     if args.posters_only:
         for path in write_posters(args.out):
@@ -436,7 +429,6 @@ def main(argv: list[str] | None = None) -> int:
         size = (args.out / name).stat().st_size
         print(f"{args.out / name}: {size / 1024**2:.2f} MiB")
     # the bundled demo model's example scenes and their suggested questions (visualkv/bench/scenes.py)
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from visualkv.bench.scenes import write_examples
 
     demo = write_examples(str(args.out / "visualkv-demo"))

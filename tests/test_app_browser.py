@@ -641,7 +641,7 @@ def test_video_frame_timeline(page):
     set_number(page, "#vkv-fps", 0.25)
     set_number(page, "#vkv-max-frames", 16)
     watch(page)
-    send(page, "What moves in this video?", REPO / "assets" / "example_video.mp4")
+    send(page, "What moves in this video?", REPO / "assets" / "example_video.webm")
     # while blocks arrived, the progress said how far into the 64 s video the prefill had read
     seen = watched(page)
     assert any(" of 1:04 read" in p for p in seen["progress"] if p.startswith("prefill block")), seen["progress"]

@@ -162,7 +162,7 @@ def test_salicache_bench_on_the_example_video(tmp_path, capsys):
         "bench",
         "salicache",
         "--media",
-        str(REPO / "assets" / "example_video.mp4"),
+        str(REPO / "assets" / "example_video.webm"),
         "--max-frames",
         "8",
         "--max-new-tokens",

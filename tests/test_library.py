@@ -57,7 +57,7 @@ def test_the_readme_library_example_runs_and_answers():
     share = re.search(r"(\d+) visual tokens, peak KV (\d+)% of full", done.stdout)
     assert share and int(share[1]) > 128 and int(share[2]) < 100, done.stdout  # the budget really bounded it
     video = next(line for line in lines if line.startswith("video answer: "))
-    assert video == f"video answer: {ground_truth('example_needle_video.mp4', 'What color was the ring?')}", video
+    assert video == f"video answer: {ground_truth('example_needle_video.webm', 'What color was the ring?')}", video
 
 
 def test_import_is_light_and_every_public_name_resolves():

@@ -421,7 +421,7 @@ def test_whole_estimate_against_measured_rss_on_a_video(tmp_path):
     out = tmp_path / "guard_video.json"
     models = ("tiny-qwen2.5-vl", "tiny-smolvlm2")
     command = [sys.executable, "scripts/guard_check.py", "--model", ",".join(models), "--media"]
-    command += ["assets/example_video.mp4", "--methods", "full,blockwise-keydiff", "--json", str(out)]
+    command += ["assets/example_video.webm", "--methods", "full,blockwise-keydiff", "--json", str(out)]
     subprocess.run(command, cwd=repo, check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(repo)})
     rows = json.loads(out.read_text())["results"]
     assert [(r["model"], r["method"]) for r in rows] == [

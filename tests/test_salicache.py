@@ -26,7 +26,7 @@ from visualkv.runtime.session import ChatSession, SessionConfig
 
 PROMPT = "What happens?"
 W, H = 224, 168
-EXAMPLE = Path(__file__).resolve().parent.parent / "assets" / "example_video.mp4"
+EXAMPLE = Path(__file__).resolve().parent.parent / "assets" / "example_video.webm"
 
 
 # -- helpers ----------------------------------------------------------------------------------

@@ -103,10 +103,47 @@ def test_public_load_errors_show_no_server_path(monkeypatch):
         ),
         (r"C:\Users\me\clip.mp4 is broken", "clip.mp4 is broken"),
         ("ratio 1/2 (~/x/y)", "ratio 1/2 (y)"),
+        # web addresses are public and stay whole; a file:// URL is a server path
+        (
+            "see https://huggingface.co/org/name/tree/main (from /srv/app/log.txt)",
+            "see https://huggingface.co/org/name/tree/main (from log.txt)",
+        ),
+        ("http://localhost:7860/x and file:///etc/secret", "http://localhost:7860/x and file:secret"),
     ],
 )
 def test_scrub_paths(message, expected):
     assert scrub_paths(message) == expected
+
+
+def test_the_public_model_list_offers_only_models_it_loads():
+    """A shared page lists no model it would then refuse (shape models are the operator's to add)."""
+    from ui.layout import model_choices
+
+    policy = ModelPolicy.create(public=True, environ={})
+    listed = model_choices("visualkv-demo", policy)
+    assert listed and all(policy.permits(name) for name in listed), listed
+    assert not [name for name in listed if name.startswith("shape-")], listed
+    assert any(name.startswith("shape-") for name in model_choices("visualkv-demo"))  # locally they are offered
+    extra = ModelPolicy.create(public=True, extra=["shape-qwen2.5-vl-7b"], environ={})
+    assert "shape-qwen2.5-vl-7b" in model_choices("visualkv-demo", extra)
+
+
+def test_a_model_path_that_is_a_file_or_relative_is_said_truly(tmp_path, monkeypatch):
+    """Locally, a file given as a model is called a file (not "does not exist"), `~` is the home folder, and a
+    missing relative path says which folder it was read from."""
+    from visualkv.models.registry import load_model
+
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"not a model")
+    with pytest.raises(ModelLoadError, match="is a file, not a model folder") as err:
+        load_model(str(weights))
+    assert "does not exist" not in str(err.value)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(ModelLoadError, match="is a file"):
+        load_model("~/model.safetensors")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelLoadError, match=f"does not exist \\(a relative path is read from {tmp_path}\\)"):
+        load_model("./no-such-folder")
 
 
 def test_report_names_the_file_but_carries_no_path(tmp_path):

@@ -328,8 +328,10 @@ def test_salicache_video_views(adapter):
         saliency_gallery(video.frames, video.times, report),
         tier_gallery(video.frames, video.times, report),
     ):
-        assert len(gallery) == n_frames  # one readable image per frame
-        assert all(img.width >= 360 and caption.startswith("frame ") for img, caption in gallery)
+        assert len(gallery) == n_frames  # one image per frame
+        # the frame at its own size with nothing drawn under it: the page shows the colours' legend once, as
+        # text, since text drawn into images shown a few to a row would be too small to read
+        assert all(img.size == (224, 168) and caption.startswith("frame ") for img, caption in gallery)
     per_frame = [caption for _, caption in tier_gallery(video.frames, video.times, report)]
     total = sum(int(part.rsplit(" ", 1)[1]) for c in per_frame for part in c.split(" · ")[2].split(", "))
     assert total == len(report["tier"])  # the per-frame counts add up to every token
@@ -619,3 +621,71 @@ def test_text_drawn_into_views_stays_legible_at_the_panel_width(width):
         assert gaps == [None] * 7  # no caption runs into the next one
         if captions[0] == "t=12.0s":
             assert all((ink[3] - ink[1] + 1) * shown >= MIN_SHOWN_TEXT_PX for ink in inks)
+
+
+def _memory_report(kv_mib: list[float], rss_mib: list[float], full_mib: float) -> dict:
+    """A report of a few prefill blocks with the given held KV and process RSS (MiB)."""
+    blocks = [
+        {"kv_bytes": kv * MIB, "peak_kv_bytes": kv * MIB, "rss_bytes": rss * MIB, "tokens_in": 100, "n_blocks": 3}
+        for kv, rss in zip(kv_mib, rss_mib)
+    ]
+    return {"blocks": blocks, "full_kv_bytes": full_mib * MIB}
+
+
+@pytest.mark.parametrize(
+    ("kv", "rss", "full"),
+    [([120, 180, 240], [900, 1100, 1300], 600), ([0.4, 0.5, 0.5], [1000, 1100, 1150], 2.5), ([3, 4, 5], [6, 7, 8], 9)],
+)
+def test_the_memory_charts_log_axis_reads_as_plain_growing_numbers(kv, rss, full):
+    """Right panel (log MiB): every tick label is a plain number and they grow upwards ("1, 10, 100, 1,000"), never
+    Plotly's bare minor digits between powers of ten ("100, 2, 5, 1000")."""
+    axis = block_memory_figure(_memory_report(kv, rss, full)).layout.yaxis2
+    assert axis.type == "log" and axis.tickvals and len(axis.tickvals) >= 3, axis
+    labels = list(axis.ticktext)
+    assert all(re.fullmatch(r"\d{1,3}(,\d{3})*(\.\d+)?", t) for t in labels), labels
+    values = [float(t.replace(",", "")) for t in labels]
+    assert values == sorted(values) and len(set(values)) == len(values), labels
+    assert values == pytest.approx(list(axis.tickvals)), (labels, axis.tickvals)  # each label is its tick's value
+    low, high = 10 ** axis.range[0], 10 ** axis.range[1]
+    assert low <= min([*kv, *rss, full]) and max([*kv, *rss, full]) <= high  # every point inside the axis
+
+
+@pytest.mark.parametrize(
+    ("skipped", "encoded", "expected"),
+    [
+        (
+            20,
+            6,
+            (
+                "32 frames sampled: 20 skipped as nearly unchanged, 12 kept; "
+                "the vision encoder read the 12 kept frames as 6 inputs of 2 frames"
+            ),
+        ),
+        (0, 16, "32 frames sampled, none skipped; the vision encoder read the 32 frames as 16 inputs of 2 frames"),
+        (
+            4,
+            28,
+            (
+                "32 frames sampled: 4 skipped as nearly unchanged, 28 kept; "
+                "the vision encoder read the 28 kept frames, one input each"
+            ),
+        ),
+    ],
+)
+def test_the_frames_sentence_shows_its_arithmetic(skipped, encoded, expected):
+    from visualkv.report.timeline import frames_sentence
+
+    report = {
+        "frames": [{"time": float(i), "skipped": i < skipped} for i in range(32)],
+        "vision_encoder_frames": encoded,
+    }
+    assert frames_sentence(report) == expected
+    title = frame_timeline_figure(report).layout.title.text
+    assert expected.replace("; ", "<br>") in title  # on two lines over the timeline
+
+
+def test_the_keep_maps_colour_bar_names_the_layer_it_shows():
+    from visualkv.report.overlays import keep_bar_title
+
+    assert "over layers" in keep_bar_title(None)
+    assert "in layer 3" in keep_bar_title(3) and "over layers" not in keep_bar_title(3)

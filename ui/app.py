@@ -11,7 +11,7 @@ from visualkv.runtime.access import ModelPolicy, scrub_paths
 
 from . import text, views
 from .callbacks import Callbacks
-from .examples import ASSETS
+from .examples import ASSETS, EXAMPLE_NEW_CHAT, chat_started
 from .layout import (
     COMPARE_CSS,
     CSS,
@@ -28,7 +28,7 @@ from .loading import start_model
 from .queue import COMPUTE_ID
 from .sharing import ServeOptions, limit_heap_arenas, release_on_close, release_state
 from .state import ModelCache, is_offline_model
-from .status import compare_stop_ack_js, stop_ack_js
+from .status import compare_stop_ack_js, note_html, stop_ack_js
 
 COMPUTE = {"concurrency_id": COMPUTE_ID, "concurrency_limit": 1}  # one model computation at a time
 # drawing, settings, Stop and New chat: outside the queue, so they run beside a computation and answer even when
@@ -64,7 +64,7 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
     callbacks = Callbacks.create(cache, model_name, serve.turn_time_limit, serve.max_upload_bytes)
     # delete_cache: uploads and served copies older than 6 h are removed every hour
     with gr.Blocks(title="VisualKV", analytics_enabled=False, delete_cache=(3600, 6 * 3600)) as demo:
-        page = _build_page(demo, model_name, start_error)
+        page = _build_page(demo, model_name, start_error, policy)
         callbacks.context.method_keys = page.settings.method_keys
         callbacks.method_choice.group_names = list(page.settings.groups)
         callbacks.comparisons.method_names = [value for _, value in page.compare.methods.choices]
@@ -78,7 +78,7 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
     return demo
 
 
-def _build_page(demo: gr.Blocks, model_name: str, start_error: str | None) -> Page:
+def _build_page(demo: gr.Blocks, model_name: str, start_error: str | None, policy: ModelPolicy) -> Page:
     """The components, top to bottom and left to right, and the session state's cleanup."""
     state = gr.State(None, time_to_live=4 * 3600, delete_callback=release_state)
     release_on_close(demo, state)  # a closed tab's cache is freed at once
@@ -93,7 +93,7 @@ def _build_page(demo: gr.Blocks, model_name: str, start_error: str | None) -> Pa
     default_method = DEFAULT_METHOD if DEFAULT_METHOD in method_names else method_names[0]
     demo_examples = load_demo_examples()
     with gr.Row(equal_height=False):
-        settings = build_settings(model_name, method_names, default_method)
+        settings = build_settings(model_name, method_names, default_method, policy)
         chat = build_chat(default_method, demo_examples)
         result_views, compare, memory_plot = build_results(method_names)
     return Page(state, model_note, settings, chat, result_views, compare, memory_plot)
@@ -135,10 +135,6 @@ def _wire_chat(page: Page, callbacks: Callbacks) -> None:
             callbacks.comparisons.ticks_for_media, [state, compare.file, compare.methods], [compare.methods], **AT_ONCE
         )
 
-    def pick_example(evt: gr.SelectData):  # the annotation is how Gradio passes the clicked card
-        return chat.examples[evt.index]
-
-    chat.example_gallery.select(pick_example, None, [chat.chat_input], **AT_ONCE)
     # Stop answers in the browser at once: the server's own answer can wait behind a loaded machine's
     # stream of block updates. Only a running turn's progress line (not "done…", a queue position or
     # nothing) is replaced, so a Stop with nothing to stop changes nothing.
@@ -157,6 +153,24 @@ def _wire_chat(page: Page, callbacks: Callbacks) -> None:
         *view_outputs,
         *_compare_results(page),
     ]
+
+    # the annotation is how Gradio passes the clicked card
+    def pick_example(evt: gr.SelectData, state, method, followup):
+        """A card fills the input; on a chat that has begun it starts a new chat first, and says so."""
+        example = chat.examples[evt.index]
+        if not chat_started(state):
+            return tuple(example if k == 2 else gr.skip() for k in range(len(new_chat_outputs)))
+        cleared = list(turns.new_chat(state, method, followup))
+        cleared[2], cleared[4] = example, note_html(EXAMPLE_NEW_CHAT)  # the input, the progress line
+        return tuple(cleared)
+
+    chat.example_gallery.select(
+        pick_example,
+        [state, page.settings.method_dd, page.settings.followup],
+        new_chat_outputs,
+        **AT_ONCE,
+    )
+
     # its waiting turns are cancelled (Gradio's `cancels`); a running one is dropped by the state's epoch
     chat.new_btn.click(
         turns.new_chat,
@@ -197,8 +211,10 @@ def _wire_result_views(page: Page) -> None:
     """A new layer or overlay opacity redraws the before/after slider."""
     result_views = page.views
     inputs = [page.state, result_views.layer_dd, result_views.opacity]
-    result_views.layer_dd.input(views.layer_changed, inputs, [result_views.heatmap], **AT_ONCE)
-    result_views.opacity.release(views.layer_changed, inputs, [result_views.heatmap], **AT_ONCE)
+    outputs = [result_views.heat_note, result_views.heatmap]
+    result_views.layer_dd.input(views.layer_changed, inputs, outputs, **AT_ONCE)
+    # typed or dragged: applied as it changes (only the latest value is drawn while one is being drawn)
+    result_views.opacity.input(views.layer_changed, inputs, outputs, trigger_mode="always_last", **AT_ONCE)
 
 
 def _wire_compare(page: Page, callbacks: Callbacks) -> None:

@@ -35,9 +35,10 @@ from .status import (
     PREFILL_LABEL,
     READING_LABEL,
     WITHDRAWN_TURN,
+    block_kind,
+    done_label,
     error_line,
     progress_html,
-    stopping_html,
 )
 from .views import empty_views
 
@@ -225,7 +226,7 @@ class ChatCallbacks:
             eta = f" · about {left:.0f} s left" if total > done else ""
             read = viz.video_read(block.media_seconds, duration)
             label = (
-                f"{PREFILL_LABEL} {done}/{total} ({block.kind}, +{block.tokens_in} tokens)"
+                f"{PREFILL_LABEL} {done}/{total} ({block_kind(block.kind)}, +{block.tokens_in} tokens)"
                 f"{' · video ' + read if read else ''} · KV {block.kv_bytes / viz.MIB:.2f} MiB{eta}"
             )
         fig = viz.block_memory_figure(live_report(session, st.live_blocks), n_blocks=total, media_duration=duration)
@@ -239,13 +240,13 @@ class ChatCallbacks:
             line = error_line(payload, turn.files)
         elif payload == TIME_LIMIT_STOPPED:
             line = (
-                f"⏱ This instance's turn time limit ({self.context.turn_time_limit:g} s) stopped the turn while it "
+                f"Time limit: this instance's turn time limit ({self.context.turn_time_limit:g} s) stopped the turn while it "
                 "read the media: nothing of it was kept, the chat is as it was. A block-wise method, a "
                 "smaller budget or fewer frames reads faster."
             )
         else:
             line = (
-                "⏹ Stopped while reading the media: nothing of this turn was kept, the chat is as it was. "
+                "Stopped while reading the media: nothing of this turn was kept, the chat is as it was. "
                 "Send again to retry."
             )
         return (st.history, {"text": turn.prompt, "files": turn.files}, st, line, "", skip, skip, skip, skip)
@@ -261,12 +262,7 @@ class ChatCallbacks:
         st.report_path = self.reports.write(report, st.report_path)
         fig = viz.block_memory_figure(report) if report.get("blocks") else skip
         stopped = record.stopped in ("stopped", TIME_LIMIT_STOP)
-        label = (
-            f"done · TTFT {record.ttft_seconds:.2f} s · {viz.decode_speed(record.to_dict())}"
-            f" · KV {record.kv_bytes_after / viz.MIB:.2f} MiB{' · stopped' if stopped else ''}"
-        )
-        if turn.notes:
-            label += " · " + " ".join(turn.notes)
+        label = done_label(record.to_dict(), stopped, turn.notes)
         summary = viz.summary_line(report)
         if session.media is None:
             summary = (
@@ -293,7 +289,9 @@ class ChatCallbacks:
         queue = self.context.queue
         if state is not None and queue.active.get(id(state)) == "turn":
             state.stop.set()
-            return stopping_html()
+            # nothing written: the browser already shows "stopping…" (`stop_ack_js`); this answer can arrive
+            # after the turn's own final line and would leave a stale "stopping…" under it
+            return gr.skip()
         if queue.withdraw(request, "turn"):
             return progress_html(0, 1, WITHDRAWN_TURN)
         return gr.skip()  # nothing of this session's is running or waiting: nothing to stop
@@ -312,7 +310,7 @@ class ChatCallbacks:
             None,
             gr.update(value=None, interactive=False),
             "",
-            text.followup_note(method, followup),
+            "",  # the follow-up note: shown once a chat exists
             *empty_views(),
             *empty_compare(),
         )

@@ -195,10 +195,10 @@ class CompareCallbacks:
     def _stopped_line(self, message: str, by_time_limit: bool) -> str:
         if by_time_limit:
             return (
-                f"⏱ {message[0].upper()}{message[1:]} ({self.context.turn_time_limit:g} s on this instance; "
+                f"Time limit: {message[0].upper()}{message[1:]} ({self.context.turn_time_limit:g} s on this instance; "
                 "fewer methods, a smaller budget or fewer frames fit in it)"
             )
-        return f"⏹ {message[0].upper()}{message[1:]}; the table keeps the finished ones"
+        return f"{message[0].upper()}{message[1:]}; the table keeps the finished ones"
 
     def stop_compare(self, request: gr.Request, state):
         """Compare's own Stop: the running method ends within a layer (a prefill) or a token, and a waiting

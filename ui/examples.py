@@ -14,10 +14,17 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 # generic examples: real-looking media for memory and kept-token maps (random-weight or Hub models)
 GENERIC_EXAMPLES = [
     ("Where is the small red star?", ASSETS / "example_4k.png"),
-    ("What happens in this video?", ASSETS / "example_video.mp4"),
+    ("What happens in this video?", ASSETS / "example_video.webm"),
 ]
 VIDEO_SUFFIXES = (".mp4", ".webm", ".mov", ".avi", ".mkv")
 THUMB_SIZE = (320, 180)
+#: said when a card is clicked on a chat that has begun: a chat is about one file, so the example starts a new one
+EXAMPLE_NEW_CHAT = "New chat started for this example (the previous chat is cleared): press Send to ask it."
+
+
+def chat_started(state) -> bool:
+    """Whether the session's chat has begun (a turn ran or runs): an example then needs a new chat."""
+    return state is not None and (state.session is not None or bool(state.history))
 
 
 def chat_examples(demo: list[DemoExample]) -> list[dict]:

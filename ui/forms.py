@@ -110,10 +110,16 @@ class MethodChoice:
 
     def method_changed(self, method, followup, state=None):
         """Method or follow-up choice changed: its help, the budget field, its settings group, and the
-        follow-up note of the method the chat really runs (a started chat keeps its own)."""
+        follow-up note of the method the chat really runs (a started chat keeps its own; no note before a
+        chat exists)."""
         cls = text.traits(method)
         budget = gr.update(interactive=bool(cls and cls.needs_budget), info=text.budget_info(method))
         groups = [gr.update(visible=name == method) for name in self.group_names]
-        chat = state.session.config if state is not None and state.session is not None else None
-        note = text.chat_followup_note(chat.method if chat else None, chat.followup if chat else None, method, followup)
+        started = state is not None and (state.session is not None or bool(state.history))
+        chat = state.session.config if started and state.session is not None else None
+        note = (
+            text.chat_followup_note(chat.method if chat else None, chat.followup if chat else None, method, followup)
+            if started
+            else ""
+        )
         return (text.method_line(method), budget, note, *groups)

@@ -15,6 +15,7 @@ from visualkv.bench.demo_examples import DemoExample, question_forms
 from visualkv.models.registry import HUB_MODELS, OFFLINE_MODELS, offline_aliases
 from visualkv.report import viz
 from visualkv.report.compare import COMPARE_COLUMN_WIDTHS
+from visualkv.runtime.access import ModelPolicy
 from visualkv.runtime.streaming import method_settings
 
 from . import text
@@ -37,6 +38,23 @@ CSS = """
 #vkv-examples .grid-wrap {min-height: 0 !important; height: auto !important; max-height: none !important;}
 #vkv-examples .grid-container {padding-top: 32px !important;}  /* below the gallery's floating label */
 #vkv-results button[role=tab] {padding: 4px 9px; font-size: 0.92em;}  /* all six result tabs fit in one row */
+/* the before/after view starts under its floating label and toolbar, which would cover its first row of frames */
+#vkv-heatmap .image-container {padding-top: 30px; box-sizing: border-box;}
+/* the result galleries' captions: the whole text, wrapped, under the picture (Gradio cuts them to one line) */
+#vkv-saliency .caption-label, #vkv-tiers .caption-label, #vkv-thumbs .caption-label {white-space: normal !important;
+  overflow: visible !important; text-overflow: clip !important; max-width: 100% !important;
+  position: static !important; font-size: 12px; line-height: 1.25;}
+#vkv-saliency .thumbnail-item, #vkv-tiers .thumbnail-item, #vkv-thumbs .thumbnail-item {flex-direction: column;
+  aspect-ratio: auto !important; height: auto !important;}
+#vkv-saliency .grid-wrap, #vkv-tiers .grid-wrap, #vkv-thumbs .grid-wrap {height: auto !important;
+  max-height: 560px !important;}
+#vkv-saliency .grid-container, #vkv-tiers .grid-container, #vkv-thumbs .grid-container {padding-top: 32px !important;}
+/* the colour legends of the Saliency tab: page text, readable at any gallery width */
+.vkv-legend {font-size: 12px; display: flex; flex-wrap: wrap; gap: 4px 14px; align-items: center; margin: 2px 0;}
+.vkv-legend .vkv-swatch {display: inline-block; width: 12px; height: 12px; border: 1px solid #000;
+  vertical-align: -2px; margin-right: 4px;}
+.vkv-legend .vkv-ramp {display: inline-block; width: 180px; height: 12px; border: 1px solid #000;
+  vertical-align: -2px; margin: 0 4px;}
 /* a control the chosen method does not use looks switched off, not editable */
 #vkv-budget input:disabled {background: repeating-linear-gradient(45deg, #eee, #eee 6px, #e2e2e2 6px, #e2e2e2 12px);
   color: #888; cursor: not-allowed;}
@@ -116,7 +134,9 @@ class ResultViews:
     heat_note: gr.Markdown
     heatmap: gr.ImageSlider
     sali_note: gr.Markdown
+    saliency_legend: gr.HTML
     saliency_img: gr.Gallery
+    tier_legend: gr.HTML
     tier_img: gr.Gallery
     timeline_note: gr.Markdown
     timeline_plot: gr.Plot
@@ -134,7 +154,9 @@ class ResultViews:
             self.heat_note,
             self.heatmap,
             self.sali_note,
+            self.saliency_legend,
             self.saliency_img,
+            self.tier_legend,
             self.tier_img,
             self.timeline_note,
             self.timeline_plot,
@@ -160,20 +182,25 @@ class ComparePanel:
     plot: gr.Plot
 
 
-def model_choices(current: str) -> list[str]:
-    """The model dropdown: offline models and aliases first, then Hub models (and `current` if none of them)."""
+def model_choices(current: str, policy: ModelPolicy | None = None) -> list[str]:
+    """The model dropdown: offline models and aliases first, then Hub models (and `current` if none of them);
+    on a shared instance only those its `policy` loads (a listed model must never be refused)."""
     names = list(dict.fromkeys([*(c.name for c in OFFLINE_MODELS), *offline_aliases(), *(c.name for c in HUB_MODELS)]))
+    if policy is not None:
+        names = [name for name in names if policy.permits(name)]
     return names if current in names else [current, *names]
 
 
 # -- settings column ------------------------------------------------------------------------------------
 
 
-def build_settings(model_name: str, method_names: list[str], default_method: str) -> SettingsPanel:
+def build_settings(
+    model_name: str, method_names: list[str], default_method: str, policy: ModelPolicy | None = None
+) -> SettingsPanel:
     with gr.Column(scale=2, min_width=250, elem_id="vkv-settings"):
         with gr.Accordion("Model", open=True):
             model_dd = gr.Dropdown(
-                model_choices(model_name),
+                model_choices(model_name, policy),
                 value=model_name,
                 label="model",
                 info="offline aliases first; Hub models need network",
@@ -261,16 +288,19 @@ def _generation_box() -> tuple:
         max_new = gr.Number(64, precision=0, label="max new tokens", info="1 to 4096", elem_id="vkv-max-new")
         temperature = gr.Number(0.0, label="temperature", info="0 = greedy; up to 5", elem_id="vkv-temperature")
         followup = gr.Radio(
-            ["reuse", "reprefill"],
+            text.FOLLOWUP_CHOICES,
             value="reuse",
             label="follow-up turns",
-            info="reuse the compressed cache, or rebuild it per question (query-aware methods only)",
+            info="keep what the first question kept, or read the media again for each question "
+            "(matters for methods that look at the question)",
         )
         prefill = gr.Dropdown(
-            ["auto", "hybrid", "blockwise", "bulk"],
+            text.PREFILL_CHOICES,
             value="auto",
-            label="prefill",
-            info="auto = the method's default",
+            label="prefill: how the media is read",
+            elem_id="vkv-prefill",
+            info="in blocks, the cache never holds more than the budget plus one block; all at once holds "
+            "the whole media before it is compressed",
         )
         vision_ahead = gr.Number(
             1,
@@ -308,6 +338,7 @@ def build_chat(default_method: str, demo_examples: list[DemoExample]) -> ChatPan
             sources=["upload"],
             file_count="single",
             show_label=False,
+            submit_btn=False,  # one send control: the Send button below (Enter sends too)
             elem_id="vkv-input",
         )
         with gr.Row():
@@ -319,9 +350,8 @@ def build_chat(default_method: str, demo_examples: list[DemoExample]) -> ChatPan
             )
         progress_html = gr.HTML("", elem_id="vkv-progress")
         summary_md = gr.Markdown("", elem_id="vkv-summary")
-        followup_md = gr.Markdown(
-            text.followup_note(default_method, "reuse"), elem_classes="vkv-small", elem_id="vkv-followup"
-        )
+        # what a follow-up question means: said once a chat exists (before any chat it is noise)
+        followup_md = gr.Markdown("", elem_classes="vkv-small", elem_id="vkv-followup")
         examples, example_gallery = _examples_box(demo_examples)
     return ChatPanel(
         chatbot, error_md, chat_input, send_btn, stop_btn, new_btn, download_btn, progress_html, summary_md,
@@ -390,6 +420,7 @@ def _lenient_number(payload):
 def _saliency_tab() -> tuple:
     with gr.Tab("Saliency"):
         sali_note = gr.Markdown("Sali-Cache only.")
+        saliency_legend = gr.HTML("", elem_id="vkv-saliency-legend")
         saliency_img = gr.Gallery(
             label="saliency per frame (click to zoom)",
             columns=2,
@@ -397,6 +428,7 @@ def _saliency_tab() -> tuple:
             elem_id="vkv-saliency",
             object_fit="contain",
         )
+        tier_legend = gr.HTML("", elem_id="vkv-tier-legend")
         tier_img = gr.Gallery(
             label="precision tiers per frame (click to zoom)",
             columns=2,
@@ -404,7 +436,7 @@ def _saliency_tab() -> tuple:
             elem_id="vkv-tiers",
             object_fit="contain",
         )
-    return sali_note, saliency_img, tier_img
+    return sali_note, saliency_legend, saliency_img, tier_legend, tier_img
 
 
 def _frames_tab() -> tuple:

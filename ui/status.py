@@ -11,6 +11,8 @@ import json
 import re
 from pathlib import Path
 
+from visualkv.report import viz
+
 from . import text
 
 # Fewest seconds between two live block updates sent to the browser. A small model finishes a block in
@@ -24,8 +26,18 @@ STOPPING_LABEL = "stopping… (a prefill ends at its next block boundary; an ans
 COMPARE_STOPPING = "stopping… (the running method ends at its next block boundary or token)"
 WAITING_LABEL = "waiting: position"  # + " k in the queue (…)"
 STARTING_LABEL = "starting…"
-WITHDRAWN_TURN = "⏹ Stopped while it waited in the queue: nothing ran, and the question is still in the box."
-WITHDRAWN_COMPARE = "⏹ Stopped while it waited in the queue: no method ran."
+# plain words, no symbol such as U+23F9: a font without the glyph draws an empty box
+WITHDRAWN_TURN = "Stopped while it waited in the queue: nothing ran, and the question is still in the box."
+WITHDRAWN_COMPARE = "Stopped while it waited in the queue: no method ran."
+
+#: what a prefill block holds, in words (`visualkv.layout.Block.kind`)
+BLOCK_KINDS = {
+    "bulk": "a first stretch in one pass",
+    "rows": "rows of the image",
+    "tile": "image tiles",
+    "frame": "video frames",
+    "text": "text",
+}
 
 
 def error_line(message: str, paths: list[str] | None = None) -> str:
@@ -47,7 +59,8 @@ def progress_html(done: int, total: int, label: str) -> str:
 
 
 def stopping_html() -> str:
-    """The progress line Stop shows: at once in the browser, then again from the server."""
+    """The progress line Stop shows, at once, in the browser (`stop_ack_js`); the server adds nothing, so the
+    turn's own final line is the last word."""
     return progress_html(0, 1, STOPPING_LABEL)
 
 
@@ -68,3 +81,30 @@ def compare_stop_ack_js() -> str:
     waiting = "|".join(re.escape(label.split("…")[0]) for label in (WAITING_LABEL, STARTING_LABEL))
     running = rf"^({waiting}|running \d+ methods|\d+\/\d+ (·|done))"
     return f"(s) => (/{running}/.test(s || '') ? {json.dumps(COMPARE_STOPPING)} : s)"
+
+
+def block_kind(kind: str) -> str:
+    """What a prefill block holds, as the progress line says it ("rows of the image", "video frames")."""
+    return BLOCK_KINDS.get(kind, kind)
+
+
+def done_label(turn: dict, stopped: bool, notes: list[str]) -> str:
+    """The progress line of an answered turn (`turn`: `TurnRecord.to_dict()`), every number with its name:
+    "done · time to first token (TTFT) 3.06 s · answer: 24 tokens at 12.3 tokens/s · KV cache 1.23 MiB"."""
+    tokens = len(turn.get("token_ids") or [])
+    speed = viz.decode_speed(turn)
+    pace = f" at {speed}" if speed != "n/a" else " (too short to time)"
+    parts = [
+        "done",
+        f"time to first token (TTFT) {turn.get('ttft_seconds') or 0.0:.2f} s",
+        f"answer: {tokens} token{'' if tokens == 1 else 's'}{pace}",
+        f"KV cache {(turn.get('kv_bytes_after') or 0) / viz.MIB:.2f} MiB",
+    ]
+    if stopped:
+        parts.append("stopped")
+    return " · ".join(parts) + (" · " + " ".join(notes) if notes else "")
+
+
+def note_html(message: str) -> str:
+    """A line in the progress area without a bar (e.g. what a click on an example card did)."""
+    return f'<div class="vkv-progress-text">{html.escape(message)}</div>'

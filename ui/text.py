@@ -67,26 +67,39 @@ def method_line(name: str) -> str:
 
 
 def followup_note(name: str, followup: str) -> str:
-    """What a follow-up turn means for the chosen method."""
+    """What a follow-up question means for the chosen method, in plain words."""
     cls = traits(name)
     if cls is None:
         return ""
     if name == "full":
-        return "Follow-ups reuse the full cache: nothing was evicted, every detail is still there."
+        return "Follow-up questions use everything the model read: nothing was dropped."
     if cls.query_aware and followup == "reprefill":
         return (
-            "Follow-ups **rebuild** the media cache with the new question as the proxy (a second prefill; "
-            "the conversation so far is replayed as text)."
+            "Each follow-up question makes the model read the image or video **again**, keeping what matters for "
+            "that question (slower, but no detail is lost between questions)."
         )
     if cls.query_aware:
         return (
-            "Follow-ups reuse the cache compressed for your **first** question: evidence for a different "
-            "question may already be evicted. Choose follow-up = reprefill, or a query-agnostic method."
+            "Follow-up questions reuse what the model kept for your **first** question: details it dropped then are "
+            "gone. To ask about something else, set *follow-up turns* to *read the media again*, or choose a method "
+            "that keeps the same parts whatever the question."
         )
     return (
-        "Follow-ups reuse the compressed cache. This method does not look at the question when it compresses, "
-        "so every question sees the same kept tokens."
+        "Follow-up questions reuse what the model kept. This method chooses what to keep without looking at the "
+        "question, so every question sees the same parts of the media."
     )
+
+
+#: the follow-up choice's labels: (label, value) for the radio
+FOLLOWUP_CHOICES = [("reuse what was kept", "reuse"), ("read the media again", "reprefill")]
+
+#: the prefill plan's labels: (label, value) for the dropdown
+PREFILL_CHOICES = [
+    ("auto: the method's default", "auto"),
+    ("hybrid: one pass up to the budget, then blocks", "hybrid"),
+    ("block by block from the start", "blockwise"),
+    ("all at once, in one forward (bulk)", "bulk"),
+]
 
 
 def budget_info(name: str) -> str:

@@ -6,6 +6,8 @@ never materialised here.
 
 from __future__ import annotations
 
+import html
+
 import gradio as gr
 
 from visualkv.report import viz
@@ -23,7 +25,9 @@ def empty_views() -> tuple:
         text.EMPTY_HEAT_NOTE,
         None,
         "Sali-Cache only.",
+        "",
         None,
+        "",
         None,
         "Video only.",
         None,
@@ -45,12 +49,7 @@ def views(state, layer_choice, opacity=0.6):
     n_layers = len(rep.get("retained_per_layer") or [])
     layers = ["average", *(f"layer {i}" for i in range(n_layers))]
     layer_value = layer_choice if layer_choice in layers else "average"
-    n_layout = len((rep.get("layout") or {}).get("frames") or [])
-    sampled = (
-        f" A long video: {viz.MAX_FRAMES_SHOWN} of its {n_layout} frames are drawn, evenly spaced."
-        if viz.is_video(rep) and n_layout > viz.MAX_FRAMES_SHOWN
-        else ""
-    )
+    sampled = _sampled_note(rep)
     has_frames = len(frames) > 0
     heat_note, heat = _kept_tokens(state, rep, has_frames, layer_value, opacity, sampled)
     return (
@@ -65,12 +64,22 @@ def views(state, layer_choice, opacity=0.6):
 
 
 def layer_changed(state, layer_choice, opacity=0.6):
-    """A new layer or opacity: the before/after slider redrawn."""
+    """A new layer or opacity: the note (which layer it tells of) and the before/after slider redrawn
+    (outputs: heat note, slider)."""
     if state is None or state.report is None or state.session is None or state.session.media is None:
-        return gr.skip()
-    if not state.report.get("visual_tokens"):
-        return gr.skip()
-    return before_after(state, layer_choice, opacity)
+        return gr.skip(), gr.skip()
+    rep = state.report
+    if not rep.get("visual_tokens"):
+        return gr.skip(), gr.skip()
+    return _kept_tokens(state, rep, True, layer_choice, opacity, _sampled_note(rep))
+
+
+def _sampled_note(rep: dict) -> str:
+    """ " A long video: 24 of its 600 frames are drawn, evenly spaced." (or "")."""
+    n_layout = len((rep.get("layout") or {}).get("frames") or [])
+    if viz.is_video(rep) and n_layout > viz.MAX_FRAMES_SHOWN:
+        return f" A long video: {viz.MAX_FRAMES_SHOWN} of its {n_layout} frames are drawn, evenly spaced."
+    return ""
 
 
 def before_after(st: UserState, layer_choice, opacity):
@@ -89,9 +98,14 @@ def _kept_tokens(st: UserState, rep: dict, has_frames: bool, layer_value: str, o
     if not (has_frames and rep.get("visual_tokens")):
         return "No image or video in this chat.", None
     heat = before_after(st, layer_value, opacity)
-    kept = sum(rep.get("retained") or []) / max(rep["visual_tokens"], 1)
+    layer = _layer_index(layer_value)
+    per_layer = rep.get("retained_per_layer") or []
+    if layer is not None and layer < len(per_layer):
+        kept, where = sum(per_layer[layer]) / max(rep["visual_tokens"], 1), f"in layer {layer} (over its KV heads)"
+    else:
+        kept, where = sum(rep.get("retained") or []) / max(rep["visual_tokens"], 1), "on average over all layers"
     note = (
-        f"{rep['visual_tokens']} visual tokens, {kept:.1%} of their entries kept on average. "
+        f"{rep['visual_tokens']} visual tokens, {kept:.1%} of their entries kept {where}. "
         "Left of the slider the media, right the keep map (yellow kept, dark purple evicted"
         + ("; one tile per frame)." if viz.is_video(rep) else ").")
         + sampled
@@ -102,12 +116,33 @@ def _kept_tokens(st: UserState, rep: dict, has_frames: bool, layer_value: str, o
 def _saliency(rep: dict, frames, times, has_frames: bool, sampled: str):
     """The Saliency tab: (note, saliency gallery, tier gallery)."""
     if not (has_frames and viz.has_saliency(rep)):
-        return NOT_AVAILABLE + " Saliency and tiers come from Sali-Cache.", None, None
+        return NOT_AVAILABLE + " Saliency and tiers come from Sali-Cache.", "", None, "", None
     note = (
         "Saliency (bright = salient) and the precision tier of each visual token, one image per "
         "frame: click one to zoom." + sampled
     )
-    return note, viz.saliency_gallery(frames, times, rep), viz.tier_gallery(frames, times, rep)
+    saliency, tiers = viz.saliency_gallery(frames, times, rep), viz.tier_gallery(frames, times, rep)
+    return note, saliency_legend_html(), saliency, tier_legend_html(), tiers
+
+
+def saliency_legend_html() -> str:
+    """The saliency colour scale, once above its gallery, as page text (drawn into every image it would be
+    too small to read at the gallery's width)."""
+    stops = ", ".join(viz.colour_stops(viz.SALIENCY_CMAP))
+    return (
+        f'<div class="vkv-legend" title="{viz.SALIENCY_SCALE}"><span>saliency: 0 (background)</span>'
+        f'<span class="vkv-ramp" style="background: linear-gradient(to right, {stops})"></span>'
+        "<span>1 (most salient)</span></div>"
+    )
+
+
+def tier_legend_html() -> str:
+    """The precision tiers' colours, once above their gallery (each frame's counts are in its caption)."""
+    items = "".join(
+        f'<span><span class="vkv-swatch" style="background: {viz.hex_colour(colour)}"></span>{html.escape(label)}</span>'
+        for _, label, colour in viz.TIERS
+    )
+    return f'<div class="vkv-legend"><span>tiers:</span>{items}</div>'
 
 
 def _frames(rep: dict, frames):

@@ -22,6 +22,7 @@ import cv2
 import numpy as np
 from PIL import Image, ImageDraw
 
+from visualkv.bench.synthetic import write_frames
 from visualkv.media import Media
 
 __all__ = [
@@ -451,6 +452,7 @@ def video_media(video: VideoScene) -> Media:
 # ----------------------------------------------------------------------------------------------
 # Example media for the app (assets/visualkv-demo/)
 
+NEEDLE_VIDEO = "example_needle_video.webm"
 EXAMPLES: tuple[tuple[str, int, tuple[int, int]], ...] = (
     ("example_scene.png", 7, (672, 378)),
     ("example_scene_4k.jpg", 7, (3840, 2160)),
@@ -480,14 +482,12 @@ def write_examples(out_dir: str) -> dict:
         )
     video = make_video_scene(7, (224, 224))
     media = video_media(video)
-    path = os.path.join(out_dir, "example_needle_video.mp4")
-    writer = cv2.VideoWriter(path, cv2.VideoWriter_fourcc(*"mp4v"), video.fps, (video.width, video.height))
-    for frame in media.frames:
-        writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
-    writer.release()
+    # VP9 WebM: plays in the app's chat (browsers do not decode mp4v); near-lossless, so the frames read back
+    # are the ones the demo model was trained on
+    write_frames(os.path.join(out_dir, NEEDLE_VIDEO), media.frames, video.fps, (video.width, video.height))
     items.append(
         {
-            "file": "example_needle_video.mp4",
+            "file": NEEDLE_VIDEO,
             "seed": 7,
             "size": [video.width, video.height],
             "frames": video.num_frames,

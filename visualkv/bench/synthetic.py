@@ -6,6 +6,8 @@ flatter some methods (identical keys), so these have texture and shapes.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from visualkv.media import Media
@@ -60,22 +62,40 @@ def megapixel_size(megapixels: float, aspect: float = 16 / 9) -> tuple[int, int]
     return round(height * aspect), height
 
 
+#: Constant quality of the VP9 encoder (libvpx's CRF: 4 = near-lossless, 63 = worst; its least is 3).
+WEBM_CRF = 4
+
+
+def write_frames(path: str, frames: Iterable[np.ndarray], fps: float, size: tuple[int, int]) -> str:
+    """Write RGB `frames` (each `size` = (width, height)) into a video file through OpenCV's bundled FFmpeg, one
+    at a time, the codec by the file's extension: ``.webm`` is VP9 (libvpx, constant quality `WEBM_CRF`),
+    which browsers play (the app's example videos); any other extension is MPEG-4 Part 2 (``mp4v``), quick to
+    write but not played by browsers (inputs of tests and benchmarks that only the library reads)."""
+    import cv2
+
+    path = str(path)
+    if path.lower().endswith(".webm"):
+        fourcc, params = "VP90", [cv2.VIDEOWRITER_PROP_CRF, WEBM_CRF]
+    else:
+        fourcc, params = "mp4v", []
+    writer = cv2.VideoWriter(path, cv2.CAP_FFMPEG, cv2.VideoWriter_fourcc(*fourcc), fps, size, params)
+    if not writer.isOpened():
+        raise OSError(f"OpenCV cannot write {fourcc} video to {path} (FFmpeg missing from the cv2 build?)")
+    try:
+        for rgb in frames:
+            writer.write(cv2.cvtColor(np.ascontiguousarray(rgb), cv2.COLOR_RGB2BGR))
+    finally:
+        writer.release()
+    return path
+
+
 def write_video_file(
     path: str, n_frames: int, width: int = 640, height: int = 360, fps: float = 1.0, seed: int = 0
 ) -> str:
     """Write `video_media`'s pan (wrapping around a scene twice the width, so memory stays flat however
-    long) as an MP4 (mp4v) one frame at a time: inputs for lazy-decoding tests and hour-long benchmarks."""
-    import cv2
-
+    long) one frame at a time: inputs for lazy-decoding tests and hour-long benchmarks. The codec follows the
+    extension (`write_frames`): ``.webm`` plays in a browser, ``.mp4`` (mp4v) is quicker to write."""
     scene = synthetic_image(2 * width, height, seed)
     scene = np.concatenate([scene, scene[:, :width]], axis=1)  # wraps seamlessly
-    writer = cv2.VideoWriter(path, cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height))
-    if not writer.isOpened():
-        raise OSError(f"OpenCV cannot write an MP4 to {path}")
-    try:
-        for i in range(n_frames):
-            x = (4 * i) % (2 * width)
-            writer.write(cv2.cvtColor(np.ascontiguousarray(scene[:, x : x + width]), cv2.COLOR_RGB2BGR))
-    finally:
-        writer.release()
-    return path
+    pan = (scene[:, (4 * i) % (2 * width) : (4 * i) % (2 * width) + width] for i in range(n_frames))
+    return write_frames(path, pan, fps, (width, height))

@@ -131,7 +131,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         help="(one/needle) also write the result to this file (checked before the run)",
     )
     p.add_argument(
-        "--media", type=media_path, default="assets/example_video.mp4", help="(salicache) video or image file"
+        "--media", type=media_path, default="assets/example_video.webm", help="(salicache) video or image file"
     )
     p.add_argument(
         "--fps",

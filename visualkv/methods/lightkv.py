@@ -369,7 +369,7 @@ def _sync(device: torch.device) -> None:
 # -- the method -----------------------------------------------------------------------------------------------------
 class LightKV(Method):
     name = "lightkv"
-    description = "Prompt-aware merging of visual tokens inside the prefill (fewer tokens, FLOPs and KV after λ1)."
+    description = "Prompt-aware merging of visual tokens inside the prefill (fewer tokens, FLOPs and KV after its first merge layer)."
     default_prefill = "bulk"
     merges_between_layers = True
     needs_budget = False

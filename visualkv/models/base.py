@@ -263,7 +263,7 @@ class ModelAdapter:
     vision_prep_copies: float = 1.0
     vision_input_copies: float = 1.0
     #: the same while a video's frames go through the family's video processor (measured alike, on
-    #: assets/example_video.mp4: its float32 intermediates of every frame it is given)
+    #: assets/example_video.webm: its float32 intermediates of every frame it is given)
     vision_video_prep_copies: float = 1.0
 
     def vision_prep_copies_for(self, prepared: PreparedInput, patches: int) -> float:

@@ -200,9 +200,16 @@ def _load_pretrained(name: str, device: str, dtype: torch.dtype, attn: str):
 
     hf_logging.disable_progress_bar()  # one-line CLI output; the app shows its own progress
 
-    is_local = os.path.isdir(name)
+    local = os.path.expanduser(name)  # "~/models/x" is a folder too
+    is_local = os.path.isdir(local)
+    if not is_local and os.path.exists(local):
+        raise ModelLoadError(
+            f"model path {name!r} is a file, not a model folder; give the folder that holds its config.json"
+        )
     if not is_local and (name.startswith((".", "/", "~")) or os.sep in name.strip("/").replace("/", "", 1)):
-        raise ModelLoadError(f"model path {name!r} does not exist")
+        where = "" if os.path.isabs(local) else f" (a relative path is read from {os.getcwd()})"
+        raise ModelLoadError(f"model path {name!r} does not exist{where}")
+    name = local if is_local else name
     # a Hub id with the Hub unreachable: the local cache only, at once (no half minute of retries)
     cached_only = not is_local and not hub_reachable()
     common = {"trust_remote_code": False, "local_files_only": cached_only}

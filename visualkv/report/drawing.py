@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from visualkv.report.palette import colour_map
 
 #: the app shows a view about this many pixels wide (its right-hand panel at 1440x900); text drawn into an image
-#: scales with the image's width so it keeps at least `MIN_SHOWN_TEXT_PX` there when the image is shrunk to fit
+#: scales with the image's width so that its font is `SHOWN_FONT_PX` there when the image is shrunk to fit
 SHOWN_WIDTH_PX = 470
+SHOWN_FONT_PX = 12
 
-
-MIN_SHOWN_TEXT_PX = 6
+#: the least height (px, as shown) of a digit drawn into a view: a digit is ~0.7 of its font's size, so this
+#: holds for a font of 11 px or more
+MIN_SHOWN_TEXT_PX = 8
 
 
 def text_unit(width: int) -> int:
-    """Font size (px) for text drawn into an image `width` px wide: 13 px, or more for a wide image."""
-    return max(13, round(width / 45))
+    """Font size (px) for text drawn into an image `width` px wide: 13 px, or more for an image wider than the
+    panel, so that it is `SHOWN_FONT_PX` when the image is shown `SHOWN_WIDTH_PX` wide."""
+    return max(13, math.ceil(width * SHOWN_FONT_PX / SHOWN_WIDTH_PX))
 
 
 def sized_font(size: int = 13):

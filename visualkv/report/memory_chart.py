@@ -3,6 +3,7 @@ peak memory against input size."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -92,11 +93,12 @@ def block_memory_figure(
     left = [v for v in [*held, *(b["peak_kv_bytes"] / MIB for b in blocks), (budget_bytes or 0) / MIB] if v]
     if left:  # headroom above the highest of held / peak / budget, so the lines never sit on the frame
         fig.update_yaxes(range=[0, max(left) * 1.15], row=1, col=1)
-    fig.update_yaxes(type="log", row=1, col=2)
+    fig.update_yaxes(**log_axis([y for t in fig.data if t.yaxis == "y2" for y in t.y if y is not None]), row=1, col=2)
     fig.update_layout(
-        # the top band holds the app's label of the chart (top left) and a video's progress (top right)
-        margin={"l": 50, "r": 20, "t": 62, "b": 40},
-        height=362,
+        # the top band holds the app's label of the chart (top left), Plotly's toolbar (top right) and, under
+        # them, a video's progress
+        margin={"l": 50, "r": 20, "t": 84, "b": 40},
+        height=384,
         legend={"orientation": "h", "y": -0.3},
         font={"size": 12},
     )
@@ -199,13 +201,46 @@ def _mark_video_read(fig: go.Figure, read: list[str]) -> None:
         name=VIDEO_READ,
         xref="paper",
         yref="paper",
-        x=1.0,
+        x=0.5,
         y=1.0,
-        yshift=28,
+        yshift=26,  # over the panels' titles, under the band of the app's label and Plotly's toolbar
         showarrow=False,
-        xanchor="right",  # clear of the app's label over the chart's top left corner
+        xanchor="center",
         yanchor="bottom",
     )
+
+
+#: Tick mantissas tried in turn for a log axis, until at least three ticks fall in its range.
+_LOG_MANTISSAS = ((1,), (1, 2, 5), (1, 1.5, 2, 3, 5, 7))
+
+
+def plain_number(value: float) -> str:
+    """A tick label as people write numbers: "1,000", "20", "1.5", "0.05" (no exponent, no SI suffix)."""
+    if value >= 1 and value == round(value):
+        return f"{value:,.0f}"
+    return f"{value:.6f}".rstrip("0").rstrip(".")
+
+
+def log_axis(values: list[float]) -> dict[str, Any]:
+    """A log y axis over `values` whose tick labels read as plain increasing numbers: powers of ten
+    ("1, 10, 100, 1,000"), or 1-2-5 steps within a narrower range. (Plotly's own log ticks label the
+    steps between powers of ten with bare digits, so an axis could read "1000, 5, 2, 100".)"""
+    positive = [float(v) for v in values if v is not None and v > 0]
+    if not positive:
+        return {"type": "log"}
+    low, high = min(positive) / 1.5, max(positive) * 1.5  # a margin, so no point sits on the frame
+    decades = range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+    for mantissas in _LOG_MANTISSAS:
+        ticks = [m * 10.0**e for e in decades for m in mantissas if low <= m * 10.0**e <= high]
+        if len(ticks) >= 3:
+            break
+    ticks = ticks[:: -(-len(ticks) // 8)]  # at most 8 labels
+    return {
+        "type": "log",
+        "range": [math.log10(low), math.log10(high)],
+        "tickvals": ticks,
+        "ticktext": [plain_number(t) for t in ticks],
+    }
 
 
 def memory_sweep_figure(rows: list[dict[str, Any]], size_label: str) -> go.Figure:

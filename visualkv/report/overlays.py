@@ -28,7 +28,10 @@ def retained_values(report: dict[str, Any], layer: int | None) -> np.ndarray:
     return np.asarray(report.get("retained", []), dtype=np.float32)
 
 
-KEEP_BAR_TITLE = "share of each token's KV entries kept (over layers and KV heads)"
+def keep_bar_title(layer: int | None = None) -> str:
+    """The keep map's colour-bar title: averaged over every layer, or the one layer shown."""
+    where = "over layers and KV heads" if layer is None else f"in layer {layer}, over its KV heads"
+    return f"share of each token's KV entries kept ({where})"
 
 
 def retained_view(
@@ -61,7 +64,7 @@ def retained_view(
             lambda img, flt, side: token_overlay(img, report, values, side, flt, alpha=opacity),
             max_side,
         )
-    return with_colour_bar(body, KEEP_CMAP, KEEP_BAR_TITLE) if colour_bar else body
+    return with_colour_bar(body, KEEP_CMAP, keep_bar_title(layer)) if colour_bar else body
 
 
 def saliency_view(
@@ -91,7 +94,10 @@ def saliency_view(
             lambda img, flt, side: token_overlay(img, report, values, side, flt, SALIENCY_CMAP),
             max_side,
         )
-    return with_colour_bar(body, SALIENCY_CMAP, "saliency (0 = background, 1 = most salient)", percent=False)
+    return with_colour_bar(body, SALIENCY_CMAP, SALIENCY_SCALE, percent=False)
+
+
+SALIENCY_SCALE = "saliency (0 = background, 1 = most salient)"
 
 
 def saliency_values(report: dict[str, Any]) -> np.ndarray | None:
@@ -134,8 +140,10 @@ def saliency_gallery(
     max_side: int = 640,
     frame_ids: Sequence[int] | None = None,
 ) -> list[tuple[Image.Image, str]] | None:
-    """Saliency per frame (one large, captioned image each, with its colour bar), for a zoomable
-    gallery of the layout frames `frame_ids` (default `shown_frames`); None without `saliency`."""
+    """Saliency per frame (one large, captioned image each), for a zoomable gallery of the layout frames
+    `frame_ids` (default `shown_frames`); None without `saliency`. The images carry no colour bar: a gallery
+    shows them a few at a row, where drawn text would be too small to read; the page shows the scale once
+    (`SALIENCY_SCALE`)."""
     values = saliency_values(report)
     if values is None:
         return None
@@ -156,12 +164,7 @@ def saliency_gallery(
         if layout_is_video(report):
             mine = mine[token_frame[: len(values)] == f]
         mean = f" · mean saliency {float(mine.mean()):.2f}" if mine.size else ""
-        items.append(
-            (
-                with_colour_bar(img, SALIENCY_CMAP, "saliency (0 = background, 1 = most salient)", percent=False),
-                caption + mean,
-            )
-        )
+        items.append((img, caption + mean))
     return items
 
 
@@ -173,8 +176,8 @@ def tier_gallery(
     frame_ids: Sequence[int] | None = None,
 ) -> list[tuple[Image.Image, str]] | None:
     """The precision tier of every token, one large image per frame with that frame's tier counts in
-    its legend and caption, for a zoomable gallery of the layout frames `frame_ids` (default
-    `shown_frames`); None without `tier`."""
+    its caption, for a zoomable gallery of the layout frames `frame_ids` (default `shown_frames`); None
+    without `tier`. As for `saliency_gallery`, the colours' legend is the page's (`TIERS`), not drawn in."""
     if not report.get("tier"):
         return None
     names = tier_names(report)
@@ -192,7 +195,6 @@ def tier_gallery(
         img = gallery_item(
             frames, times, report, f, lambda im, flt, side: token_paint(im, report, colours, side, flt), max_side
         )
-        legend = [(label, colour, counts.get(name, 0)) for name, label, colour in TIERS]
         text = ", ".join(f"{label} {counts.get(name, 0)}" for name, label, _ in TIERS if counts.get(name))
-        items.append((with_legend(img, legend), f"{caption} · {text}"))
+        items.append((img, f"{caption} · {text}"))
     return items

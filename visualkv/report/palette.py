@@ -76,6 +76,11 @@ def hex_colour(rgb: tuple[int, int, int]) -> str:
     return "#{:02x}{:02x}{:02x}".format(*rgb)
 
 
+def colour_stops(name: str) -> list[str]:
+    """A sequential map's evenly spaced anchors, low to high, as hex colours (for a legend drawn by a page)."""
+    return [hex_colour(rgb) for rgb in COLOUR_MAPS[name]]
+
+
 _TIER_ALIASES = {"fp16": "full", "bf16": "full", "fp32": "full", "prune": "pruned", "skip": "skipped"}
 
 

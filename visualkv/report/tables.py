@@ -6,6 +6,7 @@ import re
 from typing import Any
 
 from visualkv.report.memory_chart import MIB
+from visualkv.report.timeline import frames_sentence
 
 
 def mib(n: float | None) -> str:
@@ -105,7 +106,7 @@ def summary_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
     if report.get("frames"):
         skipped = sum(bool(f.get("skipped")) for f in report["frames"])
         rows.append(("video frames sampled / skipped", f"{len(report['frames'])} / {skipped}"))
-        rows.append(("frames sent to the vision encoder", str(report.get("vision_encoder_frames", "n/a"))))
+        rows.append(("what became of the frames", frames_sentence(report)))
     if report.get("tiers"):
         rows.append(("tiers", ", ".join(f"{k} {v}" for k, v in report["tiers"].items())))
     if report.get("layer_tokens"):

@@ -64,6 +64,31 @@ def _span_trace(spans: list[tuple[float, float]]) -> go.Scatter:
     )
 
 
+def frames_sentence(report: dict[str, Any]) -> str:
+    """What happened to the sampled frames, with its arithmetic in sight: "32 frames sampled: 20 skipped as
+    nearly unchanged, 12 kept; the vision encoder read the 12 kept frames as 6 inputs of 2 frames" (a model
+    such as Qwen2.5-VL encodes frames in pairs). "" without frame data."""
+    frames = report.get("frames") or []
+    encoded = report.get("vision_encoder_frames")
+    if not frames:
+        return ""
+    n, skipped = len(frames), sum(bool(f.get("skipped")) for f in frames)
+    kept = n - skipped
+    said = (
+        f"{n} frames sampled: {skipped} skipped as nearly unchanged, {kept} kept"
+        if skipped
+        else f"{n} frames sampled, none skipped"
+    )
+    if encoded is None:
+        return said
+    which = f"the {kept} kept frames" if skipped else f"the {kept} frames"
+    if encoded == kept:
+        return f"{said}; the vision encoder read {which}, one input each"
+    if encoded and kept % encoded == 0:
+        return f"{said}; the vision encoder read {which} as {encoded} inputs of {kept // encoded} frames"
+    return f"{said}; the vision encoder read {which} as {encoded} inputs"
+
+
 def _bin_seconds(t0: float, t1: float, max_bins: int) -> int:
     return next((w for w in _BIN_SECONDS if (t1 - t0) / w <= max_bins), _BIN_SECONDS[-1])
 
@@ -90,9 +115,9 @@ def frame_timeline_figure(report: dict[str, Any], max_frames: int = TIMELINE_MAX
         )
     else:
         title, y_title = _per_frame_timeline(fig, report, times, skipped)
-    encoded = report.get("vision_encoder_frames")
-    if encoded is not None:
-        title += f"<br>{len(frames)} sampled, {sum(skipped)} skipped, {encoded} sent to the vision encoder"
+    said = frames_sentence(report)
+    if said:
+        title += "<br>" + said.replace("; ", "<br>")  # two short lines: the panel is ~470 px wide
     fig.update_layout(
         # below the app's label of the chart, which floats over its top left corner
         title={"text": title, "font": {"size": 13}, "y": 1, "yref": "container", "yanchor": "top", "pad": {"t": 40}},
@@ -103,8 +128,8 @@ def frame_timeline_figure(report: dict[str, Any], max_frames: int = TIMELINE_MAX
         },
         yaxis_title=y_title,
         yaxis2={"overlaying": "y", "range": [0, 1], "visible": False, "fixedrange": True},
-        height=416,
-        margin={"l": 50, "r": 10, "t": 126, "b": 40},
+        height=432,
+        margin={"l": 50, "r": 10, "t": 142, "b": 40},
         legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 0},  # above the plot, clear of the slider
         yaxis={"showticklabels": has_motion(report)},
         barmode="stack",

@@ -20,8 +20,24 @@ from visualkv.report.memory_chart import (
     kv_bytes_per_token,
     memory_sweep_figure,
 )
-from visualkv.report.overlays import retained_view, saliency_gallery, saliency_view, tier_gallery, tier_view
-from visualkv.report.palette import KEPT_COLOUR, SKIPPED_COLOUR, TIERS, colour_map, tier_name
+from visualkv.report.overlays import (
+    SALIENCY_SCALE,
+    retained_view,
+    saliency_gallery,
+    saliency_view,
+    tier_gallery,
+    tier_view,
+)
+from visualkv.report.palette import (
+    KEPT_COLOUR,
+    SALIENCY_CMAP,
+    SKIPPED_COLOUR,
+    TIERS,
+    colour_map,
+    colour_stops,
+    hex_colour,
+    tier_name,
+)
 from visualkv.report.save import save_figure
 from visualkv.report.tables import (
     PREFILL_ATTENTION,
@@ -31,7 +47,7 @@ from visualkv.report.tables import (
     summary_line,
     summary_rows,
 )
-from visualkv.report.timeline import TIMELINE_MAX_FRAMES, frame_timeline_figure, skipped_spans
+from visualkv.report.timeline import TIMELINE_MAX_FRAMES, frame_timeline_figure, frames_sentence, skipped_spans
 
 __all__ = [
     "COMPARE_HEADERS",
@@ -39,6 +55,8 @@ __all__ = [
     "MAX_FRAMES_SHOWN",
     "MIB",
     "PREFILL_ATTENTION",
+    "SALIENCY_CMAP",
+    "SALIENCY_SCALE",
     "SKIPPED_COLOUR",
     "TIERS",
     "TIMELINE_MAX_FRAMES",
@@ -48,14 +66,17 @@ __all__ = [
     "budget_kv_bytes",
     "clock",
     "colour_map",
+    "colour_stops",
     "compare_memory_figure",
     "compare_rows",
     "decode_speed",
     "frame_gallery",
     "frame_timeline_figure",
+    "frames_sentence",
     "has_merge_map",
     "has_motion",
     "has_saliency",
+    "hex_colour",
     "is_video",
     "kv_bytes_per_token",
     "layer_tokens_figure",

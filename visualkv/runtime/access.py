@@ -86,11 +86,20 @@ class ModelPolicy:
 _PATH = re.compile(r"(?<![\w.~-])(?:~|[A-Za-z]:)?[/\\][^\s'\"()\[\]<>,;]*")
 
 
+# a web address ("https://huggingface.co/org/name"): a public page, kept whole (a file:// URL is a path)
+_URL = re.compile(r"\bhttps?://[^\s'\"()\[\]<>,;]+", re.IGNORECASE)
+
+
 def scrub_paths(message: str) -> str:
-    """`message` with every absolute path cut to its last component (what a public user may read)."""
+    """`message` with every absolute path cut to its last component (what a public user may read); web
+    addresses (http:// and https://) are left whole."""
 
     def last(match: re.Match) -> str:
         parts = [p for p in re.split(r"[/\\]", match.group(0)) if p]
         return parts[-1] if parts else ""
 
-    return _PATH.sub(last, message)
+    pieces, start = [], 0
+    for url in _URL.finditer(message):
+        pieces += [_PATH.sub(last, message[start : url.start()]), url.group(0)]
+        start = url.end()
+    return "".join([*pieces, _PATH.sub(last, message[start:])])

@@ -18,7 +18,7 @@ def guard_estimate_per_family(results: Path) -> str:
 
 
 def guard_estimate_on_video(results: Path) -> str:
-    """The same on a video (assets/example_video.mp4), the bench model and every family's tiny model."""
+    """The same on a video (assets/example_video.mp4, the file it was measured on), the bench model and every family's tiny model."""
     return _guard_rows(results, "memory_guard_video_cpu.json")
 
 
