@@ -22,8 +22,8 @@ LIVE_UPDATE_SECONDS = 0.25
 
 READING_LABEL = "reading the input…"
 PREFILL_LABEL = "prefill block"  # + " k/N (…)"; the line stays on the last block while the answer streams
-STOPPING_LABEL = "stopping… (a prefill ends at its next block boundary; an answer at its next token)"
-COMPARE_STOPPING = "stopping… (the running method ends at its next block boundary or token)"
+STOPPING_LABEL = "stopping… (a prefill ends before its next layer; an answer at its next token)"
+COMPARE_STOPPING = "stopping… (the running method ends before its next layer or token)"
 WAITING_LABEL = "waiting: position"  # + " k in the queue (…)"
 STARTING_LABEL = "starting…"
 # plain words, no symbol such as U+23F9: a font without the glyph draws an empty box
