@@ -265,7 +265,7 @@ def test_compares_stop_button_stops_it_and_the_chats_does_not(png):
             )  # the chat's Stop: nothing of it runs
             h.comparisons.stop_compare(_who("alice"), state)
             assert state.stop.is_set()
-    assert statuses[-1] == "⏹ Stopped after 1 of 3 methods; the table keeps the finished ones", statuses
+    assert statuses[-1] == "Stopped after 1 of 3 methods; the table keeps the finished ones", statuses
     assert [row[0] for row in tables[-1]] == ["full"]
     assert any("· full: prefill block" in s for s in statuses), statuses  # progress inside a method
     state.stop.clear()
@@ -284,14 +284,14 @@ def test_a_compare_as_a_sessions_first_event_can_be_stopped(png):
             page_state = state  # what Gradio keeps for the page's next events
         if status == "1/3 done":
             h.comparisons.stop_compare(_who("alice"), page_state)
-    assert statuses[-1].startswith("⏹ Stopped after 1 of 3 methods"), statuses
+    assert statuses[-1].startswith("Stopped after 1 of 3 methods"), statuses
 
 
 def test_compare_under_the_time_limit_says_so(png, timers):
     timers.fire_at_start = True
     h, state = _app(turn_time_limit=120), UserState(model_name=MODEL)
     statuses = [out[2] for out in _compare(h, state, png, ["full", "blockwise-keydiff"])]
-    assert statuses[-1].startswith("⏱ The time limit stopped the comparison after 0 of 2 methods (120 s"), statuses
+    assert statuses[-1].startswith("The time limit stopped the comparison after 0 of 2 methods (120 s"), statuses
 
 
 def test_new_chat_stops_a_running_compare_and_it_writes_nothing_more(png):

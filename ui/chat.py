@@ -114,7 +114,7 @@ class ChatCallbacks:
     ):
         """Generator: one turn, streamed (outputs: see the module's docstring)."""
         queue = self.context.queue
-        if not queue.comes_up():
+        if not queue.comes_up(request, "turn"):
             skip = gr.skip()
             yield (skip, skip, skip, skip, progress_html(0, 1, WITHDRAWN_TURN), skip, skip, skip, skip)
             return

@@ -101,7 +101,7 @@ class CompareCallbacks:
         Stoppable (`stop_compare`, New chat) and bounded by the turn time limit as a whole: on a shared
         instance one comparison holds the model no longer than one chat turn may."""
         skip, queue = gr.skip(), self.context.queue
-        if not queue.comes_up():
+        if not queue.comes_up(request, "compare"):
             yield skip, skip, WITHDRAWN_COMPARE, skip
             return
         st = self.context.user_state(state)
@@ -195,7 +195,7 @@ class CompareCallbacks:
     def _stopped_line(self, message: str, by_time_limit: bool) -> str:
         if by_time_limit:
             return (
-                f"Time limit: {message[0].upper()}{message[1:]} ({self.context.turn_time_limit:g} s on this instance; "
+                f"{message[0].upper()}{message[1:]} ({self.context.turn_time_limit:g} s on this instance; "
                 "fewer methods, a smaller budget or fewer frames fit in it)"
             )
         return f"{message[0].upper()}{message[1:]}; the table keeps the finished ones"

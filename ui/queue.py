@@ -125,10 +125,12 @@ class ComputeQueue:
                 self._withdrawn.setdefault(event_id, now)
         return bool(ids)
 
-    def comes_up(self) -> bool:
-        """Called first in a computation's handler: False if Stop withdrew its event (it must not run)."""
+    def comes_up(self, request, kind: str) -> bool:
+        """Called first in a computation's handler: False if Stop withdrew its event (it must not run). Its
+        session's note of a send on its way goes now too (a computation that never waited is not seen waiting)."""
         event_id = current_event_id()
         with self._lock:
+            self._joining.pop((session_key(request), kind), None)
             return event_id is None or self._withdrawn.pop(event_id, None) is None
 
     def turn_took(self, seconds: float) -> None:
