@@ -36,7 +36,7 @@ def test_check_range_names_the_setting_the_value_and_the_range():
 @pytest.mark.parametrize(
     "field, bad, good",
     [
-        ("budget", 10**7, 10**6),
+        ("budget", 2**31, 10**7),
         ("budget", 0, 1),
         ("block_size", 10**7, 4096),
         ("max_new_tokens", 10**6, 32_768),

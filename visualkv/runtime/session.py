@@ -95,7 +95,7 @@ class SessionConfig:
     def validate(self) -> None:
         traits = method_traits(self.method)  # ConfigError for an unknown name or a refused composition
         if self.budget is not None:
-            check_range("budget", self.budget, 1, MAX_TOKENS, whole=True)
+            check_range("budget", self.budget, 1, MAX_BUDGET, whole=True)
         if traits.needs_budget and self.budget is None:
             raise ConfigError(
                 f"method {self.method!r} needs a budget (visual entries kept per layer and KV head; --budget N)"
@@ -120,9 +120,12 @@ class SessionConfig:
             )
 
 
-#: bounds of the settings (`SessionConfig.validate`): a budget or block of more tokens than an hour of video
-#: holds, an answer longer than any a chat needs, or more blocks per vision-tower call than make one call
+#: bounds of the settings (`SessionConfig.validate`): a block of more tokens than an hour of video holds, an
+#: answer longer than any a chat needs, or more blocks per vision-tower call than make one call. A budget only
+#: caps what is kept (one larger than the input keeps everything: the benches' "nothing evicted"), so its bound
+#: is the largest token index a tensor holds
 MAX_TOKENS = 1 << 20
+MAX_BUDGET = 2**31 - 1
 MAX_NEW_TOKENS = 32_768
 MAX_TEMPERATURE = 10.0
 MAX_SEED = 2**32 - 1
