@@ -71,6 +71,25 @@ def gallery_item(frames, times, report: dict[str, Any], f: int, draw, max_side: 
     return draw(frame_source(frames, times, layout_frames[f]), {f}, max_side)
 
 
+#: px: the side of each frame's tile in a video's token view
+STRIP_SIDE = 240
+
+
+def token_view(
+    frames: Sequence[np.ndarray],
+    times: Sequence[float] | None,
+    report: dict[str, Any],
+    draw,
+    max_side: int,
+    frame_ids: Sequence[int] | None = None,
+) -> Image.Image:
+    """The media's token view, `draw(image, frame_filter, side)`: a video's strip of frame tiles (each drawn
+    with its own frame's tokens, `STRIP_SIDE` px), or an image's panels (`image_panels`)."""
+    if layout_is_video(report):
+        return frame_strip(frames, times, report, lambda img, f: draw(img, {f}, STRIP_SIDE), frame_ids)
+    return image_panels(frames[0], report, draw, max_side)
+
+
 def frame_strip(
     frames: Sequence[np.ndarray],
     times: Sequence[float] | None,

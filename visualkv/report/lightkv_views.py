@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 from PIL import Image
 
 from visualkv.report.drawing import with_legend
-from visualkv.report.frames import frame_strip, image_panels, layout_is_video
+from visualkv.report.frames import token_view
 from visualkv.report.memory_chart import MIB
 from visualkv.report.palette import OKABE_ITO, hex_colour
 from visualkv.report.tokens import token_paint
@@ -40,12 +40,9 @@ def merge_view(
     absorbing = own & (sizes > 1)
     level = (sizes[absorbing] - 2) / max(biggest - 2, 1)  # 0 = a group of 2 (yellow), 1 = the largest (red)
     colours[absorbing] = np.stack([np.full_like(level, 255), 230 * (1 - level), np.zeros_like(level)], axis=1)
-    if layout_is_video(report):
-        body = frame_strip(frames, times, report, lambda img, f: token_paint(img, report, colours, 240, {f}), frame_ids)
-    else:
-        body = image_panels(
-            frames[0], report, lambda img, flt, side: token_paint(img, report, colours, side, flt), max_side
-        )
+    body = token_view(
+        frames, times, report, lambda img, flt, side: token_paint(img, report, colours, side, flt), max_side, frame_ids
+    )
     return with_legend(body, merge_legend(report))
 
 

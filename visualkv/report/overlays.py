@@ -11,12 +11,11 @@ from PIL import Image
 
 from visualkv.report.drawing import with_colour_bar, with_legend
 from visualkv.report.frames import (
-    frame_strip,
     frames_to_draw,
     gallery_item,
-    image_panels,
     layout_frame_captions,
     layout_is_video,
+    token_view,
 )
 from visualkv.report.palette import KEEP_CMAP, SALIENCY_CMAP, TIERS, tier_colour, tier_name
 from visualkv.report.tokens import token_overlay, token_paint
@@ -49,21 +48,11 @@ def retained_view(
     0 draws the media alone, with the same size and colour bar (the "before" side of a before/after
     comparison)."""
     values = retained_values(report, layer)
-    if layout_is_video(report):
-        body = frame_strip(
-            frames,
-            times,
-            report,
-            lambda img, f: token_overlay(img, report, values, 240, {f}, alpha=opacity),
-            frame_ids,
-        )
-    else:
-        body = image_panels(
-            frames[0],
-            report,
-            lambda img, flt, side: token_overlay(img, report, values, side, flt, alpha=opacity),
-            max_side,
-        )
+
+    def draw(img: np.ndarray, frame_filter: set[int] | None, side: int) -> Image.Image:
+        return token_overlay(img, report, values, side, frame_filter, alpha=opacity)
+
+    body = token_view(frames, times, report, draw, max_side, frame_ids)
     return with_colour_bar(body, KEEP_CMAP, keep_bar_title(layer)) if colour_bar else body
 
 
@@ -79,21 +68,11 @@ def saliency_view(
     values = saliency_values(report)
     if values is None:
         return None
-    if layout_is_video(report):
-        body = frame_strip(
-            frames,
-            times,
-            report,
-            lambda img, f: token_overlay(img, report, values, 240, {f}, cmap=SALIENCY_CMAP),
-            frame_ids,
-        )
-    else:
-        body = image_panels(
-            frames[0],
-            report,
-            lambda img, flt, side: token_overlay(img, report, values, side, flt, SALIENCY_CMAP),
-            max_side,
-        )
+
+    def draw(img: np.ndarray, frame_filter: set[int] | None, side: int) -> Image.Image:
+        return token_overlay(img, report, values, side, frame_filter, cmap=SALIENCY_CMAP)
+
+    body = token_view(frames, times, report, draw, max_side, frame_ids)
     return with_colour_bar(body, SALIENCY_CMAP, SALIENCY_SCALE, percent=False)
 
 
@@ -119,12 +98,9 @@ def tier_view(
         return None
     names = tier_names(report)
     colours = np.array([tier_colour(n) for n in names], dtype=np.float32)
-    if layout_is_video(report):
-        body = frame_strip(frames, times, report, lambda img, f: token_paint(img, report, colours, 240, {f}), frame_ids)
-    else:
-        body = image_panels(
-            frames[0], report, lambda img, flt, side: token_paint(img, report, colours, side, flt), max_side
-        )
+    body = token_view(
+        frames, times, report, lambda img, flt, side: token_paint(img, report, colours, side, flt), max_side, frame_ids
+    )
     counts = report.get("tiers") or {n: names.count(n) for n in dict.fromkeys(names)}
     return with_legend(body, [(label, colour, counts.get(name)) for name, label, colour in TIERS])
 
