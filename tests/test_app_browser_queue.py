@@ -261,6 +261,19 @@ def _run_compare(pg) -> None:
     pg.wait_for_function(f"() => {STATUS_JS}.includes('done:')", timeout=TURN_TIMEOUT_MS)
 
 
+def _settled_marks(pg) -> list:
+    """The chart's marks once the page has drawn the last update: the status says "done" as soon as the last
+    method ends, while plotly may still be redrawing the chart from an earlier update."""
+    marks, deadline = pg.evaluate(MARKS_JS), time.monotonic() + 15
+    while time.monotonic() < deadline:
+        pg.wait_for_timeout(500)
+        again = pg.evaluate(MARKS_JS)
+        if again == marks:
+            break
+        marks = again
+    return marks
+
+
 def _results_empty(pg) -> bool:
     return pg.evaluate(
         f"""() => !{STATUS_JS}.trim()
@@ -297,7 +310,7 @@ def test_compare_reads_at_a_glance(browser, app_url, tmp_path):
     shot(pg, "q2_compare")
     fits = pg.evaluate(TABLE_FITS_JS)
     assert fits == {"scrolls": [], "broken": []}, fits  # no sideways scrolling, no header or number cut
-    marks = pg.evaluate(MARKS_JS)
+    marks = _settled_marks(pg)
     assert _hidden_marks(marks) == [], _hidden_marks(marks)
     # post-snapkv's peak is drawn at full size: as large as full's, far above the block-wise methods'
     widest = {}
