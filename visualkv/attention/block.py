@@ -1,22 +1,11 @@
 """Attention of a block of new tokens after cached entries, without expanding K/V to every query head.
 
-A prefill block (or a follow-up prompt) that has a cache always takes the same mask: every cached entry
-visible, the block causal among itself, i.e. a lower-right causal mask. Given any tensor mask, transformers'
-SDPA function repeats K/V to every query head (`repeat_kv`): on Qwen2.5-VL-7B (28 query heads, 4 KV heads)
-a follow-up question over a 76k-entry cache would copy about 1.1 GB per layer; and PyTorch's CUDA SDPA takes
-no flash kernel with a tensor mask. So the engine passes an `AfterCache` marker instead of a tensor, and the
-wrapped sdpa function (`visualkv.attention.packed`) calls `attend`, which picks, per call:
-
-- "flash" (CUDA, 16-bit, a flash-eligible geometry): PyTorch's lower-right `CausalBias` with `enable_gqa`,
-  which runs the flash kernel on the KV heads as they are: no mask, no copy;
-- "gqa" (CPU and other devices): the dense bool mask with `enable_gqa`; PyTorch's CPU kernel reads each KV
-  head for its query heads (at the 7B geometry, 1,024 queries after 8,192 entries in float32: 60.8 MiB of
-  transients against 312.9 with `repeat_kv`, the same output; docs/results/block_attention_7b_cpu_float32.json);
-- "stock" (CUDA without flash, e.g. float32, where `enable_gqa` with a mask would fall to the math kernel):
-  transformers' own function with the dense mask.
-
-The CUDA choice is checked once per device, dtype and geometry against transformers' own function on a small
-random problem (`_agrees`); a kernel that fails or disagrees is never used for that key again.
+A block after a cache always takes a lower-right causal mask. Given a tensor mask, transformers' SDPA function
+repeats K/V to every query head and CUDA takes no flash kernel, so the engine passes an `AfterCache` marker and
+`attend` picks per call: "flash" (CUDA 16-bit: PyTorch's lower-right `CausalBias` with `enable_gqa`, no mask, no
+copy), "gqa" (other devices: a dense bool mask with `enable_gqa`), or "stock" (CUDA without flash: transformers'
+own function). The CUDA choice is checked once per device, dtype and geometry against the stock function
+(`_agrees`); a kernel that fails or disagrees is never used for that key again.
 """
 
 from __future__ import annotations

@@ -1,47 +1,11 @@
 """`python -m visualkv bench gpu`: every method against transformers' own `generate` and VisualKV's `full`, on the GPU.
 
-One process, the model built (or loaded) once. Two inputs: a 4K image (3840 x 2160) and a long synthetic video
-(default 512 s at 1 fps, 640 x 360). On each input the reference rows run first, on the untouched model:
-
-- `generate`: transformers' own processor and `model.generate`, as a user calls it (dynamic cache);
-- `generate-static`: the same with `cache_implementation="static"` (on CUDA transformers compiles its decode step:
-  the compile and graph capture fall in the case's warm-up, reported as `warmup_seconds`, not in its figures);
-- `full`: VisualKV with no compression (isolates what compression adds from what VisualKV's decode adds);
-
-then every method through `ChatSession`. A speed claim names its cause: each row's `vs_full` (compression) and
-`vs_best_generate` (against the better of the two `generate` rows, per figure); `vs_generate` (the dynamic-cache
-row) holds the memory ratios.
-
-Fairness: every row, warm-ups included, runs with the same SDPA backends pinned (`sdpa_backends`, default every
-backend but cuDNN's, whose graph is rebuilt for each new sequence length; `torch.nn.attention.sdpa_kernel`), and
-each case runs once untimed on the exact input and token count it is then measured on (every shape it meets is
-built before the clock), then `repeats` times (default 3). Every timed figure is
-``{"median", "min", "max", "n"}`` over the repeats: TTFT, decode tokens/s (and its steady rate and setup),
-CUDA peak over the weights; per run the CUDA peak is reset first and what is allocated then is subtracted
-(`allocated_before_bytes`: the weights, plus anything a previous run left held, such as the graph pool of
-transformers' compiled static decode, which `generate-static`'s peak therefore leaves out).
-
-TTFT (the same for every row): from the decoded media in host memory to the first generated token id on the host,
-including the processor, the vision tower and the prefill. A video is decoded into host memory once per input,
-before any case's clock starts. Decode tokens/s: the tokens after the first over the time from the first to the
-last on the host (EOS is ignored so every case decodes `new_tokens`). On a video also `ttft_seconds_per_hour`.
-
-Each row also carries `limits` (`visualkv.bench.limits`): its TTFT against the FLOPs of the vision tower and the
-LLM prefill at the device's dense bf16 peak, its decode rate against the weight bytes read per token at the
-memory bandwidth (`visualkv.bench.device_peaks`; null shares on CPU). `cache_peak_bytes` is the KV cache's own
-high-water mark (ours: `peak_kv_bytes`; generate: the bytes of the returned cache); `guard_estimate_bytes` (the
-methods' rows) the memory guard's estimate of what the prefill was to allocate.
-
-Each case loads the video with its own frame cap: none for a method whose memory is bounded
-(`visualkv.methods.media_limits`); `FULL_FRAME_CAP` (512 frames) for `full` and the other bulk methods, and
-`reference_max_frames` (the same 512 by default) for the `generate` rows, which stack every frame and encode them
-in one vision call. A case past its cap is a row with `refused` (the one-line reason) instead of figures: an hour
-of video (3,600 frames) runs the bounded methods and shows the others refused.
-
-Memory needs CUDA; on CPU (the test, or a dry run) the same code runs with small sizes and the memory fields are
-null. GPU code paths import neither plotly, gradio, decord nor kaleido: the chart is written only when plotly
-imports. The JSON and the table are rewritten after every case, so a run cut short by a time limit keeps what it
-measured (`complete` is false until the last case).
+One process, the model built once; a 4K image and a long synthetic video. The reference rows (`generate`,
+`generate-static`, `full`) run first on the untouched model, then every method through `ChatSession`, all with
+the same SDPA backends pinned, each case warmed once on its exact input and then timed `repeats` times (every
+figure is median/min/max/n). Rows carry their share of the device's limits (`visualkv.bench.limits`). On CPU the
+same code runs with small sizes and null memory fields. The JSON is rewritten after every case, so a run cut short
+keeps what it measured. What each figure measures: docs/RESULTS.md#how-a-row-is-measured.
 """
 
 from __future__ import annotations

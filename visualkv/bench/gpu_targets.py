@@ -1,25 +1,10 @@
 """The GPU targets judged on `bench gpu` results (`visualkv.bench.gpu`), and how its rows are read.
 
-Rows come in two formats: a figure is a number (one run: files written before repeats), or
-``{"median", "min", "max", "n"}`` over the repeats; `stat` reads either. Time targets compare a method with the
-better of the two `generate` rows on the same input (transformers' `model.generate`, dynamic and static cache);
-a result whose reference was not warmed per shape nor backend-pinned (no `sdpa_backends` in its config) has no
-fair one, and its time targets against `generate` are "no fair reference", never judged.
-
-A verdict, from the repeats: **met** where the method's worst repeat meets the limit against the reference's best
-repeat; **within noise** where only the medians meet it; **not met** otherwise; **not measured** when a figure is
-missing (no CUDA peak on a CPU run, a refused or failed row, a method or input not run). On CPU the verdicts say
-nothing about the GPU targets (the table says so).
-
-Targets:
-- block-wise TTFT <= 1.10x the better generate, at 4K and on the long video, hybrid plan and forced block-wise;
-- decode tokens/s after any compressing method >= 2x the better generate's, and >= `full`'s, on every input;
-- Sali-Cache TTFT <= 1.0x the better generate on the `mix` video (static shots, pans and cuts, like the bundled
-  example video) and <= 1.25x on the `moving` one (nothing can be skipped), its CUDA peak no higher than `full`'s;
-- LightKV TTFT <= 0.75x the better generate at 4K;
-- block-wise CUDA peak over the weights <= 1/5 of `full`'s at 4K and <= 1/50 on the long video;
-- on an hour of video, CUDA peak over the weights <= 1 GiB for block-wise KeyDiff and the composed pipeline (TTFT
-  per hour of video is recorded beside it).
+A figure is a number (one run) or ``{"median", "min", "max", "n"}`` over repeats; `stat` reads either. Time
+targets compare a method with the better of the two `generate` rows on the same input; a result without pinned
+SDPA backends has no fair reference and is never judged. Verdicts: met (worst repeat meets the target against
+the reference's best), within noise (only the medians do), not met, not measured. Each target is named in
+`_input_verdicts`, `_method_verdicts` and `_hour_verdicts`; docs/RESULTS.md#on-a-gpu shows them judged.
 """
 
 from __future__ import annotations

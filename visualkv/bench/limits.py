@@ -1,23 +1,10 @@
 """What the hardware allows a `bench gpu` row: a TTFT floor and a decode ceiling, and the row's share of each.
 
-- TTFT floor = the FLOPs of the vision tower and the LLM prefill on the input / the device's dense bf16 peak.
-- Decode ceiling = the device's memory bandwidth / the weight bytes one decode step reads.
-
-What is counted (one multiply-add = 2 FLOPs; n = prompt tokens, v = visual tokens, p = v x the adapter's
-`patches_per_token`, the vision tower's input patches):
-- vision tower: 2 x p x (weights of the `nn.Linear` layers in its repeated blocks: the largest `ModuleList`
-  outside the LLM) + 2 x v x (weights of every other `nn.Linear` outside the LLM and the LM head: the merger or
-  projector, which runs on merged tokens). Left out: the tower's attention (its span differs by family: windows,
-  per-frame or whole-image), the patch embedding and the norms;
-- LLM prefill: 2 x n x (weights of the `nn.Linear` layers of the decoder layers) + causal attention,
-  2 x layers x query heads x head_dim x n^2 (QK^T and AV: n^2 / 2 x head_dim multiply-adds each, per head) +
-  the LM head on the last token, 2 x (its weights);
-- decode bytes per token: every parameter of the decoder layers and the final norm, plus the LM head's weight,
-  each read once per step (the embedding table: one row, left out; the KV cache's reads are not counted).
-The count is the uncompressed work on the input (what `full` computes), the same for every row of an input: it
-leaves work out, so the floor is a lower bound, and a method that skips work (frames, merged tokens) may reach a
-TTFT share above 1. On CPU, or on a GPU not in `visualkv.bench.device_peaks`, floors, ceilings and shares are
-null; the FLOPs and bytes are given anyway.
+TTFT floor = FLOPs of the vision tower and the LLM prefill on the input / the device's dense bf16 peak (two FLOPs
+per multiply-add; the linear layers per patch or token plus causal attention; the tower's attention, patch
+embedding and norms left out, so the floor is a lower bound). Decode ceiling = memory bandwidth / the weight bytes
+one step reads (decoder layers, final norm, LM head). The count is `full`'s work, the same for every row of an
+input, so a method that skips work may exceed a share of 1. Off the devices in `device_peaks`, shares are null.
 """
 
 from __future__ import annotations

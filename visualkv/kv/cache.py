@@ -1,40 +1,11 @@
 """The compressible KV cache: a transformers `Cache` with per-head bookkeeping, built for the device.
 
-Each layer holds, per KV head, the kept entries in original sequence order:
-full-precision keys/values, optional packed INT8 / INT4 segments (Sali-Cache),
-and for every entry the index of the token it came from in the conversation's
-token sequence (`token_index`). That index is the entry's original position:
-the engine keeps a table from sequence index to position ids (3-D M-RoPE ids
-for Qwen), so nothing is ever renumbered.
-
-Storage: every layer owns preallocated buffers on its own device (a model
-sharded with `device_map="auto"` keeps its cache sharded). New entries are
-written in place and attention reads views, so appending a block or a decoded
-token copies only the new entries. Capacity comes from a hint (eviction
-methods know their bound M + b + protected) or grows geometrically (x1.25, at
-least 256 entries), and `reserve` makes room for a whole answer before
-decoding. Eviction compacts in place. Entry counts live on the host as Python
-ints, so nothing here needs to read the device.
-
-Byte accounting (all exact, from tensor shapes):
-- `kv_bytes()`: bytes of the entries held (full K/V + packed data, scales and
-  zero points). `peak_kv_bytes` is its high-water mark, taken right after each
-  append (before eviction), when a block-wise cache is fullest.
-- `allocated_bytes()`: bytes of the buffers really allocated (unused capacity
-  included): what the device holds. `peak_allocated_bytes` is its high-water mark.
-- `peak_device_bytes`: high-water mark of allocated bytes plus the transient
-  working memory of a step (buffer growth, the gathers and scores of an
-  eviction, the concatenation of a quantized block, one layer's dequantized
-  packed tiers, the grouped-query expansion of attention), noted by whoever
-  allocates it via `note_working`.
-Bookkeeping (`token_index`, int32) is reported separately as `index_bytes()`.
-
-Packed tiers are attended per segment (`visualkv.attention.packed`): a layer's
-`update` returns only its full-precision entries, and the runner passes the
-layer's `packed_segments()` to that layer's attention call as a keyword
-argument; the call dequantizes them for itself and drops them, so no
-full-precision copy of a packed tier is ever kept (the device holds what
-`kv_bytes()` says, plus free capacity).
+Each layer holds, per KV head, the kept entries in sequence order (full-precision K/V, optional packed INT8 /
+INT4 segments) and each entry's `token_index`, its original position in the conversation, so nothing is ever
+renumbered. Buffers are preallocated per layer on its own device and written in place; eviction compacts in
+place; entry counts are host ints, so nothing here reads the device. Byte figures (`kv_bytes`,
+`allocated_bytes`, `peak_device_bytes`) are exact, from tensor shapes. Layout and accounting:
+docs/ARCHITECTURE.md#the-cache-on-the-device.
 """
 
 from __future__ import annotations

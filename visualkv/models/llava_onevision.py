@@ -1,26 +1,10 @@
 """LLaVA-OneVision adapter (`LlavaOnevisionForConditionalGeneration`, the llava-hf checkpoints).
 
-Image layout, as the model packs it: first the base image (the whole image squashed to one 384-px
-SigLIP tile: 27 x 27 = 729 tokens), then the anyres feature map: the image is resized and padded to
-the best grid of 384-px tiles (up to 6 x 6), each tile encoded independently (27 x 27 features), the
-tiles' maps joined into one (rows x 27) x (cols x 27) map, the padding cropped away ("unpadded"),
-downsampled bilinearly when it holds more than ~9 tiles' worth of features ("anyres_max_9"), and
-written row by row, each row followed by one newline token. The map's rows run across every tile of
-a tile row, so a tile is not contiguous in the sequence: the units are the base image (one unit)
-and the rows of the packed map (newline included: the newline belongs to its row).
-
-Streaming is exact. The vision tower runs per 384-px tile; a block of map rows encodes only the tile
-rows its rows come from (a buffer keeps the last tile row for the next block), and the bilinear
-downsampling is applied as the interpolation kernel's own weights (taken from `F.interpolate` on an
-identity matrix), restricted to the block's rows, so a block needs only the source rows it reads.
-Encoding ahead (`vision_ahead` N) puts the tile rows N blocks read, each tile an image of its own, in
-one tower call, into the same buffer.
-
-Video: every frame is one 384-px tile, pooled 2x2 (27 -> 14 per side: 196 tokens), frames written
-back to back with a single newline after the last frame (it belongs to the last frame's unit). The
-unit is one frame; frames are preprocessed only when their block runs.
-
-Positions are 1-D (0..L-1), the LLM is Qwen2.
+An image is the base tile (729 tokens) then the anyres map written row by row, each row with its newline token;
+the map's rows run across every tile of a tile row, so the units are the base tile and the map's rows. A block
+encodes only the tile rows its map rows come from, and the anyres downsampling is applied with the interpolation
+kernel's own weights restricted to the block's rows, so streaming is exact. A video frame is one pooled tile
+(196 tokens), its own unit. Positions are 1-D. Details: docs/METHODS.md#model-families.
 """
 
 from __future__ import annotations

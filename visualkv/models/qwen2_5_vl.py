@@ -1,25 +1,10 @@
 """Qwen2.5-VL (and Qwen2-VL) adapter.
 
-Layout: an image is one grid of (H/28) x (W/28) tokens; its unit is one
-token-grid row. A video is a sequence of temporal patches (2 sampled frames
-each); its unit is one temporal patch.
-
-Streamed vision encoding. The vision tower attends inside 112-px windows in
-most layers and over the whole image in a few (`fullatt_block_indexes`).
-Images are encoded in horizontal strips aligned to the window grid, with the
-strip's true row offset fed to the vision RoPE, so the windowed layers are
-exact; only the full-attention layers see the strip instead of the whole image
-(the one inexact step, measured in the tests and docs/RESULTS.md). Leftover rows of
-a strip are buffered for the next block, so each strip is encoded once. When a
-block holds a whole image it is encoded in one call, exactly as transformers
-does. Videos are exact block by block: their attention never crosses a
-temporal patch.
-
-Encoding ahead (`encode_ahead`, the engine's `vision_ahead`): the strips (or
-temporal patches) that the next blocks will read are worked out with the same
-walk as `_encode_rows`, then encoded in one tower call as separate sequences
-(one grid entry each: attention never crosses them, each strip keeps its own
-row offset), so every block gets the embeddings a call of its own would give.
+An image is one grid of (H/28) x (W/28) tokens, its unit one token row; a video's unit is one temporal patch
+(two frames). Image rows are encoded as horizontal strips aligned to the vision tower's window grid, with the
+strip's true row offset fed to the vision RoPE, so only the few full-attention vision layers see a strip instead
+of the image; a block holding the whole image, and every video block, is exact. Encoding ahead puts the strips
+the next blocks read in one tower call as separate sequences. Details: docs/METHODS.md#model-families.
 """
 
 from __future__ import annotations

@@ -1,27 +1,11 @@
-"""Qwen3-VL adapter (`Qwen3VLForConditionalGeneration`).
+"""Qwen3-VL adapter (`Qwen3VLForConditionalGeneration`), extending the Qwen2.5-VL one.
 
-What differs from Qwen2.5-VL (whose adapter this extends):
-
-- 16-px patches, 2x2 merge (32 px per visual token), mean = std = 0.5; interleaved M-RoPE (the text
-  rotary module interleaves t/h/w frequencies; position ids are still 3-D).
-- Video: every temporal patch (2 frames) is its own run of tokens, preceded by a text timestamp
-  ("<1.0 seconds>") and wrapped in vision start/end tokens, exactly as the processor writes it. Its
-  unit is one temporal patch; the timestamp text travels with the frame that follows it. The video
-  processor sizes all frames from the whole clip's pixel total, so a block's frames are resized to
-  that size (not re-derived from the block's own frame count).
-- DeepStack: the vision tower also returns the merged features of a few of its blocks; transformers
-  adds feature k to the visual tokens' hidden states after LLM layer k. `encode_units_with_layer_features`
-  returns them per block; the engine adds them after the matching layers to that block's tokens only.
-- Vision attention is global in every vision block (no windows), and the learned position table is
-  resampled to the whole image's grid. A block holding a whole image is encoded in one call (exact). An
-  image split into strips of token rows gets each strip's true rotary ids and resampled position
-  embeddings (both precomputed over the whole grid), so the only inexact step is that attention sees the
-  strip instead of the image: measured in the tests and docs/RESULTS.md. Video is exact block by block
-  (attention never crosses a temporal patch).
-
-Internally the vision output is packed as [embedding | deepstack_1 | ... | deepstack_k] along the
-feature axis, so the row slicing and strip logic inherited from the Qwen2.5-VL adapter carry every
-feature of a token together.
+Differences: 16-px patches merged 2x2, interleaved M-RoPE, global vision attention with a learned position table
+resampled to the whole grid, a video unit of one temporal patch with its timestamp text, and DeepStack features
+(merged features of some vision blocks, added after the first LLM layers), returned per block with the
+embeddings. Internally the vision output is packed as [embedding | deepstack_1 | ... | deepstack_k] so the row
+and strip logic inherited from Qwen2.5-VL carries a token's features together. Details:
+docs/METHODS.md#model-families.
 """
 
 from __future__ import annotations

@@ -1,49 +1,11 @@
 """Estimate a turn's peak memory before its prefill, refuse what cannot fit, survive an OOM.
 
-A shared instance must not be killed mid-turn by one user's `full` prefill of a long video
-(that would take every user's chat with it). Before a prefill, `MemoryGuard.check` estimates
-the turn's peak from the model's dimensions and the planned blocks, weights aside:
-
-- **KV**: the cache's buffers as it allocates them, walked over the blocks the engine will run: sized
-  once by the method's bound (`Method.capacity_bound`, block-wise: budget + largest block + text) plus
-  the answer's headroom, or else exactly at the first block and grown geometrically after it
-  (`visualkv.kv.cache.grown_capacity`; a layer being grown holds its old buffers and the new ones), and a
-  method with packed tiers (`Method.stores_packed`) an INT8 and an INT4 store, each sized for its share of the
-  visual tokens (`Method.stored_shares`; the full-precision buffers likewise). The
-  entries held are walked too (`kv_bytes`, the high-water mark of the cache's `peak_kv_bytes`): a
-  method that evicts per block (`Method.evicts_per_block`) holds, while block i passes layer l, the
-  evicted entries of layers < l, its previous entries + block i at layer l, and its previous
-  entries at layers > l. A method that merges between layers (`Method.merges_between_layers`, LightKV) stores
-  in each later layer only what `Method.visual_kept_by_layer` bounds of a block's visual tokens, the guard
-  walking each group of layers that store alike; any other method keeps everything it read (salicache stores
-  less than that, so for it both figures are upper bounds). The answer's entries are counted after the last
-  block.
-- **LLM activations** of each block, one decoder layer at a time: the residual stream plus the larger
-  of the attention phase (per token of the block: q, k, v, their rotated copies, the output; over every
-  key: the mask with SDPA's float copy of it, and K/V repeated to every query head where the kernel does, as
-  the engine's `attention_working_bytes`) and the MLP phase (gate activation, up, product, per token); SDPA's fused
-  kernels (CPU and CUDA) never hold the (queries × keys) score matrix, so none is counted.
-- **Vision tower** on each block's units (a tile, a row strip, a frame; the whole media in one bulk
-  block): its pixel inputs while prepared, or as the tower holds them with one layer's activations over
-  their patches (`ModelAdapter.vision_prep_copies_for`, `vision_input_copies`).
-- **Decoded media**: the frames as held in memory (already resident when the check runs, so they
-  are reported but not asked of the free memory). A lazily decoded video (``Media.is_lazy``) holds
-  a few cached frames plus the frames of the block being encoded, estimated from metadata.
-
-- **The method's pass before the first block** (`Method.begin_bytes`): Sali-Cache's motion pass holds two
-  downscaled frames and the optical flow's work.
-
-The peak is the largest, over the blocks, of what coexists: the cache before the block plus the vision
-tower on it, or the cache during the block plus its LLM layer (plus the block's embeddings either way), or
-the method's pass before the first block.
-
-`check` compares the part still to be allocated with the free memory of the device the cache lives
-on (CUDA: `torch.cuda.mem_get_info` plus what PyTorch's allocator holds unused; CPU: psutil's
-available memory) and raises `MemoryGuardError` with one line naming the estimate, the free memory
-and a method that would fit. The free-memory figure is injectable (`free_bytes=`) for tests.
-
-`out_of_memory_caught(session)` wraps a turn: a CUDA or host OOM that happens anyway becomes one
-line, the turn's cache is freed, and the session is rolled back to before the turn.
+A shared instance must not be killed mid-turn by one user's `full` prefill of a long video. `MemoryGuard.check`
+walks the planned blocks and estimates the peak of what coexists (the cache's buffers and entries, one decoder
+layer's activations, the vision tower on a block, the method's pass before the first block), compares it with
+the free memory of the cache's device and raises `MemoryGuardError` with one line naming a method that fits.
+`out_of_memory_caught(session)` turns an OOM that happens anyway into one line and rolls the session back.
+What each term counts: docs/ARCHITECTURE.md#memory-guard.
 """
 
 from __future__ import annotations
