@@ -2,7 +2,8 @@
 
 Turn 1 prefills the media and the question under the chosen method; later
 turns append their text to the same (compressed) cache, continuing the
-original position numbering. Answers stream token by token.
+original position numbering. Answers stream piece by piece, as the decoded tokens are read back
+(`SessionConfig.decode_read_every`).
 
 Follow-up questions and query-aware eviction: SnapKV keeps what the *first*
 question attended to. A follow-up about another part of the media may find its
@@ -200,8 +201,8 @@ class ChatSession:
         loaded here with the method's limits (default frame sampling; use `load_media` to choose it). Later
         turns reuse it. If anything fails before decoding starts, the session is left exactly as it was. `stop`
         is checked throughout the prefill, at least before every decoder layer and every few frames of a pass
-        over the media (`Engine.prefill`; raising `PrefillStopped`, session unchanged), and between decoded
-        tokens (the answer so far is kept).
+        over the media (`Engine.prefill`; raising `PrefillStopped`, session unchanged), and at each read of the
+        decoded tokens, every `decode_read_every` tokens (the answer so far is kept).
         """
         if not prompt or not prompt.strip():
             raise ConfigError("the question is empty; type a question about the image or video")
