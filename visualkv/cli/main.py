@@ -86,6 +86,14 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         help="blocks whose media go through the vision tower in one call (every family; the same embeddings: "
         "fewer tower launches, a larger transient)",
     )
+    p.add_argument(
+        "--decode-read-every",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="sampled tokens read back to the host at a time while decoding (default: 8 on a GPU, 1 on the CPU); "
+        "EOS, Stop and the streamed text are seen at each read, the answer is the same",
+    )
     p.add_argument("--fps", type=positive_float, default=1.0, help="video frames sampled per second")
     p.add_argument(
         "--max-frames",
@@ -216,6 +224,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         decode=args.decode,
         decode_attention=args.decode_attention,
         vision_ahead=args.vision_ahead,
+        decode_read_every=args.decode_read_every,
     )
     config.validate()
     for prompt in args.prompt:

@@ -337,6 +337,15 @@ class CompressibleLayer(CacheLayerMixin):
         """Count `n` entries written by `write_slot` as held (they follow the held ones, in order)."""
         self._rows.n += n
 
+    def truncate(self, length: int) -> None:
+        """Drop the newest full-precision entries so that `length` entries per head remain (decoded tokens are
+        appended last, at full precision): undoes decode steps fed past the answer's end. A host count only; the
+        dropped slots become free capacity, overwritten by the next append."""
+        drop = self.total_entries_per_head() - length
+        if not 0 <= drop <= self.n_full:
+            raise ValueError(f"cannot truncate a layer of {self.total_entries_per_head()} entries to {length}")
+        self._rows.n -= drop
+
     # -- compression -------------------------------------------------------------------
     def keep_full(self, index: torch.Tensor) -> None:
         """Keep only full-precision entries `index` (b, h, m), per head, in place (sorted first)."""
@@ -467,6 +476,17 @@ class CompressibleCache(Cache):
         for i, layer in enumerate(self.layers):
             layer.reserve(extra)
             self.refresh_bytes(i, layer.working_bytes)
+
+    def truncate(self, lengths: int | list[int]) -> None:
+        """Keep the first `lengths[i]` entries per head of layer i (an int: of every layer), dropping the newest
+        (see `CompressibleLayer.truncate`); `entries_per_layer()` taken earlier gives the lengths to go back to."""
+        if isinstance(lengths, int):
+            lengths = [lengths] * len(self.layers)
+        if len(lengths) != len(self.layers):
+            raise ValueError(f"{len(lengths)} lengths for {len(self.layers)} layers")
+        for i, (layer, length) in enumerate(zip(self.layers, lengths)):
+            layer.truncate(length)
+            self.refresh_bytes(i)
 
     def refresh_bytes(self, layer_idx: int, working: int = 0) -> None:
         """Re-count one layer's bytes (after append or eviction) and track the peaks.

@@ -2,7 +2,8 @@
 
 Turn 1 prefills the media and the question under the chosen method; later
 turns append their text to the same (compressed) cache, continuing the
-original position numbering. Answers stream token by token.
+original position numbering. Answers stream piece by piece, as the decoded tokens are read back
+(`SessionConfig.decode_read_every`).
 
 Follow-up questions and query-aware eviction: SnapKV keeps what the *first*
 question attended to. A follow-up about another part of the media may find its
@@ -34,6 +35,7 @@ from visualkv.media import Media, load_image, load_media
 from visualkv.methods import make_method, media_limits, method_traits
 from visualkv.models.base import ModelAdapter, PreparedInput
 from visualkv.report.telemetry import BlockEvent, TurnRecord, cuda_peak, peak_rss_bytes, reset_cuda_peak
+from visualkv.runtime.decode_loop import DecodeLimits, DecodeLoop, Feeder, read_interval
 from visualkv.runtime.detokenize import IncrementalDetokenizer
 from visualkv.runtime.engine import Engine, PrefillResult
 from visualkv.runtime.memory_guard import MemoryEstimate, MemoryGuard
@@ -70,6 +72,9 @@ class SessionConfig:
     vision_ahead: blocks whose media go through the vision tower in one call (1: a call per block). The
       embeddings are the same (each block's strip or frames a separate sequence in that call); more blocks
       per call mean fewer tower launches and a larger transient (counted by the memory guard). Every family.
+    decode_read_every: sampled tokens per host read while decoding (visualkv.runtime.decode_loop); the text, EOS
+      and Stop are seen at each read, and the answer and cache are the same whatever it is. None = 8 on an
+      accelerator, 1 on the CPU (a read is free there, and the text streams per token).
     """
 
     method: str = "full"
@@ -85,6 +90,7 @@ class SessionConfig:
     decode: str = "auto"
     decode_attention: str = "auto"
     vision_ahead: int = 1
+    decode_read_every: int | None = None
 
     @property
     def cache_headroom(self) -> int:
@@ -112,6 +118,10 @@ class SessionConfig:
         if self.followup not in ("reuse", "reprefill"):
             raise ConfigError("followup must be 'reuse' or 'reprefill'")
         check_range("vision_ahead (blocks per vision-tower call)", self.vision_ahead, 1, MAX_VISION_AHEAD, whole=True)
+        if self.decode_read_every is not None:
+            check_range(
+                "decode_read_every (tokens per host read)", self.decode_read_every, 1, MAX_NEW_TOKENS, whole=True
+            )
         if self.decode not in DECODE_MODES:
             raise ConfigError(f"decode must be one of {', '.join(DECODE_MODES)}, got {self.decode!r}")
         if self.decode_attention not in DECODE_ATTENTION:
@@ -191,8 +201,8 @@ class ChatSession:
         loaded here with the method's limits (default frame sampling; use `load_media` to choose it). Later
         turns reuse it. If anything fails before decoding starts, the session is left exactly as it was. `stop`
         is checked throughout the prefill, at least before every decoder layer and every few frames of a pass
-        over the media (`Engine.prefill`; raising `PrefillStopped`, session unchanged), and between decoded
-        tokens (the answer so far is kept).
+        over the media (`Engine.prefill`; raising `PrefillStopped`, session unchanged), and at each read of the
+        decoded tokens, every `decode_read_every` tokens (the answer so far is kept).
         """
         if not prompt or not prompt.strip():
             raise ConfigError("the question is empty; type a question about the image or video")
@@ -359,52 +369,31 @@ class ChatSession:
 
     # -- decoding -----------------------------------------------------------------
     def _decode(self, logits: torch.Tensor, record: TurnRecord, t0: float, stop) -> Iterator[str]:
-        eos = self.adapter.eos_token_ids
         generator = torch.Generator(device=logits.device).manual_seed(self.config.seed + len(self.turns))
-        detok = IncrementalDetokenizer(self.adapter.tokenizer)
-        t_first = None
         record.stopped = "max_new_tokens"
         self.cache.reserve(self.config.cache_headroom)  # one growth now, none while decoding
-        decoder: StaticDecoder | None = None
+        steps = self.config.max_new_tokens
+        limits = DecodeLimits(
+            self.adapter.eos_token_ids,
+            steps,
+            read_interval(self.config.decode_read_every, logits.device),
+            stop.is_set if stop is not None else None,
+        )
+        feeder = Feeder(self.engine, self.cache, self._next_position, self._seq_len)
+        detok = IncrementalDetokenizer(self.adapter.tokenizer)
+        loop = DecodeLoop(feeder, lambda lg: self._sample(lg, generator), limits, record, detok)
         try:
-            for step in range(self.config.max_new_tokens):
-                token = self._sample(logits, generator)  # the one host sync per token: EOS and text need it
-                if t_first is None:
-                    t_first = time.perf_counter()
-                    record.ttft_seconds = t_first - t0
-                if token in eos:
-                    record.stopped = "eos"
-                    break
-                record.token_ids.append(token)
-                piece = detok.push(token)
-                if piece:
-                    record.answer = detok.text
-                    yield piece
-                if stop is not None and stop.is_set():
-                    record.stopped = "stopped"
-                if step == self.config.max_new_tokens - 1 or record.stopped == "stopped":
-                    self._pending = token
-                    break
-                if step == 0:  # built after the first token: its time counts in decoding, not in TTFT
-                    t_setup = time.perf_counter()
-                    decoder = self._static_decoder(record, self.config.max_new_tokens - 1)
-                    record.decode_setup_seconds = time.perf_counter() - t_setup
-                ids = torch.tensor([token])
-                if decoder is not None:
-                    logits = decoder.step(token)
-                else:
-                    logits = self.engine.extend(ids, self._next_position, self._seq_len, self.cache)
-                self._history_ids.append(ids)
-                self._seq_len += 1
-                self._next_position += 1
-        finally:  # also when the caller stops iterating: the entries written so far are counted
-            if decoder is not None:
-                decoder.finish()
+            yield from loop.run(logits, t0, lambda: self._static_decoder(record, steps - 1))
+        finally:  # also when the caller stops iterating: the tokens fed so far are part of the conversation
+            self._history_ids.extend(torch.tensor([token]) for token in loop.fed_ids)
+            self._seq_len += len(loop.fed_ids)
+            self._next_position += len(loop.fed_ids)
+            self._pending = loop.pending
         # a token cut inside a UTF-8 sequence decodes to U+FFFD: never end an answer on one
         record.answer = self.adapter.tokenizer.decode(record.token_ids, skip_special_tokens=True).rstrip("\ufffd")
         n = len(record.token_ids)
-        if t_first is not None and n > 1:
-            record.decode_tokens_per_second = (n - 1) / max(time.perf_counter() - t_first, 1e-9)
+        if loop.t_first is not None and n > 1:
+            record.decode_tokens_per_second = (n - 1) / max(time.perf_counter() - loop.t_first, 1e-9)
         record.kv_bytes_after = self.cache.kv_bytes()
 
     def _static_decoder(self, record: TurnRecord, steps: int) -> StaticDecoder | None:
@@ -433,22 +422,23 @@ class ChatSession:
         record.decode_attention = decoder.attention
         return decoder
 
-    def _sample(self, logits: torch.Tensor, generator: torch.Generator) -> int:
-        """Greedy or top-p sampling of one token; `generator` lives on the logits' device.
+    def _sample(self, logits: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """Greedy or top-p sampling of one token, returned as a 0-d tensor on the logits' device (read back by
+        the decode loop every few tokens); `generator` lives on the logits' device.
 
-        Sampling stays on the device (only the chosen id crosses to the host), so the same seed gives the same
+        Sampling stays on the device, so the same seed gives the same
         tokens run to run on one device; CPU and CUDA generators differ, so a seed does not give the same
         tokens across devices.
         """
         if self.config.temperature <= 0:
-            return int(logits.argmax())
+            return logits.argmax()
         probs = torch.softmax(logits.float() / self.config.temperature, dim=-1)
         if self.config.top_p < 1:
             sorted_p, order = probs.sort(descending=True)
             cut = sorted_p.cumsum(0) - sorted_p > self.config.top_p
-            sorted_p[cut] = 0
+            sorted_p = sorted_p.masked_fill(cut, 0)  # not `sorted_p[cut] = 0`: a boolean index reads the device
             probs = torch.zeros_like(probs).scatter(0, order, sorted_p)
-        return int(torch.multinomial(probs / probs.sum(), 1, generator=generator))
+        return torch.multinomial(probs / probs.sum(), 1, generator=generator)[0]
 
     # -- report -------------------------------------------------------------------
     def full_kv_bytes(self) -> int:

@@ -24,7 +24,8 @@ tiers (unchanged while an answer decodes) reach its attention call as `packed_se
 Every step that runs the layers in Python (the static steps, the graph's warm-up and capture) runs inside
 `visualkv.attention.patched`; a graph replay runs no Python attention and needs none.
 
-The host reads one value per token, the sampled id (for EOS and the streamed text), as the plain path does.
+The token fed is a device tensor (the sampled id, never read back for the step); the host reads sampled ids every few
+tokens (`visualkv.runtime.decode_loop`), and `rewind` forgets steps fed past an end of answer found at such a read.
 The entries written are counted on the host once, when the answer ends (`finish`).
 
 Modes (`SessionConfig.decode`):
@@ -205,17 +206,30 @@ class StaticDecoder:
 
     # -- driving ---------------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def step(self, token: int) -> torch.Tensor:
-        """Feed `token` (the answer's latest); returns the next logits (valid until the next step)."""
+    def step(self, token: int | torch.Tensor) -> torch.Tensor:
+        """Feed `token` (the answer's latest: an id, or a one-element tensor on the model's device, as sampled);
+        returns the next logits (valid until the next step)."""
         if self.done >= self.steps:
             raise RuntimeError(f"fixed-shape decoder sized for {self.steps} steps")
-        self.ids.fill_(token)  # an async fill on the device: no host read
+        if isinstance(token, torch.Tensor):
+            self.ids.copy_(token.view(1))  # device to device: no host read
+        else:
+            self.ids.fill_(token)  # an async fill on the device: no host read
         self.done += 1
         if self._graph is not None:
             self._graph.replay()
             return self._out
         with patched(self.adapter):  # per step: a consumer that stops iterating leaves nothing patched
             return self._run()
+
+    def rewind(self, n: int) -> None:
+        """Forget the last `n` steps (tokens fed past the answer's end): `finish` does not count their entries, and
+        the next step writes at the first of their slots, with the position and index that follow the kept steps.
+        The slots after the step counter are masked, so what they still hold is never attended to."""
+        if not 0 <= n <= self.done:
+            raise ValueError(f"cannot rewind {n} of {self.done} steps")
+        self.done -= n
+        self.step_index.sub_(n)  # on the device, in place (a CUDA graph reads this tensor): no host read
 
     @property
     def mode(self) -> str:
