@@ -5,7 +5,7 @@ stop request is seen while the model runs. `stream_turn` yields ("block", BlockE
 decoded since the reader last asked, joined), then exactly one of ("done", TurnRecord), ("error", one-line
 message) or ("stopped", message): `stop` (or the turn's time limit, `TIME_LIMIT_STOPPED`) ends the prefill
 within a decoder layer or a few frames of a pass over the media, leaving the session as before the turn, or
-the answer at the next token. Errors never escape as exceptions. Turns of one session are serialised by a
+the answer at the next read of its tokens (`SessionConfig.decode_read_every`). Errors never escape as exceptions. Turns of one session are serialised by a
 per-session lock.
 
 Also here: `stream_compare` / `compare_methods` (one question through several methods, each in a fresh
@@ -76,7 +76,7 @@ def stream_turn(
 ) -> Iterator[Event]:
     """Run one turn of `session` in a worker thread; yield its events in order (see module doc).
 
-    Closing the generator early sets `stop` (if given), so the worker ends at the next token.
+    Closing the generator early sets `stop` (if given), so the worker ends at its next read of tokens.
     time_limit: seconds after which `stop` is set, as if the user pressed Stop (the turn ends where a
     stop is honoured). An out-of-memory during the turn is one "error" line; the session is rolled back
     and its cache freed (`visualkv.runtime.memory_guard.out_of_memory_caught`).
