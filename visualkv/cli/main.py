@@ -135,6 +135,12 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         metavar="P1,P2,...",
         help="lightkv: merge ratio P per stage, r = min(floor(P*n), n/2) per window (default 0.5)",
     )
+    p.add_argument(
+        "--random-seed",
+        type=non_negative_int,
+        default=None,
+        help="blockwise-random: seed of the random priorities that decide the kept set (default 0)",
+    )
     p.add_argument("--device", choices=DEVICES, default="cpu", help="auto: device_map=auto over the GPUs")
     p.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: bfloat16 on CUDA, float32 on CPU")
     p.add_argument(
@@ -159,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
 METHOD_FLAGS: dict[str, dict[str, str]] = {
     "salicache": {"flow_threshold": "--flow-threshold", "tiers": "--tiers"},
     "lightkv": {"layers": "--lightkv-layers", "windows": "--lightkv-windows", "ratios": "--lightkv-ratios"},
+    "blockwise-random": {"seed": "--random-seed"},
 }
 
 
