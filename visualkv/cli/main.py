@@ -146,6 +146,12 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--json", dest="json_out", type=output_file, help="write the JSON report here (checked before the run)"
     )
+    p.add_argument(
+        "--evidence",
+        action="store_true",
+        help="after each turn, compute its evidence recall: the share of the uncompressed model's attention from "
+        "the answer to the visual tokens that the compressed cache kept (a second, uncompressed pass)",
+    )
     p.add_argument("--quiet", action="store_true", help="print only the answers")
 
 
@@ -223,6 +229,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         decode=args.decode,
         decode_attention=args.decode_attention,
         vision_ahead=args.vision_ahead,
+        evidence=args.evidence,
     )
     config.validate()
     for prompt in args.prompt:
@@ -276,11 +283,15 @@ def cmd_run(args: argparse.Namespace) -> int:
                 f"({', '.join(x for x in (turn.decode_mode, turn.decode_attention) if x)})",
                 file=sys.stderr,
             )
+        if not args.quiet and turn.evidence_recall is not None:
+            print(f"  evidence recall {turn.evidence_recall:.3f}", file=sys.stderr)
     report = session.report()
     if not args.quiet:
+        recall = report["evidence_recall"]
         print(
             f"visual tokens {report['visual_tokens']}, peak KV {report['peak_kv_bytes'] / 2**20:.2f} MiB, "
-            f"final KV {report['final_kv_bytes'] / 2**20:.2f} MiB, full KV {report['full_kv_bytes'] / 2**20:.2f} MiB",
+            f"final KV {report['final_kv_bytes'] / 2**20:.2f} MiB, full KV {report['full_kv_bytes'] / 2**20:.2f} MiB"
+            + (f", evidence recall {recall:.3f}" if recall is not None else ""),
             file=sys.stderr,
         )
     if args.json_out:
