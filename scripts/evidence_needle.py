@@ -2,6 +2,7 @@
 
     python scripts/evidence_needle.py --images 30 --videos 10 --fractions 0.01,0.02,0.05,0.1,0.25 \\
         --json docs/results/evidence_needle.json --svg docs/results/evidence_needle.svg
+    python scripts/evidence_needle.py --redraw   # the SVG again from the committed JSON
 
 Each held-out case (`visualkv.bench.needle`: an image scene's first question, a video's colour question) runs
 once per method and budget with `SessionConfig(evidence=True)`: its evidence recall (the share of the
@@ -14,6 +15,7 @@ accuracy, `blockwise-random` giving the chance level. The SVG is drawn here from
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -132,7 +134,7 @@ def summarise(rows: list[dict]) -> dict:
 
 def svg_figure(summary: dict, rows: list[dict]) -> str:
     """Left: each question's recall (x) against right / wrong (jittered rows). Right: accuracy per recall bucket."""
-    width, height, pad = 820, 330, 50
+    width, height, pad = 820, 345, 50
     out = [
         (
             f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
@@ -169,15 +171,16 @@ def svg_figure(summary: dict, rows: list[dict]) -> str:
             f'<rect x="{x:.1f}" y="{top + plot_h - h:.1f}" width="{step * 0.7:.1f}" height="{h:.1f}" fill="#1f77b4"/>'
         )
         label = bar["bucket"].replace(" (nothing lost)", "")
+        centre = x + step * 0.35
+        for line, text in enumerate((label, f"n={bar['n']}")):
+            y = top + plot_h + 14 + 12 * line
+            out.append(f'<text x="{centre:.1f}" y="{y}" text-anchor="middle" font-size="10">{text}</text>')
         out.append(
-            f'<text x="{x + step * 0.35:.1f}" y="{top + plot_h + 16}" text-anchor="middle" font-size="10">{label}</text>'
-        )
-        out.append(
-            f'<text x="{x + step * 0.35:.1f}" y="{top + plot_h - h - 4:.1f}" text-anchor="middle" font-size="10">'
-            f"{bar['accuracy']:.0%} (n={bar['n']})</text>"
+            f'<text x="{centre:.1f}" y="{top + plot_h - h - 4:.1f}" text-anchor="middle" font-size="10">'
+            f"{bar['accuracy']:.0%}</text>"
         )
     out.append(
-        f'<text x="{left2 + plot_w2 / 2}" y="{top + plot_h + 34}" text-anchor="middle">accuracy by recall bucket</text>'
+        f'<text x="{left2 + plot_w2 / 2}" y="{top + plot_h + 46}" text-anchor="middle">accuracy by recall bucket</text>'
     )
     out.append("</svg>")
     return "\n".join(out) + "\n"
@@ -200,7 +203,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--json", default="docs/results/evidence_needle.json")
     p.add_argument("--svg", default="docs/results/evidence_needle.svg")
+    p.add_argument("--redraw", action="store_true", help="only redraw --svg from the figures in --json")
     args = p.parse_args(argv)
+    if args.redraw:
+        with open(args.json) as fh:
+            saved = json.load(fh)
+        with open(args.svg, "w") as fh:
+            fh.write(svg_figure(saved, saved["rows"]))
+        return 0
     prov = provenance.start()
     prov["command"] = "python scripts/evidence_needle.py " + " ".join(sys.argv[1:] if argv is None else argv)
     fractions = [float(f) for f in args.fractions.split(",")]
