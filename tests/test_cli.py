@@ -330,3 +330,19 @@ def test_every_command_line_option_is_in_the_cli_reference():
         if option.startswith("--") and option != "--help" and not re.search(re.escape(option) + r"(?![\w-])", reference)
     ]
     assert missing == []
+
+
+def test_run_evidence_prints_recall_for_every_method(image_file, tmp_path, capsys):
+    """`run --evidence` prints each turn's evidence recall and the summary's, and writes it in the report."""
+    for method, budget in (("full", None), ("blockwise-keydiff", "16"), ("blockwise-random", "16")):
+        out = tmp_path / f"{method}.json"
+        argv = ["run", "--model", "tiny-qwen2.5-vl", "--media", str(image_file), "--prompt", "What is this?"]
+        argv += ["--method", method, "--max-new-tokens", "3", "--evidence", "--json", str(out)]
+        argv += ["--budget", budget] if budget else []
+        code, _, err = _run(capsys, *argv)
+        assert code == 0, err
+        report = json.loads(out.read_text())
+        recall = report["evidence_recall"]
+        assert f"  evidence recall {recall:.3f}" in err and f", evidence recall {recall:.3f}" in err
+        assert (recall == 1.0) if method == "full" else (0 < recall < 1)
+        assert report["evidence"]["map_shape"] == [2, report["visual_tokens"]]

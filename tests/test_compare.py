@@ -224,14 +224,15 @@ def _app(turn_time_limit=None) -> Callbacks:
 
 
 def _compare(h, state, path, methods, max_new=3, session="alice"):
-    #         state, methods, question, file, method, budget, block size, max new, temperature, followup,
-    #         prefill, blocks per vision-tower call, fps, max frames
+    #         state, methods, question, file, evidence column, method, budget, block size, max new, temperature,
+    #         followup, prefill, blocks per vision-tower call, fps, max frames
     return h.comparisons.compare(
         SimpleNamespace(session_hash=session),
         state,
         methods,
         PROMPT,
         path,
+        False,
         "full",
         BUDGET,
         32,

@@ -170,7 +170,7 @@ def test_the_app_chats_compares_and_draws_on_cuda(tmp_path):
                 views = result_views.views(state, layer)
                 assert views is not None
         rows = None
-        args = ("What is in it?", str(png), "full", 48, 32, 3, 0.0, "reuse", "blockwise", 1, 1.0, 8)
+        args = ("What is in it?", str(png), False, "full", 48, 32, 3, 0.0, "reuse", "blockwise", 1, 1.0, 8)
         for table, _fig, status, _state in h.comparisons.compare(who, state, list(METHODS), *args):
             rows = table if isinstance(table, list) else rows
         assert rows is not None and len(rows) == len(METHODS), status

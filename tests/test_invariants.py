@@ -15,7 +15,8 @@ from tests.conftest import get_adapter
 from visualkv.methods import method_traits
 from visualkv.runtime.session import ChatSession, SessionConfig
 
-EVICTING = ["blockwise-keydiff", "blockwise-snapkv", "post-snapkv"]
+EVICTING = ["blockwise-keydiff", "blockwise-snapkv", "post-snapkv", "blockwise-random"]
+BLOCKWISE = [m for m in EVICTING if m != "post-snapkv"]  # evict after every block
 ALL = ["full", *EVICTING]
 PROMPT = "What is in the picture?"
 
@@ -241,7 +242,7 @@ class _Watch:
 
 
 @pytest.mark.parametrize("block", [70, 16])
-@pytest.mark.parametrize("method", EVICTING[:2])
+@pytest.mark.parametrize("method", BLOCKWISE)
 def test_visual_entries_never_exceed_budget_plus_block_or_unit(
     adapter, small_image, small_video, method, block, monkeypatch
 ):

@@ -222,7 +222,7 @@ def test_internvl_tiles_thumbnail_and_4k():
 @pytest.mark.parametrize("alias", NEW_FAMILIES)
 def test_every_method_runs_on_image_and_video(alias, small_image, small_video):
     adapter = get_adapter(alias)
-    for method in ("blockwise-keydiff", "blockwise-snapkv", "post-snapkv", "salicache", "lightkv"):
+    for method in ("blockwise-keydiff", "blockwise-snapkv", "post-snapkv", "blockwise-random", "salicache", "lightkv"):
         for media in (small_image, small_video):
             budget = 24 if method not in ("salicache", "lightkv") else None
             s = _session(adapter, method, budget=budget, max_new_tokens=2)

@@ -11,6 +11,8 @@ from visualkv.runtime.access import ModelPolicy, scrub_paths
 
 from . import text, views
 from .callbacks import Callbacks
+from .evidence import redraw as redraw_evidence
+from .evidence import wire_evidence
 from .examples import ASSETS, EXAMPLE_NEW_CHAT, chat_started
 from .layout import (
     COMPARE_CSS,
@@ -73,6 +75,7 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
         _wire_model_and_method(page, callbacks)
         _wire_result_views(page)
         _wire_compare(page, callbacks)
+        wire_evidence(page)
     demo.vkv_model = model_name  # for app.py's start message
     demo.vkv_serve = serve  # for launch's queue size
     return demo
@@ -130,6 +133,7 @@ def _wire_chat(page: Page, callbacks: Callbacks) -> None:
         callbacks.queue.register("turn", turn)
         turn_events.append(turn)
         drawn = turn.then(views.views, view_inputs, view_outputs, **AT_ONCE)
+        drawn.then(redraw_evidence, view_inputs, page.views.evidence.outputs, **AT_ONCE)
         # the chat's media may be of another kind now: Compare's default ticks follow it
         drawn.then(
             callbacks.comparisons.ticks_for_media, [state, compare.file, compare.methods], [compare.methods], **AT_ONCE
@@ -229,6 +233,7 @@ def _wire_compare(page: Page, callbacks: Callbacks) -> None:
             compare.methods,
             compare.question,
             compare.file,
+            compare.evidence,
             *page.settings.inputs,
             *page.settings.method_components,
         ],

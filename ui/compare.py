@@ -22,6 +22,7 @@ from visualkv.report import viz
 from visualkv.runtime.streaming import failure_message, method_options, stream_compare
 
 from .context import AppContext, gpu
+from .evidence import table_columns, table_update
 from .forms import FormValues
 from .state import UserState
 from .status import (
@@ -84,6 +85,7 @@ class CompareCallbacks:
         methods,
         question,
         file,
+        evidence,
         method,
         budget,
         block_size,
@@ -113,13 +115,14 @@ class CompareCallbacks:
         )  # fmt: skip
         try:
             run = self._prepare(st, methods, question, path, form)
+            run.base = dataclasses.replace(run.base, evidence=bool(evidence))  # the recall column, opt-in
         except Exception as exc:  # noqa: BLE001 - shown in the status line
             yield skip, skip, error_line(failure_message(exc), [path] if path else None), skip
             return
         st.stop = threading.Event()
         queue.active[id(st)] = "compare"
         try:
-            yield skip, skip, f"running {len(methods)} methods…", st
+            yield table_columns(bool(evidence)), skip, f"running {len(methods)} methods…", st
             yield from self._run(st, run)
         except Exception as exc:  # noqa: BLE001 - shown in the status line
             yield skip, skip, error_line(failure_message(exc), [path]), skip
@@ -190,7 +193,7 @@ class CompareCallbacks:
                     line = self._stopped_line(*payload)
                 else:  # done
                     line = f"done: {len(results)} methods on “{html.escape(run.question)}”"
-                yield viz.compare_rows(results), viz.compare_memory_figure(results), line, skip
+                yield table_update(results), viz.compare_memory_figure(results), line, skip
 
     def _stopped_line(self, message: str, by_time_limit: bool) -> str:
         if by_time_limit:

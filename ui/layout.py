@@ -8,6 +8,7 @@ Builders only create components; ui/app.py wires them to the callbacks.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import gradio as gr
 
@@ -20,6 +21,7 @@ from visualkv.runtime.streaming import method_settings
 
 from . import text
 from .compare import default_ticks
+from .evidence import build_evidence_tab
 from .examples import chat_examples, example_cards
 
 DEFAULT_METHOD = "blockwise-snapkv"
@@ -145,6 +147,7 @@ class ResultViews:
     merge_img: gr.Image
     layer_plot: gr.Plot
     numbers_md: gr.Markdown
+    evidence: Any = None  # the Evidence tab (ui/evidence.py's EvidencePanel), beside Kept tokens
 
     @property
     def outputs(self) -> list:
@@ -180,6 +183,7 @@ class ComparePanel:
     status: gr.Markdown
     table: gr.Dataframe
     plot: gr.Plot
+    evidence: gr.Checkbox | None = None  # opt-in: an evidence recall column (a second pass per method)
 
 
 def model_choices(current: str, policy: ModelPolicy | None = None) -> list[str]:
@@ -385,7 +389,8 @@ def build_results(method_names: list[str]) -> tuple[ResultViews, ComparePanel, g
     """The result tabs, the Compare tab, and the memory chart under them."""
     with gr.Column(scale=5, min_width=420, elem_id="vkv-results"):
         with gr.Tabs(overflow_behavior="wrap"):  # every result tab in sight, none in a menu
-            views = ResultViews(*_kept_tokens_tab(), *_saliency_tab(), *_frames_tab(), *_merges_tab(), _numbers_tab())
+            kept, evidence = _kept_tokens_tab(), build_evidence_tab()
+            views = ResultViews(*kept, *_saliency_tab(), *_frames_tab(), *_merges_tab(), _numbers_tab(), evidence)
             compare = _compare_tab(method_names)
         memory_plot = gr.Plot(label="KV memory per prefill block", elem_id="vkv-memory")
     return views, compare, memory_plot
@@ -495,6 +500,11 @@ def _compare_tab(method_names: list[str]) -> ComparePanel:
             elem_id="vkv-cmp-methods",
         )
         question = gr.Textbox(label="question (default: the chat's first question)", elem_id="vkv-cmp-q")
+        evidence = gr.Checkbox(
+            False,
+            label="evidence recall column (a second, uncompressed pass per method)",
+            elem_id="vkv-cmp-evidence",
+        )
         file = gr.File(
             label="media (optional; default: the chat's)", type="filepath", elem_id="vkv-cmp-file", height=90
         )
@@ -514,4 +524,4 @@ def _compare_tab(method_names: list[str]) -> ComparePanel:
             elem_id="vkv-cmp-table",
         )
         plot = gr.Plot(label="KV memory: held after each block, and at its peak", elem_id="vkv-cmp-plot")
-    return ComparePanel(methods, file, question, run_btn, stop_btn, status, table, plot)
+    return ComparePanel(methods, file, question, run_btn, stop_btn, status, table, plot, evidence)

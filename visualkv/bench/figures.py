@@ -20,6 +20,7 @@ from types import ModuleType
 from visualkv.bench.tables import (
     compose,
     demo,
+    evidence,
     fidelity,
     gpu,
     guard,
@@ -62,6 +63,7 @@ TABLE_MODULES = (
     kernels,
     gpu,
     demo,
+    evidence,
 )
 
 

@@ -143,10 +143,22 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         metavar="P1,P2,...",
         help="lightkv: merge ratio P per stage, r = min(floor(P*n), n/2) per window (default 0.5)",
     )
+    p.add_argument(
+        "--random-seed",
+        type=non_negative_int,
+        default=None,
+        help="blockwise-random: seed of the random priorities that decide the kept set (default 0)",
+    )
     p.add_argument("--device", choices=DEVICES, default="cpu", help="auto: device_map=auto over the GPUs")
     p.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: bfloat16 on CUDA, float32 on CPU")
     p.add_argument(
         "--json", dest="json_out", type=output_file, help="write the JSON report here (checked before the run)"
+    )
+    p.add_argument(
+        "--evidence",
+        action="store_true",
+        help="after each turn, compute its evidence recall: the share of the uncompressed model's attention from "
+        "the answer to the visual tokens that the compressed cache kept (a second, uncompressed pass)",
     )
     p.add_argument("--quiet", action="store_true", help="print only the answers")
 
@@ -167,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
 METHOD_FLAGS: dict[str, dict[str, str]] = {
     "salicache": {"flow_threshold": "--flow-threshold", "tiers": "--tiers"},
     "lightkv": {"layers": "--lightkv-layers", "windows": "--lightkv-windows", "ratios": "--lightkv-ratios"},
+    "blockwise-random": {"seed": "--random-seed"},
 }
 
 
@@ -225,6 +238,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         decode_attention=args.decode_attention,
         vision_ahead=args.vision_ahead,
         decode_read_every=args.decode_read_every,
+        evidence=args.evidence,
     )
     config.validate()
     for prompt in args.prompt:
@@ -278,11 +292,15 @@ def cmd_run(args: argparse.Namespace) -> int:
                 f"({', '.join(x for x in (turn.decode_mode, turn.decode_attention) if x)})",
                 file=sys.stderr,
             )
+        if not args.quiet and turn.evidence_recall is not None:
+            print(f"  evidence recall {turn.evidence_recall:.3f}", file=sys.stderr)
     report = session.report()
     if not args.quiet:
+        recall = report["evidence_recall"]
         print(
             f"visual tokens {report['visual_tokens']}, peak KV {report['peak_kv_bytes'] / 2**20:.2f} MiB, "
-            f"final KV {report['final_kv_bytes'] / 2**20:.2f} MiB, full KV {report['full_kv_bytes'] / 2**20:.2f} MiB",
+            f"final KV {report['final_kv_bytes'] / 2**20:.2f} MiB, full KV {report['full_kv_bytes'] / 2**20:.2f} MiB"
+            + (f", evidence recall {recall:.3f}" if recall is not None else ""),
             file=sys.stderr,
         )
     if args.json_out:

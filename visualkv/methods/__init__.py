@@ -19,11 +19,13 @@ from visualkv.methods.compose import (
 from visualkv.methods.full import FullCache
 from visualkv.methods.lightkv import LightKV
 from visualkv.methods.post_prefill import PostPrefillSnapKV
+from visualkv.methods.random_eviction import BlockwiseRandom
 from visualkv.methods.salicache import SaliCache
 
 #: the single methods (classes); composed names are built from them
 METHODS: dict[str, type[Method]] = {
-    cls.name: cls for cls in (FullCache, BlockwiseKeyDiff, BlockwiseSnapKV, PostPrefillSnapKV, SaliCache, LightKV)
+    cls.name: cls
+    for cls in (FullCache, BlockwiseKeyDiff, BlockwiseSnapKV, PostPrefillSnapKV, SaliCache, LightKV, BlockwiseRandom)
 }
 
 

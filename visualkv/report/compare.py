@@ -33,21 +33,43 @@ COMPARE_HEADERS = [
     "answer",
 ]
 COMPARE_COLUMN_WIDTHS = ["19%", "17%", "11%", "10%", "10%", "9%", "24%"]
+#: the same with the evidence recall column (before the answer)
+EVIDENCE_COLUMN_WIDTHS = ["17%", "14%", "10%", "9%", "9%", "8%", "11%", "22%"]
+
+
+#: the column Compare adds when its evidence recall was asked for (before the answer)
+EVIDENCE_HEADER = "evidence recall"
+
+
+def has_evidence_column(results: dict[str, dict[str, Any] | str]) -> bool:
+    return any(isinstance(rep, dict) and rep.get("evidence_recall") is not None for rep in results.values())
+
+
+def compare_widths(results: dict[str, dict[str, Any] | str]) -> list[str]:
+    return EVIDENCE_COLUMN_WIDTHS if has_evidence_column(results) else COMPARE_COLUMN_WIDTHS
+
+
+def compare_headers(results: dict[str, dict[str, Any] | str]) -> list[str]:
+    """COMPARE_HEADERS, with EVIDENCE_HEADER before the answer when a result carries evidence recall."""
+    if not has_evidence_column(results):
+        return list(COMPARE_HEADERS)
+    return [*COMPARE_HEADERS[:-1], EVIDENCE_HEADER, COMPARE_HEADERS[-1]]
 
 
 def compare_rows(results: dict[str, dict[str, Any] | str]) -> list[list[Any]]:
-    """Table rows (COMPARE_HEADERS) for {method: report or error message}.
+    """Table rows (`compare_headers`) for {method: report or error message}.
 
     Agreement is token-level against the `full` method's answer to the same question
     (1.0 = the same tokens); "n/a" when `full` is not among the results; "stopped" for an answer cut short
     (by Stop or a time limit: its tokens are a prefix, not an answer to agree with), and the answer says so.
     """
+    evidence = has_evidence_column(results)
     ref = results.get("full")
     ref_ids = ref["turns"][0]["token_ids"] if isinstance(ref, dict) and ref.get("turns") else None
     rows: list[list[Any]] = []
     for name, rep in results.items():
         if isinstance(rep, str):
-            rows.append([name, "", "", None, None, None, f"error: {rep}"])
+            rows.append([name, "", "", None, None, None, *([""] if evidence else []), f"error: {rep}"])
             continue
         turn = rep["turns"][0] if rep.get("turns") else {}
         full = rep.get("full_kv_bytes") or 0
@@ -66,6 +88,9 @@ def compare_rows(results: dict[str, dict[str, Any] | str]) -> list[list[Any]]:
                 answer,
             ]
         )
+        if evidence:
+            recall = rep.get("evidence_recall")
+            rows[-1].insert(-1, f"{recall:.1%}" if recall is not None else "")
     return rows
 
 

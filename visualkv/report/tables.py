@@ -41,6 +41,8 @@ def summary_line(report: dict[str, Any]) -> str:
         parts.append(f"{ratio:.1f}× less at peak" if ratio >= 1.05 else "no saving (the full cache)")
     ttft = turn.get("ttft_seconds")
     parts.append(f"TTFT {ttft:.2f} s" if ttft is not None else "TTFT n/a")
+    if report.get("evidence_recall") is not None:
+        parts.append(f"evidence recall {report['evidence_recall']:.1%}")
     return " · ".join(parts) + media_warnings_line(report)
 
 

@@ -114,6 +114,8 @@ class TurnRecord:
     # seconds spent building the fixed-shape decoder (a CUDA graph's warm-up and capture) after the first token:
     # inside decode_tokens_per_second, which is what a user waits for; apart here to show the steady rate
     decode_setup_seconds: float = 0.0
+    #: share of the uncompressed model's attention on the visual tokens this turn's cache kept (None: not asked)
+    evidence_recall: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

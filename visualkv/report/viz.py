@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from visualkv.report.applicable import has_merge_map, has_motion, has_saliency, is_video
 from visualkv.report.clock import clock, video_read
-from visualkv.report.compare import COMPARE_HEADERS, agreement, compare_memory_figure, compare_rows
+from visualkv.report.compare import (
+    COMPARE_HEADERS,
+    agreement,
+    compare_headers,
+    compare_memory_figure,
+    compare_rows,
+    compare_widths,
+    has_evidence_column,
+)
+from visualkv.report.evidence_view import evidence_recall_text, evidence_view, has_evidence
 from visualkv.report.frames import MAX_FRAMES_SHOWN, frame_gallery, shown_frames
 from visualkv.report.lightkv_views import layer_tokens_figure, merge_legend, merge_view
 from visualkv.report.memory_chart import (
@@ -67,12 +76,18 @@ __all__ = [
     "clock",
     "colour_map",
     "colour_stops",
+    "compare_headers",
     "compare_memory_figure",
     "compare_rows",
+    "compare_widths",
     "decode_speed",
+    "evidence_recall_text",
+    "evidence_view",
     "frame_gallery",
     "frame_timeline_figure",
     "frames_sentence",
+    "has_evidence",
+    "has_evidence_column",
     "has_merge_map",
     "has_motion",
     "has_saliency",

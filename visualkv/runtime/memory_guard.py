@@ -11,6 +11,7 @@ What each term counts: docs/ARCHITECTURE.md#memory-guard.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import math
 from collections.abc import Callable, Iterator
@@ -442,6 +443,25 @@ class MemoryGuard:
         hint = self._suggest(adapter, prepared, config, free)
         raise MemoryGuardError(
             f"{config.method} needs ~{format_bytes(est.to_allocate)}, {format_bytes(free)} free: {hint}"
+        )
+
+    def check_evidence(self, adapter, prepared, config, queries: int, block_size: int | None) -> MemoryEstimate:
+        """Raise MemoryGuardError (one line) when evidence recall's uncompressed pass would not fit: a `full`
+        prefill of `prepared` block by block (`block_size`) with room for `queries` answer tokens, plus the
+        attention probabilities of those queries over every key of one KV head group (see
+        visualkv.runtime.evidence). The compressed cache is already held, so the free memory excludes it."""
+        est = estimate_prefill(
+            adapter, prepared, METHODS["full"], None, block_size, "blockwise", config.vision_ahead, queries
+        )
+        group = adapter.query_group
+        scores = 3 * group * queries * (prepared.seq_len + queries) * 4  # logits, mask, probabilities (float32)
+        est = dataclasses.replace(est, peak_bytes=est.peak_bytes + scores)
+        free = self._free(adapter) if self.enabled else None
+        if free is None or est.to_allocate <= self.headroom * free:
+            return est
+        raise MemoryGuardError(
+            f"evidence recall needs ~{format_bytes(est.to_allocate)} for its uncompressed pass (the memory of "
+            f"`full`), {format_bytes(free)} free: leave evidence off for this media, or use a smaller one"
         )
 
     def _suggest(self, adapter, prepared, config, free: int) -> str:

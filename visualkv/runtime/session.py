@@ -38,6 +38,7 @@ from visualkv.report.telemetry import BlockEvent, TurnRecord, cuda_peak, peak_rs
 from visualkv.runtime.decode_loop import DecodeLimits, DecodeLoop, Feeder, read_interval
 from visualkv.runtime.detokenize import IncrementalDetokenizer
 from visualkv.runtime.engine import Engine, PrefillResult
+from visualkv.runtime.evidence import Evidence, compute_evidence
 from visualkv.runtime.memory_guard import MemoryEstimate, MemoryGuard
 from visualkv.runtime.static_decode import DECODE_ATTENTION, DECODE_MODES, StaticDecoder, graph_unsupported
 
@@ -75,6 +76,8 @@ class SessionConfig:
     decode_read_every: sampled tokens per host read while decoding (visualkv.runtime.decode_loop); the text, EOS
       and Stop are seen at each read, and the answer and cache are the same whatever it is. None = 8 on an
       accelerator, 1 on the CPU (a read is free there, and the text streams per token).
+    evidence: after each turn, compute its evidence recall (visualkv.runtime.evidence): a second, uncompressed
+      pass over the conversation that reads where the answer looked and how much of it the cache kept.
     """
 
     method: str = "full"
@@ -91,6 +94,7 @@ class SessionConfig:
     decode_attention: str = "auto"
     vision_ahead: int = 1
     decode_read_every: int | None = None
+    evidence: bool = False
 
     @property
     def cache_headroom(self) -> int:
@@ -179,6 +183,9 @@ class ChatSession:
         self._history_ids: list[torch.Tensor] = []  # text fed after the media prefill, in order
         self._pending: int | None = None  # last sampled token, not yet run through the model
         self._rebuild_cache = False  # the cache was freed after an out-of-memory: rebuild it on the next turn
+        self.evidence: Evidence | None = None  # the last turn's evidence, when computed
+        #: (history entries, global index, position) where the last turn's answer starts
+        self.answer_start: tuple[int, int, int] = (0, 0, 0)
         self.method = make_method(self.config.method, **self.config.method_options)
 
     # -- public API ---------------------------------------------------------------
@@ -226,8 +233,29 @@ class ChatSession:
         record.prefill_attention = ",".join(sorted(kernels))
         record.prefill_seconds = time.perf_counter() - t0
         self.turns.append(record)
+        self.evidence = None
+        self.answer_start = (len(self._history_ids), self._seq_len, self._next_position)
         yield from self._decode(logits, record, t0, stop)
         record.cuda_peak_bytes = cuda_peak()
+        if self.config.evidence and record.stopped != "stopped":
+            self.compute_evidence(stop=stop)
+
+    def compute_evidence(
+        self, on_block: Callable[[BlockEvent], None] | None = None, stop: threading.Event | None = None
+    ) -> Evidence | None:
+        """The last turn's evidence recall and map (visualkv.runtime.evidence; a second, uncompressed pass, checked
+        by the memory guard); None for a chat without visual tokens. Kept as `self.evidence` and in the report."""
+        if not self.turns:
+            raise ConfigError("evidence needs a finished turn: ask a question first")
+        should_stop = stop.is_set if stop is not None else None
+        self.evidence = compute_evidence(self, on_block, should_stop)
+        self.turns[-1].evidence_recall = self.evidence.recall if self.evidence is not None else None
+        return self.evidence
+
+    @property
+    def history_ids(self) -> list[torch.Tensor]:
+        """The text run after the media input, in order (questions, answers' tokens)."""
+        return self._history_ids
 
     def _as_media(self, media: MediaSource | None) -> Media | None:
         """`media` as a validated Media: a path or an image is loaded under the method's limits."""
@@ -363,6 +391,7 @@ class ChatSession:
         self.cache = None
         self._rebuild_cache = snapshot["cache"] is not None
         self.memory_estimate = None
+        self.evidence = None
         if self._rebuild_cache:
             self.prefill_result = snapshot["prefill_result"]
             self.memory_estimate = snapshot["memory_estimate"]
@@ -539,6 +568,9 @@ class ChatSession:
             report["vision_encoder_frames"] = len(set(ctx.encoded_frames)) if ctx is not None else 0
         if ctx is not None:
             report.update(self.method.report(ctx))
+        report["evidence_recall"] = self.evidence.recall if self.evidence is not None else None
+        if self.evidence is not None:
+            report["evidence"] = self.evidence.report(REPORT_PER_LAYER_VALUES)
         return report
 
 
