@@ -393,14 +393,14 @@ def test_example_cards_show_thumbnails_and_a_click_loads_the_video(page):
     cards.first.wait_for(timeout=30_000)
     n = cards.count()
     assert n >= 2 and page.locator("#vkv-examples .thumbnail-item img").count() == n  # an <img> on every card
-    video_card = page.locator("#vkv-examples .thumbnail-item:has-text('video 64 s')").first
+    video_card = page.locator("#vkv-examples .thumbnail-item:has-text('video 16 s')").first
     img = video_card.locator("img")
     img.scroll_into_view_if_needed()
     page.wait_for_function("(e) => e.complete && e.naturalWidth > 0", arg=img.element_handle(), timeout=30_000)
     assert page.evaluate("(e) => e.naturalWidth", img.element_handle()) >= 160  # a real picture, not an icon
     video_card.click()
     page.wait_for_selector("#vkv-input .thumbnail-item", timeout=30_000)
-    assert page.input_value("#vkv-input textarea") == "What happens in this video?"
+    assert page.input_value("#vkv-input textarea") == "When did the star appear?"
     assert page.locator("#vkv-input .thumbnail-item .feather-video").count() == 1  # the video is attached
     page.click("#vkv-new")  # leave the input empty for the next test
     page.wait_for_function("() => document.querySelectorAll('#vkv-input .thumbnail-item').length === 0", timeout=10_000)

@@ -102,6 +102,14 @@ class FormValues:
             raise ConfigError(f"video sampling: {exc}") from None
 
 
+#: the settings column's first values (ui/layout.py builds its fields from them): what a first visitor's turn,
+#: an example card's included, runs with
+DEFAULTS = FormValues(
+    method="blockwise-snapkv", budget=1024, block_size=0, max_new=64, temperature=0.0, followup="reuse",
+    prefill="auto", vision_ahead=1, fps=1.0, max_frames=32,
+)  # fmt: skip
+
+
 class MethodChoice:
     """The settings column's answer to a new method or follow-up choice."""
 

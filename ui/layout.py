@@ -21,8 +21,9 @@ from visualkv.runtime.streaming import method_settings
 from . import text
 from .compare import default_ticks
 from .examples import chat_examples, example_cards
+from .forms import DEFAULTS
 
-DEFAULT_METHOD = "blockwise-snapkv"
+DEFAULT_METHOD = DEFAULTS.method
 
 CSS = """
 #vkv-error {color: #b00020; font-weight: 600;}
@@ -226,7 +227,7 @@ def _budget_and_block_size(default_method: str) -> tuple[gr.Number, gr.Number]:
     # no minimum/maximum on number fields: Gradio would reject a bad value with an error badge
     # over the outputs; the callbacks check every value and say what is wrong in one line
     budget = gr.Number(
-        1024,
+        DEFAULTS.budget,
         precision=0,
         label="budget M",
         info=text.budget_info(default_method),
@@ -234,7 +235,7 @@ def _budget_and_block_size(default_method: str) -> tuple[gr.Number, gr.Number]:
         interactive=text.traits(default_method).needs_budget,
     )
     block_size = gr.Number(
-        0,
+        DEFAULTS.block_size,
         precision=0,
         label="block size",
         info="visual tokens per prefill block; 0 = auto (the model's default)",
@@ -285,25 +286,29 @@ def setting_component(s) -> gr.components.Component:
 def _generation_box() -> tuple:
     """max new tokens, temperature, follow-up, prefill, blocks per vision-tower call."""
     with gr.Accordion("Generation and follow-ups", open=False):
-        max_new = gr.Number(64, precision=0, label="max new tokens", info="1 to 4096", elem_id="vkv-max-new")
-        temperature = gr.Number(0.0, label="temperature", info="0 = greedy; up to 5", elem_id="vkv-temperature")
+        max_new = gr.Number(
+            DEFAULTS.max_new, precision=0, label="max new tokens", info="1 to 4096", elem_id="vkv-max-new"
+        )
+        temperature = gr.Number(
+            DEFAULTS.temperature, label="temperature", info="0 = greedy; up to 5", elem_id="vkv-temperature"
+        )
         followup = gr.Radio(
             text.FOLLOWUP_CHOICES,
-            value="reuse",
+            value=DEFAULTS.followup,
             label="follow-up turns",
             info="keep what the first question kept, or read the media again for each question "
             "(matters for methods that look at the question)",
         )
         prefill = gr.Dropdown(
             text.PREFILL_CHOICES,
-            value="auto",
+            value=DEFAULTS.prefill,
             label="prefill: how the media is read",
             elem_id="vkv-prefill",
             info="in blocks, the cache never holds more than the budget plus one block; all at once holds "
             "the whole media before it is compressed",
         )
         vision_ahead = gr.Number(
-            1,
+            DEFAULTS.vision_ahead,
             precision=0,
             label="blocks per vision-tower call",
             info="1 = a call per block; more = fewer tower launches, the same embeddings, "
@@ -315,9 +320,9 @@ def _generation_box() -> tuple:
 
 def _video_sampling_box() -> tuple[gr.Number, gr.Number]:
     with gr.Accordion("Video sampling", open=False):
-        fps = gr.Number(1.0, label="frames per second sampled", elem_id="vkv-fps")
+        fps = gr.Number(DEFAULTS.fps, label="frames per second sampled", elem_id="vkv-fps")
         max_frames = gr.Number(
-            32,
+            DEFAULTS.max_frames,
             precision=0,
             label="frames sampled at most",
             info="an hour at 1 fps is 3600 frames (block-wise methods keep memory bounded)",
