@@ -19,6 +19,7 @@ from visualkv.runtime.access import ModelPolicy
 from visualkv.runtime.streaming import method_settings
 
 from . import text
+from .bounds import LOCAL, FormBounds
 from .compare import default_ticks
 from .examples import chat_examples, example_cards
 from .forms import DEFAULTS
@@ -196,7 +197,11 @@ def model_choices(current: str, policy: ModelPolicy | None = None) -> list[str]:
 
 
 def build_settings(
-    model_name: str, method_names: list[str], default_method: str, policy: ModelPolicy | None = None
+    model_name: str,
+    method_names: list[str],
+    default_method: str,
+    policy: ModelPolicy | None = None,
+    bounds: FormBounds = LOCAL,
 ) -> SettingsPanel:
     with gr.Column(scale=2, min_width=250, elem_id="vkv-settings"):
         with gr.Accordion("Model", open=True):
@@ -215,8 +220,8 @@ def build_settings(
         method_md = gr.Markdown(text.method_line(default_method), elem_id="vkv-method-help", elem_classes="vkv-small")
         budget, block_size = _budget_and_block_size(default_method)
         method_inputs, groups = _method_groups(method_names, default_method)
-        generation = _generation_box()
-        fps, max_frames = _video_sampling_box()
+        generation = _generation_box(bounds)
+        fps, max_frames = _video_sampling_box(bounds)
     return SettingsPanel(
         model_dd, model_id, load_btn, method_dd, method_md, budget, block_size, method_inputs, groups,
         *generation, fps, max_frames,
@@ -283,14 +288,21 @@ def setting_component(s) -> gr.components.Component:
     return gr.Textbox(value=s.default, label=s.label, info=info, elem_id=elem_id)
 
 
-def _generation_box() -> tuple:
+def _generation_box(bounds: FormBounds) -> tuple:
     """max new tokens, temperature, follow-up, prefill, blocks per vision-tower call."""
     with gr.Accordion("Generation and follow-ups", open=False):
         max_new = gr.Number(
-            DEFAULTS.max_new, precision=0, label="max new tokens", info="1 to 4096", elem_id="vkv-max-new"
+            DEFAULTS.max_new,
+            precision=0,
+            label="max new tokens",
+            info=f"1 to {bounds.max_new:,}",
+            elem_id="vkv-max-new",
         )
         temperature = gr.Number(
-            DEFAULTS.temperature, label="temperature", info="0 = greedy; up to 5", elem_id="vkv-temperature"
+            DEFAULTS.temperature,
+            label="temperature",
+            info=f"0 = greedy; up to {bounds.temperature:g}",
+            elem_id="vkv-temperature",
         )
         followup = gr.Radio(
             text.FOLLOWUP_CHOICES,
@@ -311,21 +323,24 @@ def _generation_box() -> tuple:
             DEFAULTS.vision_ahead,
             precision=0,
             label="blocks per vision-tower call",
-            info="1 = a call per block; more = fewer tower launches, the same embeddings, "
-            "a larger transient (counted by the memory guard)",
+            info=f"1 to {bounds.vision_ahead}: 1 = a call per block; more = fewer tower launches, the same "
+            "embeddings, a larger transient (counted by the memory guard)",
             elem_id="vkv-vision-ahead",
         )
     return max_new, temperature, followup, prefill, vision_ahead
 
 
-def _video_sampling_box() -> tuple[gr.Number, gr.Number]:
+def _video_sampling_box(bounds: FormBounds) -> tuple[gr.Number, gr.Number]:
     with gr.Accordion("Video sampling", open=False):
-        fps = gr.Number(DEFAULTS.fps, label="frames per second sampled", elem_id="vkv-fps")
+        fps = gr.Number(
+            DEFAULTS.fps, label="frames per second sampled", info=f"up to {bounds.fps:g}", elem_id="vkv-fps"
+        )
         max_frames = gr.Number(
             DEFAULTS.max_frames,
             precision=0,
             label="frames sampled at most",
-            info="an hour at 1 fps is 3600 frames (block-wise methods keep memory bounded)",
+            info=f"1 to {bounds.max_frames:,}; an hour at 1 fps is 3,600 frames (block-wise methods keep memory "
+            "bounded)",
             elem_id="vkv-max-frames",
         )
     return fps, max_frames
