@@ -59,8 +59,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def app_url(tmp_path_factory):
+def run_app(tmp_path_factory, args: list[str]):
+    """Generator: `app.py` with `args` on a free port; yields its URL, then stops it and keeps its log."""
     port = _free_port()
     tmp = tmp_path_factory.mktemp("app")
     env = {
@@ -75,7 +75,7 @@ def app_url(tmp_path_factory):
     log = (tmp / "app.log").open("w")
     APP_LOG[:] = [tmp / "app.log"]
     proc = subprocess.Popen(
-        [sys.executable, "app.py", "--port", str(port), "--model", MODEL],
+        [sys.executable, "app.py", "--port", str(port), *args],
         cwd=REPO,
         env=env,
         stdout=log,
@@ -101,6 +101,11 @@ def app_url(tmp_path_factory):
         proc.kill()
     log.close()
     shutil.copy(tmp / "app.log", ARTIFACTS / "app.log")
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    yield from run_app(tmp_path_factory, ["--model", MODEL])
 
 
 @pytest.fixture(scope="module")
