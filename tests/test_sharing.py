@@ -321,3 +321,41 @@ def test_docs_list_the_bounds_in_force():
         cells = [cell.strip().split(" ")[0] for cell in rows[label].split("|")[2:4]]
         shown = [f"{v:,}" if isinstance(v, int) else f"{v:g}" for v in (getattr(LOCAL, name), getattr(SHARED, name))]
         assert cells == shown, (label, cells)
+
+
+@pytest.mark.parametrize(
+    "method, key",
+    [
+        ("blockwise-snapkv", "config.window"),
+        ("post-snapkv", "config.window"),
+        ("salicache", "config.downscale_width"),
+        ("blockwise-keydiff+salicache", "salicache:config.downscale_width"),
+    ],
+)
+def test_costly_method_settings_are_capped_when_shared(method, key):
+    """A method setting whose cost grows with it runs locally past the shared cap and is refused in one line when
+    shared (the cap itself is accepted)."""
+    from dataclasses import replace
+
+    from ui.bounds import LOCAL, SHARED
+    from ui.forms import DEFAULTS
+    from visualkv.errors import ConfigError
+    from visualkv.runtime.streaming import method_settings
+
+    cap = SHARED.method[key.rsplit(".", 1)[-1]]
+    keys = [(method, s.key) for s in method_settings(method)]
+    assert (method, key) in keys
+
+    def form(value):
+        values = tuple(value if k == key else None for _, k in keys)  # None: the method's default
+        return replace(DEFAULTS, method=method, budget=64, method_values=values)
+
+    assert form(cap).session_config(keys, SHARED).method == method
+    assert form(cap + 1).session_config(keys, LOCAL).method == method
+    with pytest.raises(ConfigError) as refused:
+        form(cap + 1).session_config(keys, SHARED)
+    line = str(refused.value)
+    assert (
+        line
+        == f"{method} {key.rsplit('.', 1)[-1].replace('_', ' ')} must be at most {cap:,} on this shared instance, got {cap + 1}"
+    )

@@ -8,7 +8,7 @@ bounds what a turn within these ranges may still cost.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from visualkv.runtime.session import MAX_BUDGET, MAX_TOKENS
 
@@ -25,6 +25,8 @@ class FormBounds:
     fps: float  # video frames sampled per second
     max_frames: int  # video frames sampled at most
     where: str = ""  # said after a refused range: whose limit it is
+    #: method settings whose cost grows with their value, by field name, capped below the library's own bound
+    method: dict[str, int] = field(default_factory=dict)
 
 
 #: on your own machine: as much as the library accepts, the answer and sampling fields at sizes a person means
@@ -38,6 +40,9 @@ SHARED = FormBounds(
     budget=16_384, block_size=8_192, max_new=512, temperature=5.0, vision_ahead=8, fps=8.0,
     max_frames=3_600,  # 1 h at 1 fps
     where=" on this shared instance",
+    # SnapKV's observation window (its scores attend from that many tokens); Sali-Cache's motion pass (its optical
+    # flow's cost grows with the square of the width)
+    method={"window": 512, "downscale_width": 320},
 )  # fmt: skip
 
 

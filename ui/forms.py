@@ -92,10 +92,21 @@ class FormValues:
                 bounds.vision_ahead,
                 hint=f" (1 = a call per block){at}",
             ),
-            method_options=method_options(method, self.settings_of(method, method_keys)),
+            method_options=method_options(method, self.method_settings(method, method_keys, bounds)),
         )
         cfg.validate()
         return cfg
+
+    def method_settings(self, method: str, method_keys: list[tuple[str, str]], bounds: FormBounds) -> dict[str, Any]:
+        """`method`'s own settings, each under its cap in `bounds` (one line naming it); the library checks the
+        rest of each setting's range."""
+        values = self.settings_of(method, method_keys)
+        for key, value in values.items():
+            cap = bounds.method.get(key.rsplit(".", 1)[-1])
+            if cap is not None and isinstance(value, (int, float)) and value > cap:
+                label = key.rsplit(".", 1)[-1].replace("_", " ")
+                raise ConfigError(f"{method} {label} must be at most {cap:,}{bounds.where}, got {value:g}")
+        return values
 
     def sampling(self, bounds: FormBounds = LOCAL) -> FrameSampling:
         """How a video is sampled: the two video fields, checked against `bounds`."""
