@@ -59,8 +59,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def app_url(tmp_path_factory):
+def run_app(tmp_path_factory, args: list[str]):
+    """Generator: `app.py` with `args` on a free port; yields its URL, then stops it and keeps its log."""
     port = _free_port()
     tmp = tmp_path_factory.mktemp("app")
     env = {
@@ -75,7 +75,7 @@ def app_url(tmp_path_factory):
     log = (tmp / "app.log").open("w")
     APP_LOG[:] = [tmp / "app.log"]
     proc = subprocess.Popen(
-        [sys.executable, "app.py", "--port", str(port), "--model", MODEL],
+        [sys.executable, "app.py", "--port", str(port), *args],
         cwd=REPO,
         env=env,
         stdout=log,
@@ -101,6 +101,11 @@ def app_url(tmp_path_factory):
         proc.kill()
     log.close()
     shutil.copy(tmp / "app.log", ARTIFACTS / "app.log")
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    yield from run_app(tmp_path_factory, ["--model", MODEL])
 
 
 @pytest.fixture(scope="module")
@@ -393,14 +398,14 @@ def test_example_cards_show_thumbnails_and_a_click_loads_the_video(page):
     cards.first.wait_for(timeout=30_000)
     n = cards.count()
     assert n >= 2 and page.locator("#vkv-examples .thumbnail-item img").count() == n  # an <img> on every card
-    video_card = page.locator("#vkv-examples .thumbnail-item:has-text('video 64 s')").first
+    video_card = page.locator("#vkv-examples .thumbnail-item:has-text('video 16 s')").first
     img = video_card.locator("img")
     img.scroll_into_view_if_needed()
     page.wait_for_function("(e) => e.complete && e.naturalWidth > 0", arg=img.element_handle(), timeout=30_000)
     assert page.evaluate("(e) => e.naturalWidth", img.element_handle()) >= 160  # a real picture, not an icon
     video_card.click()
     page.wait_for_selector("#vkv-input .thumbnail-item", timeout=30_000)
-    assert page.input_value("#vkv-input textarea") == "What happens in this video?"
+    assert page.input_value("#vkv-input textarea") == "When did the star appear?"
     assert page.locator("#vkv-input .thumbnail-item .feather-video").count() == 1  # the video is attached
     page.click("#vkv-new")  # leave the input empty for the next test
     page.wait_for_function("() => document.querySelectorAll('#vkv-input .thumbnail-item').length === 0", timeout=10_000)

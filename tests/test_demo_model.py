@@ -200,31 +200,33 @@ def test_video_time_cue_changes_the_stripe_period_per_third():
     assert make_video_scene(4, (224, 224)).time_cue  # the default: what the demo model was trained on
 
 
-def test_app_examples_are_the_demo_scenes_and_it_answers_them(demo):
-    """The app's first examples are the demo scenes, and under the app's default method and budget the
-    demo model answers every featured question right (what a new user clicks first)."""
+def test_every_example_card_is_answered_right_with_the_app_defaults(demo):
+    """Every example card under the chat is a demo scene (a 4K still and videos among them), and with the
+    settings column as a first visitor finds it (method, budget, answer length, video sampling) the demo model
+    answers each card's question right: what a new user clicks first."""
     from ui.examples import chat_examples
-    from ui.layout import DEFAULT_METHOD
+    from ui.forms import DEFAULTS, MAX_FILE_BYTES
     from ui.text import demo_questions_md
     from visualkv.bench.demo_examples import load_demo_examples, question_forms
     from visualkv.bench.scenes import answer_matches
-    from visualkv.media import load_media
-    from visualkv.runtime.session import ChatSession, SessionConfig
+    from visualkv.media import MediaLimits, load_media
+    from visualkv.methods import media_limits
+    from visualkv.runtime.session import ChatSession
 
     examples = load_demo_examples()
     assert {e.kind for e in examples} == {"image", "video"}
     assert any(e.width == 3840 for e in examples)
-    featured = [(q, e) for e in examples for q in e.featured()]
-    shown = chat_examples(examples)
-    assert [(s["text"], s["files"][0]) for s in shown[: len(featured)]] == [(q.question, e.path) for q, e in featured]
+    keys = {(q.question, e.path): q.answer for e in examples for q in e.questions}
+    cards = [(card["text"], card["files"][0]) for card in chat_examples(examples)]
+    assert len(cards) >= 8 and all(card in keys for card in cards), cards  # every card has a known answer
+    config = DEFAULTS.session_config([])
+    limits = media_limits(config.method, MediaLimits(max_file_bytes=MAX_FILE_BYTES))
     wrong = []
-    for e in examples:
-        media = load_media(e.path)
-        for q in e.featured():
-            session = ChatSession(demo, SessionConfig(method=DEFAULT_METHOD, budget=1024, max_new_tokens=8))
-            answer = session.ask(q.question, media).answer
-            if not answer_matches(answer, q.answer):
-                wrong.append((e.name, q.question, q.answer, answer))
+    for question, path in cards:
+        media = load_media(path, limits=limits, sampling=DEFAULTS.sampling())
+        answer = ChatSession(demo, config).ask(question, media).answer
+        if not answer_matches(answer, keys[question, path]):
+            wrong.append((os.path.basename(path), question, keys[question, path], answer))
     assert not wrong, wrong
     panel = demo_questions_md(question_forms(), examples)
     assert all(q.question in panel for e in examples for q in e.questions)

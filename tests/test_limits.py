@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -257,3 +258,93 @@ def test_memory_guard_counts_the_motion_pass(small_video):
         config = SessionConfig(method=method, budget=32 if "+" in method else None, method_options=options)
         assert MemoryGuard().check(adapter, prepared, config).peak_bytes >= expected
     assert make_method("salicache").begin_bytes(adapter.prepare(None, "Hi")) == 0  # no video: no motion pass
+
+
+def test_memory_guard_asks_stop_before_every_planned_block(small_video):
+    """The memory guard sizes a prefill block by block (an hour of video is thousands): within a prefill's Stop
+    scope it asks before each planned block, and a stop ends the estimate at the next one."""
+    from visualkv.errors import stop_scope
+    from visualkv.layout import plan_blocks
+    from visualkv.methods import method_traits
+
+    adapter = get_adapter("tiny-qwen2.5-vl")
+    prepared = adapter.prepare(small_video, "What happens?")
+    config = SessionConfig(method="blockwise-keydiff", budget=32, block_size=64)
+    traits = method_traits(config.method)
+    planned = plan_blocks(
+        prepared.seq_len, prepared.layout.units, traits.default_prefill, 64, 32, question_apart=traits.question_apart
+    )
+    assert len(planned) >= 4
+    never = StopAfter(10**9)
+    with stop_scope(never):
+        MemoryGuard().check(adapter, prepared, config)
+    assert never.calls == len(planned)  # asked once per planned block
+    third = StopAfter(3)
+    with stop_scope(third), pytest.raises(PrefillStopped):
+        MemoryGuard().check(adapter, prepared, config)
+    assert third.calls == 3  # no block sized after the stop
+
+
+def test_a_stop_during_preparation_ends_the_turn_before_the_memory_guard(small_video, monkeypatch):
+    """Stop pressed while a video is prepared: the turn ends there, the guard never sizes it, nothing is kept."""
+    adapter = get_adapter("tiny-qwen2.5-vl")
+    session = ChatSession(adapter, SessionConfig(method="blockwise-keydiff", budget=32))
+    sized = []
+    session.guard.check = lambda *args: sized.append(args)
+    stop = threading.Event()
+    original = adapter.prepare
+
+    def prepare_then_stop(media, prompt):
+        prepared = original(media, prompt)
+        stop.set()  # pressed just as the preparation finished
+        return prepared
+
+    monkeypatch.setattr(adapter, "prepare", prepare_then_stop)
+    with pytest.raises(PrefillStopped):
+        list(session.stream("What happens?", small_video, stop=stop))
+    assert sized == [] and session.turns == [] and session.cache is None
+
+
+# -- after Stop (or the time limit, which sets the same event), no further layer runs, whatever the method ---------
+
+
+def _stop_after(modules, nth: int, stop: threading.Event) -> tuple[list, list]:
+    """Forward hooks on `modules`: the `nth` forward to finish sets `stop` (as Stop or the time limit would);
+    every forward that finishes after it is recorded. Returns (the hooks' handles, the forwards after Stop)."""
+    seen, after = [], []
+
+    def hook(module, args, output):
+        if stop.is_set():
+            after.append(module)
+            return
+        seen.append(module)
+        if len(seen) == nth:
+            stop.set()
+
+    return [m.register_forward_hook(hook) for m in modules], after
+
+
+@pytest.mark.parametrize("stage", ["vision", "decoder"])
+@pytest.mark.parametrize("method", list(METHODS))
+def test_after_stop_no_vision_block_or_decoder_layer_runs(method, stage, small_video):
+    """Stop set just after the first vision-tower block or decoder layer of a video's prefill: the turn ends
+    there, for every method: not one more block or layer computes (the time limit sets the same event). A count,
+    not a clock: the test above bounds the time on a long video."""
+    adapter = get_adapter("tiny-qwen2.5-vl")
+    if stage == "vision":
+        modules = [m for name, m in adapter.model.named_modules() if re.search(r"visual\.blocks\.\d+$", name)]
+    else:
+        modules = list(adapter.layers)
+    assert len(modules) >= 2
+    needs_budget = METHODS[method].needs_budget
+    session = ChatSession(adapter, SessionConfig(method=method, budget=64 if needs_budget else None))
+    stop = threading.Event()
+    handles, after = _stop_after(modules, 1, stop)
+    try:
+        events = list(stream_turn(session, "What happens in the video?", small_video, stop=stop))
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert stop.is_set(), f"{method}: the prefill ran no {stage} step"
+    assert events[-1][0] == "stopped", f"{method}: {events[-1]}"
+    assert after == [], f"{method}: {len(after)} {stage} step(s) ran after Stop"

@@ -217,3 +217,145 @@ def test_max_upload_reaches_the_handlers_and_gradio(monkeypatch):
     assert seen["max_file_size"] == 4 * 1024**3
     turns = next(fn.fn.__self__ for fn in demo.fns.values() if getattr(fn.fn, "__name__", "") == "chat")
     assert turns.context.max_file_bytes == 4 * 1024**3
+
+
+# -- every setting has a bound, tighter on a shared instance ------------------------------------------------
+
+#: each bounded field of the settings form and the name its one-line error gives it
+FIELD_LABELS = {
+    "budget": "budget M",
+    "block_size": "block size",
+    "max_new": "max new tokens",
+    "temperature": "temperature",
+    "vision_ahead": "blocks per vision-tower call",
+    "fps": "frames per second sampled",
+    "max_frames": "frames sampled at most",
+}
+BOUNDED_FIELDS = tuple(FIELD_LABELS)
+
+
+def _checked(form, bounds) -> None:
+    """Every check the app makes of the settings form before a turn (the config, then the video sampling)."""
+    form.session_config([], bounds)
+    form.sampling(bounds)
+
+
+@pytest.mark.parametrize("name", BOUNDED_FIELDS)
+def test_shared_bounds_are_tighter_and_refused_in_one_line(name):
+    """A value past the shared maximum runs locally and is refused on a shared instance in one line naming the
+    field, its range and whose limit it is; the shared maximum itself is accepted."""
+    from dataclasses import replace
+
+    from ui.bounds import LOCAL, SHARED
+    from ui.forms import DEFAULTS
+    from visualkv.errors import ConfigError
+
+    shared_max, local_max = getattr(SHARED, name), getattr(LOCAL, name)
+    assert shared_max <= local_max and (shared_max < local_max or name == "temperature")  # nothing scales cost
+    if shared_max == local_max:
+        return
+    past = shared_max + 1 if isinstance(shared_max, int) else shared_max * 2
+    _checked(replace(DEFAULTS, **{name: shared_max}), SHARED)
+    _checked(replace(DEFAULTS, **{name: past}), LOCAL)
+    with pytest.raises(ConfigError) as refused:
+        _checked(replace(DEFAULTS, **{name: past}), SHARED)
+    line = str(refused.value)
+    assert (
+        line.startswith(FIELD_LABELS[name])
+        and "\n" not in line
+        and f"{shared_max:,}" in line.replace(f"{shared_max:g}", f"{shared_max:,}")
+    ), line
+    if isinstance(shared_max, int):
+        assert "on this shared instance" in line, line
+    with pytest.raises(ConfigError):  # past the local maximum too
+        _checked(replace(DEFAULTS, **{name: local_max * 2}), LOCAL)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_setting_is_one_line(bad):
+    from dataclasses import replace
+
+    from ui.bounds import LOCAL
+    from ui.forms import DEFAULTS
+    from visualkv.errors import ConfigError
+
+    for name in BOUNDED_FIELDS:
+        with pytest.raises(ConfigError, match=f"^{FIELD_LABELS[name]} must be"):
+            _checked(replace(DEFAULTS, **{name: bad}), LOCAL)
+
+
+def test_a_shared_instance_checks_its_turns_and_shows_its_maxima():
+    """The shared bounds reach the chat's checks and the fields' help text; a local app keeps the local ones."""
+    from dataclasses import replace
+
+    import ui.app as app_module
+    from ui.bounds import LOCAL, SHARED
+    from ui.forms import DEFAULTS
+    from ui.sharing import ServeOptions
+    from ui.state import UserState
+    from visualkv.errors import ConfigError
+
+    for public, bounds in ((True, SHARED), (False, LOCAL)):
+        demo = app_module.build_app("tiny-qwen2.5-vl", serve=ServeOptions(public=public))
+        turns = next(fn.fn.__self__ for fn in demo.fns.values() if getattr(fn.fn, "__name__", "") == "chat")
+        assert turns.context.bounds == bounds
+        info = next(b.info for b in demo.blocks.values() if getattr(b, "elem_id", None) == "vkv-max-new")
+        assert info == f"1 to {bounds.max_new:,}"
+        form = replace(DEFAULTS, max_new=SHARED.max_new + 1)
+        if public:
+            with pytest.raises(ConfigError, match="max new tokens .* on this shared instance"):
+                turns._open(UserState(model_name="tiny-qwen2.5-vl"), "What?", [], form)
+        else:
+            assert turns._open(UserState(model_name="tiny-qwen2.5-vl"), "What?", [], form).session is not None
+
+
+def test_docs_list_the_bounds_in_force():
+    """docs/APP.md's table of maxima is the table of ui/bounds.py (no hand-kept copy drifts)."""
+    from pathlib import Path
+
+    from ui.bounds import LOCAL, SHARED
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "APP.md").read_text()
+    rows = {line.split("|")[1].strip(): line for line in map(str.strip, doc.splitlines()) if line.startswith("| ")}
+    for name, label in FIELD_LABELS.items():
+        cells = [cell.strip().split(" ")[0] for cell in rows[label].split("|")[2:4]]
+        shown = [f"{v:,}" if isinstance(v, int) else f"{v:g}" for v in (getattr(LOCAL, name), getattr(SHARED, name))]
+        assert cells == shown, (label, cells)
+
+
+@pytest.mark.parametrize(
+    "method, key",
+    [
+        ("blockwise-snapkv", "config.window"),
+        ("post-snapkv", "config.window"),
+        ("salicache", "config.downscale_width"),
+        ("blockwise-keydiff+salicache", "salicache:config.downscale_width"),
+    ],
+)
+def test_costly_method_settings_are_capped_when_shared(method, key):
+    """A method setting whose cost grows with it runs locally past the shared cap and is refused in one line when
+    shared (the cap itself is accepted)."""
+    from dataclasses import replace
+
+    from ui.bounds import LOCAL, SHARED
+    from ui.forms import DEFAULTS
+    from visualkv.errors import ConfigError
+    from visualkv.runtime.streaming import method_settings
+
+    cap = SHARED.method[key.rsplit(".", 1)[-1]]
+    keys = [(method, s.key) for s in method_settings(method)]
+    assert (method, key) in keys
+
+    def form(value):
+        values = tuple(value if k == key else None for _, k in keys)  # None: the method's default
+        return replace(DEFAULTS, method=method, budget=64, method_values=values)
+
+    assert form(cap).session_config(keys, SHARED).method == method
+    assert form(cap + 1).session_config(keys, LOCAL).method == method
+    with pytest.raises(ConfigError) as refused:
+        form(cap + 1).session_config(keys, SHARED)
+    line = str(refused.value)
+    assert (
+        line
+        == f"{method} {key.rsplit('.', 1)[-1].replace('_', ' ')} must be at most {cap:,} on this shared instance, got {cap + 1}"
+    )

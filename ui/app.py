@@ -10,6 +10,7 @@ from visualkv.bench.demo_examples import load_demo_examples
 from visualkv.runtime.access import ModelPolicy, scrub_paths
 
 from . import text, views
+from .bounds import FormBounds, form_bounds
 from .callbacks import Callbacks
 from .evidence import redraw as redraw_evidence
 from .evidence import wire_evidence
@@ -63,10 +64,11 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
     model_name, start_error = start_model(cache, default_model)
     if start_error and serve.public:
         start_error = scrub_paths(start_error)
-    callbacks = Callbacks.create(cache, model_name, serve.turn_time_limit, serve.max_upload_bytes)
+    bounds = form_bounds(serve.public)
+    callbacks = Callbacks.create(cache, model_name, serve.turn_time_limit, serve.max_upload_bytes, bounds)
     # delete_cache: uploads and served copies older than 6 h are removed every hour
     with gr.Blocks(title="VisualKV", analytics_enabled=False, delete_cache=(3600, 6 * 3600)) as demo:
-        page = _build_page(demo, model_name, start_error, policy)
+        page = _build_page(demo, model_name, start_error, policy, bounds)
         callbacks.context.method_keys = page.settings.method_keys
         callbacks.method_choice.group_names = list(page.settings.groups)
         callbacks.comparisons.method_names = [value for _, value in page.compare.methods.choices]
@@ -81,7 +83,9 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
     return demo
 
 
-def _build_page(demo: gr.Blocks, model_name: str, start_error: str | None, policy: ModelPolicy) -> Page:
+def _build_page(
+    demo: gr.Blocks, model_name: str, start_error: str | None, policy: ModelPolicy, bounds: FormBounds
+) -> Page:
     """The components, top to bottom and left to right, and the session state's cleanup."""
     state = gr.State(None, time_to_live=4 * 3600, delete_callback=release_state)
     release_on_close(demo, state)  # a closed tab's cache is freed at once
@@ -96,7 +100,7 @@ def _build_page(demo: gr.Blocks, model_name: str, start_error: str | None, polic
     default_method = DEFAULT_METHOD if DEFAULT_METHOD in method_names else method_names[0]
     demo_examples = load_demo_examples()
     with gr.Row(equal_height=False):
-        settings = build_settings(model_name, method_names, default_method, policy)
+        settings = build_settings(model_name, method_names, default_method, policy, bounds)
         chat = build_chat(default_method, demo_examples)
         result_views, compare, memory_plot = build_results(method_names)
     return Page(state, model_note, settings, chat, result_views, compare, memory_plot)

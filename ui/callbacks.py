@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .bounds import LOCAL, FormBounds
 from .chat import ChatCallbacks
 from .compare import CompareCallbacks
 from .context import AppContext
@@ -30,8 +31,11 @@ class Callbacks:
         default_model: str,
         turn_time_limit: float | None = None,
         max_file_bytes: int = MAX_FILE_BYTES,
+        bounds: FormBounds = LOCAL,
     ) -> Callbacks:
-        context = AppContext(cache, default_model, turn_time_limit=turn_time_limit, max_file_bytes=max_file_bytes)
+        context = AppContext(
+            cache, default_model, turn_time_limit=turn_time_limit, max_file_bytes=max_file_bytes, bounds=bounds
+        )
         return cls(context, ChatCallbacks(context), CompareCallbacks(context), ModelLoading(context), MethodChoice())
 
     @property

@@ -151,12 +151,12 @@ class CompareCallbacks:
         if not methods:
             raise ConfigError("tick at least one method to compare")
         keys = self.context.method_keys
-        base = form.session_config(keys)
+        base = form.session_config(keys, self.context.bounds)
         base = dataclasses.replace(base, budget=int(form.budget) if form.budget else None)  # for the methods using one
         options = {name: method_options(name, form.settings_of(name, keys)) for name in methods}
         # one input for every ticked method: the frame cap of the first that holds every frame, if any
         capped = next((m for m in methods if not is_bounded(m)), methods[0])
-        media = load_media(path, limits=self.context.media_limits(capped), sampling=form.sampling())
+        media = load_media(path, limits=self.context.media_limits(capped), sampling=form.sampling(self.context.bounds))
         adapter = self.context.cache.get(st.model_name)
         return Comparison(adapter, media, question, methods, base, options)
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from visualkv.media import MediaLimits
 from visualkv.methods import media_limits
 
+from .bounds import LOCAL, FormBounds
 from .forms import MAX_FILE_BYTES
 from .queue import ComputeQueue
 from .state import ModelCache, UserState
@@ -31,6 +32,7 @@ class AppContext:
     max_file_bytes: int = MAX_FILE_BYTES  # largest upload accepted (`--max-upload`)
     method_keys: list[tuple[str, str]] = field(default_factory=list)  # (method, setting key) of each settings input
     queue: ComputeQueue = field(default_factory=ComputeQueue)
+    bounds: FormBounds = LOCAL  # the settings' maxima (ui/bounds.py: SHARED on a shared instance)
 
     def user_state(self, state: UserState | None) -> UserState:
         """The session's state, created on its first event."""

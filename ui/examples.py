@@ -1,4 +1,7 @@
-"""The example cards under the chat: the demo scenes' featured questions first, then generic media."""
+"""The example cards under the chat: the bundled demo model's scenes and the questions it answers.
+
+Every card is in the demo model's domain (its synthetic scenes, a 4K still and videos among them), so a first
+visitor clicking one with the app's default settings gets a right answer (tests/test_demo_model.py checks each)."""
 
 from __future__ import annotations
 
@@ -10,12 +13,7 @@ from visualkv.bench.demo_examples import DemoExample
 
 from . import text
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
-# generic examples: real-looking media for memory and kept-token maps (random-weight or Hub models)
-GENERIC_EXAMPLES = [
-    ("Where is the small red star?", ASSETS / "example_4k.png"),
-    ("What happens in this video?", ASSETS / "example_video.webm"),
-]
+ASSETS = Path(__file__).resolve().parent.parent / "assets"  # the bundled media the app may serve
 VIDEO_SUFFIXES = (".mp4", ".webm", ".mov", ".avi", ".mkv")
 THUMB_SIZE = (320, 180)
 #: said when a card is clicked on a chat that has begun: a chat is about one file, so the example starts a new one
@@ -28,9 +26,8 @@ def chat_started(state) -> bool:
 
 
 def chat_examples(demo: list[DemoExample]) -> list[dict]:
-    """The chat box's examples: featured questions on the demo scenes, then the generic media."""
-    pairs = [(q.question, e.path) for e in demo for q in e.featured()] + GENERIC_EXAMPLES
-    return [{"text": question, "files": [str(path)]} for question, path in pairs]
+    """The chat box's examples: the featured questions on the demo scenes."""
+    return [{"text": q.question, "files": [str(e.path)]} for e in demo for q in e.featured()]
 
 
 def example_labels(examples: list[dict]) -> list[str]:

@@ -1,11 +1,12 @@
 """The settings form: every field checked and turned into the library's configs, and its reaction to a new method.
 
 Number fields carry no bounds in Gradio (it would reject a bad value with an error badge over the outputs);
-the checks here say what is wrong in one line naming the field.
+the checks here say what is wrong in one line naming the field and its range (ui/bounds.py: tighter when shared).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,12 +18,9 @@ from visualkv.runtime.session import SessionConfig
 from visualkv.runtime.streaming import method_options
 
 from . import text
+from .bounds import LOCAL, FormBounds
 
 MAX_FILE_BYTES = 200 * 1024**2  # default upload limit (a Space); `python app.py --max-upload 4GB` raises it
-# the "blocks per vision-tower call" field's bound: more is one call for most inputs anyway, and the memory
-# guard refuses a call that would not fit
-MAX_VISION_AHEAD = 64
-MAX_SAMPLED_FRAMES = 10_800  # the "frames sampled at most" field's bound: 3 h at 1 fps (MediaLimits caps further)
 
 
 def whole(value, name: str, low: int, high: int | None = None, hint: str = "") -> int:
@@ -30,9 +28,9 @@ def whole(value, name: str, low: int, high: int | None = None, hint: str = "") -
     if value is None or value == "":
         raise ConfigError(f"{name} is empty: type a whole number ≥ {low}{hint}")
     number = float(value)
-    if number != int(number) or number < low or (high is not None and number > high):
-        limit = f"between {low} and {high}" if high is not None else f"≥ {low}"
-        raise ConfigError(f"{name} must be a whole number {limit}{hint}, got {value:g}")
+    if not math.isfinite(number) or number != int(number) or number < low or (high is not None and number > high):
+        limit = f"between {low:,} and {high:,}" if high is not None else f"≥ {low:,}"
+        raise ConfigError(f"{name} must be a whole number {limit}{hint}, got {number:g}")
     return int(number)
 
 
@@ -41,7 +39,7 @@ def real(value, name: str, low: float, high: float, low_open: bool = False) -> f
     if value is None or value == "":
         raise ConfigError(f"{name} is empty: type a number")
     number = float(value)
-    if number < low or number > high or (low_open and number == low):
+    if not math.isfinite(number) or number < low or number > high or (low_open and number == low):
         raise ConfigError(
             f"{name} must be {'above' if low_open else 'at least'} {low:g} and at most {high:g}, got {number:g}"
         )
@@ -68,38 +66,64 @@ class FormValues:
         """The values of `method`'s own settings inputs, by setting key."""
         return {key: v for (name, key), v in zip(method_keys, self.method_values) if name == method}
 
-    def session_config(self, method_keys: list[tuple[str, str]]) -> SessionConfig:
-        """The session config, checking every field first (one line naming the field)."""
+    def session_config(self, method_keys: list[tuple[str, str]], bounds: FormBounds = LOCAL) -> SessionConfig:
+        """The session config, checking every field first against `bounds` (one line naming the field)."""
         method = self.method
         if method not in text.method_choices():
             raise ConfigError(f"unknown method {method!r}; choose one of: {', '.join(text.method_choices())}")
         needs_budget = text.traits(method).needs_budget
+        at = bounds.where
         cfg = SessionConfig(
             method=method,
-            budget=whole(self.budget, "budget M", 1, hint=" (visual entries kept per layer and KV head)")
+            budget=whole(
+                self.budget, "budget M", 1, bounds.budget, hint=f" (visual entries kept per layer and KV head){at}"
+            )
             if needs_budget
             else None,
-            block_size=whole(self.block_size, "block size", 0, hint=" (0 = auto)") or None,
+            block_size=whole(self.block_size, "block size", 0, bounds.block_size, hint=f" (0 = auto){at}") or None,
             prefill=None if self.prefill in (None, "auto") else self.prefill,
-            max_new_tokens=whole(self.max_new, "max new tokens", 1, 4096),
-            temperature=real(self.temperature, "temperature", 0.0, 5.0),
+            max_new_tokens=whole(self.max_new, "max new tokens", 1, bounds.max_new, hint=at),
+            temperature=real(self.temperature, "temperature", 0.0, bounds.temperature),
             followup=self.followup or "reuse",
             vision_ahead=whole(
-                self.vision_ahead, "blocks per vision-tower call", 1, MAX_VISION_AHEAD, hint=" (1 = a call per block)"
+                self.vision_ahead,
+                "blocks per vision-tower call",
+                1,
+                bounds.vision_ahead,
+                hint=f" (1 = a call per block){at}",
             ),
-            method_options=method_options(method, self.settings_of(method, method_keys)),
+            method_options=method_options(method, self.method_settings(method, method_keys, bounds)),
         )
         cfg.validate()
         return cfg
 
-    def sampling(self) -> FrameSampling:
-        """How a video is sampled: the two video fields, checked."""
-        rate = real(self.fps, "frames per second sampled", 0.0, 60.0, low_open=True)
-        count = whole(self.max_frames, "frames sampled at most", 1, MAX_SAMPLED_FRAMES)
+    def method_settings(self, method: str, method_keys: list[tuple[str, str]], bounds: FormBounds) -> dict[str, Any]:
+        """`method`'s own settings, each under its cap in `bounds` (one line naming it); the library checks the
+        rest of each setting's range."""
+        values = self.settings_of(method, method_keys)
+        for key, value in values.items():
+            cap = bounds.method.get(key.rsplit(".", 1)[-1])
+            if cap is not None and isinstance(value, (int, float)) and value > cap:
+                label = key.rsplit(".", 1)[-1].replace("_", " ")
+                raise ConfigError(f"{method} {label} must be at most {cap:,}{bounds.where}, got {value:g}")
+        return values
+
+    def sampling(self, bounds: FormBounds = LOCAL) -> FrameSampling:
+        """How a video is sampled: the two video fields, checked against `bounds`."""
+        rate = real(self.fps, "frames per second sampled", 0.0, bounds.fps, low_open=True)
+        count = whole(self.max_frames, "frames sampled at most", 1, bounds.max_frames, hint=bounds.where)
         try:
             return FrameSampling(fps=rate, max_frames=count)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"video sampling: {exc}") from None
+
+
+#: the settings column's first values (ui/layout.py builds its fields from them): what a first visitor's turn,
+#: an example card's included, runs with
+DEFAULTS = FormValues(
+    method="blockwise-snapkv", budget=1024, block_size=0, max_new=64, temperature=0.0, followup="reuse",
+    prefill="auto", vision_ahead=1, fps=1.0, max_frames=32,
+)  # fmt: skip
 
 
 class MethodChoice:

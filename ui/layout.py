@@ -20,11 +20,13 @@ from visualkv.runtime.access import ModelPolicy
 from visualkv.runtime.streaming import method_settings
 
 from . import text
+from .bounds import LOCAL, FormBounds
 from .compare import default_ticks
 from .evidence import build_evidence_tab
 from .examples import chat_examples, example_cards
+from .forms import DEFAULTS
 
-DEFAULT_METHOD = "blockwise-snapkv"
+DEFAULT_METHOD = DEFAULTS.method
 
 CSS = """
 #vkv-error {color: #b00020; font-weight: 600;}
@@ -199,7 +201,11 @@ def model_choices(current: str, policy: ModelPolicy | None = None) -> list[str]:
 
 
 def build_settings(
-    model_name: str, method_names: list[str], default_method: str, policy: ModelPolicy | None = None
+    model_name: str,
+    method_names: list[str],
+    default_method: str,
+    policy: ModelPolicy | None = None,
+    bounds: FormBounds = LOCAL,
 ) -> SettingsPanel:
     with gr.Column(scale=2, min_width=250, elem_id="vkv-settings"):
         with gr.Accordion("Model", open=True):
@@ -218,8 +224,8 @@ def build_settings(
         method_md = gr.Markdown(text.method_line(default_method), elem_id="vkv-method-help", elem_classes="vkv-small")
         budget, block_size = _budget_and_block_size(default_method)
         method_inputs, groups = _method_groups(method_names, default_method)
-        generation = _generation_box()
-        fps, max_frames = _video_sampling_box()
+        generation = _generation_box(bounds)
+        fps, max_frames = _video_sampling_box(bounds)
     return SettingsPanel(
         model_dd, model_id, load_btn, method_dd, method_md, budget, block_size, method_inputs, groups,
         *generation, fps, max_frames,
@@ -230,7 +236,7 @@ def _budget_and_block_size(default_method: str) -> tuple[gr.Number, gr.Number]:
     # no minimum/maximum on number fields: Gradio would reject a bad value with an error badge
     # over the outputs; the callbacks check every value and say what is wrong in one line
     budget = gr.Number(
-        1024,
+        DEFAULTS.budget,
         precision=0,
         label="budget M",
         info=text.budget_info(default_method),
@@ -238,7 +244,7 @@ def _budget_and_block_size(default_method: str) -> tuple[gr.Number, gr.Number]:
         interactive=text.traits(default_method).needs_budget,
     )
     block_size = gr.Number(
-        0,
+        DEFAULTS.block_size,
         precision=0,
         label="block size",
         info="visual tokens per prefill block; 0 = auto (the model's default)",
@@ -286,45 +292,59 @@ def setting_component(s) -> gr.components.Component:
     return gr.Textbox(value=s.default, label=s.label, info=info, elem_id=elem_id)
 
 
-def _generation_box() -> tuple:
+def _generation_box(bounds: FormBounds) -> tuple:
     """max new tokens, temperature, follow-up, prefill, blocks per vision-tower call."""
     with gr.Accordion("Generation and follow-ups", open=False):
-        max_new = gr.Number(64, precision=0, label="max new tokens", info="1 to 4096", elem_id="vkv-max-new")
-        temperature = gr.Number(0.0, label="temperature", info="0 = greedy; up to 5", elem_id="vkv-temperature")
+        max_new = gr.Number(
+            DEFAULTS.max_new,
+            precision=0,
+            label="max new tokens",
+            info=f"1 to {bounds.max_new:,}",
+            elem_id="vkv-max-new",
+        )
+        temperature = gr.Number(
+            DEFAULTS.temperature,
+            label="temperature",
+            info=f"0 = greedy; up to {bounds.temperature:g}",
+            elem_id="vkv-temperature",
+        )
         followup = gr.Radio(
             text.FOLLOWUP_CHOICES,
-            value="reuse",
+            value=DEFAULTS.followup,
             label="follow-up turns",
             info="keep what the first question kept, or read the media again for each question "
             "(matters for methods that look at the question)",
         )
         prefill = gr.Dropdown(
             text.PREFILL_CHOICES,
-            value="auto",
+            value=DEFAULTS.prefill,
             label="prefill: how the media is read",
             elem_id="vkv-prefill",
             info="in blocks, the cache never holds more than the budget plus one block; all at once holds "
             "the whole media before it is compressed",
         )
         vision_ahead = gr.Number(
-            1,
+            DEFAULTS.vision_ahead,
             precision=0,
             label="blocks per vision-tower call",
-            info="1 = a call per block; more = fewer tower launches, the same embeddings, "
-            "a larger transient (counted by the memory guard)",
+            info=f"1 to {bounds.vision_ahead}: 1 = a call per block; more = fewer tower launches, the same "
+            "embeddings, a larger transient (counted by the memory guard)",
             elem_id="vkv-vision-ahead",
         )
     return max_new, temperature, followup, prefill, vision_ahead
 
 
-def _video_sampling_box() -> tuple[gr.Number, gr.Number]:
+def _video_sampling_box(bounds: FormBounds) -> tuple[gr.Number, gr.Number]:
     with gr.Accordion("Video sampling", open=False):
-        fps = gr.Number(1.0, label="frames per second sampled", elem_id="vkv-fps")
+        fps = gr.Number(
+            DEFAULTS.fps, label="frames per second sampled", info=f"up to {bounds.fps:g}", elem_id="vkv-fps"
+        )
         max_frames = gr.Number(
-            32,
+            DEFAULTS.max_frames,
             precision=0,
             label="frames sampled at most",
-            info="an hour at 1 fps is 3600 frames (block-wise methods keep memory bounded)",
+            info=f"1 to {bounds.max_frames:,}; an hour at 1 fps is 3,600 frames (block-wise methods keep memory "
+            "bounded)",
             elem_id="vkv-max-frames",
         )
     return fps, max_frames

@@ -131,6 +131,7 @@ def media_label(path: str) -> str:
             info = json.loads(meta.read_text()) if meta.is_file() else {}
         except (OSError, ValueError):
             info = {}
+        info = info or _video_header(p)
         size = f"{info['width']}×{info['height']}" if "width" in info and "height" in info else ""
         length = f"{info['duration']:g} s" if "duration" in info else ""
         return " ".join(["video", ", ".join(x for x in (length, size) if x)]).strip()
@@ -140,6 +141,21 @@ def media_label(path: str) -> str:
     except OSError:
         return "image"
     return f"{'4K ' if max(width, height) >= 3840 else ''}image {width}×{height}"
+
+
+def _video_header(path: Path) -> dict:
+    """A video's width, height and whole-second length from its container (no sidecar JSON); {} if unreadable."""
+    import cv2
+
+    cap = cv2.VideoCapture(str(path))
+    try:
+        width, height = int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)), int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
+        rate, count = cap.get(cv2.CAP_PROP_FPS), cap.get(cv2.CAP_PROP_FRAME_COUNT)
+    finally:
+        cap.release()
+    if not (width and height and rate > 0 and count > 0):
+        return {}
+    return {"width": width, "height": height, "duration": round(count / rate)}
 
 
 def offline_note(model_name: str, offline: bool, start_error: str | None = None) -> str:

@@ -453,6 +453,12 @@ def video_media(video: VideoScene) -> Media:
 # Example media for the app (assets/visualkv-demo/)
 
 NEEDLE_VIDEO = "example_needle_video.webm"
+#: the example videos: (file, seed, side, frames per scene frame). A held scene frame lasts one second (a 16-s
+#: video at 4 fps), so the app's default sampling (1 fps) reads the 16 scene frames the demo model was trained on
+NEEDLE_VIDEOS: tuple[tuple[str, int, int, int], ...] = (
+    (NEEDLE_VIDEO, 7, 224, 1),
+    ("example_needle_video_16s.webm", 2, 280, 4),
+)
 EXAMPLES: tuple[tuple[str, int, tuple[int, int]], ...] = (
     ("example_scene.png", 7, (672, 378)),
     ("example_scene_4k.jpg", 7, (3840, 2160)),
@@ -480,27 +486,37 @@ def write_examples(out_dir: str) -> dict:
                 "questions": [{"question": q.question, "answer": q.answer, "kind": q.kind} for q in scene.questions],
             }
         )
-    video = make_video_scene(7, (224, 224))
-    media = video_media(video)
-    # VP9 WebM: plays in the app's chat (browsers do not decode mp4v); near-lossless, so the frames read back
-    # are the ones the demo model was trained on
-    write_frames(os.path.join(out_dir, NEEDLE_VIDEO), media.frames, video.fps, (video.width, video.height))
-    items.append(
-        {
-            "file": NEEDLE_VIDEO,
-            "seed": 7,
-            "size": [video.width, video.height],
-            "frames": video.num_frames,
-            "fps": video.fps,
-            "cut_frame": video.cut_frame,
-            "needle": {"shape": video.needle.shape, "color": video.needle.color, "visible_frames": list(video.visible)},
-            "questions": [{"question": q.question, "answer": q.answer, "kind": q.kind} for q in video.questions],
-        }
-    )
+    items += [_write_needle_video(out_dir, *spec) for spec in NEEDLE_VIDEOS]
     manifest = {"model": "visualkv-demo", "examples": items}
     with open(os.path.join(out_dir, "examples.json"), "w") as fh:
         json.dump(manifest, fh, indent=1)
     return manifest
+
+
+def _write_needle_video(out_dir: str, name: str, seed: int, side: int, hold: int) -> dict:
+    """Write one example video scene at its own rate, each scene frame shown `hold` times (a video `hold` times
+    longer), and return its manifest entry."""
+    import os
+
+    video = make_video_scene(seed, (side, side))
+    frames = [frame for frame in video_media(video).frames for _ in range(hold)]
+    # VP9 WebM: plays in the app's chat (browsers do not decode mp4v); near-lossless, so the frames read back
+    # are the ones the demo model was trained on
+    write_frames(os.path.join(out_dir, name), frames, video.fps, (video.width, video.height))
+    return {
+        "file": name,
+        "seed": seed,
+        "size": [video.width, video.height],
+        "frames": len(frames),
+        "fps": video.fps,
+        "cut_frame": video.cut_frame * hold,
+        "needle": {
+            "shape": video.needle.shape,
+            "color": video.needle.color,
+            "visible_frames": [video.visible[0] * hold, video.visible[1] * hold],
+        },
+        "questions": [{"question": q.question, "answer": q.answer, "kind": q.kind} for q in video.questions],
+    }
 
 
 SHAPE_CLASSES: tuple[str, ...] = ("none", *DISTRACTOR_SHAPES, *NEEDLE_SHAPES)  # needle classes rank highest

@@ -22,7 +22,7 @@ import psutil
 import torch
 
 from visualkv.attention import implementation
-from visualkv.errors import VisualKVError
+from visualkv.errors import VisualKVError, stop_point
 from visualkv.kv.cache import grown_capacity
 from visualkv.kv.quant import QuantSpec, packed_bytes_per_token
 from visualkv.layout import Block, plan_blocks
@@ -149,6 +149,7 @@ def estimate_prefill(
 
     ahead_until = 0
     for i, block in enumerate(blocks):
+        stop_point()  # a running prefill's Stop (`stop_scope`): sizing an hour of video is many blocks
         q = int(prepared.keep[block.start : block.end].sum())
         q_vis = int(visual[block.start : block.end].sum())
         kv = walk.block(block, q, q_vis, budget if evicts and block.units else None)

@@ -29,7 +29,7 @@ from PIL import Image
 
 from visualkv.attention import block as block_attention
 from visualkv.attention import implementation
-from visualkv.errors import ConfigError, check_range
+from visualkv.errors import ConfigError, check_range, stop_point, stop_scope
 from visualkv.kv.cache import CompressibleCache
 from visualkv.media import Media, load_image, load_media
 from visualkv.methods import make_method, media_limits, method_traits
@@ -277,8 +277,9 @@ class ChatSession:
             span = media.times[-1] - media.times[0] if media.num_frames > 1 else 0.0
             fps = (media.num_frames - 1) / span if span > 0 else 1.0
             media_limits(self.config.method).check_frame_count(media.num_frames, media.path or "the video", fps)
-        prepared = self.adapter.prepare(media, prompt)
-        estimate = self.guard.check(self.adapter, prepared, self.config)
+        with stop_scope(should_stop):  # a long video's preparation asks Stop as it goes
+            prepared = self.adapter.prepare(media, prompt)
+        estimate = self._estimate(prepared, should_stop)
         cache = self._new_cache()
         try:
             result = self.engine.prefill(
@@ -300,6 +301,13 @@ class ChatSession:
         self._seq_len = prepared.seq_len
         self._next_position = prepared.next_position
         return result.logits
+
+    def _estimate(self, prepared: PreparedInput, should_stop) -> MemoryEstimate:
+        """The memory guard's check of this prefill; Stop (and the time limit) asked before it and at every
+        block its estimate plans, so a stop pressed while a long input is sized ends the turn there."""
+        with stop_scope(should_stop):
+            stop_point()
+            return self.guard.check(self.adapter, prepared, self.config)
 
     def _new_cache(self) -> CompressibleCache:
         """An empty cache for this model, with room for the answer (decoding never grows a buffer)."""
@@ -323,7 +331,7 @@ class ChatSession:
 
     def _reprefill(self, prompt: str, ids: torch.Tensor, on_block, should_stop=None) -> torch.Tensor:
         """Rebuild the media cache with `prompt` as the proxy question, replay the history."""
-        estimate = self.guard.check(self.adapter, self.prepared, self.config)
+        estimate = self._estimate(self.prepared, should_stop)
         cache = self._new_cache()
         method = self._fresh_method()  # swapped in only when the whole rebuild succeeded
         method.proxy_ids = torch.tensor(self.adapter.tokenizer(prompt, add_special_tokens=False)["input_ids"])
