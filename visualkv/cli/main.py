@@ -86,6 +86,14 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         help="blocks whose media go through the vision tower in one call (every family; the same embeddings: "
         "fewer tower launches, a larger transient)",
     )
+    p.add_argument(
+        "--park-cache",
+        # visualkv.runtime.park.PARK_MODES, not imported: building the parser loads no torch
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="where the chat's state waits between turns: always (on the host, moved to the device for each turn), "
+        "never (where the turn left it) or auto (always on ZeroGPU and in shared mode, else never)",
+    )
     p.add_argument("--fps", type=positive_float, default=1.0, help="video frames sampled per second")
     p.add_argument(
         "--max-frames",
@@ -216,6 +224,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         decode=args.decode,
         decode_attention=args.decode_attention,
         vision_ahead=args.vision_ahead,
+        park_cache=args.park_cache,
     )
     config.validate()
     for prompt in args.prompt:
