@@ -302,7 +302,7 @@ def device_tensors(obj: Any) -> list[str]:
 def _find(obj: Any, path: str, found: list[str], seen: set[int], bad: Callable[[torch.Tensor], bool]) -> None:
     if isinstance(obj, torch.Tensor):
         if bad(obj):
-            found.append(f"{path}: {obj.device}")
+            found.append(f"{path}: {type(obj).__name__} on {obj.device}")
         return
     if isinstance(obj, _LEAVES) or id(obj) in seen or isinstance(obj, torch.nn.Module) or _is_adapter(obj):
         return  # the model is not the session's state (it stays where it was loaded)
