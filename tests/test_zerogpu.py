@@ -26,6 +26,8 @@ import torch
 
 from tests.conftest import FAMILIES
 from tests.fake_cuda import fake_cuda, to_fake_cuda
+from visualkv.bench.synthetic import write_video_file
+from visualkv.media import FrameSampling, load_media
 from visualkv.models.registry import load_model
 from visualkv.runtime import streaming
 from visualkv.runtime.calls import ZERO_GPU_MAX_SECONDS, call_seconds, turn_plan
@@ -212,3 +214,18 @@ def test_the_duration_asked_for_follows_the_turns_plan(zerogpu, small_video):
     hour = dataclasses.replace(seven_b, prompt_tokens=540_000, blocks=700)
     assert call_seconds(hour) == ZERO_GPU_MAX_SECONDS
     assert call_seconds(hour, time_limit=60) < ZERO_GPU_MAX_SECONDS
+
+
+def test_a_lazily_decoded_video_crosses_decoded(zerogpu, tmp_path):
+    """An uploaded video decodes on access from an open file: a call gets its sampled frames decoded, and a
+    follow-up (the chat's media in the parked state) as well; the answers are the in-process ones."""
+    path = write_video_file(str(tmp_path / "pan.mp4"), 12, 160, 90, fps=4.0)
+    media = load_media(path, sampling=FrameSampling(fps=1.0))
+    assert media.is_lazy
+    adapter, config = _parent_adapter(), _config("blockwise-keydiff", 40)
+    remote, local = ChatSession(adapter, config), ChatSession(adapter, config)
+    for i, question in enumerate(QUESTIONS[:2]):
+        events = _turn(zerogpu.stream_turn, remote, question, media if i == 0 else None)
+        assert events[-1][0] == "done", events[-1]
+        list(streaming.stream_turn(local, question, media if i == 0 else None))
+    assert _answers(remote) == _answers(local) and all(_answers(local))

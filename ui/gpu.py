@@ -26,7 +26,7 @@ from visualkv.runtime.calls import (
     run_turn,
     turn_plan,
 )
-from visualkv.runtime.park import adopt_state, export_state, on_zero_gpu
+from visualkv.runtime.park import adopt_state, export_state, on_zero_gpu, portable_media
 from visualkv.runtime.session import ChatSession
 
 try:  # Hugging Face Spaces' package: lends a GPU to each decorated call on ZeroGPU hardware
@@ -109,9 +109,13 @@ def stream_turn(
         return
     name = session.adapter.name
     _MODELS.setdefault(name, session.adapter)
-    seconds = call_seconds(turn_plan(session, prompt, media), time_limit=time_limit)
     flag = StopFlag()
-    call = TurnCall(export_state(session), prompt, media, flag, time_limit, seconds)
+    try:  # what the call needs, read here: a problem with it is the turn's one error line
+        seconds = call_seconds(turn_plan(session, prompt, media), time_limit=time_limit)
+        call = TurnCall(export_state(session), prompt, portable_media(media), flag, time_limit, seconds)
+    except Exception as exc:  # noqa: BLE001 - as stream_turn reports a failure: one line, the chat unchanged
+        yield "error", streaming.failure_message(exc)
+        return
     with _forwarded(stop, flag):
         for kind, payload in turn_call(call, name):
             if kind == "parked":
@@ -129,6 +133,6 @@ def stream_compare(adapter, media, prompt, methods, base=None, options=None, sto
     methods = list(methods)
     seconds = compare_seconds(adapter, base, prompt, media, len(methods), time_limit)
     flag = StopFlag()
-    call = CompareCall(media, prompt, methods, base, dict(options or {}), flag, time_limit, seconds)
+    call = CompareCall(portable_media(media), prompt, methods, base, dict(options or {}), flag, time_limit, seconds)
     with _forwarded(stop, flag):
         yield from compare_call(call, adapter.name)

@@ -16,6 +16,7 @@ engine's callbacks). `resolve_park` decides whether a session parks: "always", "
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import time
 import types
@@ -27,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from visualkv.errors import ConfigError
 from visualkv.media import Media
 from visualkv.runtime.access import is_public
 
@@ -148,6 +150,8 @@ class _Mover:
             return ADAPTER if self.strip else obj
         if self.strip and isinstance(obj, _PROCESS_BOUND):
             return None
+        if self.strip and isinstance(obj, Media) and obj.is_lazy:
+            return self.done.setdefault(id(obj), portable_media(obj))
         if isinstance(obj, tuple):
             return type(obj)(*map(self.value, obj)) if hasattr(obj, "_fields") else tuple(map(self.value, obj))
         if id(obj) in self.done:
@@ -177,6 +181,24 @@ class _Mover:
             self.moved[id(t)] = (t, self.move(t) if self.move is not None else t)
             self.nbytes += t.nbytes
         return self.moved[id(t)][1]
+
+
+#: decoded frames a video may carry across a process boundary (a lazily decoded video is decoded for it)
+MAX_PORTABLE_FRAME_BYTES = 4 << 30
+
+
+def portable_media(media: Media | None) -> Media | None:
+    """`media` as another process can get it: a lazily decoded video (whose frames come from an open file) with
+    its sampled frames decoded; anything else as it is. ConfigError when those frames are too many bytes."""
+    if media is None or not media.is_lazy:
+        return media
+    total = media.num_frames * media.frame_bytes
+    if total > MAX_PORTABLE_FRAME_BYTES:
+        raise ConfigError(
+            f"this video's {media.num_frames} sampled frames ({total / 2**30:.1f} GiB decoded) are too many to hand "
+            "to a ZeroGPU call; sample fewer frames (max frames, fps) or run the app on a persistent GPU"
+        )
+    return dataclasses.replace(media, frames=list(media.frames))
 
 
 def _is_adapter(obj: Any) -> bool:
