@@ -31,6 +31,7 @@ from visualkv.bench.tables import (
     memory,
     needle,
     salicache,
+    zerogpu,
 )
 from visualkv.bench.tables.format import RESULTS, ROOT, Table
 
@@ -62,6 +63,7 @@ TABLE_MODULES = (
     kernels,
     gpu,
     demo,
+    zerogpu,
 )
 
 
@@ -78,7 +80,7 @@ def _registry(modules: tuple[ModuleType, ...]) -> dict[str, Table]:
 
 TABLES = _registry(TABLE_MODULES)
 #: tables computed from the code (no benchmark JSON): their source line says so
-COMPUTED = {"lightkv-schedule", "salicache-bytes"}
+COMPUTED = {"lightkv-schedule", "salicache-bytes", "zerogpu-fit"}
 
 
 # -- documents -------------------------------------------------------------------------------------
