@@ -30,7 +30,7 @@ from visualkv.bench.synthetic import write_video_file
 from visualkv.media import FrameSampling, load_media
 from visualkv.models.registry import load_model
 from visualkv.runtime import streaming
-from visualkv.runtime.calls import ZERO_GPU_MAX_SECONDS, call_seconds, turn_plan
+from visualkv.runtime.calls import ZERO_GPU_MAX_SECONDS, call_seconds, call_time_limit, turn_plan
 from visualkv.runtime.park import device_tensors
 from visualkv.runtime.session import ChatSession, SessionConfig
 
@@ -229,3 +229,8 @@ def test_a_lazily_decoded_video_crosses_decoded(zerogpu, tmp_path):
         assert events[-1][0] == "done", events[-1]
         list(streaming.stream_turn(local, question, media if i == 0 else None))
     assert _answers(remote) == _answers(local) and all(_answers(local))
+
+
+def test_a_turn_inside_a_call_stops_before_zero_gpu_would_end_the_call():
+    assert call_time_limit(None) < ZERO_GPU_MAX_SECONDS and call_time_limit(10.0) == 10.0
+    assert call_time_limit(10_000.0) == call_time_limit(None)

@@ -21,6 +21,7 @@ from visualkv.runtime.calls import (
     StopFlag,
     TurnCall,
     call_seconds,
+    call_time_limit,
     compare_seconds,
     run_compare,
     run_turn,
@@ -109,6 +110,7 @@ def stream_turn(
         return
     name = session.adapter.name
     _MODELS.setdefault(name, session.adapter)
+    time_limit = call_time_limit(time_limit)
     flag = StopFlag()
     try:  # what the call needs, read here: a problem with it is the turn's one error line
         seconds = call_seconds(turn_plan(session, prompt, media), time_limit=time_limit)
@@ -130,6 +132,7 @@ def stream_compare(adapter, media, prompt, methods, base=None, options=None, sto
         yield from streaming.stream_compare(adapter, media, prompt, methods, base, options, stop, time_limit)
         return
     _MODELS.setdefault(adapter.name, adapter)
+    time_limit = call_time_limit(time_limit)
     methods = list(methods)
     seconds = compare_seconds(adapter, base, prompt, media, len(methods), time_limit)
     flag = StopFlag()

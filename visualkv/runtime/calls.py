@@ -102,6 +102,13 @@ def call_seconds(plan: TurnPlan, speed: DeviceSpeed | None = None, time_limit: f
     return int(min(math.ceil(seconds), ZERO_GPU_MAX_SECONDS))
 
 
+def call_time_limit(time_limit: float | None) -> float:
+    """The turn time limit inside a call: the instance's, at most what ZeroGPU's longest call leaves after the
+    setup, so the turn stops (keeping its answer so far) before the call would be ended from outside."""
+    longest = ZERO_GPU_MAX_SECONDS - MIN_CALL_SECONDS
+    return longest if time_limit is None else min(time_limit, longest)
+
+
 def turn_plan(session: ChatSession, prompt: str, media: Media | None) -> TurnPlan:
     """The plan of `session`'s next turn (a first turn prepares the input on the host to count its tokens)."""
     adapter, config = session.adapter, session.config
