@@ -98,6 +98,8 @@ def main() -> None:
         turn_time_limit=args.turn_time_limit or None,
         max_upload_bytes=max_upload,
     )
+    if serve.public:  # the library's "auto" settings (the chat's --park-cache) read shared mode from here
+        os.environ.setdefault("VISUALKV_PUBLIC", "1")
     demo = build_app(default_model=args.model, device=device, serve=serve)
     mode = "shared mode: only listed models load" if serve.public else "local mode"
     print(f"VisualKV: model {demo.vkv_model} on {device} ({mode})", flush=True)

@@ -23,12 +23,13 @@ from visualkv.media import load_media
 from visualkv.report import viz
 from visualkv.report.telemetry import TIME_LIMIT_STOP, write_json
 from visualkv.runtime.session import ChatSession, SessionConfig
-from visualkv.runtime.streaming import TIME_LIMIT_STOPPED, failure_message, live_report, stream_turn, turn_report
+from visualkv.runtime.streaming import TIME_LIMIT_STOPPED, failure_message, live_report, turn_report
 
 from . import text
 from .compare import empty_compare
-from .context import AppContext, gpu
+from .context import AppContext
 from .forms import FormValues
+from .gpu import stream_turn  # through a ZeroGPU call where the app runs on one
 from .state import UserState
 from .status import (
     LIVE_UPDATE_SECONDS,
@@ -94,7 +95,6 @@ class ChatCallbacks:
         ahead = queue.ahead_of_a_new_one(request, "turn")
         return gr.skip() if ahead is None else progress_html(0, 1, queue.waiting_line(ahead))
 
-    @gpu
     def chat(
         self,
         request: gr.Request,

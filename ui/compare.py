@@ -19,11 +19,12 @@ from visualkv.errors import ConfigError, VisualKVError
 from visualkv.media import load_media, media_kind
 from visualkv.methods import is_bounded
 from visualkv.report import viz
-from visualkv.runtime.streaming import failure_message, method_options, stream_compare
+from visualkv.runtime.streaming import failure_message, method_options
 
-from .context import AppContext, gpu
+from .context import AppContext
 from .evidence import table_columns, table_update
 from .forms import FormValues
+from .gpu import stream_compare  # through a ZeroGPU call where the app runs on one
 from .state import UserState
 from .status import (
     COMPARE_STOPPING,
@@ -77,7 +78,6 @@ class CompareCallbacks:
         ahead = queue.ahead_of_a_new_one(request, "compare")
         return gr.skip() if ahead is None else queue.waiting_line(ahead)
 
-    @gpu
     def compare(
         self,
         request: gr.Request,

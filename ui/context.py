@@ -12,15 +12,6 @@ from .forms import MAX_FILE_BYTES
 from .queue import ComputeQueue
 from .state import ModelCache, UserState
 
-try:  # Hugging Face ZeroGPU: borrow a GPU for each model computation
-    import spaces
-
-    gpu = spaces.GPU(duration=120)
-except Exception:  # noqa: BLE001 - not on a Space (ImportError) or spaces unusable here
-
-    def gpu(fn):
-        return fn
-
 
 @dataclass
 class AppContext:

@@ -32,6 +32,7 @@ from visualkv.bench.tables import (
     memory,
     needle,
     salicache,
+    zerogpu,
 )
 from visualkv.bench.tables.format import RESULTS, ROOT, Table
 
@@ -64,6 +65,7 @@ TABLE_MODULES = (
     gpu,
     demo,
     evidence,
+    zerogpu,
 )
 
 
@@ -80,7 +82,7 @@ def _registry(modules: tuple[ModuleType, ...]) -> dict[str, Table]:
 
 TABLES = _registry(TABLE_MODULES)
 #: tables computed from the code (no benchmark JSON): their source line says so
-COMPUTED = {"lightkv-schedule", "salicache-bytes"}
+COMPUTED = {"lightkv-schedule", "salicache-bytes", "zerogpu-fit"}
 
 
 # -- documents -------------------------------------------------------------------------------------

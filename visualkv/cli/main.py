@@ -94,6 +94,14 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         help="sampled tokens read back to the host at a time while decoding (default: 8 on a GPU, 1 on the CPU); "
         "EOS, Stop and the streamed text are seen at each read, the answer is the same",
     )
+    p.add_argument(
+        "--park-cache",
+        # visualkv.runtime.park.PARK_MODES, not imported: building the parser loads no torch
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="where the chat's state waits between turns: always (on the host, moved to the device for each turn), "
+        "never (where the turn left it) or auto (always on ZeroGPU and in shared mode, else never)",
+    )
     p.add_argument("--fps", type=positive_float, default=1.0, help="video frames sampled per second")
     p.add_argument(
         "--max-frames",
@@ -239,6 +247,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         vision_ahead=args.vision_ahead,
         decode_read_every=args.decode_read_every,
         evidence=args.evidence,
+        park_cache=args.park_cache,
     )
     config.validate()
     for prompt in args.prompt:

@@ -40,6 +40,7 @@ from visualkv.runtime.detokenize import IncrementalDetokenizer
 from visualkv.runtime.engine import Engine, PrefillResult
 from visualkv.runtime.evidence import Evidence, compute_evidence
 from visualkv.runtime.memory_guard import MemoryEstimate, MemoryGuard
+from visualkv.runtime.park import PARK_MODES, ParkStats, park, resolve_park, unpark
 from visualkv.runtime.static_decode import DECODE_ATTENTION, DECODE_MODES, StaticDecoder, graph_unsupported
 
 
@@ -78,6 +79,9 @@ class SessionConfig:
       accelerator, 1 on the CPU (a read is free there, and the text streams per token).
     evidence: after each turn, compute its evidence recall (visualkv.runtime.evidence): a second, uncompressed
       pass over the conversation that reads where the answer looked and how much of it the cache kept.
+    park_cache: where the session's state waits between turns (visualkv.runtime.park): "always" on the host (pinned
+      where CUDA is available; a turn moves it to the device and back), "never" (it stays where the turn left it)
+      or "auto" (on the host on ZeroGPU and in shared mode, else where it is).
     """
 
     method: str = "full"
@@ -95,6 +99,7 @@ class SessionConfig:
     vision_ahead: int = 1
     decode_read_every: int | None = None
     evidence: bool = False
+    park_cache: str = "auto"
 
     @property
     def cache_headroom(self) -> int:
@@ -132,6 +137,8 @@ class SessionConfig:
             raise ConfigError(
                 f"decode_attention must be one of {', '.join(DECODE_ATTENTION)}, got {self.decode_attention!r}"
             )
+        if self.park_cache not in PARK_MODES:
+            raise ConfigError(f"park_cache must be one of {', '.join(PARK_MODES)}, got {self.park_cache!r}")
 
 
 #: bounds of the settings (`SessionConfig.validate`): a block of more tokens than an hour of video holds, an
@@ -187,6 +194,7 @@ class ChatSession:
         #: (history entries, global index, position) where the last turn's answer starts
         self.answer_start: tuple[int, int, int] = (0, 0, 0)
         self.method = make_method(self.config.method, **self.config.method_options)
+        self.park_stats = ParkStats(mode=self.config.park_cache)  # where the state waits between turns
 
     # -- public API ---------------------------------------------------------------
     def ask(self, prompt: str, media: MediaSource | None = None, **kwargs) -> TurnRecord:
@@ -216,6 +224,15 @@ class ChatSession:
         if media is not None and self.turns:
             raise ConfigError("this chat already has media; start a new chat to use another file")
         media = self._as_media(media)
+        unpark(self)  # a parked state comes back to the model's device for this turn
+        try:
+            yield from self._turn(prompt, media, on_block, stop)
+        finally:
+            if resolve_park(self.config.park_cache):
+                park(self)  # between turns the state waits on the host (also after a failed or stopped turn)
+
+    def _turn(self, prompt: str, media: Media | None, on_block, stop) -> Iterator[str]:
+        """One turn on the device: prefill (first turn or follow-up), then decode (see `stream`)."""
         record = TurnRecord(prompt=prompt)
         reset_cuda_peak()  # cuda_peak_bytes is per turn: the same meaning in the CLI, the app and the benches
         t0 = time.perf_counter()
@@ -533,6 +550,8 @@ class ChatSession:
             "peak_device_kv_bytes": self.cache.peak_device_bytes if self.cache else 0,
             # what the memory guard estimated before the prefill that built this cache (docs/APP.md: the memory guard)
             "memory_estimate": self.memory_estimate.summary() if self.memory_estimate else None,
+            # between turns: where the state waits (visualkv.runtime.park), its bytes and the time to move them
+            "park": self.park_stats.to_dict(),
             "full_kv_bytes": self.full_kv_bytes(),
             "peak_rss_bytes": peak_rss_bytes(),
             # the last turn's CUDA peak (reset when each turn starts), not the process's

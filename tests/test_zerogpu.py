@@ -1,0 +1,236 @@
+"""The app's GPU steps the way Hugging Face ZeroGPU runs them (ui/gpu.py, visualkv.runtime.calls).
+
+A stand-in `spaces` package decorates the calls: each call's duration is asked for first, its arguments are
+pickled, it runs in a worker forked for it ('fork' context, as ZeroGPU forks), every item it yields is pickled
+back, and the parent never holds the device. In the worker the model runs on CUDA where the machine has it, else
+on the pretend GPU of tests/fake_cuda.py, so a device tensor that crosses the boundary (either way) is seen. Two
+chats are interleaved, each with several turns, and their answers must equal those of the same chats run in
+this process without ZeroGPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import multiprocessing
+import pickle
+import sys
+import threading
+import traceback
+import types
+from contextlib import contextmanager, nullcontext
+from typing import ClassVar
+
+import pytest
+import torch
+
+from tests.conftest import FAMILIES
+from tests.fake_cuda import fake_cuda, to_fake_cuda
+from visualkv.bench.synthetic import write_video_file
+from visualkv.media import FrameSampling, load_media
+from visualkv.models.registry import load_model
+from visualkv.runtime import streaming
+from visualkv.runtime.calls import ZERO_GPU_MAX_SECONDS, call_seconds, call_time_limit, turn_plan
+from visualkv.runtime.park import device_tensors
+from visualkv.runtime.session import ChatSession, SessionConfig
+
+_END, _FAILED = "__end__", "__failed__"
+
+
+class Worker:
+    """Runs one decorated call in a forked process; what the call yields comes back pickled."""
+
+    calls: ClassVar[list[tuple[str, int]]] = []  # (function, seconds asked for) of every call
+
+    @staticmethod
+    def run(fn, payload: bytes, conn) -> None:
+        torch.set_num_threads(1)
+        try:
+            args, kwargs = pickle.loads(payload)
+            with _device_in_worker():
+                for item in fn(*args, **kwargs):
+                    conn.send_bytes(pickle.dumps(item))  # raises on anything unpicklable
+            conn.send_bytes(pickle.dumps((_END, None)))
+        except BaseException:  # noqa: BLE001 - the parent reports it
+            conn.send_bytes(pickle.dumps((_FAILED, traceback.format_exc())))
+        finally:
+            conn.close()
+
+
+@contextmanager
+def _device_in_worker():
+    """The worker's GPU: CUDA when present (initialised in the worker only), else the pretend one."""
+    import ui.gpu
+
+    on_cuda = torch.cuda.is_available()
+    with nullcontext() if on_cuda else fake_cuda():
+        for adapter in ui.gpu._MODELS.values():
+            adapter.model.to("cuda") if on_cuda else to_fake_cuda(adapter.model)
+        yield
+
+
+def _host_only(obj, where: str) -> None:
+    found = device_tensors(obj)
+    assert not found, f"{where} holds device tensors: {found[:3]}"
+
+
+def fake_spaces() -> types.ModuleType:
+    """A `spaces` package whose GPU decorator runs calls as ZeroGPU does (see the module docstring)."""
+
+    def GPU(duration=60):  # the package's own name
+        def decorate(fn):
+            def call(*args, **kwargs):
+                seconds = duration(*args, **kwargs) if callable(duration) else duration
+                assert isinstance(seconds, int) and 0 < seconds <= ZERO_GPU_MAX_SECONDS, seconds
+                Worker.calls.append((fn.__name__, seconds))
+                _host_only((args, kwargs), "a call's arguments")
+                payload = pickle.dumps((args, kwargs))  # raises on anything unpicklable
+                context = multiprocessing.get_context("fork")
+                parent, child = context.Pipe(duplex=False)
+                process = context.Process(target=Worker.run, args=(fn, payload, child), daemon=True)
+                process.start()
+                child.close()
+                try:
+                    while True:
+                        kind, value = item = pickle.loads(parent.recv_bytes())
+                        if kind == _END:
+                            return
+                        assert kind != _FAILED, value
+                        _host_only(item, "a call's result")
+                        yield item
+                finally:
+                    process.join(timeout=60)
+                    if process.is_alive():
+                        process.kill()
+
+            return call
+
+        return decorate
+
+    module = types.ModuleType("spaces")
+    module.GPU = GPU
+    return module
+
+
+@pytest.fixture
+def zerogpu(monkeypatch):
+    """ui.gpu as on a ZeroGPU Space (stand-in `spaces`, SPACES_ZERO_GPU set), restored afterwards."""
+    import ui.gpu
+
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")
+    monkeypatch.setitem(sys.modules, "spaces", fake_spaces())
+    Worker.calls.clear()
+    yield importlib.reload(ui.gpu)
+    monkeypatch.delitem(sys.modules, "spaces")
+    monkeypatch.delenv("SPACES_ZERO_GPU")
+    importlib.reload(ui.gpu)
+
+
+QUESTIONS = ("What is in it?", "And in the corner?", "What colour is it?")
+_PARENT_MODELS: dict = {}
+
+
+def _parent_adapter():
+    """The parent's model, on the host (on ZeroGPU the app's process has no GPU)."""
+    if "m" not in _PARENT_MODELS:
+        _PARENT_MODELS["m"] = load_model(FAMILIES[0])
+    return _PARENT_MODELS["m"]
+
+
+def _config(method: str, budget: int | None = None) -> SessionConfig:
+    return SessionConfig(method=method, budget=budget, block_size=64, max_new_tokens=4, decode="static")
+
+
+def _turn(stream, session: ChatSession, prompt: str, media=None, stop=None, time_limit=None):
+    events = list(stream(session, prompt, media, stop, time_limit=time_limit))
+    _host_only({name: getattr(session, name) for name in ("cache", "prepared", "prefill_result")}, "the app")
+    return events
+
+
+def _answers(session: ChatSession) -> list[list[int]]:
+    return [t.token_ids for t in session.turns]
+
+
+def test_two_chats_interleaved_on_zero_gpu_answer_as_in_process(zerogpu, small_image, small_video):
+    adapter = _parent_adapter()
+    chats = {"image": (_config("blockwise-snapkv", 40), small_image), "video": (_config("salicache"), small_video)}
+    remote = {name: ChatSession(adapter, cfg) for name, (cfg, _) in chats.items()}
+    for i, question in enumerate(QUESTIONS):  # the two chats take turns, as two browser tabs would
+        for name, (_, media) in chats.items():
+            events = _turn(zerogpu.stream_turn, remote[name], question, media if i == 0 else None)
+            assert [kind for kind, _ in events][-1] == "done", events[-1]
+            assert any(kind == "text" for kind, _ in events) or not remote[name].turns[-1].token_ids
+    for name, (cfg, media) in chats.items():
+        local = ChatSession(adapter, cfg)
+        for i, question in enumerate(QUESTIONS):
+            list(streaming.stream_turn(local, question, media if i == 0 else None))
+        assert _answers(remote[name]) == _answers(local), name
+        assert all(_answers(local)) and len(_answers(local)) == len(QUESTIONS)
+        assert remote[name].report()["final_kv_bytes"] == local.report()["final_kv_bytes"] > 0
+        assert remote[name].park_stats.parked and remote[name].report()["park"]["moved_bytes"] > 0
+    assert [fn for fn, _ in Worker.calls] == ["turn_call"] * 2 * len(QUESTIONS)
+
+
+def test_a_comparison_on_zero_gpu_gives_the_in_process_results(zerogpu, small_image):
+    adapter = _parent_adapter()
+    methods, base = ["full", "blockwise-keydiff"], _config("full", 40)
+    remote = dict(p for k, p in zerogpu.stream_compare(adapter, small_image, "What?", methods, base) if k == "result")
+    local = dict(streaming.compare_methods(adapter, small_image, "What?", methods, base))
+    assert set(remote) == set(methods)
+    for name in methods:
+        assert remote[name]["turns"][0]["token_ids"] == local[name]["turns"][0]["token_ids"], name
+        assert remote[name]["final_kv_bytes"] == local[name]["final_kv_bytes"] > 0
+    assert [fn for fn, _ in Worker.calls] == ["compare_call"]
+
+
+def test_stop_and_the_time_limit_end_a_call(zerogpu, small_video):
+    """A Stop pressed in the app reaches the worker; so does the turn time limit. The chat stays as it was."""
+    adapter = _parent_adapter()
+    session = ChatSession(adapter, _config("blockwise-keydiff", 40))
+    stop = threading.Event()
+    stop.set()
+    events = _turn(zerogpu.stream_turn, session, QUESTIONS[0], small_video, stop=stop)
+    assert events[-1][0] == "stopped" and not session.turns
+    events = _turn(zerogpu.stream_turn, session, QUESTIONS[0], small_video, time_limit=0)
+    assert events[-1] == ("stopped", streaming.TIME_LIMIT_STOPPED) and not session.turns
+    events = _turn(zerogpu.stream_turn, session, QUESTIONS[0], small_video)  # and then the chat goes on
+    assert events[-1][0] == "done" and len(session.turns) == 1
+
+
+def test_the_duration_asked_for_follows_the_turns_plan(zerogpu, small_video):
+    """A first turn counts the media's prefill, a follow-up its question; a long turn is capped at ZeroGPU's limit
+    and at the turn time limit."""
+    session = ChatSession(_parent_adapter(), _config("full"))
+    first = turn_plan(session, QUESTIONS[0], small_video)
+    assert first.prompt_tokens > small_video.num_frames and first.blocks >= 1
+    _turn(zerogpu.stream_turn, session, QUESTIONS[0], small_video)
+    followup = turn_plan(session, QUESTIONS[1], None)
+    assert 0 < followup.prompt_tokens < first.prompt_tokens // 4 and followup.blocks == 1
+    assert [seconds for _, seconds in Worker.calls] == [call_seconds(first)]
+    seven_b = dataclasses.replace(first, billions=7.0)
+    long_video = dataclasses.replace(seven_b, prompt_tokens=50_000, blocks=64)
+    assert call_seconds(long_video) > call_seconds(seven_b) >= call_seconds(dataclasses.replace(followup, billions=7))
+    assert call_seconds(dataclasses.replace(long_video, answer_tokens=1024)) > call_seconds(long_video)
+    hour = dataclasses.replace(seven_b, prompt_tokens=540_000, blocks=700)
+    assert call_seconds(hour) == ZERO_GPU_MAX_SECONDS
+    assert call_seconds(hour, time_limit=60) < ZERO_GPU_MAX_SECONDS
+
+
+def test_a_lazily_decoded_video_crosses_decoded(zerogpu, tmp_path):
+    """An uploaded video decodes on access from an open file: a call gets its sampled frames decoded, and a
+    follow-up (the chat's media in the parked state) as well; the answers are the in-process ones."""
+    path = write_video_file(str(tmp_path / "pan.mp4"), 12, 160, 90, fps=4.0)
+    media = load_media(path, sampling=FrameSampling(fps=1.0))
+    assert media.is_lazy
+    adapter, config = _parent_adapter(), _config("blockwise-keydiff", 40)
+    remote, local = ChatSession(adapter, config), ChatSession(adapter, config)
+    for i, question in enumerate(QUESTIONS[:2]):
+        events = _turn(zerogpu.stream_turn, remote, question, media if i == 0 else None)
+        assert events[-1][0] == "done", events[-1]
+        list(streaming.stream_turn(local, question, media if i == 0 else None))
+    assert _answers(remote) == _answers(local) and all(_answers(local))
+
+
+def test_a_turn_inside_a_call_stops_before_zero_gpu_would_end_the_call():
+    assert call_time_limit(None) < ZERO_GPU_MAX_SECONDS and call_time_limit(10.0) == 10.0
+    assert call_time_limit(10_000.0) == call_time_limit(None)
