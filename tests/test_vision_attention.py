@@ -9,6 +9,7 @@ where FlashAttention-2 would run.
 from __future__ import annotations
 
 import contextlib
+import itertools
 
 import pytest
 import torch
@@ -161,11 +162,11 @@ def test_flash_varlen_kernel_is_given_the_packed_chunks(monkeypatch):
         assert cu_seqlens_q.dtype == torch.int32 and torch.equal(cu_seqlens_q, cu_seqlens_k)
         assert kwargs == {"dropout_p": 0.0, "causal": False}
         bounds = cu_seqlens_q.tolist()
-        assert max_seqlen_q == max_seqlen_k == max(b - a for a, b in zip(bounds, bounds[1:]))
+        assert max_seqlen_q == max_seqlen_k == max(b - a for a, b in itertools.pairwise(bounds))
         calls.append(len(bounds) - 1)
         out = [
             F.scaled_dot_product_attention(*(t[a:b].transpose(0, 1) for t in (q, k, v)), scale=softmax_scale)
-            for a, b in zip(bounds, bounds[1:])
+            for a, b in itertools.pairwise(bounds)
         ]
         return torch.cat([o.transpose(0, 1) for o in out])
 
