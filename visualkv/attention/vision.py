@@ -22,11 +22,11 @@ while it is entered; a model configured for flash attention keeps transformers' 
 from __future__ import annotations
 
 import functools
-import itertools
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -74,25 +74,29 @@ class ChunkLayout:
 
 
 def _build_layout(cu_seqlens: torch.Tensor) -> ChunkLayout:
-    """The padded layout of `cu_seqlens`'s chunks, indices built on the host and moved to its device once."""
-    # the one host read per distinct tensor: the padded shape depends on the lengths (transformers reads per layer)
-    bounds = cu_seqlens.tolist()
-    chunks = [(start, end - start) for start, end in itertools.pairwise(bounds) if end > start]
-    longest = max((n for _, n in chunks), default=0)
+    """The padded layout of `cu_seqlens`'s chunks, indices built on the host (numpy) and moved to its device once."""
+    # The one host read (a sync on a GPU) per distinct tensor, so per tower call and not per layer: the padded
+    # shape and the gather indices depend on the chunk lengths.
+    bounds = np.asarray(cu_seqlens.tolist(), dtype=np.int64)
+    lengths = np.diff(bounds)
+    starts, lengths = bounds[:-1][lengths > 0], lengths[lengths > 0]
+    longest = int(lengths.max()) if len(lengths) else 0
     device = cu_seqlens.device
-    if len({n for _, n in chunks}) <= 1 and bounds[0] == 0:  # equal chunks in order: views, no mask
+    if len(np.unique(lengths)) <= 1 and bounds[0] == 0:  # equal chunks in order: views, no mask
         return ChunkLayout(cu_seqlens, longest, None, None, [])
-    starts = torch.tensor([s for s, _ in chunks])
-    lengths = torch.tensor([n for _, n in chunks])
-    offsets = torch.arange(longest)
+    offsets = np.arange(longest)
     valid = offsets < lengths[:, None]  # (chunks, longest)
-    slots = torch.where(valid, starts[:, None] + offsets, starts[:, None])  # pad slots read their chunk's first token
-    scatter = torch.empty(bounds[-1], dtype=torch.long)
-    scatter[slots[valid]] = valid.flatten().nonzero().flatten()  # host tensors: no device read
-    per_call = range(0, len(chunks), MAX_CHUNKS_PER_CALL)
-    gather = [to_device(slots[i : i + MAX_CHUNKS_PER_CALL].flatten(), device) for i in per_call]
-    key_valid = [to_device(valid[i : i + MAX_CHUNKS_PER_CALL], device) for i in per_call]
-    return ChunkLayout(cu_seqlens, longest, gather, to_device(scatter, device), key_valid)
+    slots = np.where(valid, starts[:, None] + offsets, starts[:, None])  # a pad slot reads its chunk's first token
+    scatter = np.empty(int(bounds[-1]), dtype=np.int64)
+    scatter[slots[valid]] = np.flatnonzero(valid)
+
+    def on_device(a: np.ndarray) -> torch.Tensor:
+        return to_device(torch.from_numpy(np.ascontiguousarray(a)), device)
+
+    per_call = range(0, len(lengths), MAX_CHUNKS_PER_CALL)
+    gather = [on_device(slots[i : i + MAX_CHUNKS_PER_CALL].reshape(-1)) for i in per_call]
+    key_valid = [on_device(valid[i : i + MAX_CHUNKS_PER_CALL]) for i in per_call]
+    return ChunkLayout(cu_seqlens, longest, gather, on_device(scatter), key_valid)
 
 
 def _layout(cu_seqlens: torch.Tensor, cache: dict) -> ChunkLayout:
