@@ -1,7 +1,7 @@
 """`patched(adapter)`: the one scoped context through which VisualKV changes a transformers model.
 
 Inside it the decoder's attention configs name VisualKV's functions (`packed.WRAPPED`), the Qwen vision towers'
-attention modules batch their chunks (`vision.batched_forward`), and a model left in training mode runs in eval
+attention modules attend in one call per layer (`vision.batched_forward`), and a model left in training mode runs in eval
 mode. The outermost entry makes these changes and its exit (normal, on error, on Stop) puts every attribute back
 exactly as it was; nested entries only count. State lives here, per model (a lock, a depth, what was saved), never
 on the model, and threads serving several chats from one model share one patch.
@@ -40,9 +40,9 @@ class _Patch:
         self.depth = 0
         self.model = weakref.ref(model)  # a value of `_PATCHES` must not keep its key alive
         self.config_namespaces = [_namespace(c) for c in decoder_configs]
-        self.chunk_groups: dict = {}  # the vision towers' chunk groups while entered (`vision._chunk_groups`)
+        self.chunk_layouts: dict = {}  # the vision towers' chunk layouts while entered (`vision._layout`)
         self.vision_forwards = [
-            (_namespace(m), vision.batched_forward(m, self.chunk_groups))
+            (_namespace(m), vision.batched_forward(m, self.chunk_layouts))
             for m in vision.vision_attention_modules(model)
         ]
         self.implementation: str | None = None  # the decoder's own attention while entered
@@ -71,7 +71,7 @@ class _Patch:
     def restore(self) -> None:
         while self.saved:  # last change first
             _release(*self.saved.pop())
-        self.chunk_groups.clear()  # no tensor of a tower call outlives the patch
+        self.chunk_layouts.clear()  # no tensor of a tower call outlives the patch
         self.implementation = None
 
 

@@ -1,23 +1,32 @@
-"""One attention call per chunk length in the Qwen vision towers, instead of one per chunk.
+"""One variable-length attention call per layer in the Qwen vision towers, instead of one per chunk.
 
 Qwen2.5-VL's vision tower attends inside 112-px windows in most layers, Qwen3-VL's (and the full-attention layers
 of both) inside each image or temporal patch: `cu_seqlens` lists the chunks. Under SDPA or eager attention
 transformers splits q / k / v per chunk and calls attention once per chunk in a Python loop (with a `tolist()` of
 the chunk lengths per layer): a 4K image is ~660 windows x 28 windowed layers, some 20,000 attention calls, which
-leaves a GPU idle most of the time. Here the chunks of one length are gathered into a batch and attended in one
-call: a handful of calls per layer, the same arithmetic per chunk (scores never cross a chunk), and the chunk
-lengths read on the host once per distinct `cu_seqlens` tensor (the tower passes the same two to every layer).
+leaves a GPU idle most of the time. Here every layer attends all its chunks in one call:
 
-`batched_forward(module, groups)` is the forward `visualkv.attention.patched` gives each vision attention module
-while it is entered; flash attention (varlen kernels) keeps transformers' own path.
+- FlashAttention-2's `flash_attn_varlen_func` on `cu_seqlens` as it is, when `flash_attn` is installed and the
+  tensors are CUDA bf16 / fp16 (no padding, no mask);
+- otherwise the module's SDPA (or eager) attention over a block-diagonal layout: the chunks padded to the longest
+  one, side by side as a batch, padded keys masked out (no mask and no gather when all chunks have one length).
+
+Scores never cross a chunk, so each chunk gets the arithmetic of its own call. The chunk lengths are read on the
+host once per distinct `cu_seqlens` tensor (the tower passes the same two to every layer): the padded layout is
+built then, and each layer only gathers.
+
+`batched_forward(module, layouts)` is the forward `visualkv.attention.patched` gives each vision attention module
+while it is entered; a model configured for flash attention keeps transformers' own (varlen) path.
 """
 
 from __future__ import annotations
 
-import itertools
+import functools
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -28,7 +37,7 @@ ATTENTION_CLASSES = ("Qwen2_5_VLVisionAttention", "Qwen3VLVisionAttention")
 #: chunks per attention call at most: CUDA grids cap a launch dimension at 65,535 (batch, or batch x heads, by kernel)
 MAX_CHUNKS_PER_CALL = 2048
 
-#: distinct `cu_seqlens` tensors whose chunk groups are kept (a tower call makes two: windows and whole images)
+#: distinct `cu_seqlens` tensors whose layouts are kept (a tower call makes two: windows and whole images)
 CACHED_BOUNDARIES = 4
 
 
@@ -37,67 +46,121 @@ def vision_attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if type(m).__name__ in ATTENTION_CLASSES]
 
 
-def _chunk_groups(cu_seqlens: torch.Tensor, cache: dict) -> list[tuple[int, list[torch.Tensor] | None]]:
-    """[(length, the positions of its chunks on the device, one flat index per call; or None when the chunks tile
-    the sequence in order)], one entry per chunk length.
+@dataclass
+class ChunkLayout:
+    """Where the chunks of one `cu_seqlens` sit in the padded (chunks, longest, ...) batch.
 
-    Reads the boundaries once per tensor and builds the indices on the host then: the tower builds two (windows,
-    whole images) per forward and passes the same objects to every layer, which then only gathers. The cache
-    keeps the tensor alive, so its id is not reused while cached.
+    gather: per call, the sequence position of every padded slot (a pad slot repeats its chunk's first position);
+    None when all chunks have one length and tile the sequence (a reshape). scatter: each position's slot in the
+    concatenated calls' output. key_valid: per call, (chunks, longest) True where a key is a real token.
     """
+
+    cu_seqlens: torch.Tensor
+    longest: int
+    gather: list[torch.Tensor] | None
+    scatter: torch.Tensor | None
+    key_valid: list[torch.Tensor]
+    masks: dict = field(default_factory=dict)  # dtype -> additive masks per call, made on first use
+
+    def additive_masks(self, dtype: torch.dtype) -> list[torch.Tensor]:
+        """(chunks, 1, 1, longest): 0 where a key is real, the dtype's minimum on padding (SDPA and eager add it)."""
+        if dtype not in self.masks:
+            low = torch.finfo(dtype).min
+            self.masks[dtype] = [
+                torch.zeros(v.shape, dtype=dtype, device=v.device).masked_fill_(~v, low)[:, None, None]
+                for v in self.key_valid
+            ]
+        return self.masks[dtype]
+
+
+def _build_layout(cu_seqlens: torch.Tensor) -> ChunkLayout:
+    """The padded layout of `cu_seqlens`'s chunks, indices built on the host (numpy) and moved to its device once."""
+    # The one host read (a sync on a GPU) per distinct tensor, so per tower call and not per layer: the padded
+    # shape and the gather indices depend on the chunk lengths.
+    bounds = np.asarray(cu_seqlens.tolist(), dtype=np.int64)
+    lengths = np.diff(bounds)
+    starts, lengths = bounds[:-1][lengths > 0], lengths[lengths > 0]
+    longest = int(lengths.max()) if len(lengths) else 0
+    device = cu_seqlens.device
+    if len(np.unique(lengths)) <= 1 and bounds[0] == 0:  # equal chunks in order: views, no mask
+        return ChunkLayout(cu_seqlens, longest, None, None, [])
+    offsets = np.arange(longest)
+    valid = offsets < lengths[:, None]  # (chunks, longest)
+    slots = np.where(valid, starts[:, None] + offsets, starts[:, None])  # a pad slot reads its chunk's first token
+    scatter = np.empty(int(bounds[-1]), dtype=np.int64)
+    scatter[slots[valid]] = np.flatnonzero(valid)
+
+    def on_device(a: np.ndarray) -> torch.Tensor:
+        return to_device(torch.from_numpy(np.ascontiguousarray(a)), device)
+
+    per_call = range(0, len(lengths), MAX_CHUNKS_PER_CALL)
+    gather = [on_device(slots[i : i + MAX_CHUNKS_PER_CALL].reshape(-1)) for i in per_call]
+    key_valid = [on_device(valid[i : i + MAX_CHUNKS_PER_CALL]) for i in per_call]
+    return ChunkLayout(cu_seqlens, longest, gather, on_device(scatter), key_valid)
+
+
+def _layout(cu_seqlens: torch.Tensor, cache: dict) -> ChunkLayout:
+    """The layout of `cu_seqlens`, built once per tensor: the tower passes the same two objects to every layer.
+    The cache keeps the tensor alive, so its id is not reused while cached."""
     hit = cache.get(id(cu_seqlens))
-    if hit is not None and hit[0] is cu_seqlens:
-        return hit[1]
-    bounds = cu_seqlens.tolist()  # one host read per distinct tensor (transformers' loop reads per layer)
-    starts_by_length: dict[int, list[int]] = {}
-    for start, end in itertools.pairwise(bounds):
-        if end > start:
-            starts_by_length.setdefault(end - start, []).append(start)
-    groups: list[tuple[int, list[torch.Tensor] | None]] = []
-    for length, starts in starts_by_length.items():
-        if len(starts_by_length) == 1 and starts[0] == 0:  # equal chunks in order: a reshape, no gather
-            groups.append((length, None))
-            continue
-        positions = (torch.tensor(starts)[:, None] + torch.arange(length)).flatten()
-        per_call = MAX_CHUNKS_PER_CALL * length
-        calls = [to_device(positions[i : i + per_call], cu_seqlens.device) for i in range(0, len(positions), per_call)]
-        groups.append((length, calls))
+    if hit is not None and hit.cu_seqlens is cu_seqlens:
+        return hit
+    layout = _build_layout(cu_seqlens)
     if len(cache) >= CACHED_BOUNDARIES:  # list(): one step under the GIL, safe while another thread inserts
         for stale in list(cache)[: len(cache) - CACHED_BOUNDARIES + 1]:
             cache.pop(stale, None)
-    cache[id(cu_seqlens)] = (cu_seqlens, groups)
-    return groups
+    cache[id(cu_seqlens)] = layout
+    return layout
 
 
-def _attend_chunks(module, q, k, v, groups) -> torch.Tensor:
-    """q / k / v (seq, heads, dim); attention inside each chunk, one call per group (per slice of at most
-    `MAX_CHUNKS_PER_CALL` chunks); returns (seq, heads, dim)."""
+@functools.cache
+def _flash_varlen_function() -> Callable | None:
+    """FlashAttention-2's `flash_attn_varlen_func`, or None where `flash_attn` is not installed."""
+    try:
+        from flash_attn import flash_attn_varlen_func
+    except ImportError:
+        return None
+    return flash_attn_varlen_func
+
+
+def _varlen_kernel(q: torch.Tensor) -> Callable | None:
+    """The varlen kernel for `q`: FlashAttention-2's on CUDA bf16 / fp16 where installed, else None (SDPA)."""
+    if not (q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)):
+        return None
+    return _flash_varlen_function()
+
+
+def _attend_padded(module, q, k, v, layout: ChunkLayout) -> torch.Tensor:
+    """q / k / v (seq, heads, dim); attention inside each chunk over the padded layout, one call per at most
+    `MAX_CHUNKS_PER_CALL` chunks (one for every input VisualKV makes); returns (seq, heads, dim)."""
     own = sys.modules[type(module).__module__]  # the class's modeling module: its eager attention is the default
     interface = ALL_ATTENTION_FUNCTIONS.get_interface(module.config._attn_implementation, own.eager_attention_forward)
 
-    def attend(batch: list[torch.Tensor]) -> torch.Tensor:
+    def attend(batch: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
         # (chunks, length, heads, dim) in and out, as transformers' interfaces return it
         qkv = [t.transpose(1, 2) for t in batch]
-        return interface(module, *qkv, attention_mask=None, scaling=module.scaling, dropout=0.0, is_causal=False)[0]
+        return interface(module, *qkv, attention_mask=mask, scaling=module.scaling, dropout=0.0, is_causal=False)[0]
 
-    out = q.new_empty(q.shape)
-    for length, indices in groups:
-        if indices is None:  # equal chunks tiling the sequence: views, no gather
-            n = q.shape[0] // length
-            views = [t.view(n, length, *t.shape[1:]) for t in (q, k, v, out)]
-            for i in range(0, n, MAX_CHUNKS_PER_CALL):
-                views[3][i : i + MAX_CHUNKS_PER_CALL] = attend([t[i : i + MAX_CHUNKS_PER_CALL] for t in views[:3]])
-            continue
-        for index in indices:  # made once per `cu_seqlens` (`_chunk_groups`): each layer only gathers
-            batch = [t[index].view(-1, length, *t.shape[1:]) for t in (q, k, v)]
-            out[index] = attend(batch).reshape(-1, *q.shape[1:])
-    return out
+    seq, tail = q.shape[0], q.shape[1:]
+    if layout.gather is None:  # equal chunks tiling the sequence: views, no gather, no mask
+        n = seq // max(layout.longest, 1)
+        views = [t.view(n, layout.longest, *tail) for t in (q, k, v)]
+        parts = [
+            attend([t[i : i + MAX_CHUNKS_PER_CALL] for t in views], None) for i in range(0, n, MAX_CHUNKS_PER_CALL)
+        ]
+        return (parts[0] if len(parts) == 1 else torch.cat(parts)).reshape(seq, *tail)
+    parts = []
+    for index, mask in zip(layout.gather, layout.additive_masks(q.dtype), strict=True):
+        batch = [t[index].view(-1, layout.longest, *tail) for t in (q, k, v)]
+        parts.append(attend(batch, mask).reshape(-1, *tail))
+    padded = parts[0] if len(parts) == 1 else torch.cat(parts)
+    return padded[layout.scatter]
 
 
-def batched_forward(module: torch.nn.Module, chunk_groups: dict) -> Callable[..., torch.Tensor]:
-    """`module`'s forward with chunks batched by length (transformers' own under flash attention).
+def batched_forward(module: torch.nn.Module, layouts: dict) -> Callable[..., torch.Tensor]:
+    """`module`'s forward with one attention call per layer (transformers' own under flash attention).
 
-    chunk_groups: where the chunk groups of the last few `cu_seqlens` are kept (owned by the caller's patch).
+    layouts: where the chunk layouts of the last few `cu_seqlens` are kept (owned by the caller's patch).
     """
     cls = type(module)
     apply_rotary = sys.modules[cls.__module__].apply_rotary_pos_emb_vision  # the class's own module
@@ -110,7 +173,23 @@ def batched_forward(module: torch.nn.Module, chunk_groups: dict) -> Callable[...
         q, k, v = qkv.unbind(0)
         cos, sin = position_embeddings
         q, k = apply_rotary(q, k, cos, sin)
-        out = _attend_chunks(module, q, k, v, _chunk_groups(cu_seqlens, chunk_groups))
+        layout = _layout(cu_seqlens, layouts)
+        varlen = _varlen_kernel(q)
+        if varlen is not None:  # one call on the packed sequence: no padding, no mask
+            out = varlen(
+                q.contiguous(),
+                k.contiguous(),
+                v.contiguous(),
+                cu_seqlens_q=cu_seqlens.to(torch.int32),
+                cu_seqlens_k=cu_seqlens.to(torch.int32),
+                max_seqlen_q=layout.longest,
+                max_seqlen_k=layout.longest,
+                dropout_p=0.0,
+                softmax_scale=module.scaling,
+                causal=False,
+            )
+        else:
+            out = _attend_padded(module, q, k, v, layout)
         return module.proj(out.reshape(seq_length, -1).contiguous())
 
     return forward

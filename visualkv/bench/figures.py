@@ -18,6 +18,7 @@ from pathlib import Path
 from types import ModuleType
 
 from visualkv.bench.tables import (
+    block_launches,
     compose,
     demo,
     evidence,
@@ -61,6 +62,7 @@ TABLE_MODULES = (
     guard,
     load,
     launches,
+    block_launches,
     kernels,
     gpu,
     demo,

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -104,3 +106,134 @@ class HostReads(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         self.reads += func in self.kinds
         return func(*args, **(kwargs or {}))
+
+
+#: tensor operations that read a value back to the host: a synchronisation when the tensor is on a GPU
+DEVICE_READS = {
+    torch.Tensor.item,
+    torch.Tensor.tolist,
+    torch.Tensor.cpu,
+    torch.Tensor.numpy,
+    torch.Tensor.__bool__,
+    torch.Tensor.__int__,
+    torch.Tensor.__float__,
+    torch.Tensor.__index__,
+    torch.Tensor.nonzero,
+    torch.nonzero,
+    torch.argwhere,
+    torch.Tensor.unique,
+    torch.unique,
+    torch.unique_consecutive,
+    torch.masked_select,
+    torch.Tensor.masked_select,
+}
+
+
+def _bool_index(func, args) -> bool:
+    """t[mask] / t[mask] = v with a boolean tensor: the result's size is data-dependent (a read)."""
+    if getattr(func, "__name__", "") not in ("__getitem__", "__setitem__") or len(args) < 2:
+        return False
+    items = args[1] if isinstance(args[1], tuple) else (args[1],)
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)
+
+
+class DeviceReads(TorchFunctionMode):
+    """Counts every operation that reads tensor values on the host (`DEVICE_READS`, boolean-mask indexing), under
+    the part `ops` (an `OpCounter`) is counting when it runs. On a CPU every tensor is a host tensor: a read
+    is a synchronisation only where the tensor would live on the GPU (the tower's and the layers' tensors do)."""
+
+    def __init__(self, ops: OpCounter) -> None:
+        super().__init__()
+        self.ops = ops
+        self.by_part: Counter[str] = Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in DEVICE_READS or _bool_index(func, args):
+            self.by_part[self.ops._parts[-1]] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@dataclass
+class BlockCount:
+    """What one prefill block dispatched: the vision tower on its media, the rest of its embeddings, and the layer
+    loop (decoder layers with the method's scoring and eviction). kernels: launches on a GPU (`OpCounter`);
+    reads: host reads of tensor values (`DeviceReads`) inside the tower and from the first decoder layer on, where
+    the tensors live on the model's device (a GPU sync each). plan_reads: those of the block's host-side plan
+    before the first layer (`BlockPlan`, on host tensors: no sync)."""
+
+    tokens: int
+    visual_tokens: int
+    vision_kernels: int
+    vision_attention_calls: int
+    vision_reads: int
+    embedding_kernels: int
+    layer_kernels: int
+    layer_reads: int
+    plan_reads: int
+
+
+@contextmanager
+def counting_blocks(engine: Any) -> Iterator[list[BlockCount]]:
+    """Within the block, every prefill block `engine` runs (its `block_embeddings`, then its `run_layers`) appends
+    a `BlockCount` to the list yielded. Other layer passes (a text pass, a follow-up's extend) are not counted.
+    The wrappers live on the engine instance for the block only; the model is not touched (the tower is
+    watched through forward hooks, removed on leaving)."""
+    counts: list[BlockCount] = []
+    ops = OpCounter()
+    reads = DeviceReads(ops)
+    pending: dict[str, int] = {}
+    embeddings, run_layers = engine.block_embeddings, engine.run_layers
+
+    def snapshot() -> dict[str, int]:
+        return {
+            "kernels": ops.kernels,
+            "vision": ops.kernels_by_part["vision"],
+            "attention": ops.attention,
+            "reads": sum(reads.by_part.values()),
+            "vision_reads": reads.by_part["vision"],
+        }
+
+    def counted_embeddings(prepared, block, *args, **kwargs):
+        before = snapshot()
+        out = embeddings(prepared, block, *args, **kwargs)
+        after = snapshot()
+        pending.clear()
+        pending.update(
+            {k: after[k] - before[k] for k in after}, visual=int(prepared.visual_mask[block.start : block.end].sum())
+        )
+        return out
+
+    def counted_layers(hidden, *args, **kwargs):
+        if not pending:  # not a prefill block's layers
+            return run_layers(hidden, *args, **kwargs)
+        before = snapshot()
+        first_layer: dict[str, int] = {}
+        hook = engine.adapter.layers[0].register_forward_pre_hook(lambda *_: first_layer.update(snapshot()))
+        try:
+            out = run_layers(hidden, *args, **kwargs)
+        finally:
+            hook.remove()
+        after = snapshot()
+        counts.append(
+            BlockCount(
+                tokens=int(hidden.shape[1]),
+                visual_tokens=pending["visual"],
+                vision_kernels=pending["vision"],
+                vision_attention_calls=pending["attention"],
+                vision_reads=pending["vision_reads"],
+                embedding_kernels=pending["kernels"] - pending["vision"],
+                layer_kernels=after["kernels"] - before["kernels"],
+                layer_reads=after["reads"] - first_layer["reads"],
+                plan_reads=first_layer["reads"] - before["reads"],
+            )
+        )
+        pending.clear()
+        return out
+
+    tower = getattr(engine.adapter, "visual", None)
+    engine.block_embeddings, engine.run_layers = counted_embeddings, counted_layers
+    try:
+        with ops.count_inside([tower] if tower is not None else [], "vision"), reads, ops:
+            yield counts
+    finally:
+        del engine.block_embeddings, engine.run_layers  # the class's methods again

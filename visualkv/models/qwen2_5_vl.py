@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 import torch
 from transformers.models.qwen2_vl.video_processing_qwen2_vl import smart_resize
-from transformers.vision_utils import get_vision_position_ids
+from transformers.vision_utils import get_vision_cu_seqlens, get_vision_position_ids, get_vision_window_index
 
+from visualkv.devices import to_device
 from visualkv.layout import FrameInfo, VisualLayout, VisualUnit, consecutive_runs, grid_boxes
 from visualkv.media import Media
 from visualkv.models.base import (
@@ -29,6 +30,9 @@ from visualkv.models.base import (
     text_positions,
     video_metadata,
 )
+
+#: vision towers whose forward takes its grid-derived tensors precomputed (`Qwen25VLAdapter._grid_inputs`)
+PRECOMPUTED_TOWERS = ("Qwen2_5_VisionTransformerPretrainedModel", "Qwen3VLVisionModel")
 
 #: temporal patches (2 frames each) per call to the video processor: it holds about four float32 copies of the
 #: frames it is given, so a bulk prefill of a video called it on every frame at once (700 MB for 64 frames of
@@ -361,16 +365,36 @@ class Qwen25VLAdapter(ModelAdapter):
         tower's device. row_offset: each entry's first token row in the image (one int for one entry)."""
         device = self.visual.patch_embed.proj.weight.device  # the tower's own device (may differ under device_map)
         offsets = [row_offset] if isinstance(row_offset, int) else list(row_offset)
-        kwargs: dict[str, Any] = {}
+        position_ids = None
         if any(offsets):
-            pos = get_vision_position_ids(grid, self.merge)  # (patches, 2): entries one after another
+            position_ids = get_vision_position_ids(grid, self.merge)  # (patches, 2): entries one after another
             starts = [0, *grid.prod(-1).cumsum(0).tolist()]
             for i, offset in enumerate(offsets):
-                pos[starts[i] : starts[i + 1], 0] += offset * self.merge  # the strip's true patch rows
-            kwargs["position_ids"] = pos.to(device)
-        grid = grid.to(device)
-        out = self.visual(pixels.to(device, self.visual.dtype), grid_thw=grid, **kwargs)
+                position_ids[starts[i] : starts[i + 1], 0] += offset * self.merge  # the strip's true patch rows
+        kwargs = _on_device(self._grid_inputs(grid, position_ids), device)
+        out = self.visual(pixels.to(device, self.visual.dtype), grid_thw=grid.to(device), **kwargs)
         return out.pooler_output.to(self.device, self.dtype)
+
+    def _grid_inputs(self, grid: torch.Tensor, position_ids: torch.Tensor | None) -> dict[str, Any]:
+        """What the tower derives from its grid, computed here from the host grid (`position_ids` given or not).
+
+        Inside the tower, on the device's copy of the grid, transformers' helpers read it back per call
+        (`tolist`, `unique_consecutive`, `.item()` for flash's longest chunk): host syncs on a GPU. The towers in
+        `PRECOMPUTED_TOWERS` take them precomputed (the helpers pop them from the forward's keyword arguments).
+        """
+        inputs: dict[str, Any] = {} if position_ids is None else {"position_ids": position_ids}
+        visual = self.visual
+        if type(visual).__name__ not in PRECOMPUTED_TOWERS:
+            return inputs
+        inputs.setdefault("position_ids", get_vision_position_ids(grid, self.merge))
+        inputs["cu_seqlens"] = get_vision_cu_seqlens(grid)
+        inputs["max_seqlen"] = _longest(inputs["cu_seqlens"])
+        if getattr(visual, "window_size", None):  # Qwen2.5-VL's windows
+            inputs["window_index"], inputs["cu_window_seqlens"] = get_vision_window_index(
+                grid, spatial_merge_size=self.merge, window_size=visual.window_size, patch_size=visual.patch_size
+            )
+            inputs["max_window_seqlen"] = _longest(inputs["cu_window_seqlens"])
+        return inputs
 
     def _encode_frames(self, frames: list[int], vision: dict) -> torch.Tensor:
         if frames and all(f in self._ahead_frames for f in frames):
@@ -414,6 +438,16 @@ class Qwen25VLAdapter(ModelAdapter):
             if take == s1:
                 self._strip = None  # fully consumed: free it
         return torch.cat(parts)
+
+
+def _longest(cu_seqlens: torch.Tensor) -> int:
+    """The longest chunk of host boundaries (what flash attention's varlen call is given)."""
+    return int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if cu_seqlens.numel() > 1 else 0
+
+
+def _on_device(inputs: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """The tensors of `inputs` on `device` (no stream synchronisation), other values as they are."""
+    return {k: to_device(v, device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
 
 
 def _as_tensor(x):

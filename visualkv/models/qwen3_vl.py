@@ -22,7 +22,7 @@ from transformers.vision_utils import get_vision_interpolation_indices_and_weigh
 from visualkv.layout import VisualUnit
 from visualkv.media import Media
 from visualkv.models.base import PreparedInput, frame_as_video, tokenize_runs, video_as_frame, video_metadata
-from visualkv.models.qwen2_5_vl import Qwen25VLAdapter
+from visualkv.models.qwen2_5_vl import Qwen25VLAdapter, _on_device
 
 
 class Qwen3VLAdapter(Qwen25VLAdapter):
@@ -143,29 +143,29 @@ class Qwen3VLAdapter(Qwen25VLAdapter):
         """Packed [embedding | deepstack...] (n, d * (1 + k)) of the patches in `pixels`; the processor's host
         tensors (pixels, grid, strip positions) move to the tower's own device (may differ under device_map)."""
         device = self.visual.patch_embed.proj.weight.device
-        kwargs: dict[str, Any] = {}
         whole = self._image_grid
-        if whole is not None and not torch.equal(grid, whole):
-            # A strip of token rows: rotary ids and resampled learned position embeddings of its true
-            # place in the whole image (patches are in merge-block order, so a strip is a contiguous slice).
-            visual = self.visual
-            idx, weights = get_vision_interpolation_indices_and_weights(
-                whole,
-                num_grid_per_side=visual.num_grid_per_side,
-                mode=visual.interpolation_mode,
-                align_corners=visual.interpolation_align_corners,
-                spatial_merge_size=self.merge,
-            )
+        strip = whole is not None and not torch.equal(grid, whole)
+        # A strip of token rows: rotary ids and resampled learned position embeddings of its true place in the
+        # whole image (patches are in merge-block order, so a strip is a contiguous slice); else the grid's own
+        visual = self.visual
+        idx, weights = get_vision_interpolation_indices_and_weights(
+            whole if strip else grid,
+            num_grid_per_side=visual.num_grid_per_side,
+            mode=visual.interpolation_mode,
+            align_corners=visual.interpolation_align_corners,
+            spatial_merge_size=self.merge,
+        )
+        position_ids = None
+        if strip:
             # each grid entry is a strip: its patches are rows [offset, offset + entry rows) of the whole image
             offsets = [row_offset] if isinstance(row_offset, int) else list(row_offset)
             per_row = int(whole[0, 2]) * self.merge  # patches per token row
             rows = torch.cat(
                 [torch.arange(o * per_row, o * per_row + int(n)) for o, n in zip(offsets, grid.prod(-1).tolist())]
             )
-            kwargs = {
-                "position_ids": get_vision_position_ids(whole, self.merge)[rows].to(device),
-                "interp_indices": idx[rows].to(device),
-                "interp_weights": weights[rows].to(device),
-            }
+            idx, weights = idx[rows], weights[rows]
+            position_ids = get_vision_position_ids(whole, self.merge)[rows]
+        inputs = {**self._grid_inputs(grid, position_ids), "interp_indices": idx, "interp_weights": weights}
+        kwargs = _on_device(inputs, device)
         out = self.visual(pixels.to(device, self.visual.dtype), grid_thw=grid.to(device), **kwargs)
         return torch.cat([out.pooler_output, *out.deepstack_features], dim=-1).to(self.device, self.dtype)
