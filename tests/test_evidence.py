@@ -174,3 +174,19 @@ def test_memory_guard_counts_the_uncompressed_pass(small_image):
     with pytest.raises(MemoryGuardError, match="evidence recall needs"):
         session.compute_evidence()
     assert len(session.turns) == 1 and session.cache is not None  # the chat is kept
+
+
+def test_a_refused_or_stopped_evidence_pass_keeps_the_answer(small_image, monkeypatch):
+    """`evidence=True` asks for a second pass after the answer; when it cannot run, the answer stands."""
+    config = SessionConfig(method="blockwise-keydiff", budget=24, max_new_tokens=3)
+    plain = ChatSession(get_adapter("tiny-qwen2.5-vl"), config).ask(PROMPT, small_image)
+    session = ChatSession(get_adapter("tiny-qwen2.5-vl"), SessionConfig(**{**config.__dict__, "evidence": True}))
+
+    def refuse(*args, **kwargs):
+        raise MemoryGuardError("evidence recall needs 9 GiB, 1 GiB free")
+
+    monkeypatch.setattr(session.guard, "check_evidence", refuse)
+    record = session.ask(PROMPT, small_image)
+    assert record.token_ids == plain.token_ids and record.evidence_recall is None
+    assert record.evidence_note == "evidence not computed: evidence recall needs 9 GiB, 1 GiB free"
+    assert session.report()["evidence_recall"] is None

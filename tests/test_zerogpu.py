@@ -171,6 +171,24 @@ def test_two_chats_interleaved_on_zero_gpu_answer_as_in_process(zerogpu, small_i
     assert [fn for fn, _ in Worker.calls] == ["turn_call"] * 2 * len(QUESTIONS)
 
 
+def test_evidence_on_zero_gpu_is_a_call_and_equals_the_in_process_pass(zerogpu, small_image):
+    adapter = _parent_adapter()
+    config = _config("blockwise-keydiff", 40)
+    remote, local = ChatSession(adapter, config), ChatSession(adapter, config)
+    _turn(zerogpu.stream_turn, remote, QUESTIONS[0], small_image)
+    list(streaming.stream_turn(local, QUESTIONS[0], small_image))
+    zerogpu.compute_evidence(remote)
+    local.compute_evidence()
+    _host_only({name: getattr(remote, name) for name in ("cache", "prepared", "prefill_result")}, "the app")
+    assert remote.evidence is not None and remote.evidence.recall == local.evidence.recall
+    assert (remote.evidence.map_per_layer == local.evidence.map_per_layer).all()
+    assert remote.turns[-1].evidence_recall == local.evidence.recall
+    assert [fn for fn, _ in Worker.calls] == ["turn_call", "evidence_call"]
+    _turn(zerogpu.stream_turn, remote, QUESTIONS[1])  # a follow-up after the pass, from the state it returned
+    list(streaming.stream_turn(local, QUESTIONS[1]))
+    assert _answers(remote) == _answers(local)
+
+
 def test_a_comparison_on_zero_gpu_gives_the_in_process_results(zerogpu, small_image):
     adapter = _parent_adapter()
     methods, base = ["full", "blockwise-keydiff"], _config("full", 40)

@@ -77,7 +77,7 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
         _wire_model_and_method(page, callbacks)
         _wire_result_views(page)
         _wire_compare(page, callbacks)
-        wire_evidence(page)
+        wire_evidence(page, callbacks.context.turn_time_limit)
     demo.vkv_model = model_name  # for app.py's start message
     demo.vkv_serve = serve  # for launch's queue size
     return demo

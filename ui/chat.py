@@ -21,7 +21,7 @@ import gradio as gr
 from visualkv.errors import ConfigError, VisualKVError
 from visualkv.media import load_media
 from visualkv.report import viz
-from visualkv.report.telemetry import TIME_LIMIT_STOP, write_json
+from visualkv.report.telemetry import TIME_LIMIT_STOP
 from visualkv.runtime.session import ChatSession, SessionConfig
 from visualkv.runtime.streaming import TIME_LIMIT_STOPPED, failure_message, live_report, turn_report
 
@@ -30,7 +30,7 @@ from .compare import empty_compare
 from .context import AppContext
 from .forms import FormValues
 from .gpu import stream_turn  # through a ZeroGPU call where the app runs on one
-from .state import UserState
+from .state import UserState, write_report
 from .status import (
     LIVE_UPDATE_SECONDS,
     PREFILL_LABEL,
@@ -57,10 +57,7 @@ class ReportFiles:
             shutil.rmtree(Path(previous).parent, ignore_errors=True)
         folder = Path(tempfile.mkdtemp(dir=self.folder))
         path = folder / "visualkv_report.json"
-        media = report.get("media")
-        if media and media.get("path"):
-            report = {**report, "media": {**media, "path": Path(media["path"]).name}}
-        write_json(report, str(path))
+        write_report(report, str(path))
         return str(path)
 
 

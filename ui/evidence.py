@@ -8,6 +8,7 @@ evidence recall column is filled here too (`table_update`).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,9 @@ import pandas as pd
 from visualkv.report import viz
 from visualkv.runtime.streaming import failure_message, turn_report
 
+from .gpu import compute_evidence
 from .queue import COMPUTE_ID
+from .state import write_report
 
 NOTE_BEFORE = (
     "Evidence: where the **uncompressed** model's answer looked (its attention from the answer's first 16 tokens "
@@ -76,23 +79,36 @@ def redraw(state, layer_choice, opacity=0.6):
     return note, image
 
 
-def compute(state, layer_choice, opacity, progress=gr.Progress()):  # noqa: B008 - Gradio's progress injection
-    """Run the evidence pass for the last turn (outputs: note, image, the chat's summary line)."""
+def compute(state, layer_choice, opacity, progress=gr.Progress(), time_limit=None):  # noqa: B008 - Gradio's progress
+    """Run the evidence pass for the last turn (outputs: note, image, the chat's summary line, its report file).
+    The chat's Stop and the instance's turn time limit end it as they end a turn's prefill."""
     session = getattr(state, "session", None)
     if session is None or getattr(state, "report", None) is None or session.media is None:
-        return NO_TURN, None, gr.skip()
+        return NO_TURN, None, gr.skip(), gr.skip()
     progress(0, desc=RUNNING)
 
     def on_block(event) -> None:
         progress((event.index + 1) / max(event.n_blocks, 1), desc=f"{RUNNING} block {event.index + 1}")
 
+    state.stop = threading.Event()  # the chat's Stop button sets it
+    timer = threading.Timer(time_limit, state.stop.set) if time_limit else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
     try:
-        session.compute_evidence(on_block=on_block)
+        compute_evidence(session, on_block=on_block, stop=state.stop)
     except Exception as exc:  # noqa: BLE001 - shown in the tab, the chat kept
-        return f"Evidence not computed: {failure_message(exc)}", None, gr.skip()
+        return f"Evidence not computed: {failure_message(exc)}", None, gr.skip(), gr.skip()
+    finally:
+        if timer is not None:
+            timer.cancel()
     state.report = turn_report(session)
+    download = gr.skip()
+    if getattr(state, "report_path", None):  # the downloadable report gains the evidence fields
+        write_report(state.report, state.report_path)
+        download = gr.update(value=state.report_path, interactive=True)
     note, image = redraw(state, layer_choice, opacity)
-    return note, image, viz.summary_line(state.report)
+    return note, image, viz.summary_line(state.report), download
 
 
 def table_update(results: dict[str, Any]):
@@ -110,14 +126,19 @@ def table_columns(evidence: bool):
     return gr.update(column_widths=viz.compare_widths(results))
 
 
-def wire_evidence(page, turn_events: list | None = None) -> None:
-    """The button (queued with the turns), the shared layer selector and opacity, and a new turn or chat."""
+def wire_evidence(page, time_limit: float | None = None) -> None:
+    """The button (queued with the turns, bounded by the turn time limit), the shared layer selector and opacity,
+    and a new turn or chat."""
     panel: EvidencePanel = page.views.evidence
     inputs = [page.state, page.views.layer_dd, page.views.opacity]
+
+    def run(state, layer_choice, opacity, progress=gr.Progress()):  # noqa: B008 - Gradio's progress injection
+        return compute(state, layer_choice, opacity, progress, time_limit=time_limit)
+
     panel.button.click(
-        compute,
+        run,
         inputs,
-        [panel.note, panel.image, page.chat.summary_md],
+        [panel.note, panel.image, page.chat.summary_md, page.chat.download_btn],
         concurrency_id=COMPUTE_ID,
         concurrency_limit=1,
         show_progress_on=[panel.image],

@@ -18,12 +18,15 @@ from visualkv.models.registry import load_model
 from visualkv.runtime import streaming
 from visualkv.runtime.calls import (
     CompareCall,
+    EvidenceCall,
     StopFlag,
     TurnCall,
     call_seconds,
     call_time_limit,
     compare_seconds,
+    evidence_seconds,
     run_compare,
+    run_evidence,
     run_turn,
     turn_plan,
 )
@@ -78,6 +81,31 @@ def compare_call(call: CompareCall, model: str) -> Iterator[tuple[str, Any]]:
     yield from run_compare(call, _model(model))
 
 
+def _evidence_seconds(call: EvidenceCall, model: str) -> int:
+    return call.seconds
+
+
+@gpu(duration=_evidence_seconds)
+def evidence_call(call: EvidenceCall, model: str) -> Iterator[tuple[str, Any]]:
+    """The last turn's evidence pass on the lent GPU: ("parked", the chat's state after it)."""
+    yield from run_evidence(call, _model(model))
+
+
+def compute_evidence(session: ChatSession, on_block=None, stop: threading.Event | None = None, time_limit=None) -> None:
+    """`session.compute_evidence`, through a decorated call on ZeroGPU (per-block progress only off ZeroGPU)."""
+    if not zero_gpu():
+        session.compute_evidence(on_block=on_block, stop=stop)
+        return
+    name = session.adapter.name
+    _MODELS.setdefault(name, session.adapter)
+    flag = StopFlag()
+    call = EvidenceCall(export_state(session), flag, evidence_seconds(session, call_time_limit(time_limit)))
+    with _forwarded(stop, flag):
+        for kind, payload in evidence_call(call, name):
+            if kind == "parked":
+                adopt_state(session, payload)
+
+
 @contextmanager
 def _forwarded(stop: threading.Event | None, flag: StopFlag):
     """While the call runs, a set `stop` sets `flag` (checked by the worker where it checks a Stop)."""
@@ -97,6 +125,7 @@ def _forwarded(stop: threading.Event | None, flag: StopFlag):
         yield
     finally:
         done.set()
+        watcher.join()  # a Stop it forwards now lands before the flag's file is removed
         flag.discard()
 
 

@@ -26,6 +26,7 @@ from visualkv.models.registry import (
     load_model,
     offline_aliases,
 )
+from visualkv.report.telemetry import write_json
 from visualkv.runtime.access import ModelPolicy, scrub_paths
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,7 @@ class UserState:
         self.new_chat()
 
     def new_chat(self) -> None:
-        self.stop.set()  # a turn still running ends at its next token
+        self.stop.set()  # a turn still running ends at its next read of tokens
         self.stop = threading.Event()
         self.epoch += 1
         self.session = None
@@ -120,3 +121,12 @@ class UserState:
         self.first_prompt = ""
         self.live_blocks = []
         self.settings_used = {}
+
+
+def write_report(report: dict[str, Any], path: str) -> None:
+    """Writes a turn's report for download (the media's path reduced to its file name: the server's upload folder
+    is nobody's business); a turn's file is rewritten in place when its evidence is computed."""
+    media = report.get("media")
+    if media and media.get("path"):
+        report = {**report, "media": {**media, "path": Path(media["path"]).name}}
+    write_json(report, path)

@@ -22,7 +22,7 @@ LIVE_UPDATE_SECONDS = 0.25
 
 READING_LABEL = "reading the input…"
 PREFILL_LABEL = "prefill block"  # + " k/N (…)"; the line stays on the last block while the answer streams
-STOPPING_LABEL = "stopping… (a prefill ends before its next layer; an answer at its next token)"
+STOPPING_LABEL = "stopping… (a prefill ends before its next layer; an answer at its next read of tokens)"
 COMPARE_STOPPING = "stopping… (the running method ends before its next layer or token)"
 WAITING_LABEL = "waiting: position"  # + " k in the queue (…)"
 STARTING_LABEL = "starting…"

@@ -44,6 +44,7 @@ from visualkv.methods import FULL_FRAME_CAP, METHODS, media_limits, method_trait
 from visualkv.models.base import ModelAdapter, video_metadata
 from visualkv.models.registry import load_model
 from visualkv.report.telemetry import peak_rss_bytes
+from visualkv.runtime.decode_loop import read_interval
 from visualkv.runtime.session import ChatSession, SessionConfig
 
 REFERENCE = GENERATE  # the memory ratios (`vs_generate`) divide by this row
@@ -181,6 +182,8 @@ def run_method(
         "decode_tokens_per_second": record.decode_tokens_per_second,
         "decode_mode": record.decode_mode,  # graph / static / eager (visualkv.runtime.static_decode)
         "decode_attention": record.decode_attention,  # a fixed-shape step's: model / grouped ("" when eager)
+        # sampled tokens per host read while decoding (visualkv.runtime.decode_loop)
+        "decode_read_every": read_interval(session.config.decode_read_every, adapter.device),
         "prefill_attention": record.prefill_attention,  # blocks after the cache: flash / gqa / stock (block_attention)
         # building that decoder (a CUDA graph's capture), counted in the tokens/s above; the steady rate without it
         "decode_setup_seconds": record.decode_setup_seconds,

@@ -303,6 +303,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             )
         if not args.quiet and turn.evidence_recall is not None:
             print(f"  evidence recall {turn.evidence_recall:.3f}", file=sys.stderr)
+        elif not args.quiet and turn.evidence_note:
+            print(f"  {turn.evidence_note}", file=sys.stderr)
     report = session.report()
     if not args.quiet:
         recall = report["evidence_recall"]

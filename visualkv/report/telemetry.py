@@ -116,6 +116,7 @@ class TurnRecord:
     decode_setup_seconds: float = 0.0
     #: share of the uncompressed model's attention on the visual tokens this turn's cache kept (None: not asked)
     evidence_recall: float | None = None
+    evidence_note: str = ""  # why a turn asked for evidence has none (the pass was refused or stopped)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -8,6 +8,7 @@ whose input and output hold no device tensor, no open file and no lock:
   (`visualkv.runtime.park`), yielding `stream_turn`'s events and, before the last one, ("parked", ParkedState):
   the chat's state after the turn, for the app to adopt.
 - `CompareCall` -> `run_compare`: a comparison (`stream_compare`'s events).
+- `EvidenceCall` -> `run_evidence`: the last turn's evidence pass, yielding ("parked", the chat with its evidence).
 
 Stop crosses the boundary as a `StopFlag` (a file whose existence means stop: the worker checks it where it
 checks a threading.Event). `call_seconds` sizes the GPU time a call asks for from the turn's plan.
@@ -142,6 +143,34 @@ def run_turn(call: TurnCall, adapter) -> Iterator[Event]:
         if kind in ("done", "error", "stopped"):
             yield "parked", export_state(session)
         yield kind, payload
+
+
+@dataclass
+class EvidenceCall:
+    """The last turn's evidence pass as a call (`ChatSession.compute_evidence`)."""
+
+    parked: ParkedState
+    stop: StopFlag = field(default_factory=StopFlag)
+    seconds: int = ZERO_GPU_MAX_SECONDS
+
+
+def run_evidence(call: EvidenceCall, adapter) -> Iterator[Event]:
+    """("parked", state): the chat's state after its evidence pass (a failure raises, as `compute_evidence` does).
+    A generator, as the other calls, so one kind of decorated call serves all three."""
+    session = ChatSession(adapter, call.parked.config)
+    adopt_state(session, call.parked)
+    session.compute_evidence(stop=call.stop)
+    yield "parked", export_state(session)
+
+
+def evidence_seconds(session: ChatSession, time_limit: float | None = None) -> int:
+    """GPU seconds for an evidence pass: about one uncompressed prefill of the conversation so far, no answer."""
+    billions = sum(p.numel() for p in session.adapter.model.parameters()) / 1e9
+    prepared = session.prepared
+    visual = prepared.layout.n_visual if prepared is not None else 0
+    blocks = math.ceil(visual / session.adapter.default_block_size) + 2
+    tokens = session.sequence_length
+    return call_seconds(TurnPlan(tokens, blocks, 0, billions), time_limit=time_limit)
 
 
 @dataclass

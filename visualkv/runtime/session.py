@@ -29,7 +29,7 @@ from PIL import Image
 
 from visualkv.attention import block as block_attention
 from visualkv.attention import implementation
-from visualkv.errors import ConfigError, check_range, stop_point, stop_scope
+from visualkv.errors import ConfigError, VisualKVError, check_range, stop_point, stop_scope
 from visualkv.kv.cache import CompressibleCache
 from visualkv.media import Media, load_image, load_media
 from visualkv.methods import make_method, media_limits, method_traits
@@ -255,7 +255,10 @@ class ChatSession:
         yield from self._decode(logits, record, t0, stop)
         record.cuda_peak_bytes = cuda_peak()
         if self.config.evidence and record.stopped != "stopped":
-            self.compute_evidence(stop=stop)
+            try:
+                self._compute_evidence(stop=stop)
+            except VisualKVError as exc:  # refused or stopped: the answer stands, the turn says why it has no recall
+                record.evidence_note = f"evidence not computed: {exc}"
 
     def compute_evidence(
         self, on_block: Callable[[BlockEvent], None] | None = None, stop: threading.Event | None = None
@@ -264,10 +267,23 @@ class ChatSession:
         by the memory guard); None for a chat without visual tokens. Kept as `self.evidence` and in the report."""
         if not self.turns:
             raise ConfigError("evidence needs a finished turn: ask a question first")
+        unpark(self)  # the pass reads the kept cache where the turns ran
+        try:
+            return self._compute_evidence(on_block, stop)
+        finally:
+            if resolve_park(self.config.park_cache):
+                park(self)
+
+    def _compute_evidence(self, on_block=None, stop: threading.Event | None = None) -> Evidence | None:
         should_stop = stop.is_set if stop is not None else None
         self.evidence = compute_evidence(self, on_block, should_stop)
         self.turns[-1].evidence_recall = self.evidence.recall if self.evidence is not None else None
         return self.evidence
+
+    @property
+    def sequence_length(self) -> int:
+        """Tokens of the conversation so far."""
+        return self._seq_len
 
     @property
     def history_ids(self) -> list[torch.Tensor]:
