@@ -52,7 +52,7 @@ runs_per_case=$(( REPEATS + 1 ))
 if [ -n "${GPU_CHECK_SMALL:-}" ]; then
   est_tests=30 est_bench=$(( methods_n * runs_per_case * 3 + 30 )) est_hour=150
 else
-  est_tests=180
+  est_tests=240
   est_bench=$(( methods_n * runs_per_case * (3 + 2 + VIDEO_SECONDS * 12 / 512) + 80 + 15 ))
   est_hour=190
 fi
@@ -108,6 +108,15 @@ if runs tests; then
   tail -n 25 "$OUT/pytest_cuda.log"
   echo "pytest exit $rc"
   [ $rc -eq 0 ] || status=1
+  if [ -z "${GPU_CHECK_SMALL:-}" ]; then
+    # the ZeroGPU emulation forks a worker per call: a process of its own, so CUDA starts in the workers only
+    echo "== pytest tests/test_zerogpu.py (CUDA in the forked workers)"
+    timeout --signal=INT --kill-after=30 "$STEP_TIMEOUT" "$PY" -m pytest -q -rs tests/test_zerogpu.py \
+      >"$OUT/pytest_zerogpu.log" 2>&1
+    rc=$?
+    tail -n 5 "$OUT/pytest_zerogpu.log"
+    [ $rc -eq 0 ] || status=1
+  fi
 fi
 
 # one layer's attention timed at a shape's dimensions: scripts/<name>.py NAME ARGS..., its JSON and log under $OUT

@@ -493,3 +493,35 @@ def test_cli_runs_on_cuda(alias, method, media_kind, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     data = json.loads(report.read_text())
     assert len(data["turns"]) == 2 and data["cuda_peak_bytes"] > 0
+
+
+@pytest.mark.parametrize("alias", ["tiny-qwen2.5-vl", "tiny-qwen3-vl"])
+def test_vision_tower_one_call_per_layer_matches_stock_on_cuda(alias):
+    """The one-call-per-layer vision attention (flash_attn's varlen kernel where installed, else SDPA over the padded
+    layout with a key mask) against transformers' own tower, bf16 on the GPU, images of three sizes in one call."""
+    from tests.test_vision_attention import _tower_inputs, _tower_output
+
+    adapter = cuda_adapter(alias)
+    pixels, grid = _tower_inputs(adapter, [(1000, 700), (448, 336), (224, 560)])
+    pixels, grid = pixels.cuda(), grid.cuda()
+    ours = _tower_output(adapter.visual, pixels, grid, stock=False).float()
+    stock = _tower_output(adapter.visual, pixels, grid, stock=True).float()
+    assert (ours - stock).abs().max().item() <= LOGIT_TOLERANCE * stock.abs().max().item()
+
+
+@pytest.mark.parametrize("method", ["full", "blockwise-keydiff", "salicache"])
+def test_decode_reads_every_eighth_token_gives_the_same_answer_on_cuda(method, small_image):
+    """Reading sampled tokens back every 8 steps (the accelerator default) gives the per-token loop's answer."""
+    adapter = cuda_adapter("tiny-qwen2.5-vl", "float32")
+    budget = {"budget": 24} if method.startswith("blockwise") else {}
+    answers = []
+    for every in (1, 8):
+        config = SessionConfig(method=method, max_new_tokens=20, decode_read_every=every, **budget)
+        session = ChatSession(adapter, config)
+        answers.append(
+            [
+                session.ask(p, small_image if not i else None).token_ids
+                for i, p in enumerate((PROMPT, "And the corner?"))
+            ]
+        )
+    assert answers[0] == answers[1]
