@@ -405,7 +405,9 @@ class ChatSession:
 
     # -- out-of-memory recovery (visualkv.runtime.memory_guard.out_of_memory_caught) -----------------------
     def snapshot(self) -> dict[str, Any]:
-        """What a turn may change, taken before it starts."""
+        """What a turn may change, taken before it starts (the state unparked first, so a rollback puts back
+        tensors where the turn runs them)."""
+        unpark(self)
         return {
             "turns": len(self.turns),
             "blocks": list(self.blocks),

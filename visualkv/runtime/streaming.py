@@ -35,7 +35,6 @@ from visualkv.methods import METHODS, method_traits
 from visualkv.methods.compose import SEPARATOR
 from visualkv.report.telemetry import TIME_LIMIT_STOP
 from visualkv.runtime.memory_guard import out_of_memory_caught
-from visualkv.runtime.park import unpark
 from visualkv.runtime.session import ChatSession, SessionConfig, model_info
 
 log = logging.getLogger(__name__)
@@ -100,7 +99,6 @@ def stream_turn(
                 if timer is not None:
                     timer.daemon = True
                     timer.start()
-                unpark(session)  # the out-of-memory snapshot holds the state where the turn runs it
                 with out_of_memory_caught(session):
                     for piece in session.stream(
                         prompt, media, on_block=lambda ev: events.put(("block", ev)), stop=stop
