@@ -312,11 +312,13 @@ def test_compare_reads_at_a_glance(browser, app_url, tmp_path):
     assert fits == {"scrolls": [], "broken": []}, fits  # no sideways scrolling, no header or number cut
     marks = _settled_marks(pg)
     assert _hidden_marks(marks) == [], _hidden_marks(marks)
-    # post-snapkv's peak is drawn at full size: as large as full's, far above the block-wise methods'
+    # post-snapkv's peak is drawn at full size: its full prefill, far above the block-wise methods'. full's peak
+    # also holds its answer (up to 64 tokens after a ~210-token prompt here), so post-snapkv's is at least the
+    # prompt's share of it (~0.77); drawing its final cache instead (~0.3) fails
     widest = {}
     for m in marks:
         widest[m["name"]] = max(widest.get(m["name"], 0), m["w"] if m["bar"] else 0)
-    assert widest.get("post-snapkv", 0) > 0.8 * widest.get("full", 0) > 0, widest
+    assert widest.get("post-snapkv", 0) > 0.6 * widest.get("full", 0) > 0, widest
     assert widest["post-snapkv"] > 1.5 * widest["blockwise-snapkv"], widest
     # New chat, then Load model, each clear the results
     pg.click("#vkv-new")
