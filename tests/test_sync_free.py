@@ -16,28 +16,12 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from tests.conftest import get_adapter
+from visualkv.bench.launches import DEVICE_READS
 from visualkv.bench.synthetic import image_media, video_media
 from visualkv.runtime.engine import Engine
 from visualkv.runtime.session import ChatSession, SessionConfig
 
-_READS_DEVICE = {
-    torch.Tensor.item,
-    torch.Tensor.tolist,
-    torch.Tensor.cpu,
-    torch.Tensor.numpy,
-    torch.Tensor.__bool__,
-    torch.Tensor.__int__,
-    torch.Tensor.__float__,
-    torch.Tensor.__index__,
-    torch.Tensor.nonzero,
-    torch.nonzero,
-    torch.argwhere,
-    torch.Tensor.unique,
-    torch.unique,
-    torch.unique_consecutive,
-    torch.masked_select,
-    torch.Tensor.masked_select,
-}
+_READS_DEVICE = DEVICE_READS  # the operations that read a device value back to the host
 
 
 def _bool_index(args) -> bool:

@@ -21,6 +21,7 @@ from visualkv.runtime.streaming import failure_message, turn_report
 from .gpu import compute_evidence
 from .queue import COMPUTE_ID
 from .state import write_report
+from .views import layer_index
 
 NOTE_BEFORE = (
     "Evidence: where the **uncompressed** model's answer looked (its attention from the answer's first 16 tokens "
@@ -66,7 +67,7 @@ def redraw(state, layer_choice, opacity=0.6):
         return NO_TURN, None
     if not viz.has_evidence(report):
         return NOTE_BEFORE, None
-    layer = _layer_index(layer_choice)
+    layer = layer_index(layer_choice)
     alpha = min(max(float(opacity if opacity is not None else 0.6), 0.0), 1.0)
     media = session.media
     image = viz.evidence_view(media.frames, media.times, report, layer=layer, opacity=alpha)
@@ -147,12 +148,3 @@ def wire_evidence(page, time_limit: float | None = None) -> None:
     for control in (page.views.layer_dd, page.views.opacity):
         control.input(redraw, inputs, panel.outputs, trigger_mode="always_last", **at_once)
     page.chat.new_btn.click(lambda: (NO_TURN, None), None, panel.outputs, **at_once)
-
-
-def _layer_index(choice: str | None) -> int | None:
-    if not choice or choice == "average":
-        return None
-    try:
-        return int(choice.split()[-1])
-    except ValueError:
-        return None

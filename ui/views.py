@@ -85,7 +85,7 @@ def _sampled_note(rep: dict) -> str:
 def before_after(st: UserState, layer_choice, opacity):
     """(media alone, keep map over it): the two sides of the before/after slider."""
     media = st.session.media
-    layer = _layer_index(layer_choice)
+    layer = layer_index(layer_choice)
     alpha = min(max(float(opacity if opacity is not None else 0.6), 0.0), 1.0)
     return (
         viz.retained_view(media.frames, media.times, st.report, layer=layer, opacity=0.0),
@@ -98,7 +98,7 @@ def _kept_tokens(st: UserState, rep: dict, has_frames: bool, layer_value: str, o
     if not (has_frames and rep.get("visual_tokens")):
         return "No image or video in this chat.", None
     heat = before_after(st, layer_value, opacity)
-    layer = _layer_index(layer_value)
+    layer = layer_index(layer_value)
     per_layer = rep.get("retained_per_layer") or []
     if layer is not None and layer < len(per_layer):
         kept, where = sum(per_layer[layer]) / max(rep["visual_tokens"], 1), f"in layer {layer} (over its KV heads)"
@@ -175,7 +175,8 @@ def _merges(rep: dict, frames, times, has_frames: bool):
     return note, merge, viz.layer_tokens_figure(rep)
 
 
-def _layer_index(choice: str | None) -> int | None:
+def layer_index(choice: str | None) -> int | None:
+    """The layer a selector's choice names ("layer 3" -> 3); None for "average" or nothing."""
     if not choice or choice == "average":
         return None
     try:
