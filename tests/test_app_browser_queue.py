@@ -319,7 +319,9 @@ def test_compare_reads_at_a_glance(browser, app_url, tmp_path):
     for m in marks:
         widest[m["name"]] = max(widest.get(m["name"], 0), m["w"] if m["bar"] else 0)
     assert widest.get("post-snapkv", 0) > 0.6 * widest.get("full", 0) > 0, widest
-    assert widest["post-snapkv"] > 1.5 * widest["blockwise-snapkv"], widest
+    # and above the block-wise peak (budget + one block + text): drawing post-snapkv's final cache (budget + text +
+    # answer) instead puts it below
+    assert widest["post-snapkv"] > 1.2 * widest["blockwise-snapkv"], widest
     # New chat, then Load model, each clear the results
     pg.click("#vkv-new")
     pg.wait_for_function(f"() => !{STATUS_JS}.trim()", timeout=AT_ONCE_MS)
