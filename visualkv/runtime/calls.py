@@ -110,10 +110,15 @@ def call_time_limit(time_limit: float | None) -> float:
     return longest if time_limit is None else min(time_limit, longest)
 
 
+def _billions(adapter) -> float:
+    """The model's parameters, in billions (what `DeviceSpeed` is scaled by)."""
+    return sum(p.numel() for p in adapter.model.parameters()) / 1e9
+
+
 def turn_plan(session: ChatSession, prompt: str, media: Media | None) -> TurnPlan:
     """The plan of `session`'s next turn (a first turn prepares the input on the host to count its tokens)."""
     adapter, config = session.adapter, session.config
-    billions = sum(p.numel() for p in adapter.model.parameters()) / 1e9
+    billions = _billions(adapter)
     followup = adapter.followup_ids(prompt).shape[0] + 1 if session.turns else 0
     prepared = session.prepared if session.turns else adapter.prepare(media, prompt)
     rebuild = not session.turns or (config.followup == "reprefill" and session.method.query_aware)
@@ -165,7 +170,7 @@ def run_evidence(call: EvidenceCall, adapter) -> Iterator[Event]:
 
 def evidence_seconds(session: ChatSession, time_limit: float | None = None) -> int:
     """GPU seconds for an evidence pass: about one uncompressed prefill of the conversation so far, no answer."""
-    billions = sum(p.numel() for p in session.adapter.model.parameters()) / 1e9
+    billions = _billions(session.adapter)
     prepared = session.prepared
     visual = prepared.layout.n_visual if prepared is not None else 0
     blocks = math.ceil(visual / session.adapter.default_block_size) + 2
