@@ -392,3 +392,15 @@ def test_the_next_call_asks_for_the_speed_the_last_ones_measured(zerogpu, small_
     again = ChatSession(adapter, config)
     _turn(zerogpu.stream_turn, again, QUESTIONS[0], small_image)
     assert Worker.calls[-1][1] == expected
+
+
+def test_a_turn_with_evidence_runs_its_pass_in_the_turns_call_and_asks_for_it(zerogpu, small_image):
+    """SessionConfig.evidence runs the evidence pass inside the turn: the turn's call asks for its seconds too."""
+    config = dataclasses.replace(_config("blockwise-keydiff", 40), evidence=True)
+    session = ChatSession(_parent_adapter(), config)
+    plan = turn_plan(session, QUESTIONS[0], small_image)
+    events = _turn(zerogpu.stream_turn, session, QUESTIONS[0], small_image)
+    assert events[-1][0] == "done" and session.turns[-1].evidence_recall is not None
+    assert [fn for fn, _ in Worker.calls] == ["turn_call"]
+    no_pass = dataclasses.replace(plan, evidence_tokens=0, evidence_blocks=0)
+    assert Worker.calls[0][1] == call_seconds(plan, CPU_SPEED) > call_seconds(no_pass, CPU_SPEED)
