@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default="docs/results/zerogpu_durations.json")
     args = p.parse_args(argv)
     prov = provenance.start()
-    prov["command"] = "python scripts/zerogpu_durations.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    prov["command"] = " ".join(["python scripts/zerogpu_durations.py", *(sys.argv[1:] if argv is None else argv)])
     from ui.examples import chat_examples
     from ui.forms import DEFAULTS
 
