@@ -218,3 +218,18 @@ def to_fake_cuda(model: torch.nn.Module) -> torch.nn.Module:
         return model.to("cuda")
     finally:
         torch.__future__.set_overwrite_module_params_on_conversion(before)
+
+
+_ADAPTERS: dict = {}
+
+
+def fake_cuda_adapter(alias: str):
+    """A fresh adapter of `alias` (the shared test adapters stay on the CPU), moved to the pretend GPU once."""
+    from visualkv.models.registry import load_model
+
+    if alias not in _ADAPTERS:
+        adapter = load_model(alias)
+        with fake_cuda():
+            to_fake_cuda(adapter.model)
+        _ADAPTERS[alias] = adapter
+    return _ADAPTERS[alias]
