@@ -240,11 +240,12 @@ def _to_host(t: torch.Tensor, homes: list, pin: bool) -> torch.Tensor:
     """`t` on the host (pinned when `pin`); where it came from is noted in `homes` (host tensors stay as they are)."""
     if t.device.type == "cpu" and type(t) is torch.Tensor:
         return t
-    out = t.to("cpu")
+    # one host copy, straight into page-locked memory when `pin` (the next turn's copy back then runs
+    # asynchronously); `park` synchronises before it reports
+    out = torch.empty_like(t, device="cpu", pin_memory=pin)
     if type(out) is not torch.Tensor:  # a subclass that answers for another device (the tests' pretend GPU)
         out = out.as_subclass(torch.Tensor)
-    if pin:
-        out = out.pin_memory()  # page-locked: the next turn's copy to the device runs asynchronously
+    out.copy_(t, non_blocking=True)
     homes.append((out, str(t.device)))
     return out
 
