@@ -16,7 +16,6 @@ engine's callbacks). `resolve_park` decides whether a session parks: "always", "
 from __future__ import annotations
 
 import copy
-import dataclasses
 import os
 import time
 import types
@@ -28,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from visualkv.errors import ConfigError
+from visualkv.errors import MediaError
 from visualkv.media import Media
 from visualkv.runtime.access import is_public
 
@@ -113,7 +112,7 @@ def _adapter_mark() -> _AdapterMark:
 
 #: values a parked state never carries (functions of the running process: the engine's text pass, a Stop check)
 _PROCESS_BOUND = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, partial)
-#: leaves the walk does not enter (no tensor inside; media frames are host arrays already)
+#: leaves the walk does not enter (no tensor inside; media frames are host arrays or a lazy reader that pickles)
 _LEAVES = (
     str, bytes, int, float, bool, complex, type(None), np.ndarray, np.generic, Media, torch.dtype, torch.device,
     torch.Size,
@@ -152,8 +151,6 @@ class _Mover:
             return ADAPTER if self.strip else obj
         if self.strip and isinstance(obj, _PROCESS_BOUND):
             return None
-        if self.strip and isinstance(obj, Media) and obj.is_lazy:
-            return self.done.setdefault(id(obj), portable_media(obj))
         if isinstance(obj, tuple):
             return type(obj)(*map(self.value, obj)) if hasattr(obj, "_fields") else tuple(map(self.value, obj))
         if id(obj) in self.done:
@@ -185,22 +182,12 @@ class _Mover:
         return self.moved[id(t)][1]
 
 
-#: decoded frames a video may carry across a process boundary (a lazily decoded video is decoded for it)
-MAX_PORTABLE_FRAME_BYTES = 4 << 30
-
-
 def portable_media(media: Media | None) -> Media | None:
-    """`media` as another process can get it: a lazily decoded video (whose frames come from an open file) with
-    its sampled frames decoded; anything else as it is. ConfigError when those frames are too many bytes."""
-    if media is None or not media.is_lazy:
-        return media
-    total = media.num_frames * media.frame_bytes
-    if total > MAX_PORTABLE_FRAME_BYTES:
-        raise ConfigError(
-            f"this video's {media.num_frames} sampled frames ({total / 2**30:.1f} GiB decoded) are too many to hand "
-            "to a ZeroGPU call; sample fewer frames (max frames, fps) or run the app on a persistent GPU"
-        )
-    return dataclasses.replace(media, frames=list(media.frames))
+    """`media` as a call in another process gets it: itself (a lazily decoded video pickles as what reopens its
+    file, see `LazyFrames`, not as frames). MediaError when that file is gone."""
+    if media is not None and media.is_lazy and not media.frames.file.exists():
+        raise MediaError(f"'{media.path}': the video's file is gone from the server; upload the video again")
+    return media
 
 
 def _is_adapter(obj: Any) -> bool:
