@@ -315,6 +315,7 @@ def test_a_turn_inside_a_call_stops_before_zero_gpu_would_end_the_call():
 
 @fresh_if_cuda_initialised
 def test_a_call_runs_in_a_forked_worker_and_pickles_both_ways():
+    """The stand-in `spaces` itself: a call's body runs in another process, its argument and items pickled."""
     spaces = fake_spaces()
 
     @spaces.GPU(duration=1)

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from visualkv.errors import MediaError
-from visualkv.media import Media
+from visualkv.media import LazyFrames, Media
 from visualkv.runtime.access import is_public
 
 PARK_MODES = ("auto", "always", "never")
@@ -114,8 +114,8 @@ def _adapter_mark() -> _AdapterMark:
 _PROCESS_BOUND = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, partial)
 #: leaves the walk does not enter (no tensor inside; media frames are host arrays or a lazy reader that pickles)
 _LEAVES = (
-    str, bytes, int, float, bool, complex, type(None), np.ndarray, np.generic, Media, torch.dtype, torch.device,
-    torch.Size,
+    str, bytes, int, float, bool, complex, type(None), np.ndarray, np.generic, Media, LazyFrames, torch.dtype,
+    torch.device, torch.Size,
 )  # fmt: skip
 
 
