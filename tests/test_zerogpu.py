@@ -308,11 +308,6 @@ def test_a_lazily_decoded_video_crosses_as_a_reader(zerogpu, tmp_path):
     assert _answers(remote) == _answers(local) and all(_answers(local))
 
 
-def test_a_turn_inside_a_call_stops_before_zero_gpu_would_end_the_call():
-    assert call_time_limit(None) < ZERO_GPU_MAX_SECONDS and call_time_limit(10.0) == 10.0
-    assert call_time_limit(10_000.0) == call_time_limit(None)
-
-
 @fresh_if_cuda_initialised
 def test_a_call_runs_in_a_forked_worker_and_pickles_both_ways():
     """The stand-in `spaces` itself: a call's body runs in another process, its argument and items pickled."""
@@ -346,3 +341,8 @@ def test_where_cuda_was_initialised_a_test_reruns_in_a_fresh_interpreter(monkeyp
     spaces = fake_spaces()  # and a call never forks from a parent holding CUDA
     with pytest.raises(AssertionError, match="initialised CUDA"):
         list(spaces.GPU(duration=1)(lambda: iter(()))())
+
+
+def test_a_turn_inside_a_call_stops_before_zero_gpu_would_end_the_call():
+    assert call_time_limit(None) < ZERO_GPU_MAX_SECONDS and call_time_limit(10.0) == 10.0
+    assert call_time_limit(10_000.0) == call_time_limit(None)
