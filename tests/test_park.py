@@ -7,6 +7,7 @@ CPU-only run could not tell the host from the device) and a tensor an unpark lea
 
 from __future__ import annotations
 
+import os
 import pickle
 
 import pytest
@@ -15,8 +16,18 @@ import torch
 from tests.conftest import FAMILIES
 from tests.fake_cuda import FakeCudaTensor, fake_cuda, fake_cuda_adapter
 from tests.test_invariants import METHODS_ALL
+from visualkv.bench.synthetic import write_video_file
+from visualkv.errors import MediaError
+from visualkv.media import FrameSampling, load_media
 from visualkv.methods import method_traits
-from visualkv.runtime.park import ParkedState, adopt_state, device_tensors, export_state, resolve_park
+from visualkv.runtime.park import (
+    ParkedState,
+    adopt_state,
+    device_tensors,
+    export_state,
+    portable_media,
+    resolve_park,
+)
 from visualkv.runtime.session import ChatSession, SessionConfig
 
 QUESTIONS = ("What is in the picture?", "And in the corner?", "What colour is it?")
@@ -128,3 +139,12 @@ def test_auto_parks_on_zero_gpu_and_in_shared_mode():
     assert resolve_park("auto", {"SPACE_ID": "someone/visualkv"})
     assert not resolve_park("auto", {})
     assert resolve_park("always", {}) and not resolve_park("never", {"SPACES_ZERO_GPU": "1"})
+
+
+def test_a_lazy_video_crosses_as_itself_while_its_file_is_there(tmp_path):
+    path = write_video_file(str(tmp_path / "gone.mp4"), 8, 64, 48, fps=4.0)
+    media = load_media(path, sampling=FrameSampling(fps=1.0))
+    assert media.is_lazy and portable_media(media) is media
+    os.remove(path)  # an upload the server has cleaned up
+    with pytest.raises(MediaError, match="gone from the server; upload the video again"):
+        portable_media(media)
