@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 
-from scripts.prefill_launches import _narrow_adapter
+from scripts.prefill_launches import _narrow_adapter, model_structure
 from visualkv.bench.launches import counting_blocks
 
 PROMPT = "Describe what you see in detail."
@@ -73,19 +73,11 @@ def main() -> None:
             blocks, tokens = _per_block(adapter, method, 2 * n, size)
             rows.append({"method": method, "blocks": n, "per_block": blocks})
             print(method, n, [(b["vision_kernels"], b["layer_kernels"], b["vision_reads"]) for b in blocks])
-    cfg = adapter.model.config
     out = {
         "shape": args.shape,
         "video": {"frame_size": args.frame_size, "frames_per_block": 2, "tokens_per_block": tokens},
         "budget": tokens,
-        "structure": {
-            "text_layers": cfg.text_config.num_hidden_layers,
-            "vision_blocks": getattr(cfg.vision_config, "depth", None) or cfg.vision_config.num_hidden_layers,
-            "text_width": cfg.text_config.hidden_size,
-            "vision_width": cfg.vision_config.hidden_size,
-            "heads": args.heads,
-            "kv_heads": args.kv_heads,
-        },
+        "structure": model_structure(adapter, args.heads, args.kv_heads),
         "torch_threads": 1,
         "rows": rows,
     }

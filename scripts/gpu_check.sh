@@ -110,6 +110,7 @@ if runs tests; then
   [ $rc -eq 0 ] || status=1
   if [ -z "${GPU_CHECK_SMALL:-}" ]; then
     # the ZeroGPU emulation forks a worker per call: a process of its own, so CUDA starts in the workers only
+    # (run after CUDA tests in one process, each of its tests would rerun itself in a fresh interpreter)
     echo "== pytest tests/test_zerogpu.py (CUDA in the forked workers)"
     timeout --signal=INT --kill-after=30 "$STEP_TIMEOUT" "$PY" -m pytest -q -rs tests/test_zerogpu.py \
       >"$OUT/pytest_zerogpu.log" 2>&1

@@ -38,6 +38,19 @@ from visualkv.bench.launches import OpCounter
 PROMPT = "Describe what you see in detail."
 
 
+def model_structure(adapter, heads: int, kv_heads: int) -> dict[str, int]:
+    """What the counts depend on: the depths, the narrow widths and the heads the model was built with."""
+    cfg = adapter.model.config
+    return {
+        "text_layers": cfg.text_config.num_hidden_layers,
+        "vision_blocks": getattr(cfg.vision_config, "depth", None) or cfg.vision_config.num_hidden_layers,
+        "text_width": cfg.text_config.hidden_size,
+        "vision_width": cfg.vision_config.hidden_size,
+        "heads": heads,
+        "kv_heads": kv_heads,
+    }
+
+
 def _narrow_adapter(shape: str, text_width: int, vision_width: int, heads: int, kv_heads: int):
     from visualkv.models.registry import _adapter
     from visualkv.models.synthetic.shapes import _model_class, build_shape_config, build_shape_processor, shape_spec
@@ -174,20 +187,12 @@ def main() -> None:
             row = _ours(adapter, media, method, args.budget, prefill, ahead)
             rows.append({"case": method, **row})
             print(f"{method + ' ' + str(row['prefill']):34s} {row}")
-    cfg = adapter.model.config
     out = {
         "shape": args.shape,
         "image": args.image if not args.video else None,
         "video_frames": args.video or None,
         "budget": args.budget,
-        "structure": {
-            "text_layers": cfg.text_config.num_hidden_layers,
-            "vision_blocks": getattr(cfg.vision_config, "depth", None) or cfg.vision_config.num_hidden_layers,
-            "text_width": cfg.text_config.hidden_size,
-            "vision_width": cfg.vision_config.hidden_size,
-            "heads": args.heads,
-            "kv_heads": args.kv_heads,
-        },
+        "structure": model_structure(adapter, args.heads, args.kv_heads),
         "torch_threads": 1,
         "rows": rows,
     }

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import importlib
 import multiprocessing
 import os
@@ -34,7 +33,7 @@ from visualkv.media import load_media
 from visualkv.methods import media_limits
 from visualkv.models.registry import DEMO_MODEL, load_model
 from visualkv.runtime.calls import MARGIN, DeviceSpeed, call_seconds, turn_plan
-from visualkv.runtime.park import ZERO_GPU_ENV, portable_media
+from visualkv.runtime.park import ZERO_GPU_ENV
 from visualkv.runtime.session import ChatSession
 
 #: what the emulated calls are planned with: a CPU's speed per billion parameters, with time to spare
@@ -113,10 +112,7 @@ def measure(gpu, adapter, path: str, question: str) -> dict:
     from ui.forms import DEFAULTS
 
     config = DEFAULTS.session_config([])
-    lazy = load_media(path, limits=media_limits(config.method), sampling=DEFAULTS.sampling())
-    media = portable_media(lazy)  # decoded here, so no open video file is inherited by the forked worker
-    del lazy
-    gc.collect()
+    media = load_media(path, limits=media_limits(config.method), sampling=DEFAULTS.sampling())  # as the app does
     session = ChatSession(adapter, config)
     plan = turn_plan(session, question, media)
     events = list(gpu.stream_turn(session, question, media))

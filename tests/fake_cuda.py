@@ -3,8 +3,8 @@
 `fake_cuda()` is a context manager (a `TorchFunctionMode`) under which:
 
 - tensors created with `device="cuda"` (or moved with `.to("cuda")` / `.cuda()`) are really CPU tensors of
-  the subclass `FakeCudaTensor`, whose `.device` answers `cuda:0`; `.cpu()` / `.to("cpu")` turn them back
-  into plain CPU tensors, and everything computed from them stays "on CUDA";
+  the subclass `FakeCudaTensor`, whose `.device` answers `cuda:0`; `.cpu()` / `.to("cpu")` (or a `copy_` into a
+  host tensor) turn them back into plain CPU tensors, and everything computed from them stays "on CUDA";
 - an operation that mixes a "CUDA" tensor with a CPU tensor of one or more dimensions raises, as PyTorch
   does on a real GPU ("Expected all tensors to be on the same device"). PyTorch's own exceptions are
   mirrored: 0-dim CPU tensors mix freely, CPU index tensors may index a CUDA tensor (but not the reverse),
@@ -90,6 +90,8 @@ class _Mode(TorchFunctionMode):
             )
         if name == "pin_memory" and args and isinstance(args[0], torch.Tensor):
             return args[0]  # page-locked host memory needs a driver; the tensor stays a host tensor either way
+        if kwargs.get("pin_memory"):
+            kwargs["pin_memory"] = False  # likewise for a factory asked for page-locked memory
         to_cuda = _is_cuda(kwargs.get("device"))
         if "device" in kwargs and to_cuda:
             kwargs["device"] = "cpu"
@@ -145,6 +147,8 @@ class _Mode(TorchFunctionMode):
     def _check_mix(self, func, name, args, kwargs):
         if name in _METADATA_ONLY:
             return
+        if name == "copy_" and not isinstance(args[0], FakeCudaTensor):
+            return  # a copy into a host tensor: a move to the host, as `.cpu()`
         tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
         if not any(isinstance(t, FakeCudaTensor) for t in tensors):
             return
@@ -218,3 +222,18 @@ def to_fake_cuda(model: torch.nn.Module) -> torch.nn.Module:
         return model.to("cuda")
     finally:
         torch.__future__.set_overwrite_module_params_on_conversion(before)
+
+
+_ADAPTERS: dict = {}
+
+
+def fake_cuda_adapter(alias: str):
+    """A fresh adapter of `alias` (the shared test adapters stay on the CPU), moved to the pretend GPU once."""
+    from visualkv.models.registry import load_model
+
+    if alias not in _ADAPTERS:
+        adapter = load_model(alias)
+        with fake_cuda():
+            to_fake_cuda(adapter.model)
+        _ADAPTERS[alias] = adapter
+    return _ADAPTERS[alias]

@@ -4,7 +4,7 @@ One app process serves every test of this module (in file order), in a 1440x900 
 with a live memory chart, the result in view (summary and before/after kept-token slider), a follow-up
 turn, the bad files and bad control values a new user tries, Stop during a prefill, a video with the
 frame timeline, Compare (and its Stop), LightKV's merge map, a text-only question, Load model, two users at once (with the queue
-message), and Stop while a turn waits in the queue. Screenshots go to artifacts/; with VISUALKV_SCREENSHOT=1 the 1440x900 one replaces docs/screenshot.png.
+message), and Stop while a turn waits in the queue. Screenshots go to artifacts/; docs/screenshot.png comes from tests/test_app_browser_cards.py.
 """
 
 from __future__ import annotations
@@ -449,10 +449,6 @@ def test_result_in_view_at_1440x900(page):
     assert "visual tokens" in summary and "vs full" in summary and "× less" in summary and "TTFT" in summary
     for elem in ("#vkv-chat", "#vkv-summary", "#vkv-heatmap", "#vkv-input"):
         assert in_viewport(page, elem), (elem, page.locator(elem).first.bounding_box())
-    # the window, as a user first sees it: docs/screenshot.png when asked (a test run leaves the tree clean)
-    target = REPO / "docs" if os.environ.get("VISUALKV_SCREENSHOT") == "1" else ARTIFACTS
-    target.mkdir(exist_ok=True)
-    page.screenshot(path=str(target / "screenshot.png"))
     shot(page, "01b_result_in_view")
 
 

@@ -1,20 +1,29 @@
 """The app as a first visitor of a shared instance (a Space) finds it, in a real browser: its own start model and
 settings untouched, every example card clicked and sent, each answered right (the scene's key,
-assets/visualkv-demo/examples.json); the settings' shared maxima shown and enforced in one line.
+assets/visualkv-demo/examples.json); the settings' shared maxima shown and enforced in one line. After the
+largest image's card answers, the window a visitor sees is the README's screenshot: with VISUALKV_SCREENSHOT=1
+it replaces docs/screenshot.png (else it goes to artifacts/, so a test run leaves the tree clean).
 
 An app process of its own, started with --public and without --model (the other browser modules run a
 random-weight model locally)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from PIL import Image
 
 from tests import test_app_browser as base
 from tests.test_app_browser import (
+    ARTIFACTS,
+    REPO,
     VIEWPORT,
     bot_messages,
     error_text,
+    in_viewport,
     new_chat,
+    open_tab,
     run_app,
     send,
     set_number,
@@ -61,12 +70,32 @@ def test_every_example_card_answers_right_with_the_defaults(browser, app_url):
         assert pg.input_value("#vkv-input textarea") == question  # the card put its own question in the input
         send(pg, question)  # the card's file stays attached
         answers.append((question, path.rsplit("/", 1)[-1], keys[question, path], bot_messages(pg)[-1].strip()))
+        if path == _largest_image(shown):
+            _front_door_screenshot(pg)
         if index == len(shown) - 1:
             shot(pg, "cards_last_answer")
         new_chat(pg)
     wrong = [a for a in answers if not answer_matches(a[3], a[2])]
     assert not wrong, wrong
     context.close()
+
+
+def _largest_image(shown: list[tuple[str, str]]) -> str:
+    images = [path for _, path in shown if not path.endswith(".webm")]
+    return max(images, key=lambda path: Image.open(path).size[0])
+
+
+def _front_door_screenshot(pg) -> None:
+    """The answer, its one-line summary and the kept tokens fit the 1440x900 window unscrolled: the screenshot."""
+    open_tab(pg, "Kept tokens")
+    pg.evaluate("() => window.scrollTo(0, 0)")
+    pg.locator("#vkv-heatmap img").nth(1).wait_for(timeout=60_000)
+    assert "visual tokens" in pg.inner_text("#vkv-summary")
+    for elem in ("#vkv-chat", "#vkv-summary", "#vkv-heatmap", "#vkv-input"):
+        assert in_viewport(pg, elem), (elem, pg.locator(elem).first.bounding_box())
+    target = REPO / "docs" if os.environ.get("VISUALKV_SCREENSHOT") == "1" else ARTIFACTS
+    target.mkdir(exist_ok=True)
+    pg.screenshot(path=str(target / "screenshot.png"))
 
 
 def test_a_shared_instance_shows_and_enforces_its_maxima(browser, app_url):

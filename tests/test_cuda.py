@@ -138,6 +138,35 @@ def test_followup_reprefill_on_cuda(method, small_image):
     assert s.ask("Where is the red part?").token_ids
 
 
+def _cache_entries(session: ChatSession) -> list[torch.Tensor]:
+    """Every entry the cache holds (full precision and packed tiers, with their token indices), on the host."""
+    out = []
+    for layer in session.cache.layers:
+        if layer.is_initialized:
+            out += [layer.keys, layer.values, layer.token_index]
+            for segment in layer.quant.values():
+                out += [segment.keys.data, segment.keys.scale, segment.values.data, segment.token_index]
+    return [t.cpu() for t in out]
+
+
+@pytest.mark.parametrize("method", ["blockwise-snapkv", "salicache"])
+def test_a_parked_session_is_pinned_and_its_followup_equals_an_unparked_one_on_cuda(method, small_image):
+    """Between turns a parked session's tensors are in page-locked host memory (so the next turn's copy to the
+    GPU runs asynchronously), and its follow-up gives the tokens and cache of a session that never parked."""
+    adapter = cuda_adapter(FAMILIES[0])
+    parked, kept = (_session(adapter, method, park_cache=mode) for mode in ("always", "never"))
+    for question in (PROMPT, "And what else?"):
+        parked.ask(question, small_image if question == PROMPT else None)
+        kept.ask(question, small_image if question == PROMPT else None)
+        homes = parked.park_stats.homes
+        assert homes and all(device.startswith("cuda") for _, device in homes)
+        assert all(t.device.type == "cpu" and t.is_pinned() for t, _ in homes)
+        assert parked.cache.layers[0].keys.is_pinned() and kept.cache.layers[0].keys.is_cuda
+    assert [t.token_ids for t in parked.turns] == [t.token_ids for t in kept.turns]
+    ours, reference = _cache_entries(parked), _cache_entries(kept)
+    assert len(ours) == len(reference) > 0 and all(torch.equal(a, b) for a, b in zip(ours, reference))
+
+
 def test_sampling_is_seeded_on_cuda(small_image):
     adapter = cuda_adapter(FAMILIES[0])
     runs = [

@@ -14,24 +14,12 @@ import pytest
 import torch
 
 from tests.conftest import FAMILIES, get_adapter
-from tests.fake_cuda import CUDA, FakeCudaTensor, fake_cuda, to_fake_cuda
+from tests.fake_cuda import CUDA, FakeCudaTensor, fake_cuda, fake_cuda_adapter
 from visualkv.methods import METHODS
-from visualkv.models.registry import load_model
 from visualkv.runtime.session import ChatSession, SessionConfig
 
 #: every family, the newer three included (conftest's FAMILIES are the two the other suites run)
 ALL_FAMILIES = [*FAMILIES, "tiny-qwen3-vl", "tiny-llava-onevision", "tiny-internvl3.5"]
-_MODELS: dict = {}
-
-
-def _fake_cuda_adapter(alias: str):
-    """A fresh adapter (the shared test adapters stay on CPU) moved to the pretend GPU once."""
-    if alias not in _MODELS:
-        adapter = load_model(alias)
-        with fake_cuda():
-            to_fake_cuda(adapter.model)
-        _MODELS[alias] = adapter
-    return _MODELS[alias]
 
 
 def _config(method: str, temperature: float, **extra) -> SessionConfig:
@@ -59,7 +47,7 @@ def _two_turns(adapter, config: SessionConfig, media) -> ChatSession:
 def test_every_method_runs_on_cuda(alias, method, small_image, small_video):
     """The pretend GPU computes CPU numbers and its generators are CPU generators, so each turn gives exactly the
     CPU run's tokens and holds exactly its KV bytes: a step that went wrong on the device changes them."""
-    adapter = _fake_cuda_adapter(alias)
+    adapter = fake_cuda_adapter(alias)
     # greedy on the image, sampled on the video (the sampler's generator must be on the logits' device);
     # the image's answers run the fixed-shape step a CUDA graph would capture, the video's plain steps
     for media, temperature, decode in ((small_image, 0.0, "static"), (small_video, 0.8, "eager")):
@@ -79,7 +67,7 @@ def test_every_method_runs_on_cuda(alias, method, small_image, small_video):
 @pytest.mark.parametrize("alias", ALL_FAMILIES)
 def test_vision_ahead_runs_on_cuda(alias, small_image, small_video):
     """Several blocks' media per tower call (strips, temporal patches, tiles batched) on the pretend GPU."""
-    adapter = _fake_cuda_adapter(alias)
+    adapter = fake_cuda_adapter(alias)
     with fake_cuda():
         for media in (small_image, small_video):
             config = _config("blockwise-keydiff", 0.0, decode="static", block_size=32, prefill="blockwise")
@@ -91,7 +79,7 @@ def test_vision_ahead_runs_on_cuda(alias, small_image, small_video):
 
 @pytest.mark.parametrize("method", [name for name, cls in METHODS.items() if cls.query_aware])
 def test_followup_reprefill_runs_on_cuda(method, small_image):
-    adapter = _fake_cuda_adapter(FAMILIES[0])
+    adapter = fake_cuda_adapter(FAMILIES[0])
     with fake_cuda():
         s = ChatSession(adapter, _config(method, 0.0, followup="reprefill", decode="static"))
         s.ask("What is in it?", small_image)
@@ -102,7 +90,7 @@ def test_followup_reprefill_runs_on_cuda(method, small_image):
 def test_failed_graph_capture_falls_back_to_plain_decoding(small_image):
     """`auto` on a CUDA device tries a CUDA graph; when capture fails (here: no driver behind the pretend GPU) the
     answer is decoded with plain steps, the reason is recorded and warned once, and later turns do not retry."""
-    adapter = _fake_cuda_adapter(FAMILIES[0])
+    adapter = fake_cuda_adapter(FAMILIES[0])
     with fake_cuda():
         s = ChatSession(adapter, _config("blockwise-keydiff", 0.0))
         with pytest.warns(UserWarning, match="CUDA graph decoding unavailable"):
@@ -152,7 +140,7 @@ def test_the_app_chats_compares_and_draws_on_cuda(tmp_path):
     png = tmp_path / "scene.png"
     Image.fromarray(synthetic_image(448, 336, seed=1)).save(png)
     cache = ModelCache(device="cuda")
-    cache._adapters[alias] = _fake_cuda_adapter(alias)  # loaded once, moved to the pretend GPU
+    cache._adapters[alias] = fake_cuda_adapter(alias)  # loaded once, moved to the pretend GPU
     h, state = Callbacks.create(cache, alias), UserState(model_name=alias)
     who = SimpleNamespace(session_hash="gpu-user")
     with fake_cuda() as mode:

@@ -9,6 +9,7 @@ embeddings (tolerance 0).
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -120,6 +121,12 @@ def test_decoded_frames_held_are_the_small_ones(family, hd_video: Path) -> None:
     # the memory guard counts the frames at the size they are held (plus one full-size frame being resized)
     estimate = estimate_prefill(adapter, prepared, METHODS["blockwise-keydiff"], 64, None, None)
     assert media.frame_bytes < estimate.media_bytes < (frames.cache_size + 1) * media.frame_bytes
+    # it pickles with the processor's resize, not the model (a call in another process gets it so), and the
+    # copy decodes the same small frames
+    payload = pickle.dumps(prepared.vision_inputs["video"])
+    copy = pickle.loads(payload)
+    assert len(payload) < media.num_frames * small / 100 and copy.frames.frame_shape == frames.frame_shape
+    assert all(np.array_equal(copy.frames[k], frames[k]) for k in range(media.num_frames))
 
 
 def test_qwen_released_settings_on_short_clips(hd_video: Path) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -116,6 +118,57 @@ def test_opencv_failing_on_a_frame_falls_back_to_decord_lazily(video: Path, monk
     lazy = load_media(video, NO_CAP, ALL)
     assert np.abs(lazy.frames[60].astype(int) - eager.frames[60].astype(int)).mean() < 2
     assert tried == [0, 60] and lazy.frames.backends_used == {"decord", "opencv"} and not lazy.warnings
+
+
+# --------------------------------------------------------------------------------------------
+# A lazy video crosses a process boundary as a reader, not as frames
+
+
+def halve(frame: np.ndarray) -> np.ndarray:
+    """A resize at decode that pickles (a module-level function), for a resized view."""
+    return np.ascontiguousarray(frame[::2, ::2])
+
+
+def all_frames(media) -> list[np.ndarray]:
+    return [media.frames[k] for k in range(media.num_frames)]
+
+
+def frames_after_unpickling(payloads: list[bytes]) -> list[list[np.ndarray]]:
+    """Each pickled Media's frames, decoded where this runs (a spawned process in the test)."""
+    return [all_frames(pickle.loads(payload)) for payload in payloads]
+
+
+def test_a_lazy_video_pickles_as_a_reader_and_decodes_the_same_frames_elsewhere(video: Path, tmp_path: Path) -> None:
+    """A lazily decoded video pickles as what reopens its file (a few kilobytes, no open reader, lock or frame):
+    plain, resized at decode, and with an undecodable frame (pickled before that frame was met, and after),
+    unpickled here and in a freshly spawned process, it gives the frames it gives in this process."""
+    plain = load_media(video, NO_CAP, ALL)
+    resized = plain.resized_at_decode((45, 80), halve)
+    bad = corrupt_mjpeg(write_video(tmp_path / "one_bad.avi", noise_frames(10), fourcc="MJPG"), frames=[5])
+    unmet, met = load_video_lazily(bad, "opencv"), load_video_lazily(bad, "opencv")
+    assert resized.frames.is_resized and not unmet.warnings
+    plain.frames[:4], resized.frames[:4]  # frames in their caches: not pickled
+    payloads = {"plain": pickle.dumps(plain), "resized": pickle.dumps(resized), "unmet": pickle.dumps(unmet)}
+    eager = all_frames(load_media(video, NO_CAP, ALL, lazy=False))  # decoded up front: not the lazy path
+    expected = {"plain": eager, "resized": [halve(f) for f in eager], "unmet": all_frames(unmet)}
+    expected["met"] = all_frames(met)
+    payloads["met"] = pickle.dumps(met)
+    assert np.array_equal(expected["met"][5], expected["met"][4]) and len(met.warnings) == 1
+    # far below the decoded frames' bytes, counted from the decoded frame shape
+    height, width, channels = eager[0].shape
+    assert len(payloads["plain"]) < plain.num_frames * height * width * channels / 1000
+    assert len(payloads["resized"]) < plain.num_frames * (height // 2) * (width // 2) * channels / 200
+    copies = {name: pickle.loads(payload) for name, payload in payloads.items()}
+    assert all(c.is_lazy and c.frames.decoded == 0 and c.frames.cached_bytes == 0 for c in copies.values())
+    here = {name: all_frames(c) for name, c in copies.items()}
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        spawned = dict(zip(payloads, pool.apply(frames_after_unpickling, (list(payloads.values()),)), strict=True))
+    for name, frames in expected.items():
+        for decoded in (here[name], spawned[name]):
+            assert len(decoded) == len(frames) and all(map(np.array_equal, decoded, frames)), name
+    # the stand-in for the undecodable frame, and its warning, found by the copy or carried with it
+    assert copies["unmet"].warnings == copies["met"].warnings == met.warnings
+    assert copies["resized"].frames.frame_shape == (45, 80, 3)
 
 
 # --------------------------------------------------------------------------------------------

@@ -7,30 +7,30 @@ CPU-only run could not tell the host from the device) and a tensor an unpark lea
 
 from __future__ import annotations
 
+import os
 import pickle
 
 import pytest
 import torch
 
 from tests.conftest import FAMILIES
-from tests.fake_cuda import FakeCudaTensor, fake_cuda, to_fake_cuda
+from tests.fake_cuda import FakeCudaTensor, fake_cuda, fake_cuda_adapter
 from tests.test_invariants import METHODS_ALL
+from visualkv.bench.synthetic import write_video_file
+from visualkv.errors import MediaError
+from visualkv.media import FrameSampling, load_media
 from visualkv.methods import method_traits
-from visualkv.models.registry import load_model
-from visualkv.runtime.park import ParkedState, adopt_state, device_tensors, export_state, resolve_park
+from visualkv.runtime.park import (
+    ParkedState,
+    adopt_state,
+    device_tensors,
+    export_state,
+    portable_media,
+    resolve_park,
+)
 from visualkv.runtime.session import ChatSession, SessionConfig
 
 QUESTIONS = ("What is in the picture?", "And in the corner?", "What colour is it?")
-_MODELS: dict = {}
-
-
-def _fake_cuda_adapter(alias: str = FAMILIES[0]):
-    if alias not in _MODELS:
-        adapter = load_model(alias)
-        with fake_cuda():
-            to_fake_cuda(adapter.model)
-        _MODELS[alias] = adapter
-    return _MODELS[alias]
 
 
 def _config(method: str, park: str, **extra) -> SessionConfig:
@@ -81,7 +81,7 @@ def _conversation(adapter, config: SessionConfig, media, parked: bool) -> ChatSe
 def test_a_parked_followup_equals_an_unparked_one(method, small_image, small_video):
     """Every method on an image (greedy), and the methods that skip frames on a video too (sampled): the same
     tokens, the same cache, entry for entry."""
-    adapter = _fake_cuda_adapter()
+    adapter = fake_cuda_adapter(FAMILIES[0])
     # the image's answers run the fixed-shape step a CUDA graph would capture, the video's plain steps
     runs = [(small_image, 0.0, "static")] + ([(small_video, 0.7, "eager")] if "salicache" in method else [])
     for media, temperature, decode in runs:
@@ -104,7 +104,7 @@ def test_a_parked_followup_equals_an_unparked_one(method, small_image, small_vid
 
 def test_a_reprefill_after_a_park_equals_one_without(small_image):
     """A follow-up that rebuilds the media cache reads the parked prepared input and media."""
-    adapter = _fake_cuda_adapter()
+    adapter = fake_cuda_adapter(FAMILIES[0])
     with fake_cuda():
         kept = _conversation(adapter, _config("blockwise-snapkv", "never", followup="reprefill"), small_image, False)
         moved = _conversation(adapter, _config("blockwise-snapkv", "always", followup="reprefill"), small_image, True)
@@ -116,7 +116,7 @@ def test_a_reprefill_after_a_park_equals_one_without(small_image):
 def test_a_parked_session_holds_no_device_tensor(method, small_video):
     """After a turn with park_cache="always" the whole state is on the host, packed tiers included, and the
     report says how many bytes were parked and how long the moves took."""
-    adapter = _fake_cuda_adapter()
+    adapter = fake_cuda_adapter(FAMILIES[0])
     with fake_cuda():
         session = ChatSession(adapter, _config(method, "always"))
         session.ask(QUESTIONS[0], small_video)
@@ -139,3 +139,12 @@ def test_auto_parks_on_zero_gpu_and_in_shared_mode():
     assert resolve_park("auto", {"SPACE_ID": "someone/visualkv"})
     assert not resolve_park("auto", {})
     assert resolve_park("always", {}) and not resolve_park("never", {"SPACES_ZERO_GPU": "1"})
+
+
+def test_a_lazy_video_crosses_as_itself_while_its_file_is_there(tmp_path):
+    path = write_video_file(str(tmp_path / "gone.mp4"), 8, 64, 48, fps=4.0)
+    media = load_media(path, sampling=FrameSampling(fps=1.0))
+    assert media.is_lazy and portable_media(media) is media
+    os.remove(path)  # an upload the server has cleaned up
+    with pytest.raises(MediaError, match="gone from the server; upload the video again"):
+        portable_media(media)

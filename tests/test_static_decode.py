@@ -12,8 +12,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from tests.conftest import get_adapter
-from tests.fake_cuda import FakeCudaTensor, fake_cuda
-from tests.test_device import _fake_cuda_adapter
+from tests.fake_cuda import FakeCudaTensor, fake_cuda, fake_cuda_adapter
 from tests.test_sync_free import SyncGuard
 from visualkv.attention import packed as packed_attention
 from visualkv.bench.synthetic import image_media, video_media
@@ -166,7 +165,7 @@ def test_static_step_is_capturable(monkeypatch, family, attention):
             reads.armed = copies.armed = False
 
     monkeypatch.setattr(StaticDecoder, "_run", armed)
-    adapter = _fake_cuda_adapter(family)
+    adapter = fake_cuda_adapter(family)
     with fake_cuda(), reads, copies:
         config = SessionConfig(method="salicache", max_new_tokens=6, decode="static", decode_attention=attention)
         session = ChatSession(adapter, config)

@@ -6,15 +6,23 @@ back, and the parent never holds the device. In the worker the model runs on CUD
 on the pretend GPU of tests/fake_cuda.py, so a device tensor that crosses the boundary (either way) is seen. Two
 chats are interleaved, each with several turns, and their answers must equal those of the same chats run in
 this process without ZeroGPU.
+
+A forked worker cannot use CUDA once the parent has initialised it, and on a GPU machine an earlier test of the
+same pytest process may have: a test that forks is decorated with `fresh_if_cuda_initialised`, which then runs it
+again in a fresh interpreter (that run must pass); a call that would fork from a parent holding CUDA fails.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import gc
 import importlib
 import math
 import multiprocessing
+import os
 import pickle
+import subprocess
 import sys
 import threading
 import time
@@ -23,6 +31,7 @@ import types
 from contextlib import contextmanager, nullcontext
 from typing import ClassVar
 
+import numpy as np
 import pytest
 import torch
 
@@ -51,12 +60,45 @@ from visualkv.runtime.park import device_tensors, export_state
 from visualkv.runtime.session import ChatSession, SessionConfig
 
 _END, _FAILED = "__end__", "__failed__"
+#: set in the fresh interpreter a test reruns in (it must not rerun again)
+FRESH_ENV = "VISUALKV_ZEROGPU_FRESH_INTERPRETER"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cuda_initialised() -> bool:
+    """Has this process initialised CUDA? Then a worker forked from it cannot use CUDA (ZeroGPU's app process
+    never initialises it)."""
+    return torch.cuda.is_initialized()
+
+
+def fresh_if_cuda_initialised(test):
+    """`test` as it is, or, where this process has initialised CUDA (an earlier test did), rerun in a fresh
+    interpreter, whose run must pass: there CUDA starts in the forked workers only, as on ZeroGPU."""
+
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        if not cuda_initialised():
+            return test(*args, **kwargs)
+        assert not os.environ.get(FRESH_ENV), "CUDA was initialised in the fresh interpreter before its test ran"
+        node = f"{os.path.abspath(__file__)}::{test.__name__}"
+        rerun = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", node],
+            check=False,
+            cwd=ROOT,
+            env={**os.environ, FRESH_ENV: "1"},
+            capture_output=True,
+            text=True,
+        )
+        assert rerun.returncode == 0, f"{node} in a fresh interpreter:\n{rerun.stdout[-4000:]}{rerun.stderr[-2000:]}"
+
+    return run
 
 
 class Worker:
     """Runs one decorated call in a forked process; what the call yields comes back pickled."""
 
     calls: ClassVar[list[tuple[str, int]]] = []  # (function, seconds asked for) of every call
+    payloads: ClassVar[list[int]] = []  # bytes of every call's pickled arguments
 
     @staticmethod
     def run(fn, payload: bytes, conn) -> None:
@@ -101,6 +143,8 @@ def fake_spaces() -> types.ModuleType:
                 Worker.calls.append((fn.__name__, seconds))
                 _host_only((args, kwargs), "a call's arguments")
                 payload = pickle.dumps((args, kwargs))  # raises on anything unpicklable
+                Worker.payloads.append(len(payload))
+                assert not cuda_initialised(), "the app's process initialised CUDA: a forked worker cannot use it"
                 context = multiprocessing.get_context("fork")
                 parent, child = context.Pipe(duplex=False)
                 process = context.Process(target=Worker.run, args=(fn, payload, child), daemon=True)
@@ -141,6 +185,10 @@ def zerogpu(monkeypatch):
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
     monkeypatch.setitem(sys.modules, "spaces", fake_spaces())
     Worker.calls.clear()
+    Worker.payloads.clear()
+    # an earlier test's video left as garbage is freed here, not in a forked worker: its decoder's threads are not
+    # in the worker, and freeing it there hangs (cv2's capture waits on them)
+    gc.collect()
     module = importlib.reload(ui.gpu)
     module.DEVICE_SPEED = CPU_SPEED
     yield module
@@ -174,6 +222,7 @@ def _answers(session: ChatSession) -> list[list[int]]:
     return [t.token_ids for t in session.turns]
 
 
+@fresh_if_cuda_initialised
 def test_two_chats_interleaved_on_zero_gpu_answer_as_in_process(zerogpu, small_image, small_video):
     adapter = _parent_adapter()
     chats = {"image": (_config("blockwise-snapkv", 40), small_image), "video": (_config("salicache"), small_video)}
@@ -194,6 +243,7 @@ def test_two_chats_interleaved_on_zero_gpu_answer_as_in_process(zerogpu, small_i
     assert [fn for fn, _ in Worker.calls] == ["turn_call"] * 2 * len(QUESTIONS)
 
 
+@fresh_if_cuda_initialised
 def test_evidence_on_zero_gpu_is_a_call_and_equals_the_in_process_pass(zerogpu, small_image):
     adapter = _parent_adapter()
     config = _config("blockwise-keydiff", 40)
@@ -212,6 +262,7 @@ def test_evidence_on_zero_gpu_is_a_call_and_equals_the_in_process_pass(zerogpu, 
     assert _answers(remote) == _answers(local)
 
 
+@fresh_if_cuda_initialised
 def test_a_comparison_on_zero_gpu_gives_the_in_process_results(zerogpu, small_image):
     adapter = _parent_adapter()
     methods, base = ["full", "blockwise-keydiff"], _config("full", 40)
@@ -224,6 +275,7 @@ def test_a_comparison_on_zero_gpu_gives_the_in_process_results(zerogpu, small_im
     assert [fn for fn, _ in Worker.calls] == ["compare_call"]
 
 
+@fresh_if_cuda_initialised
 def test_stop_and_the_time_limit_end_a_call(zerogpu, small_video):
     """A Stop pressed in the app reaches the worker; so does the turn time limit. The chat stays as it was."""
     adapter = _parent_adapter()
@@ -238,6 +290,7 @@ def test_stop_and_the_time_limit_end_a_call(zerogpu, small_video):
     assert events[-1][0] == "done" and len(session.turns) == 1
 
 
+@fresh_if_cuda_initialised
 def test_the_duration_asked_for_follows_the_turns_plan(zerogpu, small_video):
     """A first turn counts the media's prefill, a follow-up its question; a long turn is capped at ZeroGPU's limit
     and at the turn time limit."""
@@ -257,19 +310,64 @@ def test_the_duration_asked_for_follows_the_turns_plan(zerogpu, small_video):
     assert call_seconds(hour, time_limit=60) < ZERO_GPU_MAX_SECONDS
 
 
-def test_a_lazily_decoded_video_crosses_decoded(zerogpu, tmp_path):
-    """An uploaded video decodes on access from an open file: a call gets its sampled frames decoded, and a
-    follow-up (the chat's media in the parked state) as well; the answers are the in-process ones."""
-    path = write_video_file(str(tmp_path / "pan.mp4"), 12, 160, 90, fps=4.0)
+@fresh_if_cuda_initialised
+def test_a_lazily_decoded_video_crosses_as_a_reader(zerogpu, tmp_path):
+    """An uploaded video decodes on access from an open file: a call gets it as what reopens that file (its
+    arguments a fraction of the sampled frames' bytes), the app's process decodes no frame for it and the chat's
+    state keeps none; a follow-up (the chat's media in the parked state) works too; the answers are the
+    in-process ones."""
+    path = write_video_file(str(tmp_path / "pan.mp4"), 24, 160, 90, fps=4.0)
     media = load_media(path, sampling=FrameSampling(fps=1.0))
-    assert media.is_lazy
+    assert media.is_lazy and media.num_frames == 6
+    decoded_bytes = media.num_frames * int(np.prod(media.frames[0].shape))  # the shape of a decoded frame
     adapter, config = _parent_adapter(), _config("blockwise-keydiff", 40)
     remote, local = ChatSession(adapter, config), ChatSession(adapter, config)
+    decoded = media.frames.decoded
     for i, question in enumerate(QUESTIONS[:2]):
         events = _turn(zerogpu.stream_turn, remote, question, media if i == 0 else None)
         assert events[-1][0] == "done", events[-1]
+    # the app's process decodes what its turn plan prepares (the first temporal patch), not the video
+    assert media.frames.decoded - decoded <= 2 < media.num_frames
+    assert Worker.payloads[0] < decoded_bytes / 10
+    assert remote.media.is_lazy and remote.media.resident_frame_bytes == 0
+    for i, question in enumerate(QUESTIONS[:2]):
         list(streaming.stream_turn(local, question, media if i == 0 else None))
     assert _answers(remote) == _answers(local) and all(_answers(local))
+
+
+@fresh_if_cuda_initialised
+def test_a_call_runs_in_a_forked_worker_and_pickles_both_ways():
+    """The stand-in `spaces` itself: a call's body runs in another process, its argument and items pickled."""
+    spaces = fake_spaces()
+
+    @spaces.GPU(duration=1)
+    def where(value):
+        yield os.getpid(), value
+
+    assert [(pid != os.getpid(), value) for pid, value in where([1, 2])] == [(True, [1, 2])]
+
+
+def test_where_cuda_was_initialised_a_test_reruns_in_a_fresh_interpreter(monkeypatch):
+    """The rerun itself, here where CUDA never starts: 'initialised' in this process, a test runs again in a
+    fresh interpreter (which does not rerun again) and fails when that run fails."""
+    this = sys.modules[__name__]
+    monkeypatch.setattr(this, "cuda_initialised", lambda: True)
+    runs, real_run = [], subprocess.run
+    monkeypatch.setattr(subprocess, "run", lambda *a, **kw: runs.append((a, kw)) or real_run(*a, **kw))
+    test_a_call_runs_in_a_forked_worker_and_pickles_both_ways()
+    (command,), options = runs[0]
+    assert len(runs) == 1 and options["env"][FRESH_ENV] == "1"
+    assert command[-1].endswith("test_zerogpu.py::test_a_call_runs_in_a_forked_worker_and_pickles_both_ways")
+    failed = subprocess.CompletedProcess(command, 1, "1 failed", "")
+    monkeypatch.setattr(subprocess, "run", lambda *a, **kw: failed)
+    with pytest.raises(AssertionError, match="in a fresh interpreter"):
+        test_a_call_runs_in_a_forked_worker_and_pickles_both_ways()
+    monkeypatch.setenv(FRESH_ENV, "1")  # in the fresh interpreter: no second rerun
+    with pytest.raises(AssertionError, match="initialised in the fresh interpreter"):
+        test_a_call_runs_in_a_forked_worker_and_pickles_both_ways()
+    spaces = fake_spaces()  # and a call never forks from a parent holding CUDA
+    with pytest.raises(AssertionError, match="initialised CUDA"):
+        list(spaces.GPU(duration=1)(lambda: iter(()))())
 
 
 def test_a_turn_inside_a_call_stops_before_zero_gpu_would_end_the_call():
@@ -294,6 +392,7 @@ def _within_seconds_asked(call):
 _FAST_PLAN = DeviceSpeed(1e9, 1e9, seconds_per_block=0.2, setup_seconds=2.0)
 
 
+@fresh_if_cuda_initialised
 def test_a_call_asking_too_few_seconds_stops_its_turn_inside_them(zerogpu, monkeypatch, small_image):
     """The turn's time limit inside a call is the seconds asked less the setup: a long answer is cut by the time
     limit (its tokens so far kept), before ZeroGPU would end the call from outside."""
@@ -307,6 +406,7 @@ def test_a_call_asking_too_few_seconds_stops_its_turn_inside_them(zerogpu, monke
     assert 0 < len(session.turns[0].token_ids) < 4000
 
 
+@fresh_if_cuda_initialised
 def test_a_comparison_asking_too_few_seconds_stops_inside_them(zerogpu, monkeypatch, small_image):
     """The same bound for a whole comparison: `full`'s long answer is cut (its answer ends at about 400 tokens,
     and the limit here leaves about 2 seconds), and no time is left for the next method."""
@@ -340,6 +440,7 @@ def test_an_evidence_call_stops_at_its_time_limit(small_image):
         list(run_evidence(call, adapter))
 
 
+@fresh_if_cuda_initialised
 def test_evidence_blocks_stream_out_of_the_call(zerogpu, small_image):
     """on_block gets, through the call, the same block events as the pass in this process."""
     adapter = _parent_adapter()
@@ -360,6 +461,7 @@ def _timeless(event) -> dict:
     return {k: v for k, v in event.to_dict().items() if k not in ("seconds", "rss_bytes", "cuda_allocated_bytes")}
 
 
+@fresh_if_cuda_initialised
 def test_stop_ends_an_evidence_call(zerogpu, small_image):
     session = ChatSession(_parent_adapter(), _config("blockwise-keydiff", 40))
     _turn(zerogpu.stream_turn, session, QUESTIONS[0], small_image)
@@ -370,6 +472,7 @@ def test_stop_ends_an_evidence_call(zerogpu, small_image):
     assert session.evidence is None and session.turns[-1].evidence_recall is None
 
 
+@fresh_if_cuda_initialised
 def test_the_next_call_asks_for_the_speed_the_last_ones_measured(zerogpu, small_image):
     """After a call the app plans with the device's measured speed: a CPU is far slower than an H200's constants,
     so the same turn asks for more once measured."""
@@ -394,6 +497,7 @@ def test_the_next_call_asks_for_the_speed_the_last_ones_measured(zerogpu, small_
     assert Worker.calls[-1][1] == expected
 
 
+@fresh_if_cuda_initialised
 def test_a_turn_with_evidence_runs_its_pass_in_the_turns_call_and_asks_for_it(zerogpu, small_image):
     """SessionConfig.evidence runs the evidence pass inside the turn: the turn's call asks for its seconds too."""
     config = dataclasses.replace(_config("blockwise-keydiff", 40), evidence=True)

@@ -21,20 +21,23 @@ class _Parser(argparse.ArgumentParser):
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
-    from visualkv.cli.args import (
-        DEVICES,
-        DTYPES,
-        HelpFormatter,
-        media_path,
-        non_negative_int,
-        output_file,
-        positive_float,
-        positive_int,
-    )
-    from visualkv.methods import method_names
-    from visualkv.models.registry import default_offline_model_name
+    """`run`'s options, in the groups `--help` shows."""
+    from visualkv.cli.args import HelpFormatter
 
     p.formatter_class = HelpFormatter
+    _input_args(p.add_argument_group("what to read", "the model, the media and the questions"))
+    _method_args(p.add_argument_group("compression", "the method and its budget"))
+    _video_args(p.add_argument_group("video", "which frames are read, and Sali-Cache's frame skipping and tiers"))
+    _lightkv_args(p.add_argument_group("lightkv", "LightKV's merge schedule"))
+    _answer_args(p.add_argument_group("answers", "how answer tokens are chosen and run"))
+    _device_args(p.add_argument_group("device", "where the model runs and the chat's state waits"))
+    _output_args(p.add_argument_group("output", "what is written and printed"))
+
+
+def _input_args(p: argparse._ArgumentGroup) -> None:
+    from visualkv.cli.args import media_path
+    from visualkv.models.registry import default_offline_model_name
+
     p.add_argument(
         "--model",
         default=default_offline_model_name(),
@@ -43,6 +46,12 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--media", type=media_path, help="image or video file (leave it out to chat about text alone)")
     p.add_argument("--prompt", action="append", required=True, help="one turn; repeat for several turns")
+
+
+def _method_args(p: argparse._ArgumentGroup) -> None:
+    from visualkv.cli.args import non_negative_int, positive_int
+    from visualkv.methods import method_names
+
     p.add_argument(
         "--method",
         default="full",
@@ -53,10 +62,6 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=positive_int, help="visual KV entries kept per layer and KV head (M)")
     p.add_argument("--block-size", type=positive_int, help="visual tokens per block (default: model's)")
     p.add_argument("--prefill", choices=["hybrid", "blockwise", "bulk"], help="default: the method's")
-    p.add_argument("--max-new-tokens", type=positive_int, default=32, help="answer length limit per turn")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (with --temperature > 0)")
-    p.add_argument("--seed", type=int, default=0, help="model seed (offline aliases) and sampling seed")
     p.add_argument(
         "--followup",
         choices=["reuse", "reprefill"],
@@ -64,44 +69,16 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         help="query-aware methods: reuse the compressed cache or rebuild it per question",
     )
     p.add_argument(
-        "--decode",
-        choices=["auto", "eager", "static", "graph"],
-        default="auto",
-        help="how answer tokens run: auto (a CUDA graph per answer on one CUDA device, else eager), graph, "
-        "static (the graph's fixed-shape step without a graph) or eager (plain steps)",
-    )
-    p.add_argument(
-        "--decode-attention",
-        choices=["auto", "model", "grouped"],
-        default="auto",
-        help="a graph/static step's attention over its window: auto (grouped on CUDA from 4096 entries, else "
-        "model), model (the model's own SDPA/eager with a mask) or grouped (batched matmuls; the same answers up "
-        "to rounding)",
-    )
-    p.add_argument(
-        "--vision-ahead",
-        type=positive_int,
-        default=1,
-        metavar="N",
-        help="blocks whose media go through the vision tower in one call (every family; the same embeddings: "
-        "fewer tower launches, a larger transient)",
-    )
-    p.add_argument(
-        "--decode-read-every",
-        type=positive_int,
+        "--random-seed",
+        type=non_negative_int,
         default=None,
-        metavar="N",
-        help="sampled tokens read back to the host at a time while decoding (default: 8 on a GPU, 1 on the CPU); "
-        "EOS, Stop and the streamed text are seen at each read, the answer is the same",
+        help="blockwise-random: seed of the random priorities that decide the kept set (default 0)",
     )
-    p.add_argument(
-        "--park-cache",
-        # visualkv.runtime.park.PARK_MODES, not imported: building the parser loads no torch
-        choices=("auto", "always", "never"),
-        default="auto",
-        help="where the chat's state waits between turns: always (on the host, moved to the device for each turn), "
-        "never (where the turn left it) or auto (always on ZeroGPU and in shared mode, else never)",
-    )
+
+
+def _video_args(p: argparse._ArgumentGroup) -> None:
+    from visualkv.cli.args import non_negative_int, positive_float
+
     p.add_argument("--fps", type=positive_float, default=1.0, help="video frames sampled per second")
     p.add_argument(
         "--max-frames",
@@ -132,6 +109,9 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         "the rest is pruned (default 0.43,0.10,0.29); with another --method, stacks Sali-Cache's tiers on "
         "it (e.g. blockwise-keydiff+salicache; no frame skipped unless --skip-frames)",
     )
+
+
+def _lightkv_args(p: argparse._ArgumentGroup) -> None:
     p.add_argument(
         "--lightkv-layers",
         default=None,
@@ -151,14 +131,66 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         metavar="P1,P2,...",
         help="lightkv: merge ratio P per stage, r = min(floor(P*n), n/2) per window (default 0.5)",
     )
+
+
+def _answer_args(p: argparse._ArgumentGroup) -> None:
+    from visualkv.cli.args import positive_int
+
+    p.add_argument("--max-new-tokens", type=positive_int, default=32, help="answer length limit per turn")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (with --temperature > 0)")
+    p.add_argument("--seed", type=int, default=0, help="model seed (offline aliases) and sampling seed")
     p.add_argument(
-        "--random-seed",
-        type=non_negative_int,
-        default=None,
-        help="blockwise-random: seed of the random priorities that decide the kept set (default 0)",
+        "--decode",
+        choices=["auto", "eager", "static", "graph"],
+        default="auto",
+        help="how answer tokens run: auto (a CUDA graph per answer on one CUDA device, else eager), graph, "
+        "static (the graph's fixed-shape step without a graph) or eager (plain steps)",
     )
+    p.add_argument(
+        "--decode-attention",
+        choices=["auto", "model", "grouped"],
+        default="auto",
+        help="a graph/static step's attention over its window: auto (grouped on CUDA from 4096 entries, else "
+        "model), model (the model's own SDPA/eager with a mask) or grouped (batched matmuls; the same answers up "
+        "to rounding)",
+    )
+    p.add_argument(
+        "--decode-read-every",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="sampled tokens read back to the host at a time while decoding (default: 8 on a GPU, 1 on the CPU); "
+        "EOS, Stop and the streamed text are seen at each read, the answer is the same",
+    )
+
+
+def _device_args(p: argparse._ArgumentGroup) -> None:
+    from visualkv.cli.args import DEVICES, DTYPES, positive_int
+
     p.add_argument("--device", choices=DEVICES, default="cpu", help="auto: device_map=auto over the GPUs")
     p.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: bfloat16 on CUDA, float32 on CPU")
+    p.add_argument(
+        "--vision-ahead",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="blocks whose media go through the vision tower in one call (every family; the same embeddings: "
+        "fewer tower launches, a larger transient)",
+    )
+    p.add_argument(
+        "--park-cache",
+        # visualkv.runtime.park.PARK_MODES, not imported: building the parser loads no torch
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="where the chat's state waits between turns: always (on the host, moved to the device for each turn), "
+        "never (where the turn left it) or auto (always on ZeroGPU and in shared mode, else never)",
+    )
+
+
+def _output_args(p: argparse._ArgumentGroup) -> None:
+    from visualkv.cli.args import output_file
+
     p.add_argument(
         "--json", dest="json_out", type=output_file, help="write the JSON report here (checked before the run)"
     )

@@ -2,16 +2,18 @@
 
 An hour at 1 fps is 3,600 sampled frames, of which a block-wise prefill holds a few at a time, so only
 the last few decoded frames are kept; a frame that cannot be decoded when its turn comes is replaced by
-the nearest earlier one, with a warning, so a long prefill is never lost at frame 3,000.
+the nearest earlier one, with a warning, so a long prefill is never lost at frame 3,000. A pickled
+:class:`LazyFrames` is a reader, not frames: the copy reopens the file on first use (a call in another process
+gets the video in a few kilobytes).
 """
 
 from __future__ import annotations
 
-import copy
 import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -104,6 +106,29 @@ class LazyFrames(Sequence[np.ndarray]):
         h, w = self.frame_shape[:2]
         return f"LazyFrames({len(self)} x {w}x{h}, cached={len(self._cache)})"
 
+    # -- pickling: another process reopens the file --------------------------------------------
+    def __getstate__(self) -> dict:
+        """What another process needs to decode the same frames: the decoder's file and backends (no open
+        reader), the sampled indices, fps, sizes, resize, cache size, undecodable-frame stand-ins and warnings;
+        no lock, cached frame or statistics."""
+        state = dict(vars(self))
+        for name in ("_cache", "_lock", "_live", "decoded"):
+            del state[name]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        vars(self).update(state)
+        self._cache, self._live, self.decoded = OrderedDict(), _LiveCount(), 0
+        # a view's base is unpickled first (it is part of the view's state): they share its lock again
+        self._lock = self._base._lock if self._base is not None else threading.RLock()
+        if self._base is None:
+            weakref.finalize(self, self._decoder.close)
+
+    @property
+    def file(self) -> Path:
+        """The video file the frames are decoded from."""
+        return self._decoder.file
+
     # -- metadata and statistics -------------------------------------------------------------
     @property
     def frame_shape(self) -> tuple[int, ...]:
@@ -126,10 +151,12 @@ class LazyFrames(Sequence[np.ndarray]):
         (H, W, 3) uint8 frame -> (height, width, 3) uint8) right after it is decoded, before it is cached, so
         this view holds small frames only (one full-size frame is alive while it is being resized). It
         shares this sequence's decoder, lock, undecodable-frame stand-ins and warnings, and has its own
-        cache and statistics. Nothing is decoded here."""
+        cache and statistics. Nothing is decoded here. The view pickles with ``resize``: make it a
+        module-level function or a ``functools.partial`` of one (not a lambda or a closure)."""
         # a shallow copy shares the decoder, indices, lock, warnings and the undecodable-frame stand-ins (an
         # undecodable frame is looked for, and reported, once); what is the view's own is set anew below
-        view = copy.copy(self)
+        view = object.__new__(LazyFrames)
+        vars(view).update(vars(self))
         view._cache = OrderedDict()
         view._live = _LiveCount()
         view.decoded = 0

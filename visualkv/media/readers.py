@@ -134,16 +134,46 @@ class FrameDecoder:
         self._decord = decord_reader
         self._use_cv2 = use_cv2
         self._opencv: OpenCVReader | None = None
+        self._reopen_decord = False  # a copy unpickled in another process: decord is opened on first need
         self.used: set[str] = set()  # backends that produced a frame
 
     def read(self, index: int) -> np.ndarray | None:
         frame = self._read_cv2(index)
-        if frame is not None or self._decord is None:
+        if frame is not None or self._decord_reader() is None:
             return frame
         frame = self._decord.read_one(index)
         if frame is not None:
             self.used.add("decord")
         return frame
+
+    def _decord_reader(self) -> DecordReader | None:
+        if self._decord is None and self._reopen_decord:
+            self._reopen_decord = False
+            try:
+                self._decord = DecordReader(self._file)
+            except Exception:  # noqa: BLE001 - as at loading: a decoder that cannot open leaves OpenCV alone
+                self._decord = None
+        return self._decord
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What reopens this decoder in another process (pickle): the file, its fps and the backends it reads
+        with; no open reader (the copy opens each on first use)."""
+        return {
+            "file": Path(self._file).absolute(),
+            "fps": self._fps,
+            "decord": self._decord is not None or self._reopen_decord,
+            "use_cv2": self._use_cv2,
+            "used": set(self.used),
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["file"], state["fps"], None, state["use_cv2"])
+        self._reopen_decord = state["decord"]
+        self.used = state["used"]
+
+    @property
+    def file(self) -> Path:
+        return Path(self._file)
 
     def _read_cv2(self, index: int) -> np.ndarray | None:
         if not self._use_cv2:
@@ -163,3 +193,4 @@ class FrameDecoder:
         if self._opencv is not None:
             self._opencv.close()
         self._decord = self._opencv = None
+        self._reopen_decord = False

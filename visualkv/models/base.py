@@ -13,6 +13,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -203,6 +204,12 @@ class ModelAdapter:
     def resize_video_frame(self, frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
         """One (H, W, 3) uint8 frame resized to `size` (height, width) by the video processor's own resize
         (same call, same interpolation, uint8 out), so encoding it gives the same pixel values."""
+        return self.resize_with(self.processor.video_processor, frame, size)
+
+    @staticmethod
+    def resize_with(video_processor: Any, frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+        """`resize_video_frame` given the video processor alone (what a resized lazy video holds: it pickles
+        with the processor's settings, not the model)."""
         raise NotImplementedError
 
     def video_for_encoding(self, media: Media) -> Media:
@@ -216,7 +223,7 @@ class ModelAdapter:
         size = self.video_frame_size(height, width, media.num_frames)
         if size is None:
             return media
-        return media.resized_at_decode(size, lambda frame: self.resize_video_frame(frame, size))
+        return media.resized_at_decode(size, partial(type(self).resize_with, self.processor.video_processor, size=size))
 
     def encode_units(self, prepared: PreparedInput, units: list[VisualUnit]) -> torch.Tensor:
         """Visual embeddings (n, hidden) for consecutive units, in sequence order."""

@@ -112,8 +112,9 @@ class LlavaOnevisionAdapter(ModelAdapter):
         """Every frame is resized to the video processor's fixed height x width (one tile)."""
         return fixed_video_frame_size(self.processor.video_processor)
 
-    def resize_video_frame(self, frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-        return resize_like_processor(self.processor.video_processor, frame)
+    @staticmethod
+    def resize_with(video_processor: Any, frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+        return resize_like_processor(video_processor, frame)
 
     # -- tokenization -------------------------------------------------------------
     def prepare(self, media: Media | None, prompt: str) -> PreparedInput:

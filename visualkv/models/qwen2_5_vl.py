@@ -168,8 +168,9 @@ class Qwen25VLAdapter(ModelAdapter):
         factor = vp.patch_size * vp.merge_size
         return smart_resize(height, width, factor=factor, min_pixels=size.shortest_edge, max_pixels=size.longest_edge)
 
-    def resize_video_frame(self, frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-        vp = self.processor.video_processor
+    @staticmethod
+    def resize_with(video_processor: Any, frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+        vp = video_processor
         # the processor's resize computes `size` again from the frame (smart_resize) and resizes with
         # torchvision (uint8 in and out); the same call on one frame gives the same uint8 pixels
         no_total_cap = {"cap_pixels_per_frame": False} if hasattr(vp, "cap_pixels_per_frame") else {}

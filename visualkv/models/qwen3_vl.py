@@ -75,9 +75,10 @@ class Qwen3VLAdapter(Qwen25VLAdapter):
     def video_frame_size(self, height: int, width: int, num_frames: int) -> tuple[int, int] | None:
         return self._clip_frame_size(height, width, num_frames)
 
-    def resize_video_frame(self, frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    @staticmethod
+    def resize_with(video_processor: Any, frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
         # the resize `_pixels_frames` applies to a block's frames, on one frame (uint8 in and out)
-        vp = self.processor.video_processor
+        vp = video_processor
         out = super(type(vp), vp).resize(
             frame_as_video(frame), size=SizeDict(height=size[0], width=size[1]), resample=vp.resample
         )

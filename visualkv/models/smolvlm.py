@@ -87,8 +87,9 @@ class SmolVLMAdapter(ModelAdapter):
         side = dict(vp.max_image_size).get("longest_edge")
         return (side, side) if vp.do_resize and side else None
 
-    def resize_video_frame(self, frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-        return resize_like_processor(self.processor.video_processor, frame)  # both resizes, as the processor
+    @staticmethod
+    def resize_with(video_processor: Any, frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+        return resize_like_processor(video_processor, frame)  # both resizes, as the processor
 
     def _video_ids(self, text: str, media: Media) -> torch.Tensor:
         """Token ids of a video prompt, written by the processor's own `replace_video_token`.

@@ -16,7 +16,6 @@ engine's callbacks). `resolve_park` decides whether a session parks: "always", "
 from __future__ import annotations
 
 import copy
-import dataclasses
 import os
 import time
 import types
@@ -28,8 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from visualkv.errors import ConfigError
-from visualkv.media import Media
+from visualkv.errors import MediaError
+from visualkv.media import LazyFrames, Media
 from visualkv.runtime.access import is_public
 
 PARK_MODES = ("auto", "always", "never")
@@ -113,10 +112,10 @@ def _adapter_mark() -> _AdapterMark:
 
 #: values a parked state never carries (functions of the running process: the engine's text pass, a Stop check)
 _PROCESS_BOUND = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, partial)
-#: leaves the walk does not enter (no tensor inside; media frames are host arrays already)
+#: leaves the walk does not enter (no tensor inside; media frames are host arrays or a lazy reader that pickles)
 _LEAVES = (
-    str, bytes, int, float, bool, complex, type(None), np.ndarray, np.generic, Media, torch.dtype, torch.device,
-    torch.Size,
+    str, bytes, int, float, bool, complex, type(None), np.ndarray, np.generic, Media, LazyFrames, torch.dtype,
+    torch.device, torch.Size,
 )  # fmt: skip
 
 
@@ -152,8 +151,6 @@ class _Mover:
             return ADAPTER if self.strip else obj
         if self.strip and isinstance(obj, _PROCESS_BOUND):
             return None
-        if self.strip and isinstance(obj, Media) and obj.is_lazy:
-            return self.done.setdefault(id(obj), portable_media(obj))
         if isinstance(obj, tuple):
             return type(obj)(*map(self.value, obj)) if hasattr(obj, "_fields") else tuple(map(self.value, obj))
         if id(obj) in self.done:
@@ -185,22 +182,12 @@ class _Mover:
         return self.moved[id(t)][1]
 
 
-#: decoded frames a video may carry across a process boundary (a lazily decoded video is decoded for it)
-MAX_PORTABLE_FRAME_BYTES = 4 << 30
-
-
 def portable_media(media: Media | None) -> Media | None:
-    """`media` as another process can get it: a lazily decoded video (whose frames come from an open file) with
-    its sampled frames decoded; anything else as it is. ConfigError when those frames are too many bytes."""
-    if media is None or not media.is_lazy:
-        return media
-    total = media.num_frames * media.frame_bytes
-    if total > MAX_PORTABLE_FRAME_BYTES:
-        raise ConfigError(
-            f"this video's {media.num_frames} sampled frames ({total / 2**30:.1f} GiB decoded) are too many to hand "
-            "to a ZeroGPU call; sample fewer frames (max frames, fps) or run the app on a persistent GPU"
-        )
-    return dataclasses.replace(media, frames=list(media.frames))
+    """`media` as a call in another process gets it: itself (a lazily decoded video pickles as what reopens its
+    file, see `LazyFrames`, not as frames). MediaError when that file is gone."""
+    if media is not None and media.is_lazy and not media.frames.file.exists():
+        raise MediaError(f"'{media.path}': the video's file is gone from the server; upload the video again")
+    return media
 
 
 def _is_adapter(obj: Any) -> bool:
@@ -240,11 +227,12 @@ def _to_host(t: torch.Tensor, homes: list, pin: bool) -> torch.Tensor:
     """`t` on the host (pinned when `pin`); where it came from is noted in `homes` (host tensors stay as they are)."""
     if t.device.type == "cpu" and type(t) is torch.Tensor:
         return t
-    out = t.to("cpu")
+    # one host copy, straight into page-locked memory when `pin` (the next turn's copy back then runs
+    # asynchronously); `park` synchronises before it reports
+    out = torch.empty_like(t, device="cpu", pin_memory=pin)
     if type(out) is not torch.Tensor:  # a subclass that answers for another device (the tests' pretend GPU)
         out = out.as_subclass(torch.Tensor)
-    if pin:
-        out = out.pin_memory()  # page-locked: the next turn's copy to the device runs asynchronously
+    out.copy_(t, non_blocking=True)
     homes.append((out, str(t.device)))
     return out
 
