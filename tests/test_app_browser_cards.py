@@ -94,7 +94,14 @@ def _front_door_screenshot(pg) -> None:
     open_tab(pg, "Kept tokens")
     pg.evaluate("() => window.scrollTo(0, 0)")
     pg.locator("#vkv-heatmap img").nth(1).wait_for(timeout=60_000)
-    assert "visual tokens" in pg.inner_text("#vkv-summary")
+    visual = pg.inner_text("#vkv-summary").split(" visual tokens")[0]  # this turn's count, e.g. "10549"
+    assert visual.isdigit(), pg.inner_text("#vkv-summary")
+    # the kept-token view is this turn's, not the last card's
+    pg.wait_for_function(
+        "(n) => document.querySelector('#vkv-heat-note').innerText.startsWith(n + ' visual tokens')",
+        arg=visual,
+        timeout=30_000,
+    )
     for elem in ("#vkv-chat", "#vkv-summary", "#vkv-heatmap", "#vkv-input"):
         assert in_viewport(pg, elem), (elem, pg.locator(elem).first.bounding_box())
     from visualkv.bench.provenance import save_json, start
