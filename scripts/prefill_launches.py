@@ -34,11 +34,12 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 
 from visualkv.bench.launches import OpCounter
+from visualkv.models.base import ModelAdapter
 
 PROMPT = "Describe what you see in detail."
 
 
-def model_structure(adapter, heads: int, kv_heads: int) -> dict[str, int]:
+def model_structure(adapter: ModelAdapter, heads: int, kv_heads: int) -> dict[str, int]:
     """What the counts depend on: the depths, the narrow widths and the heads the model was built with."""
     cfg = adapter.model.config
     return {

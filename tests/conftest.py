@@ -27,6 +27,22 @@ def get_adapter(alias: str):
 FAMILIES = ["tiny-qwen2.5-vl", "tiny-smolvlm2"]
 
 
+def cache_entries(session) -> list:
+    """Every entry a session's cache holds: full precision and each packed tier (codes, scales, zero points), with
+    their token indices, as plain host tensors (to compare two caches entry for entry)."""
+    import torch
+
+    out = []
+    for layer in session.cache.layers:
+        if layer.is_initialized:
+            out += [layer.keys, layer.values, layer.token_index]
+            for segment in layer.quant.values():
+                for packed in (segment.keys, segment.values):
+                    out += [packed.data, packed.scale, packed.zero]
+                out.append(segment.token_index)
+    return [t.cpu().as_subclass(torch.Tensor) for t in out]
+
+
 @pytest.fixture(params=FAMILIES)
 def adapter(request):
     return get_adapter(request.param)

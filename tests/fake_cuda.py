@@ -3,8 +3,8 @@
 `fake_cuda()` is a context manager (a `TorchFunctionMode`) under which:
 
 - tensors created with `device="cuda"` (or moved with `.to("cuda")` / `.cuda()`) are really CPU tensors of
-  the subclass `FakeCudaTensor`, whose `.device` answers `cuda:0`; `.cpu()` / `.to("cpu")` (or a `copy_` into a
-  host tensor) turn them back into plain CPU tensors, and everything computed from them stays "on CUDA";
+  the subclass `FakeCudaTensor`, whose `.device` answers `cuda:0`; `.cpu()` / `.to("cpu")` (or a non-blocking `copy_` into
+  a host tensor) turn them back into plain CPU tensors, and everything computed from them stays "on CUDA";
 - an operation that mixes a "CUDA" tensor with a CPU tensor of one or more dimensions raises, as PyTorch
   does on a real GPU ("Expected all tensors to be on the same device"). PyTorch's own exceptions are
   mirrored: 0-dim CPU tensors mix freely, CPU index tensors may index a CUDA tensor (but not the reverse),
@@ -43,6 +43,10 @@ def _is_cuda(device) -> bool:
     if isinstance(device, int):  # torch accepts an ordinal for cuda
         return True
     return torch.device(device).type == "cuda"
+
+
+def _non_blocking(args, kwargs) -> bool:
+    return bool(kwargs.get("non_blocking", args[2] if len(args) > 2 else False))
 
 
 def _fake(t):
@@ -147,8 +151,8 @@ class _Mode(TorchFunctionMode):
     def _check_mix(self, func, name, args, kwargs):
         if name in _METADATA_ONLY:
             return
-        if name == "copy_" and not isinstance(args[0], FakeCudaTensor):
-            return  # a copy into a host tensor: a move to the host, as `.cpu()`
+        if name == "copy_" and not isinstance(args[0], FakeCudaTensor) and _non_blocking(args, kwargs):
+            return  # an asynchronous copy into a host tensor: a move to the host (a blocking one would sync)
         tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
         if not any(isinstance(t, FakeCudaTensor) for t in tensors):
             return
@@ -228,7 +232,8 @@ _ADAPTERS: dict = {}
 
 
 def fake_cuda_adapter(alias: str):
-    """A fresh adapter of `alias` (the shared test adapters stay on the CPU), moved to the pretend GPU once."""
+    """An adapter of `alias` of its own (conftest's shared ones stay on the CPU), loaded and moved to the pretend GPU
+    once per test process and shared by the modules that ask for it."""
     from visualkv.models.registry import load_model
 
     if alias not in _ADAPTERS:

@@ -62,7 +62,7 @@ def test_every_example_card_answers_right_with_the_defaults(browser, app_url):
     cards = pg.locator("#vkv-examples .thumbnail-item")
     cards.first.wait_for(timeout=30_000)
     assert cards.count() == len(shown) >= 8
-    answers = []
+    answers, largest = [], _largest_image(shown)
     for index, (question, path) in enumerate(shown):
         cards.nth(index).scroll_into_view_if_needed()
         cards.nth(index).click()
@@ -70,8 +70,9 @@ def test_every_example_card_answers_right_with_the_defaults(browser, app_url):
         assert pg.input_value("#vkv-input textarea") == question  # the card put its own question in the input
         send(pg, question)  # the card's file stays attached
         answers.append((question, path.rsplit("/", 1)[-1], keys[question, path], bot_messages(pg)[-1].strip()))
-        if path == _largest_image(shown):
+        if path == largest:
             _front_door_screenshot(pg)
+            largest = None  # once, after the image's first question
         if index == len(shown) - 1:
             shot(pg, "cards_last_answer")
         new_chat(pg)
@@ -81,8 +82,11 @@ def test_every_example_card_answers_right_with_the_defaults(browser, app_url):
 
 
 def _largest_image(shown: list[tuple[str, str]]) -> str:
-    images = [path for _, path in shown if not path.endswith(".webm")]
-    return max(images, key=lambda path: Image.open(path).size[0])
+    def pixels(path: str) -> int:
+        with Image.open(path) as img:
+            return img.size[0] * img.size[1]
+
+    return max((path for _, path in shown if not path.endswith(".webm")), key=pixels)
 
 
 def _front_door_screenshot(pg) -> None:
@@ -90,12 +94,26 @@ def _front_door_screenshot(pg) -> None:
     open_tab(pg, "Kept tokens")
     pg.evaluate("() => window.scrollTo(0, 0)")
     pg.locator("#vkv-heatmap img").nth(1).wait_for(timeout=60_000)
-    assert "visual tokens" in pg.inner_text("#vkv-summary")
+    visual = pg.inner_text("#vkv-summary").split(" visual tokens")[0]  # this turn's count, e.g. "10549"
+    assert visual.isdigit(), pg.inner_text("#vkv-summary")
+    # the kept-token view is this turn's, not the last card's
+    pg.wait_for_function(
+        "(n) => document.querySelector('#vkv-heat-note').innerText.startsWith(n + ' visual tokens')",
+        arg=visual,
+        timeout=30_000,
+    )
     for elem in ("#vkv-chat", "#vkv-summary", "#vkv-heatmap", "#vkv-input"):
         assert in_viewport(pg, elem), (elem, pg.locator(elem).first.bounding_box())
+    from visualkv.bench.provenance import save_json, start
+
     target = REPO / "docs" if os.environ.get("VISUALKV_SCREENSHOT") == "1" else ARTIFACTS
     target.mkdir(exist_ok=True)
+    prov = start()  # before the picture is written: the commit it was taken on, not the tree with it changed
+    prov["command"] = "VISUALKV_SCREENSHOT=1 python -m pytest tests/test_app_browser_cards.py"
     pg.screenshot(path=str(target / "screenshot.png"))
+    # beside it: the machine, load and commit it was taken on, and the timings it shows
+    shown = {"progress": pg.inner_text("#vkv-progress"), "summary": pg.inner_text("#vkv-summary")}
+    save_json(shown, str(target / "screenshot.json"), prov)
 
 
 def test_a_shared_instance_shows_and_enforces_its_maxima(browser, app_url):

@@ -22,7 +22,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import FAMILIES
+from tests.conftest import FAMILIES, cache_entries
 from visualkv.kv.cache import CompressibleLayer
 from visualkv.methods import METHODS
 from visualkv.models.registry import load_model
@@ -138,17 +138,6 @@ def test_followup_reprefill_on_cuda(method, small_image):
     assert s.ask("Where is the red part?").token_ids
 
 
-def _cache_entries(session: ChatSession) -> list[torch.Tensor]:
-    """Every entry the cache holds (full precision and packed tiers, with their token indices), on the host."""
-    out = []
-    for layer in session.cache.layers:
-        if layer.is_initialized:
-            out += [layer.keys, layer.values, layer.token_index]
-            for segment in layer.quant.values():
-                out += [segment.keys.data, segment.keys.scale, segment.values.data, segment.token_index]
-    return [t.cpu() for t in out]
-
-
 @pytest.mark.parametrize("method", ["blockwise-snapkv", "salicache"])
 def test_a_parked_session_is_pinned_and_its_followup_equals_an_unparked_one_on_cuda(method, small_image):
     """Between turns a parked session's tensors are in page-locked host memory (so the next turn's copy to the
@@ -163,7 +152,7 @@ def test_a_parked_session_is_pinned_and_its_followup_equals_an_unparked_one_on_c
         assert all(t.device.type == "cpu" and t.is_pinned() for t, _ in homes)
         assert parked.cache.layers[0].keys.is_pinned() and kept.cache.layers[0].keys.is_cuda
     assert [t.token_ids for t in parked.turns] == [t.token_ids for t in kept.turns]
-    ours, reference = _cache_entries(parked), _cache_entries(kept)
+    ours, reference = cache_entries(parked), cache_entries(kept)
     assert len(ours) == len(reference) > 0 and all(torch.equal(a, b) for a, b in zip(ours, reference))
 
 

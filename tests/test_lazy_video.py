@@ -169,6 +169,22 @@ def test_a_lazy_video_pickles_as_a_reader_and_decodes_the_same_frames_elsewhere(
     # the stand-in for the undecodable frame, and its warning, found by the copy or carried with it
     assert copies["unmet"].warnings == copies["met"].warnings == met.warnings
     assert copies["resized"].frames.frame_shape == (45, 80, 3)
+    # a resized view and its base, pickled together, share one decoder and one lock again
+    both = pickle.loads(pickle.dumps([plain, resized]))
+    assert both[1].frames._base is both[0].frames
+    assert both[1].frames._decoder is both[0].frames._decoder and both[1].frames._lock is both[0].frames._lock
+
+
+def test_a_copy_of_a_lazy_video_is_the_same_reader(video: Path) -> None:
+    """copy.copy gives the reader itself: a second one on the same decoder would close it when collected."""
+    import copy
+    import gc
+
+    media = load_media(video, NO_CAP, ALL)
+    assert copy.copy(media.frames) is media.frames
+    copy.copy(media)  # a Media copy holds the same frames
+    gc.collect()
+    assert media.frames[3].shape == media.frames.frame_shape
 
 
 # --------------------------------------------------------------------------------------------

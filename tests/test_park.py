@@ -13,7 +13,7 @@ import pickle
 import pytest
 import torch
 
-from tests.conftest import FAMILIES
+from tests.conftest import FAMILIES, cache_entries
 from tests.fake_cuda import FakeCudaTensor, fake_cuda, fake_cuda_adapter
 from tests.test_invariants import METHODS_ALL
 from visualkv.bench.synthetic import write_video_file
@@ -50,18 +50,6 @@ def _through_pickle(session: ChatSession) -> ChatSession:
     return fresh
 
 
-def _layer_tensors(session: ChatSession) -> list[torch.Tensor]:
-    """Every entry the cache holds (full precision and packed tiers, with their token indices), as host tensors."""
-    out = []
-    for layer in session.cache.layers:
-        if not layer.is_initialized:
-            continue
-        out += [layer.keys, layer.values, layer.token_index]
-        for segment in layer.quant.values():
-            out += [segment.keys.data, segment.keys.scale, segment.values.data, segment.token_index]
-    return [t.cpu().as_subclass(torch.Tensor) for t in out]
-
-
 def _counts(block: dict) -> dict:
     """A block event's counts (its seconds and memory readings differ run to run)."""
     return {k: v for k, v in block.items() if k not in ("seconds", "rss_bytes", "cuda_allocated_bytes")}
@@ -93,7 +81,7 @@ def test_a_parked_followup_equals_an_unparked_one(method, small_image, small_vid
             moved_report, kept_report = moved.report(), kept.report()
         assert [t.token_ids for t in moved.turns] == [t.token_ids for t in kept.turns]
         assert len(moved.turns) == len(QUESTIONS) and all(len(t.token_ids) for t in moved.turns)
-        ours, reference = _layer_tensors(moved), _layer_tensors(kept)
+        ours, reference = cache_entries(moved), cache_entries(kept)
         assert len(ours) == len(reference) > 0
         assert all(torch.equal(a, b) for a, b in zip(ours, reference))
         for key in ("final_kv_bytes", "peak_kv_bytes", "retained_per_layer"):
@@ -109,7 +97,7 @@ def test_a_reprefill_after_a_park_equals_one_without(small_image):
         kept = _conversation(adapter, _config("blockwise-snapkv", "never", followup="reprefill"), small_image, False)
         moved = _conversation(adapter, _config("blockwise-snapkv", "always", followup="reprefill"), small_image, True)
     assert [t.token_ids for t in moved.turns] == [t.token_ids for t in kept.turns]
-    assert all(torch.equal(a, b) for a, b in zip(_layer_tensors(moved), _layer_tensors(kept)))
+    assert all(torch.equal(a, b) for a, b in zip(cache_entries(moved), cache_entries(kept)))
 
 
 @pytest.mark.parametrize("method", ["salicache", "lightkv"])
@@ -146,5 +134,23 @@ def test_a_lazy_video_crosses_as_itself_while_its_file_is_there(tmp_path):
     media = load_media(path, sampling=FrameSampling(fps=1.0))
     assert media.is_lazy and portable_media(media) is media
     os.remove(path)  # an upload the server has cleaned up
-    with pytest.raises(MediaError, match="gone from the server; upload the video again"):
+    with pytest.raises(MediaError, match="gone.mp4': the video's file is gone from the server; upload it again"):
         portable_media(media)
+
+
+def test_a_follow_up_of_a_chat_whose_video_file_is_gone_is_one_line(tmp_path):
+    """A follow-up's call reopens the chat's video (not passed again): its export says the upload is gone, and a
+    copy that reads a frame after its file went says the same, not that a frame could not be decoded."""
+    path = write_video_file(str(tmp_path / "gone.mp4"), 8, 64, 48, fps=4.0)
+    media = load_media(path, sampling=FrameSampling(fps=1.0))
+    session = ChatSession(fake_cuda_adapter(FAMILIES[0]), _config("blockwise-keydiff", "always"))
+    with fake_cuda():
+        session.ask(QUESTIONS[0], media)
+    export_state(session)  # the file is there: the state crosses
+    copy = pickle.loads(pickle.dumps(media))
+    os.remove(path)
+    with pytest.raises(MediaError, match="gone.mp4': the video's file is gone from the server"):
+        export_state(session)
+    with pytest.raises(MediaError, match="gone.mp4': the video's file is gone from the server"):
+        copy.frames[media.num_frames - 1]
+    assert not copy.warnings  # no frame was taken for undecodable

@@ -26,7 +26,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 
     p.formatter_class = HelpFormatter
     _input_args(p.add_argument_group("what to read", "the model, the media and the questions"))
-    _method_args(p.add_argument_group("compression", "the method and its budget"))
+    _method_args(p.add_argument_group("compression", "the method, its budget and the block-wise prefill"))
     _video_args(p.add_argument_group("video", "which frames are read, and Sali-Cache's frame skipping and tiers"))
     _lightkv_args(p.add_argument_group("lightkv", "LightKV's merge schedule"))
     _answer_args(p.add_argument_group("answers", "how answer tokens are chosen and run"))
@@ -67,6 +67,14 @@ def _method_args(p: argparse._ArgumentGroup) -> None:
         choices=["reuse", "reprefill"],
         default="reuse",
         help="query-aware methods: reuse the compressed cache or rebuild it per question",
+    )
+    p.add_argument(
+        "--vision-ahead",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="blocks whose media go through the vision tower in one call (every family; the same embeddings: "
+        "fewer tower launches, a larger transient)",
     )
     p.add_argument(
         "--random-seed",
@@ -166,18 +174,10 @@ def _answer_args(p: argparse._ArgumentGroup) -> None:
 
 
 def _device_args(p: argparse._ArgumentGroup) -> None:
-    from visualkv.cli.args import DEVICES, DTYPES, positive_int
+    from visualkv.cli.args import DEVICES, DTYPES
 
     p.add_argument("--device", choices=DEVICES, default="cpu", help="auto: device_map=auto over the GPUs")
     p.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: bfloat16 on CUDA, float32 on CPU")
-    p.add_argument(
-        "--vision-ahead",
-        type=positive_int,
-        default=1,
-        metavar="N",
-        help="blocks whose media go through the vision tower in one call (every family; the same embeddings: "
-        "fewer tower launches, a larger transient)",
-    )
     p.add_argument(
         "--park-cache",
         # visualkv.runtime.park.PARK_MODES, not imported: building the parser loads no torch

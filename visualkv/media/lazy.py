@@ -111,10 +111,14 @@ class LazyFrames(Sequence[np.ndarray]):
         """What another process needs to decode the same frames: the decoder's file and backends (no open
         reader), the sampled indices, fps, sizes, resize, cache size, undecodable-frame stand-ins and warnings;
         no lock, cached frame or statistics."""
-        state = dict(vars(self))
+        state = dict(vars(self))  # the stand-ins and warnings stay the objects a view shares with its base
         for name in ("_cache", "_lock", "_live", "decoded"):
             del state[name]
         return state
+
+    def __copy__(self) -> LazyFrames:
+        """The same reader (a second one on the same decoder would need its lock and would close it twice)."""
+        return self
 
     def __setstate__(self, state: dict) -> None:
         vars(self).update(state)
@@ -155,7 +159,7 @@ class LazyFrames(Sequence[np.ndarray]):
         module-level function or a ``functools.partial`` of one (not a lambda or a closure)."""
         # a shallow copy shares the decoder, indices, lock, warnings and the undecodable-frame stand-ins (an
         # undecodable frame is looked for, and reported, once); what is the view's own is set anew below
-        view = object.__new__(LazyFrames)
+        view = object.__new__(type(self))
         vars(view).update(vars(self))
         view._cache = OrderedDict()
         view._live = _LiveCount()
@@ -223,6 +227,8 @@ class LazyFrames(Sequence[np.ndarray]):
         frame = self._decoder.read(self._indices[k])
         self.decoded += 1
         if frame is None:
+            if not self.file.exists():  # not an undecodable frame: the whole video is gone (an upload expired)
+                raise MediaError(f"'{self.file.name}': the video's file is gone from the server; upload it again")
             return None
         frame = np.ascontiguousarray(frame, dtype=np.uint8)
         self._flat.saw(k, frame)

@@ -197,19 +197,15 @@ class ModelAdapter:
 
     def video_frame_size(self, height: int, width: int, num_frames: int) -> tuple[int, int] | None:
         """(height, width) the video processor resizes every frame of a `num_frames`-frame video of
-        `height` x `width` px to, where `resize_video_frame` reproduces that resize exactly (so the processor,
+        `height` x `width` px to, where `resize_with` reproduces that resize exactly (so the processor,
         given the resized frame, leaves it as is); None where unknown (frames stay at their decoded size)."""
         return None
 
-    def resize_video_frame(self, frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-        """One (H, W, 3) uint8 frame resized to `size` (height, width) by the video processor's own resize
-        (same call, same interpolation, uint8 out), so encoding it gives the same pixel values."""
-        return self.resize_with(self.processor.video_processor, frame, size)
-
     @staticmethod
     def resize_with(video_processor: Any, frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-        """`resize_video_frame` given the video processor alone (what a resized lazy video holds: it pickles
-        with the processor's settings, not the model)."""
+        """One (H, W, 3) uint8 frame resized to `size` (height, width) by the video processor's own resize (same
+        call, same interpolation, uint8 out), so encoding it gives the same pixel values. Static: a resized lazy
+        video holds it with the video processor alone, so it pickles without the model."""
         raise NotImplementedError
 
     def video_for_encoding(self, media: Media) -> Media:

@@ -186,7 +186,7 @@ def portable_media(media: Media | None) -> Media | None:
     """`media` as a call in another process gets it: itself (a lazily decoded video pickles as what reopens its
     file, see `LazyFrames`, not as frames). MediaError when that file is gone."""
     if media is not None and media.is_lazy and not media.frames.file.exists():
-        raise MediaError(f"'{media.path}': the video's file is gone from the server; upload the video again")
+        raise MediaError(f"'{media.frames.file.name}': the video's file is gone from the server; upload it again")
     return media
 
 
@@ -290,6 +290,7 @@ def export_state(session) -> ParkedState:
     """The session's state for another process: parked first (so host-only), then copied without what belongs
     to this process (the model, callbacks); the session itself keeps all of it."""
     park(session)
+    portable_media(session.media)  # a follow-up's call reopens the chat's video: its file must still be there
     mover = _Mover(strip=True, copy=True)
     return ParkedState(session.config, {name: mover.value(value) for name, value in _state(session).items()})
 
