@@ -48,6 +48,10 @@ def test_every_table_is_in_a_document_and_every_document_is_listed():
     assert pages <= set(figures.DOCUMENTS)
 
 
+def test_the_zerogpu_section_shows_the_slice_fit_and_each_examples_duration():
+    assert {"zerogpu-fit", "zerogpu-durations"} <= set(figures.blocks_in(_read("docs/APP.md")))
+
+
 def _read(doc: str) -> str:
     path = figures.ROOT / doc
     return path.read_text() if path.exists() else ""

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import importlib
+import math
 import multiprocessing
 import os
 import pickle
 import subprocess
 import sys
 import threading
+import time
 import traceback
 import types
 from contextlib import contextmanager, nullcontext
@@ -35,11 +38,25 @@ import torch
 from tests.conftest import FAMILIES
 from tests.fake_cuda import fake_cuda, to_fake_cuda
 from visualkv.bench.synthetic import write_video_file
+from visualkv.errors import PrefillStopped
 from visualkv.media import FrameSampling, load_media
 from visualkv.models.registry import load_model
+from visualkv.report.telemetry import TIME_LIMIT_STOP
 from visualkv.runtime import streaming
-from visualkv.runtime.calls import ZERO_GPU_MAX_SECONDS, call_seconds, call_time_limit, turn_plan
-from visualkv.runtime.park import device_tensors
+from visualkv.runtime.calls import (
+    MIN_CALL_SECONDS,
+    ZERO_GPU_MAX_SECONDS,
+    CompareCall,
+    DeviceSpeed,
+    EvidenceCall,
+    StopFlag,
+    TurnCall,
+    call_seconds,
+    call_time_limit,
+    run_evidence,
+    turn_plan,
+)
+from visualkv.runtime.park import device_tensors, export_state
 from visualkv.runtime.session import ChatSession, SessionConfig
 
 _END, _FAILED = "__end__", "__failed__"
@@ -161,6 +178,11 @@ def fake_spaces() -> types.ModuleType:
     return module
 
 
+#: the emulated device is this CPU, shared with other work: calls are planned at its speed, with a second per
+#: block to spare (the turn limit inside a call follows the seconds asked for, so H200 speeds would stop turns)
+CPU_SPEED = DeviceSpeed(prefill_tokens_per_second=20.0, decode_tokens_per_second=1.0, seconds_per_block=1.0)
+
+
 @pytest.fixture
 def zerogpu(monkeypatch):
     """ui.gpu as on a ZeroGPU Space (stand-in `spaces`, SPACES_ZERO_GPU set), restored afterwards."""
@@ -170,7 +192,12 @@ def zerogpu(monkeypatch):
     monkeypatch.setitem(sys.modules, "spaces", fake_spaces())
     Worker.calls.clear()
     Worker.payloads.clear()
-    yield importlib.reload(ui.gpu)
+    # an earlier test's video left as garbage is freed here, not in a forked worker: its decoder's threads are not
+    # in the worker, and freeing it there hangs (cv2's capture waits on them)
+    gc.collect()
+    module = importlib.reload(ui.gpu)
+    module.DEVICE_SPEED = CPU_SPEED
+    yield module
     monkeypatch.delitem(sys.modules, "spaces")
     monkeypatch.delenv("SPACES_ZERO_GPU")
     importlib.reload(ui.gpu)
@@ -279,7 +306,7 @@ def test_the_duration_asked_for_follows_the_turns_plan(zerogpu, small_video):
     _turn(zerogpu.stream_turn, session, QUESTIONS[0], small_video)
     followup = turn_plan(session, QUESTIONS[1], None)
     assert 0 < followup.prompt_tokens < first.prompt_tokens // 4 and followup.blocks == 1
-    assert [seconds for _, seconds in Worker.calls] == [call_seconds(first)]
+    assert [seconds for _, seconds in Worker.calls] == [call_seconds(first, CPU_SPEED)]
     seven_b = dataclasses.replace(first, billions=7.0)
     long_video = dataclasses.replace(seven_b, prompt_tokens=50_000, blocks=64)
     assert call_seconds(long_video) > call_seconds(seven_b) >= call_seconds(dataclasses.replace(followup, billions=7))
@@ -354,3 +381,138 @@ def test_where_cuda_was_initialised_a_test_reruns_in_a_fresh_interpreter(monkeyp
 def test_a_turn_inside_a_call_stops_before_zero_gpu_would_end_the_call():
     assert call_time_limit(None) < ZERO_GPU_MAX_SECONDS and call_time_limit(10.0) == 10.0
     assert call_time_limit(10_000.0) == call_time_limit(None)
+
+
+def _within_seconds_asked(call):
+    """`call` (a decorated call) failing as ZeroGPU would end it: an item arriving after the seconds it asked for."""
+
+    def timed(request, model):
+        start = time.monotonic()
+        for item in call(request, model):
+            late = time.monotonic() - start - request.seconds
+            assert late <= 0, f"ZeroGPU would have ended this call {late:.1f} s before {item[0]!r} came"
+            yield item
+
+    return timed
+
+
+#: a device the plan thinks fast: a call asks for a few seconds, and a long answer runs past them
+_FAST_PLAN = DeviceSpeed(1e9, 1e9, seconds_per_block=0.2, setup_seconds=2.0)
+
+
+@fresh_if_cuda_initialised
+def test_a_call_asking_too_few_seconds_stops_its_turn_inside_them(zerogpu, monkeypatch, small_image):
+    """The turn's time limit inside a call is the seconds asked less the setup: a long answer is cut by the time
+    limit (its tokens so far kept), before ZeroGPU would end the call from outside."""
+    monkeypatch.setattr(zerogpu, "DEVICE_SPEED", _FAST_PLAN)
+    monkeypatch.setattr(zerogpu, "turn_call", _within_seconds_asked(zerogpu.turn_call))
+    session = ChatSession(_parent_adapter(), dataclasses.replace(_config("full"), max_new_tokens=4000))
+    events = _turn(zerogpu.stream_turn, session, QUESTIONS[0], small_image)
+    ((_, seconds),) = Worker.calls
+    assert seconds < 10  # the plan's few seconds, at a speed the CPU does not have
+    assert events[-1][0] == "done" and events[-1][1].stopped == TIME_LIMIT_STOP, events[-1]
+    assert 0 < len(session.turns[0].token_ids) < 4000
+
+
+@fresh_if_cuda_initialised
+def test_a_comparison_asking_too_few_seconds_stops_inside_them(zerogpu, monkeypatch, small_image):
+    """The same bound for a whole comparison: `full`'s long answer is cut (its answer ends at about 400 tokens,
+    and the limit here leaves about 2 seconds), and no time is left for the next method."""
+    monkeypatch.setattr(zerogpu, "DEVICE_SPEED", dataclasses.replace(_FAST_PLAN, seconds_per_block=0.1))
+    monkeypatch.setattr(zerogpu, "compare_call", _within_seconds_asked(zerogpu.compare_call))
+    base = dataclasses.replace(_config("full", 40), max_new_tokens=4000)
+    methods = ["full", "blockwise-keydiff"]
+    events = list(zerogpu.stream_compare(_parent_adapter(), small_image, QUESTIONS[0], methods, base))
+    results = [payload for kind, payload in events if kind == "result"]
+    assert results[0][0] == "full" and results[0][1]["turns"][0]["stopped"] == TIME_LIMIT_STOP
+    assert events[-1][0] == "stopped" and events[-1][1][1] is True, events[-1]  # no time left for the next method
+
+
+def test_the_turn_limit_inside_a_call_is_the_seconds_asked_less_the_setup():
+    assert call_time_limit(None, 60, 20) == 40 and call_time_limit(100.0, 60, 20) == 40
+    assert call_time_limit(10.0, 60, 20) == 10 and call_time_limit(None, 15, 20) == 0
+    assert call_time_limit(None, 1000, 20) == ZERO_GPU_MAX_SECONDS - 20
+    call = TurnCall(None, "q", None, StopFlag(), time_limit=None, seconds=50, setup_seconds=5)
+    assert call.turn_limit == 45
+    assert EvidenceCall(None, StopFlag(), seconds=30, time_limit=12.0).turn_limit == 10  # setup 20 by default
+    assert CompareCall(None, "q", ["full"], SessionConfig(), seconds=90, time_limit=200).turn_limit == 70
+
+
+def test_an_evidence_call_stops_at_its_time_limit(small_image):
+    """The evidence pass inside a call gets the same bound: a call with no second past its setup stops it."""
+    adapter = _parent_adapter()
+    session = ChatSession(adapter, _config("blockwise-keydiff", 40))
+    list(streaming.stream_turn(session, QUESTIONS[0], small_image))
+    call = EvidenceCall(export_state(session), StopFlag(), seconds=MIN_CALL_SECONDS, setup_seconds=MIN_CALL_SECONDS)
+    with pytest.raises(PrefillStopped, match="time limit"):
+        list(run_evidence(call, adapter))
+
+
+@fresh_if_cuda_initialised
+def test_evidence_blocks_stream_out_of_the_call(zerogpu, small_image):
+    """on_block gets, through the call, the same block events as the pass in this process."""
+    adapter = _parent_adapter()
+    config = _config("blockwise-keydiff", 40)
+    remote, local = ChatSession(adapter, config), ChatSession(adapter, config)
+    _turn(zerogpu.stream_turn, remote, QUESTIONS[0], small_image)
+    list(streaming.stream_turn(local, QUESTIONS[0], small_image))
+    seen, expected = [], []
+    zerogpu.compute_evidence(remote, on_block=seen.append)
+    local.compute_evidence(on_block=expected.append)
+    assert len(seen) == len(expected) == expected[0].n_blocks > 1
+    assert [_timeless(e) for e in seen] == [_timeless(e) for e in expected]
+    assert remote.evidence.recall == local.evidence.recall
+
+
+def _timeless(event) -> dict:
+    """A block event without what differs between two runs of the same pass (time, memory of the process)."""
+    return {k: v for k, v in event.to_dict().items() if k not in ("seconds", "rss_bytes", "cuda_allocated_bytes")}
+
+
+@fresh_if_cuda_initialised
+def test_stop_ends_an_evidence_call(zerogpu, small_image):
+    session = ChatSession(_parent_adapter(), _config("blockwise-keydiff", 40))
+    _turn(zerogpu.stream_turn, session, QUESTIONS[0], small_image)
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(AssertionError, match="PrefillStopped"):  # the stand-in raises the worker's failure
+        zerogpu.compute_evidence(session, on_block=lambda event: None, stop=stop)
+    assert session.evidence is None and session.turns[-1].evidence_recall is None
+
+
+@fresh_if_cuda_initialised
+def test_the_next_call_asks_for_the_speed_the_last_ones_measured(zerogpu, small_image):
+    """After a call the app plans with the device's measured speed: a CPU is far slower than an H200's constants,
+    so the same turn asks for more once measured."""
+    adapter = _parent_adapter()
+    config = _config("full")
+    session = ChatSession(adapter, config)
+    plan = turn_plan(session, QUESTIONS[0], small_image)
+    _turn(zerogpu.stream_turn, session, QUESTIONS[0], small_image)
+    record = session.turns[0]
+    measured = zerogpu._SPEEDS[adapter.name]
+    scale = max(plan.billions, 0.1)
+    assert measured.prefill == (plan.prompt_tokens * scale / record.prefill_seconds,)
+    assert measured.decode == (record.decode_tokens_per_second * scale,)
+    work = (
+        plan.prompt_tokens * record.prefill_seconds / plan.prompt_tokens
+        + plan.answer_tokens / record.decode_tokens_per_second
+        + plan.blocks * CPU_SPEED.seconds_per_block
+    )
+    expected = math.ceil(CPU_SPEED.setup_seconds + 1.5 * work)
+    again = ChatSession(adapter, config)
+    _turn(zerogpu.stream_turn, again, QUESTIONS[0], small_image)
+    assert Worker.calls[-1][1] == expected
+
+
+@fresh_if_cuda_initialised
+def test_a_turn_with_evidence_runs_its_pass_in_the_turns_call_and_asks_for_it(zerogpu, small_image):
+    """SessionConfig.evidence runs the evidence pass inside the turn: the turn's call asks for its seconds too."""
+    config = dataclasses.replace(_config("blockwise-keydiff", 40), evidence=True)
+    session = ChatSession(_parent_adapter(), config)
+    plan = turn_plan(session, QUESTIONS[0], small_image)
+    events = _turn(zerogpu.stream_turn, session, QUESTIONS[0], small_image)
+    assert events[-1][0] == "done" and session.turns[-1].evidence_recall is not None
+    assert [fn for fn, _ in Worker.calls] == ["turn_call"]
+    no_pass = dataclasses.replace(plan, evidence_tokens=0, evidence_blocks=0)
+    assert Worker.calls[0][1] == call_seconds(plan, CPU_SPEED) > call_seconds(no_pass, CPU_SPEED)

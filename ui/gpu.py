@@ -4,7 +4,8 @@ The calls and their picklable inputs live in the library (`visualkv.runtime.call
 `spaces.GPU` (a no-op decorator where the `spaces` package is missing), and `stream_turn` / `stream_compare` stand in
 for the runtime's functions of the same names: on ZeroGPU (`SPACES_ZERO_GPU` set and `spaces` importable) they run
 the decorated call and hand its events on; elsewhere they are the runtime's own, in this process. A Stop pressed in
-the browser (a threading.Event here) is forwarded to the call's `StopFlag`.
+the browser (a threading.Event here) is forwarded to the call's `StopFlag`. Each finished call's measured speeds
+are kept per model (`SpeedLog`), and the next call's duration is planned with them.
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ from visualkv.models.registry import load_model
 from visualkv.runtime import streaming
 from visualkv.runtime.calls import (
     CompareCall,
+    DeviceSpeed,
     EvidenceCall,
+    SpeedLog,
     StopFlag,
     TurnCall,
     call_seconds,
     call_time_limit,
+    compare_plan,
     compare_seconds,
     evidence_seconds,
     run_compare,
@@ -31,7 +35,7 @@ from visualkv.runtime.calls import (
     turn_plan,
 )
 from visualkv.runtime.park import adopt_state, export_state, on_zero_gpu, portable_media
-from visualkv.runtime.session import ChatSession
+from visualkv.runtime.session import ChatSession, SessionConfig
 
 try:  # Hugging Face Spaces' package: lends a GPU to each decorated call on ZeroGPU hardware
     import spaces
@@ -53,6 +57,17 @@ def zero_gpu() -> bool:
 
 #: models by name, for the worker of a call: forked from this process, it finds the model loaded here
 _MODELS: dict[str, Any] = {}
+
+
+#: what a call's duration assumes of the device until a speed is measured
+DEVICE_SPEED = DeviceSpeed()
+#: the speeds each model showed in its finished calls, by model name
+_SPEEDS: dict[str, SpeedLog] = {}
+
+
+def _speed(name: str) -> DeviceSpeed:
+    """The speed the next call of model `name` is planned with (measured where known)."""
+    return _SPEEDS.setdefault(name, SpeedLog()).speed(DEVICE_SPEED)
 
 
 def _model(name: str):
@@ -92,18 +107,22 @@ def evidence_call(call: EvidenceCall, model: str) -> Iterator[tuple[str, Any]]:
 
 
 def compute_evidence(session: ChatSession, on_block=None, stop: threading.Event | None = None, time_limit=None) -> None:
-    """`session.compute_evidence`, through a decorated call on ZeroGPU (per-block progress only off ZeroGPU)."""
+    """`session.compute_evidence`, through a decorated call on ZeroGPU (`on_block` gets each block's event there
+    too, as the call streams them)."""
     if not zero_gpu():
         session.compute_evidence(on_block=on_block, stop=stop)
         return
     name = session.adapter.name
     _MODELS.setdefault(name, session.adapter)
-    flag = StopFlag()
-    call = EvidenceCall(export_state(session), flag, evidence_seconds(session, call_time_limit(time_limit)))
+    speed, flag = _speed(name), StopFlag()
+    seconds = evidence_seconds(session, call_time_limit(time_limit), speed)
+    call = EvidenceCall(export_state(session), flag, seconds, time_limit, speed.setup_seconds)
     with _forwarded(stop, flag):
         for kind, payload in evidence_call(call, name):
             if kind == "parked":
                 adopt_state(session, payload)
+            elif kind == "block" and on_block is not None:
+                on_block(payload)
 
 
 @contextmanager
@@ -139,11 +158,12 @@ def stream_turn(
         return
     name = session.adapter.name
     _MODELS.setdefault(name, session.adapter)
-    time_limit = call_time_limit(time_limit)
-    flag = StopFlag()
+    speed, flag = _speed(name), StopFlag()
     try:  # what the call needs, read here: a problem with it is the turn's one error line
-        seconds = call_seconds(turn_plan(session, prompt, media), time_limit=time_limit)
-        call = TurnCall(export_state(session), prompt, portable_media(media), flag, time_limit, seconds)
+        plan = turn_plan(session, prompt, media)
+        seconds = call_seconds(plan, speed, call_time_limit(time_limit))
+        state = export_state(session)
+        call = TurnCall(state, prompt, portable_media(media), flag, time_limit, seconds, speed.setup_seconds)
     except Exception as exc:  # noqa: BLE001 - as stream_turn reports a failure: one line, the chat unchanged
         yield "error", streaming.failure_message(exc)
         return
@@ -152,6 +172,8 @@ def stream_turn(
             if kind == "parked":
                 adopt_state(session, payload)
                 continue
+            if kind == "done":
+                _SPEEDS[name].record(plan, payload)
             yield kind, payload
 
 
@@ -160,11 +182,18 @@ def stream_compare(adapter, media, prompt, methods, base=None, options=None, sto
     if not zero_gpu():
         yield from streaming.stream_compare(adapter, media, prompt, methods, base, options, stop, time_limit)
         return
-    _MODELS.setdefault(adapter.name, adapter)
-    time_limit = call_time_limit(time_limit)
-    methods = list(methods)
-    seconds = compare_seconds(adapter, base, prompt, media, len(methods), time_limit)
-    flag = StopFlag()
-    call = CompareCall(portable_media(media), prompt, methods, base, dict(options or {}), flag, time_limit, seconds)
+    name = adapter.name
+    _MODELS.setdefault(name, adapter)
+    methods, speed, flag = list(methods), _speed(name), StopFlag()
+    base = base or SessionConfig()
+    plan = compare_plan(adapter, base, prompt, media)
+    seconds = compare_seconds(plan, len(methods), speed, call_time_limit(time_limit))
+    options = dict(options or {})
+    call = CompareCall(
+        portable_media(media), prompt, methods, base, options, flag, time_limit, seconds, speed.setup_seconds
+    )
     with _forwarded(stop, flag):
-        yield from compare_call(call, adapter.name)
+        for kind, payload in compare_call(call, name):
+            if kind == "result" and isinstance(payload[1], dict) and payload[1].get("turns"):
+                _SPEEDS[name].record(plan, payload[1]["turns"][0])
+            yield kind, payload

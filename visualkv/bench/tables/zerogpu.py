@@ -1,11 +1,11 @@
-"""Which shape models fit a ZeroGPU slice: weights and KV per token from the released configurations (computed
-from the code, not measured)."""
+"""ZeroGPU: which shape models fit a slice (weights and KV per token from the released configurations, computed
+from the code, not measured), and the seconds each example card's call asks for (scripts/zerogpu_durations.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from visualkv.bench.tables.format import mib, render_with_source
+from visualkv.bench.tables.format import load, mib, render, render_with_source
 
 #: GPU memory one ZeroGPU call gets (https://huggingface.co/docs/hub/spaces-zerogpu: "70GB per workload")
 ZERO_GPU_SLICE_BYTES = 70 * 10**9
@@ -65,4 +65,48 @@ def zerogpu_fit(results: Path) -> str:
     return render_with_source(header, body, note, source)
 
 
-TABLES = {"zerogpu-fit": zerogpu_fit}
+DURATIONS = "zerogpu_durations.json"
+
+
+def zerogpu_durations(results: Path) -> str:
+    """Per example card: the first turn's plan, the seconds its call asks ZeroGPU for, and the call's wall seconds
+    in the CPU emulation."""
+    d = load(DURATIONS, results)
+    body = [
+        [
+            row["example"],
+            f"{row['plan']['prompt_tokens']:,}",
+            str(row["plan"]["blocks"]),
+            str(row["plan"]["answer_tokens"]),
+            f"{row['seconds_asked']} s",
+            f"{row['seconds_asked_7b']} s",
+            f"{row['cpu_wall_seconds']:.2f} s",
+            str(row["answer_tokens"]),
+        ]
+        for row in d["rows"]
+    ]
+    header = [
+        "example card (first turn)",
+        "prompt tokens",
+        "prefill blocks",
+        "answer tokens at most",
+        "seconds asked (plan)",
+        "same plan, 7 B model",
+        "CPU emulation: call wall",
+        "answer tokens",
+    ]
+    speed = d["speed"]
+    note = (
+        f"The app's default settings (`{d['settings']['method']}`, budget {d['settings']['budget']}, "
+        f"{d['settings']['max_new']} answer tokens at most), model `{d['model']}`. *Seconds asked* is the plan's, "
+        f"not a measurement: a first call's, at the constant speeds ({speed['prefill_tokens_per_second']:,.0f} prompt "
+        f"and {speed['decode_tokens_per_second']:,.0f} answer tokens per second per billion parameters, "
+        f"{speed['seconds_per_block']} s a block) times {d['margin']}, plus {speed['setup_seconds']:.0f} s of setup; "
+        "the demo model is so small that its calls ask the setup and little more, so the next column gives the same "
+        "plan for a model of 7 billion parameters. *CPU emulation* is the wall time of the call forked and pickled "
+        "as ZeroGPU runs it, on this machine's CPU: not a ZeroGPU measurement."
+    )
+    return render(header, body, [(DURATIONS, d)], note)
+
+
+TABLES = {"zerogpu-fit": zerogpu_fit, "zerogpu-durations": zerogpu_durations}
