@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing
 import os
@@ -349,3 +350,35 @@ def test_report_leaves_out_per_layer_fractions_beyond_its_limit(monkeypatch: pyt
     compact = session.report()
     assert "retained_per_layer" not in compact and f"{values:,} values" in compact["retained_per_layer_omitted"]
     assert compact["retained"] == report["retained"]  # the average over layers stays
+
+
+def _in_forked_child(media, parent_frame, parent_reader: int, conn) -> None:
+    """Run in a forked child: the parent's open reader (by id: a fork keeps addresses) is left alone, the child
+    opens its own."""
+    from visualkv.media import readers
+
+    decoder = media.frames._decoder
+    inherited = decoder._opencv is None and parent_reader in map(id, readers._INHERITED)
+    same = np.array_equal(media.frames[media.num_frames - 1], parent_frame)
+    del media, decoder
+    gc.collect()  # the parent's video, garbage here: freeing its inherited reader would hang
+    conn.send((inherited, same))
+
+
+def test_a_forked_child_leaves_the_parents_video_readers_alone(video: Path) -> None:
+    """A ZeroGPU worker is forked from the app: the app's open video readers come with it, their decoding threads
+    do not, and freeing one there hangs. The child keeps them unfreed and reads with readers of its own."""
+    media = load_media(video, NO_CAP, ALL)
+    first, last = media.frames[0], media.frames[media.num_frames - 1]
+    assert media.frames._decoder._opencv is not None  # open in the parent
+    context = multiprocessing.get_context("fork")
+    parent, child = context.Pipe(duplex=False)
+    reader = id(media.frames._decoder._opencv)
+    process = context.Process(target=_in_forked_child, args=(media, last, reader, child))
+    process.start()
+    child.close()
+    process.join(timeout=60)
+    if process.is_alive():
+        process.kill()
+    assert process.exitcode == 0 and parent.recv() == (True, True)
+    assert np.array_equal(media.frames[0], first)  # the parent's reader still works

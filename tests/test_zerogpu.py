@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import gc
 import importlib
 import math
 import multiprocessing
@@ -192,9 +191,6 @@ def zerogpu(monkeypatch):
     monkeypatch.setitem(sys.modules, "spaces", fake_spaces())
     Worker.calls.clear()
     Worker.payloads.clear()
-    # an earlier test's video left as garbage is freed here, not in a forked worker: its decoder's threads are not
-    # in the worker, and freeing it there hangs (cv2's capture waits on them)
-    gc.collect()
     module = importlib.reload(ui.gpu)
     module.DEVICE_SPEED = CPU_SPEED
     yield module

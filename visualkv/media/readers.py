@@ -4,6 +4,8 @@ forward reads, a seek for a jump), and the lazy decoder that tries OpenCV first.
 from __future__ import annotations
 
 import math
+import os
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +138,7 @@ class FrameDecoder:
         self._opencv: OpenCVReader | None = None
         self._reopen_decord = False  # a copy unpickled in another process: decord is opened on first need
         self.used: set[str] = set()  # backends that produced a frame
+        _DECODERS.add(self)
 
     def read(self, index: int) -> np.ndarray | None:
         frame = self._read_cv2(index)
@@ -189,8 +192,35 @@ class FrameDecoder:
             self.used.add("opencv")
         return frame
 
+    def _leave_inherited_readers(self) -> None:
+        """In a forked child: hand the parent's open readers to `_INHERITED` (never freed there) and open this
+        decoder's own on first use."""
+        if self._opencv is not None:
+            _INHERITED.append(self._opencv)
+            self._opencv = None
+        if self._decord is not None:
+            _INHERITED.append(self._decord)
+            self._decord, self._reopen_decord = None, True
+
     def close(self) -> None:
         if self._opencv is not None:
             self._opencv.close()
         self._decord = self._opencv = None
         self._reopen_decord = False
+
+
+#: every FrameDecoder of this process, weakly (garbage not yet collected included, until it is)
+_DECODERS: weakref.WeakSet[FrameDecoder] = weakref.WeakSet()
+#: in a forked child, the open readers it inherited: referenced here so that nothing frees them there
+_INHERITED: list[Any] = []
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a ZeroGPU call's worker) holds the parent's open video readers but not their decoding
+    threads: freeing one there (a chat's video garbage-collected in the child) waits on those threads forever.
+    So each is kept, unfreed, and its decoder opens a reader of its own when the child reads a frame."""
+    for decoder in list(_DECODERS):
+        decoder._leave_inherited_readers()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
