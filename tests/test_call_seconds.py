@@ -31,8 +31,11 @@ PLAN = TurnPlan(prompt_tokens=10_000, blocks=10, answer_tokens=100, billions=7.0
 CONSTANT_SECONDS = 46
 
 
-def _turn(prefill_seconds: float, decode_rate: float) -> TurnRecord:
-    return TurnRecord(prompt="q", prefill_seconds=prefill_seconds, decode_tokens_per_second=decode_rate)
+def _turn(prefill_seconds: float, decode_rate: float, answer_tokens: int = 100, **more) -> TurnRecord:
+    ids = list(range(answer_tokens))
+    return TurnRecord(
+        prompt="q", prefill_seconds=prefill_seconds, decode_tokens_per_second=decode_rate, token_ids=ids, **more
+    )
 
 
 def _after(*turns: TurnRecord) -> int:
@@ -60,6 +63,7 @@ def test_one_fast_turn_does_not_shrink_the_request_after_a_slow_one():
 
 
 def test_a_request_stays_between_the_setup_and_zero_gpus_limit():
+    assert call_seconds(PLAN, time_limit=0) == MIN_CALL_SECONDS  # a limit of 0 stops the turn at once
     assert _after(_turn(1_000.0, 0.5)) == ZERO_GPU_MAX_SECONDS
     assert _after(_turn(1e-6, 1e9)) == 21  # 20 + 1.5 (0 + 0 + 0.2) = 20.3
     assert call_seconds(TurnPlan(1, 0, 1, 0.5), SpeedLog().speed()) >= MIN_CALL_SECONDS
@@ -67,10 +71,23 @@ def test_a_request_stays_between_the_setup_and_zero_gpus_limit():
 
 def test_a_followups_prefill_is_not_a_speed_and_a_reports_dict_is_one():
     log = SpeedLog()
-    log.record(dataclasses.replace(PLAN, blocks=1), _turn(20.0, 5.0))  # a few tokens: overhead, not a rate
+    log.record(dataclasses.replace(PLAN, prompt_tokens=40), _turn(20.0, 5.0))  # a few tokens: overhead, not a rate
     assert log.prefill == () and log.decode == (35.0,)  # 5 tokens/s of a 7B model: 35 per billion
     log.record(PLAN, {"prefill_seconds": 20.0, "decode_tokens_per_second": 0.0})  # a compare report's turn
     assert log.prefill == (3_500.0,) and log.decode == (35.0,)
+
+
+def test_only_answers_that_measure_a_rate_count_and_without_their_decoders_setup():
+    log = SpeedLog()
+    log.record(PLAN, _turn(20.0, 5.0, answer_tokens=4))  # an example card's few tokens: fixed costs
+    log.record(PLAN, _turn(20.0, 5.0, stopped="stopped"))  # stopped: its time says nothing of a rate
+    log.record(PLAN, _turn(20.0, 5.0, stopped="time_limit"))
+    assert log.decode == ()
+    # 33 tokens: 32 steps at 8 tokens/s is 4 s, of which 2 s built the decoder: 16 tokens/s, 112 per billion
+    log.record(PLAN, _turn(20.0, 8.0, answer_tokens=33, decode_setup_seconds=2.0))
+    assert log.decode == (112.0,)
+    log.record(dataclasses.replace(PLAN, prompt_tokens=378), _turn(0.5, 8.0, answer_tokens=2))  # a small image
+    assert log.prefill == (3_500.0,) * 4  # the four 10k-token prefills only
 
 
 def _config(evidence: bool) -> SessionConfig:

@@ -115,7 +115,7 @@ def compute_evidence(session: ChatSession, on_block=None, stop: threading.Event 
     name = session.adapter.name
     _MODELS.setdefault(name, session.adapter)
     speed, flag = _speed(name), StopFlag()
-    seconds = evidence_seconds(session, call_time_limit(time_limit), speed)
+    seconds = evidence_seconds(session, speed, call_time_limit(time_limit))
     call = EvidenceCall(export_state(session), flag, seconds, time_limit, speed.setup_seconds)
     with _forwarded(stop, flag):
         for kind, payload in evidence_call(call, name):

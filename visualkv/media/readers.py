@@ -132,13 +132,13 @@ class FrameDecoder:
     OpenCV by under 20 MB, so only OpenCV keeps an hour of video in bounded memory."""
 
     def __init__(self, file: Path, fps: float, decord_reader: DecordReader | None, use_cv2: bool) -> None:
+        _DECODERS.add(self)  # first: a fork from now on finds the readers it holds
         self._file, self._fps = file, fps
         self._decord = decord_reader
         self._use_cv2 = use_cv2
         self._opencv: OpenCVReader | None = None
         self._reopen_decord = False  # a copy unpickled in another process: decord is opened on first need
         self.used: set[str] = set()  # backends that produced a frame
-        _DECODERS.add(self)
 
     def read(self, index: int) -> np.ndarray | None:
         frame = self._read_cv2(index)

@@ -35,6 +35,7 @@ from typing import Any
 
 from visualkv.errors import PrefillStopped
 from visualkv.media import Media
+from visualkv.report.telemetry import TIME_LIMIT_STOP
 from visualkv.runtime.park import ParkedState, adopt_state, export_state
 from visualkv.runtime.session import ChatSession, SessionConfig
 from visualkv.runtime.streaming import Event, stream_compare, stream_turn
@@ -49,6 +50,12 @@ MARGIN = 1.5
 RECENT_SPEEDS = 8
 #: the model size `DeviceSpeed` scales by at least (a tiny model's time is the device's, not its parameters')
 MIN_BILLIONS = 0.1
+#: why an evidence pass the time limit inside its call ended has no result
+TIME_LIMIT_EVIDENCE = "the time limit stopped the evidence pass; the chat is as it was"
+#: prompt tokens a prefill needs before its time counts as a speed (below, fixed costs dominate)
+MIN_MEASURED_PROMPT = 4096
+#: answer tokens an answer needs before its time counts as a speed
+MIN_MEASURED_ANSWER = 32
 
 
 class StopFlag:
@@ -123,7 +130,7 @@ def call_seconds(plan: TurnPlan, speed: DeviceSpeed | None = None, time_limit: f
 def _bounded(work: float, speed: DeviceSpeed, time_limit: float | None) -> int:
     """`work` seconds plus the setup, at most the time limit plus the setup and ZeroGPU's limit."""
     seconds = speed.setup_seconds + work
-    if time_limit:
+    if time_limit is not None:  # 0 stops the turn at once: asking for more than the setup would waste quota
         seconds = min(seconds, time_limit + speed.setup_seconds)
     return int(min(math.ceil(seconds), ZERO_GPU_MAX_SECONDS))
 
@@ -151,15 +158,18 @@ class SpeedLog:
     decode: tuple[float, ...] = ()
 
     def record(self, plan: TurnPlan, turn: Any) -> None:
-        """Add what a finished turn measured (a `TurnRecord` or its dict; `plan` is the plan it ran). The
-        prefill rate counts only a prefill of the whole prompt (a follow-up's few tokens measure overhead)."""
+        """Add what a finished turn measured (a `TurnRecord` or its dict; `plan` is the plan it ran). Only what
+        measures a rate counts: a prefill of at least `MIN_MEASURED_PROMPT` tokens (a follow-up's or a small
+        image's few tokens measure fixed costs), and an answer of at least `MIN_MEASURED_ANSWER` tokens that was
+        not stopped, its decoder's setup (a CUDA graph's capture) taken out of its time."""
         turn = turn if isinstance(turn, dict) else dataclasses.asdict(turn)
         scale = max(plan.billions, MIN_BILLIONS)
-        prefill_seconds, decode_rate = turn.get("prefill_seconds") or 0.0, turn.get("decode_tokens_per_second") or 0.0
-        if plan.blocks > 1 and prefill_seconds > 0:
+        prefill_seconds = turn.get("prefill_seconds") or 0.0
+        if plan.prompt_tokens >= MIN_MEASURED_PROMPT and prefill_seconds > 0:
             self.prefill = (*self.prefill, plan.prompt_tokens * scale / prefill_seconds)[-RECENT_SPEEDS:]
-        if decode_rate > 0:
-            self.decode = (*self.decode, decode_rate * scale)[-RECENT_SPEEDS:]
+        rate = _decode_rate(turn)
+        if rate is not None:
+            self.decode = (*self.decode, rate * scale)[-RECENT_SPEEDS:]
 
     def speed(self, base: DeviceSpeed | None = None) -> DeviceSpeed:
         base = base or DeviceSpeed()
@@ -168,6 +178,17 @@ class SpeedLog:
             prefill_tokens_per_second=min(self.prefill) if self.prefill else base.prefill_tokens_per_second,
             decode_tokens_per_second=min(self.decode) if self.decode else base.decode_tokens_per_second,
         )
+
+
+def _decode_rate(turn: dict[str, Any]) -> float | None:
+    """Answer tokens per second of a finished turn's decoding, without its decoder's setup; None where the
+    answer is too short or was stopped (then its time is mostly fixed costs)."""
+    steps = len(turn.get("token_ids") or ()) - 1  # the first token is the prefill's
+    rate = turn.get("decode_tokens_per_second") or 0.0
+    if steps + 1 < MIN_MEASURED_ANSWER or rate <= 0 or turn.get("stopped") in ("stopped", TIME_LIMIT_STOP):
+        return None
+    seconds = steps / rate - (turn.get("decode_setup_seconds") or 0.0)
+    return steps / seconds if seconds > 0 else None
 
 
 def _billions(adapter) -> float:
@@ -290,11 +311,7 @@ def run_evidence(call: EvidenceCall, adapter) -> Iterator[Event]:
         worker.join()
 
 
-#: why an evidence pass the time limit inside its call ended has no result
-TIME_LIMIT_EVIDENCE = "the time limit stopped the evidence pass; the chat is as it was"
-
-
-def evidence_seconds(session: ChatSession, time_limit: float | None = None, speed: DeviceSpeed | None = None) -> int:
+def evidence_seconds(session: ChatSession, speed: DeviceSpeed | None = None, time_limit: float | None = None) -> int:
     """GPU seconds for an evidence pass: about one uncompressed prefill of the conversation so far, no answer."""
     prepared = session.prepared
     visual = prepared.layout.n_visual if prepared is not None else 0
