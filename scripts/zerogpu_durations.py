@@ -27,6 +27,8 @@ import types
 from collections.abc import Iterator
 from typing import ClassVar
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
+
 from visualkv.bench import provenance
 from visualkv.bench.demo_examples import load_demo_examples
 from visualkv.media import load_media
