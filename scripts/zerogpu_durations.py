@@ -17,12 +17,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
-import multiprocessing
 import os
 import pickle
 import sys
 import time
-import traceback
 import types
 from collections.abc import Iterator
 from typing import ClassVar
@@ -31,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from visualkv.bench import provenance
 from visualkv.bench.demo_examples import load_demo_examples
+from visualkv.bench.forked import run_forked
 from visualkv.media import load_media
 from visualkv.methods import media_limits
 from visualkv.models.registry import DEMO_MODEL, load_model
@@ -40,7 +39,6 @@ from visualkv.runtime.session import ChatSession
 
 #: what the emulated calls are planned with: a CPU's speed per billion parameters, with time to spare
 CPU_SPEED = DeviceSpeed(prefill_tokens_per_second=20.0, decode_tokens_per_second=1.0, seconds_per_block=1.0)
-_END, _FAILED = "__end__", "__failed__"
 
 
 class CallLog:
@@ -48,19 +46,6 @@ class CallLog:
 
     asked: ClassVar[list[int]] = []
     wall: ClassVar[list[float]] = []
-
-
-def _work(fn, payload: bytes, conn) -> None:
-    """The worker: run the call, send back each item pickled."""
-    try:
-        args, kwargs = pickle.loads(payload)
-        for item in fn(*args, **kwargs):
-            conn.send_bytes(pickle.dumps(item))
-        conn.send_bytes(pickle.dumps((_END, None)))
-    except BaseException:  # noqa: BLE001 - the parent raises it
-        conn.send_bytes(pickle.dumps((_FAILED, traceback.format_exc())))
-    finally:
-        conn.close()
 
 
 def fake_spaces() -> types.ModuleType:
@@ -71,21 +56,9 @@ def fake_spaces() -> types.ModuleType:
             def call(*args, **kwargs) -> Iterator:
                 CallLog.asked.append(duration(*args, **kwargs) if callable(duration) else duration)
                 start = time.perf_counter()
-                context = multiprocessing.get_context("fork")
-                parent, child = context.Pipe(duplex=False)
-                process = context.Process(target=_work, args=(fn, pickle.dumps((args, kwargs)), child), daemon=True)
-                process.start()
-                child.close()
                 try:
-                    while True:
-                        kind, value = item = pickle.loads(parent.recv_bytes())
-                        if kind == _END:
-                            return
-                        if kind == _FAILED:
-                            raise RuntimeError(value)
-                        yield item
+                    yield from run_forked(fn, pickle.dumps((args, kwargs)), join_seconds=None)
                 finally:
-                    process.join()
                     CallLog.wall.append(time.perf_counter() - start)
 
             return call

@@ -18,14 +18,12 @@ import dataclasses
 import functools
 import importlib
 import math
-import multiprocessing
 import os
 import pickle
 import subprocess
 import sys
 import threading
 import time
-import traceback
 import types
 from contextlib import contextmanager, nullcontext
 from typing import ClassVar
@@ -36,6 +34,7 @@ import torch
 
 from tests.conftest import FAMILIES
 from tests.fake_cuda import fake_cuda, to_fake_cuda
+from visualkv.bench.forked import WorkerFailed, run_forked
 from visualkv.bench.synthetic import write_video_file
 from visualkv.errors import PrefillStopped
 from visualkv.media import FrameSampling, load_media
@@ -58,7 +57,6 @@ from visualkv.runtime.calls import (
 from visualkv.runtime.park import device_tensors, export_state
 from visualkv.runtime.session import ChatSession, SessionConfig
 
-_END, _FAILED = "__end__", "__failed__"
 #: set in the fresh interpreter a test reruns in (it must not rerun again)
 FRESH_ENV = "VISUALKV_ZEROGPU_FRESH_INTERPRETER"
 #: the longest a rerun may take
@@ -100,30 +98,18 @@ def fresh_if_cuda_initialised(test):
 
 
 class Worker:
-    """Runs one decorated call in a forked process; what the call yields comes back pickled."""
+    """What the decorated calls asked for and sent (each runs in a process forked for it: `run_forked`)."""
 
     calls: ClassVar[list[tuple[str, int]]] = []  # (function, seconds asked for) of every call
     payloads: ClassVar[list[int]] = []  # bytes of every call's pickled arguments
-
-    @staticmethod
-    def run(fn, payload: bytes, conn) -> None:
-        torch.set_num_threads(1)
-        try:
-            args, kwargs = pickle.loads(payload)
-            with _device_in_worker():
-                for item in fn(*args, **kwargs):
-                    conn.send_bytes(pickle.dumps(item))  # raises on anything unpicklable
-            conn.send_bytes(pickle.dumps((_END, None)))
-        except BaseException:  # noqa: BLE001 - the parent reports it
-            conn.send_bytes(pickle.dumps((_FAILED, traceback.format_exc())))
-        finally:
-            conn.close()
 
 
 @contextmanager
 def _device_in_worker():
     """The worker's GPU: CUDA when present (initialised in the worker only), else the pretend one."""
     import ui.gpu
+
+    torch.set_num_threads(1)
 
     on_cuda = torch.cuda.is_available()
     with nullcontext() if on_cuda else fake_cuda():
@@ -150,23 +136,9 @@ def fake_spaces() -> types.ModuleType:
                 payload = pickle.dumps((args, kwargs))  # raises on anything unpicklable
                 Worker.payloads.append(len(payload))
                 assert not cuda_initialised(), "the app's process initialised CUDA: a forked worker cannot use it"
-                context = multiprocessing.get_context("fork")
-                parent, child = context.Pipe(duplex=False)
-                process = context.Process(target=Worker.run, args=(fn, payload, child), daemon=True)
-                process.start()
-                child.close()
-                try:
-                    while True:
-                        kind, value = item = pickle.loads(parent.recv_bytes())
-                        if kind == _END:
-                            return
-                        assert kind != _FAILED, value
-                        _host_only(item, "a call's result")
-                        yield item
-                finally:
-                    process.join(timeout=60)
-                    if process.is_alive():
-                        process.kill()
+                for item in run_forked(fn, payload, setup=_device_in_worker):
+                    _host_only(item, "a call's result")
+                    yield item
 
             return call
 
@@ -481,7 +453,7 @@ def test_stop_ends_an_evidence_call(zerogpu, small_image):
     _turn(zerogpu.stream_turn, session, QUESTIONS[0], small_image)
     stop = threading.Event()
     stop.set()
-    with pytest.raises(AssertionError, match="PrefillStopped"):  # the stand-in raises the worker's failure
+    with pytest.raises(WorkerFailed, match="PrefillStopped"):  # the stand-in raises the worker's failure
         zerogpu.compute_evidence(session, on_block=lambda event: None, stop=stop)
     assert session.evidence is None and session.turns[-1].evidence_recall is None
 
