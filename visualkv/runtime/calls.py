@@ -124,7 +124,8 @@ def work_seconds(plan: TurnPlan, speed: DeviceSpeed) -> float:
 def call_seconds(plan: TurnPlan, speed: DeviceSpeed | None = None, time_limit: float | None = None) -> int:
     """GPU seconds to ask for: the setup and the plan at `speed` with a `MARGIN`, at most ZeroGPU's limit and the
     turn time limit (the turn stops there anyway) plus the setup."""
-    return _bounded(MARGIN * work_seconds(plan, speed or DeviceSpeed()), speed or DeviceSpeed(), time_limit)
+    speed = speed or DeviceSpeed()
+    return _bounded(MARGIN * work_seconds(plan, speed), speed, time_limit)
 
 
 def _bounded(work: float, speed: DeviceSpeed, time_limit: float | None) -> int:
@@ -220,8 +221,21 @@ def turn_plan(session: ChatSession, prompt: str, media: Media | None) -> TurnPla
     return plan
 
 
+class _InCallLimit:
+    """A call's `turn_limit`: its `time_limit` bounded by the `seconds` it asked for less their `setup_seconds`
+    (`call_time_limit`); the call dataclasses below hold those three fields."""
+
+    time_limit: float | None
+    seconds: int
+    setup_seconds: float
+
+    @property
+    def turn_limit(self) -> float:
+        return call_time_limit(self.time_limit, self.seconds, self.setup_seconds)
+
+
 @dataclass
-class TurnCall:
+class TurnCall(_InCallLimit):
     """One chat turn as a call: everything crosses the process boundary by pickling."""
 
     parked: ParkedState  # the chat's state (`export_state`; a new chat's is empty)
@@ -231,10 +245,6 @@ class TurnCall:
     time_limit: float | None = None  # the instance's turn time limit (None: none)
     seconds: int = ZERO_GPU_MAX_SECONDS  # GPU time asked for (`call_seconds`)
     setup_seconds: float = MIN_CALL_SECONDS  # of `seconds`, what the worker's start and the moves take
-
-    @property
-    def turn_limit(self) -> float:
-        return call_time_limit(self.time_limit, self.seconds, self.setup_seconds)
 
 
 def run_turn(call: TurnCall, adapter) -> Iterator[Event]:
@@ -248,7 +258,7 @@ def run_turn(call: TurnCall, adapter) -> Iterator[Event]:
 
 
 @dataclass
-class EvidenceCall:
+class EvidenceCall(_InCallLimit):
     """The last turn's evidence pass as a call (`ChatSession.compute_evidence`)."""
 
     parked: ParkedState
@@ -256,10 +266,6 @@ class EvidenceCall:
     seconds: int = ZERO_GPU_MAX_SECONDS
     time_limit: float | None = None
     setup_seconds: float = MIN_CALL_SECONDS
-
-    @property
-    def turn_limit(self) -> float:
-        return call_time_limit(self.time_limit, self.seconds, self.setup_seconds)
 
 
 class _Deadline:
@@ -321,7 +327,7 @@ def evidence_seconds(session: ChatSession, speed: DeviceSpeed | None = None, tim
 
 
 @dataclass
-class CompareCall:
+class CompareCall(_InCallLimit):
     """A comparison as a call (`stream_compare`'s arguments, the model aside)."""
 
     media: Media | None
@@ -333,10 +339,6 @@ class CompareCall:
     time_limit: float | None = None  # for the whole comparison
     seconds: int = ZERO_GPU_MAX_SECONDS
     setup_seconds: float = MIN_CALL_SECONDS
-
-    @property
-    def turn_limit(self) -> float:
-        return call_time_limit(self.time_limit, self.seconds, self.setup_seconds)
 
 
 def run_compare(call: CompareCall, adapter) -> Iterator[Event]:
