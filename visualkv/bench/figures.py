@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from types import ModuleType
 
-from visualkv.bench.staleness import History, split_note, staleness_note, with_note
+from visualkv.bench.staleness import History, note_of, staleness_note, with_note
 from visualkv.bench.tables import (
     block_launches,
     compose,
@@ -108,7 +108,7 @@ def render_document(text: str, results: Path = RESULTS, in_docs: bool = False, h
         table = TABLES[name](results)
         if in_docs:
             table = table.replace("](docs/results/", "](results/").replace("](assets/", "](../assets/")
-        note = split_note(m.group(3))[0] if history is None else staleness_note(table, *MEASURES[name], history)
+        note = note_of(m.group(3)) if history is None else staleness_note(table, *MEASURES[name], history)
         return f"{m.group(1)}{with_note(note, table)}\n{m.group(4)}"
 
     return _BLOCK.sub(sub, text)

@@ -89,12 +89,9 @@ def _commits(commits: list[str]) -> str:
     return ("commit " if len(commits) == 1 else "commits ") + ", ".join(f"`{c[:7]}`" for c in commits)
 
 
-def split_note(block: str) -> tuple[str, str]:
-    """(the staleness note a generated block opens with, or "", the rest of the block)."""
-    if not block.startswith(NOTE_PREFIX):
-        return "", block
-    note, _, rest = block.partition("\n\n")
-    return note, rest
+def note_of(block: str) -> str:
+    """The staleness note a generated block opens with, or ""."""
+    return block.partition("\n\n")[0] if block.startswith(NOTE_PREFIX) else ""
 
 
 def with_note(note: str, table: str) -> str:
