@@ -9,6 +9,8 @@ A document marks each generated table with a pair of HTML comments::
 `render_document` rewrites what lies between the markers from the JSON files under ``docs/results/``;
 `check_documents` reports every block whose text differs from what the JSON gives (a test runs it, so README and
 JSON cannot drift apart). The tables themselves live in :mod:`visualkv.bench.tables`, one module per benchmark.
+A block whose figures were measured before the last change to the code they measure opens with a note saying so
+(:mod:`visualkv.bench.staleness`, from the git history of the checkout).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import re
 from pathlib import Path
 from types import ModuleType
 
+from visualkv.bench.staleness import History, note_of, staleness_note, with_note
 from visualkv.bench.tables import (
     block_launches,
     compose,
@@ -83,21 +86,30 @@ def _registry(modules: tuple[ModuleType, ...]) -> dict[str, Table]:
 
 
 TABLES = _registry(TABLE_MODULES)
+#: block name -> (the source paths its figures measure, the module declaring them), from each module's `MEASURES`
+MEASURES = {
+    name: (paths, f"{module.__name__.replace('.', '/')}.py")
+    for module in TABLE_MODULES
+    for name, paths in module.MEASURES.items()
+}
 #: tables computed from the code (no benchmark JSON): their source line says so
 COMPUTED = {"lightkv-schedule", "salicache-bytes", "zerogpu-fit"}
 
 
 # -- documents -------------------------------------------------------------------------------------
-def render_document(text: str, results: Path = RESULTS, in_docs: bool = False) -> str:
-    """`text` with every marked block regenerated (unknown table names raise KeyError).
+def render_document(text: str, results: Path = RESULTS, in_docs: bool = False, history: History | None = None) -> str:
+    """`text` with every marked block regenerated (unknown table names raise KeyError), each opening with its
+    staleness note from `history` (without a history, the note a block carries is kept as it is).
 
     in_docs: the document lives in docs/, so links to the JSON are relative to it."""
 
     def sub(m: re.Match) -> str:
-        table = TABLES[m.group(2)](results)
+        name = m.group(2)
+        table = TABLES[name](results)
         if in_docs:
             table = table.replace("](docs/results/", "](results/").replace("](assets/", "](../assets/")
-        return f"{m.group(1)}{table}\n{m.group(4)}"
+        note = note_of(m.group(3)) if history is None else staleness_note(table, *MEASURES[name], history)
+        return f"{m.group(1)}{with_note(note, table)}\n{m.group(4)}"
 
     return _BLOCK.sub(sub, text)
 
@@ -107,14 +119,15 @@ def blocks_in(text: str) -> list[str]:
 
 
 def check_documents(root: Path = ROOT, results: Path = RESULTS) -> list[str]:
-    """Names ("README.md: memory-image") of generated blocks that disagree with the JSON."""
-    stale = []
+    """Names ("README.md: memory-image") of generated blocks that disagree with the JSON or, given the full git
+    history at `root`, with their staleness note."""
+    stale, history = [], History.read(root)
     for doc in DOCUMENTS:
         path = root / doc
         if not path.exists():
             continue
         text = path.read_text()
-        fresh = render_document(text, results, in_docs=doc.startswith("docs/"))
+        fresh = render_document(text, results, doc.startswith("docs/"), history)
         if fresh != text:
             old = {m.group(2): m.group(3) for m in _BLOCK.finditer(text)}
             new = {m.group(2): m.group(3) for m in _BLOCK.finditer(fresh)}
@@ -124,13 +137,13 @@ def check_documents(root: Path = ROOT, results: Path = RESULTS) -> list[str]:
 
 def write_documents(root: Path = ROOT, results: Path = RESULTS) -> list[str]:
     """Regenerate every marked block in place; returns the documents that changed."""
-    changed = []
+    changed, history = [], History.read(root)
     for doc in DOCUMENTS:
         path = root / doc
         if not path.exists():
             continue
         text = path.read_text()
-        fresh = render_document(text, results, in_docs=doc.startswith("docs/"))
+        fresh = render_document(text, results, doc.startswith("docs/"), history)
         if fresh != text:
             path.write_text(fresh)
             changed.append(doc)

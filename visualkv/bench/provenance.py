@@ -38,7 +38,8 @@ def _loadavg() -> float | None:
 _NOT_CODE = ("--", ":/", ":(top,exclude)docs/results")
 
 
-def _git(folder: str, *args: str) -> str | None:
+def git_output(folder: str, *args: str) -> str | None:
+    """The output of `git ARGS` run in `folder`; None when git is missing, fails or exits non-zero."""
     try:
         out = subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True, timeout=10, check=False)
     except (OSError, subprocess.SubprocessError):
@@ -52,10 +53,10 @@ def git_state(folder: str | None = None) -> dict[str, Any]:
     HEAD` of those files, None when clean) and `commit` (HEAD's short sha, with "+changes" when dirty). All None
     outside a git checkout."""
     here = folder or os.path.dirname(os.path.abspath(__file__))
-    sha = (_git(here, "rev-parse", "HEAD") or "").strip()
+    sha = (git_output(here, "rev-parse", "HEAD") or "").strip()
     if not sha:
         return {"commit": None, "commit_sha": None, "dirty": None, "diff_sha256": None}
-    diff = _git(here, "diff", "HEAD", "--no-ext-diff", "--binary", *_NOT_CODE) or ""
+    diff = git_output(here, "diff", "HEAD", "--no-ext-diff", "--binary", *_NOT_CODE) or ""
     dirty = bool(diff)
     return {
         "commit": sha[:7] + ("+changes" if dirty else ""),

@@ -355,7 +355,10 @@ def run_bench(args: argparse.Namespace) -> int:
 def bench_report(args: argparse.Namespace) -> int:
     """Regenerate (or with --check, compare) the README/docs tables from the committed JSON."""
     from visualkv.bench import figures
+    from visualkv.bench.staleness import UNCHECKED, History
 
+    if History.read(figures.ROOT) is None:
+        print(UNCHECKED)
     if args.check:
         stale = figures.check_documents()
         for name in stale:

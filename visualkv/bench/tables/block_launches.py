@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from visualkv.bench.tables.format import matching_results, render
+from visualkv.bench.tables.measured import BLOCKWISE, PREFILL, SESSION, paths
 
 
 def _span(values: list[float], digits: int = 0) -> str:
@@ -70,3 +71,7 @@ def block_launches(results: Path) -> str:
 
 
 TABLES = {"block-launches": block_launches}
+#: block name -> the source paths its figures measure (`visualkv.bench.staleness`)
+MEASURES = {
+    "block-launches": paths(PREFILL, SESSION, BLOCKWISE),
+}

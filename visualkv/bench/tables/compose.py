@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from visualkv.bench.tables.format import load, mib, render
+from visualkv.bench.tables.measured import COMPOSED, DECODE, PREFILL, SESSION, paths
 
 COMPOSE_RATIO_RESULTS = ("compose_ratio_tiny-qwen2.5-vl.json", "compose_ratio_bench-qwen2.5-vl.json")
 NEEDLE_COMPOSE_RESULTS = "needle_compose/needle.json"
@@ -78,4 +79,9 @@ def composed_needle_accuracy(results: Path) -> str:
 TABLES = {
     "compose-ratio": composed_against_keydiff_kv,
     "needle-compose": composed_needle_accuracy,
+}
+#: block name -> the source paths its figures measure (`visualkv.bench.staleness`)
+MEASURES = {
+    "compose-ratio": paths(PREFILL, SESSION, COMPOSED),
+    "needle-compose": paths(PREFILL, DECODE, SESSION, COMPOSED),
 }

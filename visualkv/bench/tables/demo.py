@@ -49,3 +49,8 @@ def demo_training_phases(results: Path) -> str:
 
 
 TABLES = {"demo-training": demo_training_phases}
+#: block name -> the source paths its figures measure (`visualkv.bench.staleness`); the training log
+#: describes the committed demo weights, not the library's code
+MEASURES = {
+    "demo-training": (),
+}

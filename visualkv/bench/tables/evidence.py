@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from visualkv.bench.tables.format import load, render
+from visualkv.bench.tables.measured import DECODE, METHODS, PREFILL, SESSION, paths
 
 EVIDENCE_RESULTS = "evidence_needle.json"
 
@@ -50,3 +51,9 @@ def recall_and_accuracy_by_method(results: Path) -> str:
 
 
 TABLES = {"evidence-buckets": accuracy_by_recall, "evidence-methods": recall_and_accuracy_by_method}
+EVIDENCE_CODE = paths(PREFILL, DECODE, SESSION, METHODS, ("visualkv/runtime/evidence.py",))
+#: block name -> the source paths its figures measure (`visualkv.bench.staleness`)
+MEASURES = {
+    "evidence-buckets": EVIDENCE_CODE,
+    "evidence-methods": EVIDENCE_CODE,
+}

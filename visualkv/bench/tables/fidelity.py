@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from visualkv.bench.tables.format import FAMILY_ALIASES, load, render
+from visualkv.bench.tables.measured import BLOCKWISE, FULL, METHODS, PREFILL, paths
 
 FIDELITY_RESULTS = ("fidelity_image_bench-qwen2.5-vl.json", "fidelity_video_bench-qwen2.5-vl.json")
 
@@ -65,4 +66,9 @@ def blockwise_logits_per_family(results: Path) -> str:
 TABLES = {
     "fidelity": blockwise_logits_against_one_forward,
     "families-fidelity": blockwise_logits_per_family,
+}
+#: block name -> the source paths its figures measure (`visualkv.bench.staleness`)
+MEASURES = {
+    "fidelity": paths(PREFILL, FULL, BLOCKWISE),
+    "families-fidelity": paths(PREFILL, METHODS),
 }

@@ -10,6 +10,7 @@ from typing import Any
 from visualkv.bench import gpu_targets
 from visualkv.bench.gpu_targets import GENERATE_ROWS, case_label, input_label, measured, median, stat
 from visualkv.bench.tables.format import MIB, load, render, source_line
+from visualkv.bench.tables.measured import DECODE, METHODS, PREFILL, SESSION, paths
 
 GPU_RESULTS = "gpu/gpu_shape-qwen2.5-vl-7b.json"
 GPU_NO_WARMUP_RESULTS = "gpu/gpu_shape-qwen2.5-vl-7b.no-warmup.json"  # the same bench measured from a cold process
@@ -269,4 +270,11 @@ TABLES = {
     "headline": headline_memory_and_speed,
     "gpu": gpu_methods_and_targets,
     "gpu-warmup": cold_against_warmed_start,
+}
+GPU_CODE = paths(PREFILL, DECODE, SESSION, METHODS)
+#: block name -> the source paths its figures measure (`visualkv.bench.staleness`)
+MEASURES = {
+    "headline": GPU_CODE,
+    "gpu": GPU_CODE,
+    "gpu-warmup": GPU_CODE,
 }

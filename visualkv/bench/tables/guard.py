@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from visualkv.bench.tables.format import MIB, load, render
+from visualkv.bench.tables.measured import MEDIA, METHODS, PREFILL, SESSION, paths
 
 
 def guard_estimate_against_measured(results: Path) -> str:
@@ -53,4 +54,11 @@ TABLES = {
     "memory-guard": guard_estimate_against_measured,
     "memory-guard-families": guard_estimate_per_family,
     "memory-guard-video": guard_estimate_on_video,
+}
+GUARD_CODE = paths(PREFILL, SESSION, METHODS, MEDIA)
+#: block name -> the source paths its figures measure (`visualkv.bench.staleness`)
+MEASURES = {
+    "memory-guard": GUARD_CODE,
+    "memory-guard-families": GUARD_CODE,
+    "memory-guard-video": GUARD_CODE,
 }

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from visualkv.bench.tables.format import MIB, grouped, load, mib, render, times
+from visualkv.bench.tables.measured import PREFILL, SESSION, paths
 
 PACKED_DECODE_RESULTS = "packed_decode_shape-qwen2.5-vl-7b.json"
 BLOCK_ATTENTION_RESULTS = ("block_attention_7b_cpu_float32.json", "block_attention_7b_cpu_bfloat16.json")
@@ -172,4 +173,10 @@ TABLES = {
     "packed-decode": packed_tier_decode_step,
     "block-attention": block_attention_against_masked,
     "followup-attention": followup_mask_against_marker,
+}
+#: block name -> the source paths its figures measure (`visualkv.bench.staleness`)
+MEASURES = {
+    "packed-decode": ("visualkv/attention/packed.py", "visualkv/kv"),
+    "block-attention": ("visualkv/attention/block.py",),
+    "followup-attention": paths(PREFILL, SESSION),
 }

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from visualkv.bench.provenance import machine_label
 from visualkv.bench.tables.format import family_results, load, render
+from visualkv.bench.tables.measured import BLOCKWISE, FULL, PREFILL, SESSION, paths
 
 
 def ttft_hybrid_and_blockwise(results: Path) -> str:
@@ -58,4 +59,10 @@ def ttft_per_family(results: Path) -> str:
 TABLES = {
     "latency-image": ttft_hybrid_and_blockwise,
     "families-latency": ttft_per_family,
+}
+LATENCY_CODE = paths(PREFILL, SESSION, FULL, BLOCKWISE)
+#: block name -> the source paths its figures measure (`visualkv.bench.staleness`)
+MEASURES = {
+    "latency-image": LATENCY_CODE,
+    "families-latency": LATENCY_CODE,
 }

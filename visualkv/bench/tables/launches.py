@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from visualkv.bench.tables.format import matching_results, render
+from visualkv.bench.tables.measured import METHODS, PREFILL, SESSION, paths
 
 
 def vision_tower_launches(results: Path) -> str:
@@ -97,4 +98,9 @@ def prefill_launches(results: Path) -> str:
 TABLES = {
     "vision-launches": vision_tower_launches,
     "prefill-launches": prefill_launches,
+}
+#: block name -> the source paths its figures measure (`visualkv.bench.staleness`)
+MEASURES = {
+    "vision-launches": ("visualkv/attention/vision.py", "visualkv/attention/patch.py"),
+    "prefill-launches": paths(PREFILL, SESSION, METHODS),
 }

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from visualkv.bench.tables.format import load, mib, render, render_with_source
+from visualkv.bench.tables.measured import FULL, LIGHTKV, PREFILL, SESSION, paths
 
 LIGHTKV_RESULTS = "latency_lightkv_quiet_bench-qwen2.5-vl.json"
 #: (label, family, depth): depths from each model's config.json (Hub) or its `TinySpec` (offline aliases)
@@ -110,4 +111,10 @@ def lightkv_default_schedule(results: Path) -> str:
 TABLES = {
     "lightkv": lightkv_against_full,
     "lightkv-schedule": lightkv_default_schedule,
+}
+#: block name -> the source paths its figures measure (`visualkv.bench.staleness`); a table computed from the code
+#: measures nothing
+MEASURES = {
+    "lightkv": paths(PREFILL, SESSION, FULL, LIGHTKV),
+    "lightkv-schedule": (),
 }

@@ -27,3 +27,7 @@ def server_memory_under_sessions(results: Path) -> str:
 
 
 TABLES = {"load": server_memory_under_sessions}
+#: block name -> the source paths its figures measure (`visualkv.bench.staleness`)
+MEASURES = {
+    "load": ("visualkv/runtime", "ui", "app.py"),
+}

@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from visualkv.bench.tables.format import MIB, family_results, load, mib, render, times
+from visualkv.bench.tables.measured import BLOCKWISE as BLOCKWISE_CODE
+from visualkv.bench.tables.measured import FULL, MEDIA, POST_PREFILL, PREFILL, SESSION, paths
 
 BLOCKWISE = "blockwise-snapkv"
 LONG_VIDEO_RESULTS = "memory_long_video_tiny-qwen2.5-vl.json"
@@ -203,4 +205,13 @@ TABLES = {
     "families-4k": kv_memory_at_4k_per_family,
     "long-video": memory_over_hour_scale_videos,
     "frame-resize": rss_with_frames_resized_at_decode,
+}
+VIDEO_MEMORY_CODE = paths(PREFILL, SESSION, FULL, BLOCKWISE_CODE, MEDIA)
+#: block name -> the source paths its figures measure (`visualkv.bench.staleness`)
+MEASURES = {
+    "memory-image": paths(PREFILL, SESSION, FULL, POST_PREFILL, BLOCKWISE_CODE),
+    "memory-video": VIDEO_MEMORY_CODE,
+    "families-4k": paths(PREFILL, SESSION, FULL, BLOCKWISE_CODE),
+    "long-video": VIDEO_MEMORY_CODE,
+    "frame-resize": VIDEO_MEMORY_CODE,
 }

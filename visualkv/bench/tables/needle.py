@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from visualkv.bench.tables.format import load, render
+from visualkv.bench.tables.measured import DECODE, METHODS, PREFILL, SESSION, paths
 
 NEEDLE_RESULTS = ("needle_small/needle.json", "needle_4k30/needle.json")
 #: (column, method, budget fraction) of `needle_accuracy`
@@ -181,4 +182,13 @@ TABLES = {
     "needle-video": needle_video_accuracy,
     "needle-salicache-lightkv": needle_accuracy_salicache_lightkv,
     "needle-by-kind": needle_accuracy_by_question_kind,
+}
+NEEDLE_CODE = paths(PREFILL, DECODE, SESSION, METHODS)
+#: block name -> the source paths its figures measure (`visualkv.bench.staleness`)
+MEASURES = {
+    "needle": NEEDLE_CODE,
+    "needle-eviction": NEEDLE_CODE,
+    "needle-video": NEEDLE_CODE,
+    "needle-salicache-lightkv": NEEDLE_CODE,
+    "needle-by-kind": NEEDLE_CODE,
 }

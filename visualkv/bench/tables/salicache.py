@@ -9,6 +9,7 @@ from typing import Any
 
 from visualkv.bench.provenance import machine_label
 from visualkv.bench.tables.format import load, render, render_with_source, times
+from visualkv.bench.tables.measured import DECODE, FULL, PREFILL, SALICACHE, SESSION, paths
 
 TIER_KEYS = ("skipped", "pruned", "int4", "int8", "full")
 SALICACHE_RESULTS = (
@@ -150,4 +151,12 @@ TABLES = {
     "salicache": salicache_against_full,
     "salicache-variants": salicache_variants,
     "salicache-bytes": salicache_tier_bytes,
+}
+SALICACHE_CODE = paths(PREFILL, DECODE, SESSION, FULL, SALICACHE)
+#: block name -> the source paths its figures measure (`visualkv.bench.staleness`); a table computed from the code
+#: measures nothing
+MEASURES = {
+    "salicache": SALICACHE_CODE,
+    "salicache-variants": SALICACHE_CODE,
+    "salicache-bytes": (),
 }

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from visualkv.bench.tables.format import load, mib, render, render_with_source
+from visualkv.bench.tables.measured import MEDIA, METHODS, PREFILL, paths
 
 #: GPU memory one ZeroGPU call gets (https://huggingface.co/docs/hub/spaces-zerogpu: "70GB per workload")
 ZERO_GPU_SLICE_BYTES = 70 * 10**9
@@ -110,3 +111,9 @@ def zerogpu_durations(results: Path) -> str:
 
 
 TABLES = {"zerogpu-fit": zerogpu_fit, "zerogpu-durations": zerogpu_durations}
+#: block name -> the source paths its figures measure (`visualkv.bench.staleness`); a table computed from the code
+#: measures nothing
+MEASURES = {
+    "zerogpu-fit": (),
+    "zerogpu-durations": paths(("visualkv/runtime",), PREFILL, METHODS, MEDIA),
+}
