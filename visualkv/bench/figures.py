@@ -21,6 +21,7 @@ from visualkv.bench.tables import (
     block_launches,
     compose,
     demo,
+    evals,
     evidence,
     fidelity,
     gpu,
@@ -68,6 +69,7 @@ TABLE_MODULES = (
     demo,
     evidence,
     zerogpu,
+    evals,
 )
 
 
