@@ -49,6 +49,7 @@ DOCUMENTS = (
     "docs/SALICACHE.md",
     "docs/LIGHTKV.md",
     "docs/DEMO.md",
+    "docs/EVAL.md",
 )
 _BLOCK = re.compile(r"(<!-- figures:([\w-]+) -->\n)(.*?)(<!-- /figures:\2 -->)", re.DOTALL)
 #: the modules whose `TABLES` the documents draw from

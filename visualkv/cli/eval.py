@@ -55,25 +55,12 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    """The options named like `EvalConfig`'s fields become its values (`--max-frames 0`: no cap)."""
+    from dataclasses import fields
+
     from visualkv.eval.runner import EvalConfig, run_eval
 
-    config = EvalConfig(
-        benchmark=args.benchmark,
-        data=args.data,
-        out=args.out,
-        model=args.model,
-        methods=args.methods,
-        budgets=args.budgets,
-        limit=args.limit,
-        subset=args.subset,
-        device=args.device,
-        dtype=args.dtype,
-        fps=args.fps,
-        max_frames=args.max_frames or None,
-        max_new_tokens=args.max_new_tokens,
-        block_size=args.block_size,
-        evidence=args.evidence,
-        prompt=args.prompt,
-    )
+    values = {f.name: getattr(args, f.name) for f in fields(EvalConfig) if hasattr(args, f.name)}
+    config = EvalConfig(**{**values, "max_frames": args.max_frames or None})
     run_eval(config, getattr(args, "command_argv", None))
     return 0
