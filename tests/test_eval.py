@@ -18,7 +18,7 @@ import pytest
 
 from visualkv.cli.main import main
 from visualkv.eval import hrbench, mlvu, ranks, videomme, vstar
-from visualkv.eval.items import EvalItem
+from visualkv.eval.items import DataError, EvalItem
 
 REPO = Path(__file__).resolve().parent.parent
 METHODS = ["--methods", "full,blockwise-keydiff", "--budgets", "32"]
@@ -281,3 +281,19 @@ def test_hrbench_reads_vlmevalkit_tsv_with_base64_images(tmp_path):
         "single",
     )
     assert item.media().size == (8, 6)
+
+
+def test_subset_and_limit_pick_items(minis):
+    """--subset keeps one duration / task / category / resolution; --limit the first N of those."""
+    from visualkv.eval.runner import EvalConfig, load_items
+
+    def ids(name: str, subset: str | None, limit: int | None = None) -> list[str]:
+        config = EvalConfig(name, minis / name, minis / "unused", subset=subset, limit=limit)
+        return [i.item_id for i in load_items(config)]
+
+    assert ids("videomme", "short") == ["001-1", "001-2"]
+    with pytest.raises(DataError, match="no videomme questions in medium"):
+        ids("videomme", "medium")
+    assert ids("mlvu", "order") == ["order/0"] and ids("mlvu", None, limit=1) == ["needle/0"]
+    assert ids("vstar", "relative_position") == ["1"]
+    assert ids("hrbench", "8k") == ["8k/0", "8k/1"]
