@@ -76,7 +76,7 @@ def accuracy_figure(entries: list[dict[str, Any]], title: str):
                 hovertemplate="%{text}<br>KV %{x:.2f} MiB<br>accuracy %{y:.1%}<extra></extra>",
             )
         )
-    fig.update_xaxes(title_text="mean KV held after the prefill (MiB)", type="log")
+    fig.update_xaxes(title_text="mean KV held after the prefill (MiB)", rangemode="tozero")
     fig.update_yaxes(title_text="accuracy", range=[0, 1.05], tickformat=".0%")
     fig.update_layout(title=title, template="plotly_white", height=440, width=720)
     return fig
