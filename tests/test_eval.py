@@ -219,6 +219,8 @@ def test_ranks_from_the_launchers_environment():
     rank = ranks.from_env({"RANK": "2", "WORLD_SIZE": "3", "LOCAL_RANK": "0"})
     assert (rank.rank, rank.world, rank.local) == (2, 3, 0)
     assert ranks.from_env({}) == ranks.Rank(0, 1, 0)
+    mpi = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}
+    assert ranks.from_env(mpi) == ranks.Rank(1, 2, 1)  # accelerate launch --cpu under mpirun
     items = list(range(10))
     shards = [ranks.Rank(r, 3, r).shard(items) for r in range(3)]
     assert sorted(i for shard in shards for i in shard) == items and all(shards)

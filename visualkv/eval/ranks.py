@@ -1,7 +1,8 @@
 """Data parallelism from the launcher's environment (torchrun, accelerate launch, or none).
 
-Both launchers set RANK, WORLD_SIZE and LOCAL_RANK (and MASTER_ADDR / MASTER_PORT); without them the run is
-rank 0 of 1. Each rank takes a disjoint shard (every WORLD_SIZE-th item from its rank on), so ranks over
+torchrun and `accelerate launch` on GPUs set RANK, WORLD_SIZE and LOCAL_RANK (and MASTER_ADDR / MASTER_PORT);
+accelerate's CPU processes run under mpirun, whose names (PMI_*, OMPI_COMM_WORLD_*, MV2_COMM_WORLD_*) are read
+as accelerate reads them; without any the run is rank 0 of 1. Each rank takes a disjoint shard (every WORLD_SIZE-th item from its rank on), so ranks over
 several machines split one item list; ranks meet at a barrier through a gloo process group (CPU-only
 traffic, so the same on GPUs and CPUs) before rank 0 merges.
 """
@@ -32,11 +33,19 @@ class Rank:
         return items[self.rank :: self.world]
 
 
+RANK_NAMES = ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK")
+WORLD_NAMES = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+LOCAL_NAMES = ("LOCAL_RANK", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK")
+
+
+def _first(env, names: tuple[str, ...], default: int) -> int:
+    return next((int(env[n]) for n in names if env.get(n, "").strip()), default)
+
+
 def from_env(env: dict[str, str] | None = None) -> Rank:
     env = os.environ if env is None else env
-    world = int(env.get("WORLD_SIZE", "1"))
-    rank = int(env.get("RANK", "0"))
-    return Rank(rank=rank, world=world, local=int(env.get("LOCAL_RANK", str(rank))))
+    rank = _first(env, RANK_NAMES, 0)
+    return Rank(rank=rank, world=_first(env, WORLD_NAMES, 1), local=_first(env, LOCAL_NAMES, rank))
 
 
 def device_for(rank: Rank, device: str) -> str:
