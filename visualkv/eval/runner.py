@@ -19,6 +19,8 @@ from visualkv.eval.benchmarks import benchmark
 from visualkv.eval.items import DataError, EvalItem
 
 PROMPT_STYLES = ("official", "question")
+#: EvalConfig fields passed on to every item's SessionConfig unchanged
+SESSION_OPTIONS = ("block_size", "max_new_tokens", "seed", "evidence")
 
 
 @dataclass
@@ -126,17 +128,8 @@ def answer_item(adapter, module, item: EvalItem, point: Point, config: EvalConfi
     """One turn of `item` under `point`: the JSON line recorded for it."""
     from visualkv.runtime.session import ChatSession, SessionConfig
 
-    session = ChatSession(
-        adapter,
-        SessionConfig(
-            method=point.method,
-            budget=point.budget,
-            block_size=config.block_size,
-            max_new_tokens=config.max_new_tokens,
-            seed=config.seed,
-            evidence=config.evidence,
-        ),
-    )
+    shared = {name: getattr(config, name) for name in SESSION_OPTIONS}
+    session = ChatSession(adapter, SessionConfig(method=point.method, budget=point.budget, **shared))
     started = time.perf_counter()
     turn = session.ask(item.prompt if config.prompt == "official" else item.question, _media(item, point, config))
     report = session.report()
