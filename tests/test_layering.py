@@ -30,6 +30,7 @@ LEVELS = {
     "methods": 5,
     "runtime": 6,
     "bench": 7,
+    "eval": 7,
     "cli": 8,
 }
 TOP = 9  # visualkv/__init__.py and __main__.py: the public names and the entry point

@@ -24,6 +24,7 @@ from visualkv.bench.tables import (
     block_launches,
     compose,
     demo,
+    evals,
     evidence,
     fidelity,
     gpu,
@@ -51,6 +52,7 @@ DOCUMENTS = (
     "docs/SALICACHE.md",
     "docs/LIGHTKV.md",
     "docs/DEMO.md",
+    "docs/EVAL.md",
 )
 _BLOCK = re.compile(r"(<!-- figures:([\w-]+) -->\n)(.*?)(<!-- /figures:\2 -->)", re.DOTALL)
 #: the modules whose `TABLES` the documents draw from
@@ -71,6 +73,7 @@ TABLE_MODULES = (
     demo,
     evidence,
     zerogpu,
+    evals,
 )
 
 

@@ -1,4 +1,4 @@
-"""Command line: `python -m visualkv run|bench|models ...`.
+"""Command line: `python -m visualkv run|bench|eval|models ...`.
 
 Bad input exits with code 2 and one line on stderr, never a traceback.
 """
@@ -212,6 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     from visualkv.cli.bench import add_bench_args
 
     add_bench_args(bench)
+    from visualkv.cli.eval import add_eval_args
+
+    add_eval_args(sub.add_parser("eval", help="accuracy on Video-MME, MLVU, V*Bench, HR-Bench (docs/EVAL.md)"))
     return parser
 
 
@@ -373,9 +376,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_run(args)
         if args.command == "models":
             return cmd_models()
+        args.command_argv = list(sys.argv[1:] if argv is None else argv)  # recorded in every bench JSON
+        if args.command == "eval":
+            from visualkv.cli.eval import cmd_eval
+
+            return cmd_eval(args)
         from visualkv.cli.bench import run_bench
 
-        args.command_argv = list(sys.argv[1:] if argv is None else argv)  # recorded in every bench JSON
         return run_bench(args)
     except VisualKVError as exc:
         print(f"error: {exc}", file=sys.stderr)
