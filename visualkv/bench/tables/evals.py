@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from visualkv.bench.tables.format import load, mib, render
+from visualkv.bench.tables.gpu import GPU_CODE
+from visualkv.bench.tables.measured import DECODE, METHODS, PREFILL, SESSION, paths
 from visualkv.methods import FULL_FRAME_CAP, is_bounded
 
 EVAL_FOLDER = "eval"
@@ -90,3 +92,8 @@ def eval_estimates(results: Path) -> str:
 
 
 TABLES = {"eval-summaries": eval_summaries, "eval-estimates": eval_estimates}
+#: block name -> the source paths its figures measure (`visualkv.bench.staleness`)
+MEASURES = {
+    "eval-summaries": paths(("visualkv/eval",), PREFILL, DECODE, SESSION, METHODS),
+    "eval-estimates": GPU_CODE,
+}
