@@ -85,13 +85,12 @@ class ChatCallbacks:
         self.reports = ReportFiles()
 
     def queued(self, request: gr.Request, message, state):
-        """Runs at once when a turn is sent, just before it joins Gradio's queue: where it will wait there while
-        other computations run (nothing when Gradio will refuse it: its queue is full)."""
+        """Runs at once when a turn is sent, beside its joining Gradio's queue: where it waits there while other
+        computations run (nothing when it was refused, or runs already and shows its own progress)."""
         if not (message or {}).get("text", "").strip():
             return gr.skip()
-        queue = self.context.queue
-        ahead = queue.ahead_of_a_new_one(request, "turn")
-        return gr.skip() if ahead is None else progress_html(0, 1, queue.waiting_line(ahead))
+        line = self.context.queue.waiting_line_of_mine(request, "turn")
+        return gr.skip() if line is None else progress_html(0, 1, line)
 
     def chat(
         self,

@@ -73,11 +73,10 @@ class CompareCallbacks:
         self.method_names: list[str] = []  # the Compare tab's methods, in menu order (set when the page is built)
 
     def compare_queued(self, request: gr.Request, state):
-        """Runs at once when Compare is clicked, just before the comparison joins Gradio's queue: where it will
-        wait there, in Compare's status line (nothing when Gradio will refuse it: its queue is full)."""
-        queue = self.context.queue
-        ahead = queue.ahead_of_a_new_one(request, "compare")
-        return gr.skip() if ahead is None else queue.waiting_line(ahead)
+        """Runs at once when Compare is clicked, beside the comparison's joining Gradio's queue: where it waits
+        there, in Compare's status line (nothing when it was refused, or runs already)."""
+        line = self.context.queue.waiting_line_of_mine(request, "compare")
+        return gr.skip() if line is None else line
 
     def compare(
         self,
