@@ -11,6 +11,8 @@ traceback. What passes is then preprocessed by Gradio as usual (uploaded files a
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -18,10 +20,12 @@ from typing import Any
 import gradio as gr
 
 from visualkv.errors import ConfigError
+from visualkv.methods import make_method
 from visualkv.runtime.question import CHARS_PER_TOKEN
+from visualkv.runtime.streaming import method_options
 
 from .bounds import LOCAL, FormBounds
-from .forms import field_checks
+from .forms import DEFAULTS, field_checks
 
 Check = Callable[[Any], Any]  # raises ConfigError (one line) on a bad value
 
@@ -68,6 +72,27 @@ class ApiValues:
         """The settings form's bounded number fields (`SettingsPanel`'s fields named as in `field_checks`)."""
         for name, check in field_checks(self._bounds).items():
             self._checks[getattr(settings, name)._id] = check
+
+    def add_methods(self, method_inputs: list[tuple[str, str, Any]]) -> None:
+        """Each method setting's input (`SettingsPanel.method_inputs`): its kind, its cap on this instance and
+        the method's own range (the method is built with that one value), whichever method is chosen."""
+        for method, key, component in method_inputs:
+            self._checks[component._id] = functools.partial(self._method_setting, method, key, component)
+
+    def _method_setting(self, method: str, key: str, component, value) -> None:
+        kind = _KINDS.get(type(component))
+        if kind is not None:
+            kind(self, component, value)
+        if value is None or value == "" or value == component.value:  # the default is the method's own
+            return
+        form = dataclasses.replace(DEFAULTS, method=method, method_values=(value,))
+        values = form.method_settings(method, [(method, key)], self._bounds)  # the cap (one line)
+        try:
+            make_method(method, **method_options(method, values))
+        except ConfigError as exc:
+            raise ConfigError(f"{method} settings: {exc}") from None
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{method} {_name(component)}: {str(exc).splitlines()[0][:200]}") from None
 
     def refusal(self, block_fn, inputs: list, state=None) -> str | None:
         """The one line refusing the first bad value of `inputs` for `block_fn`, or None when all may go on."""

@@ -1,0 +1,319 @@
+"""A scripted attack on a shared instance, end to end over raw HTTP: `app.py --public` on 127.0.0.1.
+
+One app process (a random-weight tiny model, a short turn time limit, a queue of two). The attacker speaks
+Gradio's own protocol as a browser does (`queue/join`, the `queue/data` event stream, `run/predict` for the
+at-once events, `call/<name>` for the API), with made-up session ids. Checked:
+- a 1 MB question ends (refused, one line) within the time limit + 1 s, and the next visitor's turn starts in time;
+- one session re-joining every 0.25 s cannot keep another visitor's turn from running within one time limit;
+- every position a visitor is shown is Gradio's rank of its event plus the one running, never more than the
+  computations that exist, and a refused send is shown none;
+- every bad value (NaN, ±Infinity, a string, a choice not in the list, a number out of range) sent to every input
+  of every endpoint gets the app's one line naming the field, and the server log holds no traceback.
+Measured times are printed (`-s`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parent.parent
+MODEL = "tiny-qwen2.5-vl"
+TIME_LIMIT = 4.0  # --turn-time-limit: a long answer of the tiny model runs into it
+MAX_QUEUE = 2
+CLIENT_SESSIONS = 4  # --max-client-sessions: every visitor here has the same address
+LONG_ANSWER = 512  # max new tokens: a turn that runs until the time limit stops it
+SLACK = 1.0  # what "within the limit" allows on top, on a loaded machine
+POSITION = re.compile(r"position (\d+) in the queue \((\d+) computation")
+
+
+def _post(url: str, body: dict, timeout: float = 60):
+    """POST `body` as JSON as any script may write it: NaN and ±Infinity included (httpx's own encoder refuses)."""
+    return httpx.post(url, content=json.dumps(body), headers={"content-type": "application/json"}, timeout=timeout)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    """The shared app; yields (base URL of its API, its log file)."""
+    from tests.test_app_browser_queue import _wait_for_port
+
+    port = _free_port()
+    tmp = tmp_path_factory.mktemp("attack")
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "GRADIO_ANALYTICS_ENABLED": "False",
+        "GRADIO_TEMP_DIR": str(tmp / "gradio"),
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONUNBUFFERED": "1",
+    }
+    args = ["--public", "--model", MODEL, "--port", str(port), "--max-queue", str(MAX_QUEUE)]
+    args += ["--turn-time-limit", str(TIME_LIMIT), "--max-client-sessions", str(CLIENT_SESSIONS)]
+    log_path = tmp / "app.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen([sys.executable, "app.py", *args], cwd=REPO, env=env, stdout=log, stderr=log)
+        try:
+            _wait_for_port(proc, port, log_path)
+            yield Api(f"http://127.0.0.1:{port}/gradio_api"), log_path
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+class Api:
+    """The app's endpoints as its config describes them: each event's id and its inputs' default values."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+        config = httpx.get(base.removesuffix("/gradio_api") + "/config", timeout=60).json()
+        values = {c["id"]: c.get("props", {}).get("value") for c in config["components"]}
+        self.fns = {d["api_name"]: d for d in config["dependencies"] if d.get("api_name")}
+        self.defaults = {name: [values.get(i) for i in d["inputs"]] for name, d in self.fns.items()}
+        self.info = httpx.get(base + "/info", timeout=60).json()["named_endpoints"]
+
+    def turn_data(self, question: str, max_new: int = 8) -> list:
+        """The chat event's inputs: the question, the form's defaults, `max_new` answer tokens."""
+        data = list(self.defaults["chat"])
+        data[0] = {"text": question, "files": []}
+        data[self.input_index("chat", "max new tokens")] = max_new
+        return data
+
+    def input_index(self, name: str, label: str) -> int:
+        params = [p for p in self.info["/" + name]["parameters"]]
+        api_index = next(i for i, p in enumerate(params) if p["label"] == label)
+        return api_index + 1  # the chat's state, not an API parameter, comes second
+
+    def call(self, name: str, data: list, timeout: float = 120) -> tuple[str, str]:
+        """`call/<name>` (the documented API): ("complete" or "error", its data) or ("http <code>", detail)."""
+        r = _post(f"{self.base}/call/{name}", {"data": data}, timeout)
+        if r.status_code != 200:
+            return f"http {r.status_code}", r.text
+        event_id, kind = r.json()["event_id"], ""
+        with httpx.stream("GET", f"{self.base}/call/{name}/{event_id}", timeout=timeout) as stream:
+            for line in stream.iter_lines():
+                if line.startswith("event: "):
+                    kind = line[7:]
+                elif line.startswith("data: ") and kind in ("complete", "error"):
+                    return kind, line[6:]
+        return "closed", ""
+
+
+class Visitor:
+    """One browser session, speaking the page's protocol: at-once events and queued ones with their stream."""
+
+    def __init__(self, api: Api) -> None:
+        self.api, self.session = api, uuid.uuid4().hex[:11]
+        self.messages: list[tuple[float, dict]] = []  # (when, message) from the queue's event stream
+        self._stream = threading.Thread(target=self._listen, daemon=True)
+        self._stream.start()
+
+    def _listen(self) -> None:
+        url = f"{self.api.base}/queue/data?session_hash={self.session}"
+        try:
+            with httpx.stream("GET", url, timeout=None) as stream:
+                for line in stream.iter_lines():
+                    if line.startswith("data: "):
+                        self.messages.append((time.monotonic(), json.loads(line[6:])))
+        except httpx.HTTPError:
+            pass
+
+    def at_once(self, name: str, data: list):
+        fn = self.api.fns[name]
+        body = {"data": data, "fn_index": fn["id"], "session_hash": self.session, "trigger_id": None}
+        return _post(f"{self.api.base}/run/predict", body).json()
+
+    def join(self, name: str, data: list) -> tuple[int, str]:
+        fn = self.api.fns[name]
+        body = {"data": data, "fn_index": fn["id"], "session_hash": self.session, "trigger_id": None}
+        r = _post(f"{self.api.base}/queue/join", body)
+        return r.status_code, r.json().get("event_id") or r.json().get("detail", "")
+
+    def send(self, question: str, max_new: int = 8) -> dict:
+        """What the page does on Send: the at-once position line and the turn's join, at once. Returns the
+        position shown (or None), the join's status and event id (or refusal), and when it was sent."""
+        data = self.api.turn_data(question, max_new)
+        out: dict = {"sent": time.monotonic()}
+        line = threading.Thread(target=lambda: out.update(shown=self.at_once("queued", [data[0], None])))
+        line.start()
+        out["status"], out["event"] = self.join("chat", data)
+        line.join()
+        return out
+
+    def seen(self, event_id: str, msg: str) -> list[tuple[float, dict]]:
+        return [(t, m) for t, m in self.messages if m.get("event_id") == event_id and m.get("msg") == msg]
+
+    def wait_for(self, event_id: str, msg: str, timeout: float) -> float:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if found := self.seen(event_id, msg):
+                return found[0][0]
+            time.sleep(0.05)
+        raise AssertionError(f"no {msg} for {event_id} within {timeout} s")
+
+
+def shown_position(answer: dict) -> tuple[int, int] | None:
+    """(position, computations ahead) in the waiting line the at-once event returned, or None."""
+    text = json.dumps(answer.get("data"))
+    found = POSITION.search(text)
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def test_attack(app):
+    api, log = app
+    times = {}
+    Visitor(api).send("Warm up?")  # first calls load kernels
+    time.sleep(3)
+    times["1 MB question"], times["next visitor waited"] = _huge_question(api)
+    times["positions checked"] = _positions(api)
+    times["victim waited"] = _victim(api)
+    times["bad values refused"] = _bad_values(api)
+    print("\nattack:", json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in times.items()}))
+    text = log.read_text()
+    assert "Traceback" not in text, text[-3000:]
+
+
+def _huge_question(api: Api) -> tuple[float, float]:
+    """A 1 MB question ends, refused in one line, within the limit + 1 s; the next visitor's turn then starts in
+    time too."""
+    attacker, victim = Visitor(api), Visitor(api)
+    sent = attacker.send("x" * 1_000_000)
+    assert sent["status"] == 200, sent
+    done = attacker.wait_for(sent["event"], "process_completed", TIME_LIMIT + SLACK)
+    took = done - sent["sent"]
+    output = json.dumps(attacker.seen(sent["event"], "process_completed")[0][1])
+    assert "the question is too long: at most 2,048 tokens on this shared instance" in output, output[:500]
+    asked = victim.send("What is shown?")
+    started = victim.wait_for(asked["event"], "process_starts", TIME_LIMIT + SLACK)
+    victim.wait_for(asked["event"], "process_completed", 60)
+    assert took <= TIME_LIMIT + SLACK
+    return took, started - asked["sent"]
+
+
+def _positions(api: Api) -> int:
+    """A running turn, then eight forged sessions sending at once: each accepted one is shown Gradio's rank of its
+    event plus the one running, the refused ones nothing; no position exceeds the computations that exist."""
+    runner = Visitor(api)
+    running = runner.send("A long answer?", LONG_ANSWER)
+    runner.wait_for(running["event"], "process_starts", 30)
+    flood = [Visitor(api) for _ in range(8)]
+    sends: list[dict] = [{} for _ in flood]
+    threads = [
+        threading.Thread(target=lambda v=v, i=i: sends[i].update(v.send("Me first?"))) for i, v in enumerate(flood)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    accepted = [(v, s) for v, s in zip(flood, sends) if s["status"] == 200]
+    refused = [s for s in sends if s["status"] != 200]
+    assert 0 < len(accepted) <= MAX_QUEUE and len(refused) == len(flood) - len(accepted), sends
+    assert not runner.seen(running["event"], "process_completed"), "the running turn ended during the flood"
+    exist = 1 + len(accepted)  # the running turn and the accepted ones
+    for visitor, sent in accepted:
+        ranks = visitor.seen(sent["event"], "estimation")
+        assert ranks, "Gradio sent no estimation"
+        rank = ranks[0][1]["rank"]
+        assert shown_position(sent["shown"]) == (rank + 2, rank + 1), (sent["shown"], rank)
+        assert rank + 2 <= exist
+    for sent in refused:
+        assert shown_position(sent["shown"]) is None, sent["shown"]
+        assert "\n" not in sent["event"], sent["event"]
+    for visitor, sent in accepted:  # the queue empties before the next check
+        visitor.wait_for(sent["event"], "process_completed", 60)
+    runner.wait_for(running["event"], "process_completed", 60)
+    return len(accepted) + len(refused)
+
+
+def _victim(api: Api) -> float:
+    """One session re-joins every 0.25 s with long turns; another visitor's turn runs within one time limit."""
+    attacker, victim = Visitor(api), Visitor(api)
+    data = api.turn_data("Again?", LONG_ANSWER)
+    first = attacker.join("chat", data)
+    assert first[0] == 200, first
+    attacker.wait_for(first[1], "process_starts", 30)
+    stop = threading.Event()
+    refusals: list[str] = []
+
+    def rejoin() -> None:
+        while not stop.is_set():
+            status, detail = attacker.join("chat", data)
+            if status != 200:
+                refusals.append(detail)
+            time.sleep(0.25)
+
+    thread = threading.Thread(target=rejoin, daemon=True)
+    thread.start()
+    try:
+        time.sleep(1.0)
+        asked = victim.send("My turn?")
+        assert asked["status"] == 200, asked
+        started = victim.wait_for(asked["event"], "process_starts", TIME_LIMIT + SLACK + 5)
+        victim.wait_for(asked["event"], "process_completed", 60)
+    finally:
+        stop.set()
+        thread.join()
+    waited = started - asked["sent"]
+    assert refusals and all("one computation at a time per chat" in r for r in refusals), refusals[:3]
+    assert waited <= TIME_LIMIT + SLACK, f"the victim waited {waited:.2f} s"
+    time.sleep(TIME_LIMIT + 2)  # the attacker's last turn ends
+    return waited
+
+
+def _bad_values(api: Api) -> int:
+    """Each kind of bad value, to each input of each endpoint, over `call/<name>`: one line naming the field."""
+    sent = 0
+    for name, endpoint in api.info.items():
+        params = endpoint["parameters"]
+        defaults = [p.get("parameter_default") for p in params]
+        for index, param in enumerate(params):
+            kinds = _bad_kinds(param)
+            # every input gets a bad value, every endpoint each kind (the form's many fields take turns)
+            for bad in kinds if len(params) <= 3 else [kinds[index % len(kinds)]]:
+                data = list(defaults)
+                data[index] = bad
+                kind, detail = api.call(name.lstrip("/"), data)
+                sent += 1
+                line = json.loads(detail).get("error", "") if kind == "error" else ""
+                assert kind == "error" and line and "\n" not in line, (name, param["label"], bad, kind, detail[:300])
+                named = param["label"] in line or (param["label"].startswith("parameter_") and "question" in line)
+                assert named, (name, param["label"], bad, line)
+    return sent
+
+
+def _bad_kinds(param: dict) -> list:
+    """The bad values for one input, by what it takes (its API type)."""
+    kind = json.dumps(param.get("type", {}))
+    if '"number"' in kind or '"integer"' in kind:
+        return [float("nan"), float("inf"), -float("inf"), "abc", -1e12]
+    if '"enum"' in kind:
+        return ["not-a-choice", float("nan")]
+    if '"boolean"' in kind:
+        return ["abc", float("nan")]
+    if '"string"' in kind and "FileData" not in kind:
+        return [float("inf"), {"a": 1}]
+    return [float("nan")]
