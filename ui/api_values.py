@@ -21,7 +21,7 @@ import gradio as gr
 
 from visualkv.errors import ConfigError
 from visualkv.methods import make_method
-from visualkv.runtime.question import CHARS_PER_TOKEN
+from visualkv.runtime.question import CHARS_PER_TOKEN, check_characters
 from visualkv.runtime.streaming import method_options
 
 from .bounds import LOCAL, FormBounds
@@ -90,7 +90,7 @@ class ApiValues:
         try:
             make_method(method, **method_options(method, values))
         except ConfigError as exc:
-            raise ConfigError(f"{method} settings: {exc}") from None
+            raise ConfigError(f"{method} {_name(component)}: {exc}") from None
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{method} {_name(component)}: {str(exc).splitlines()[0][:200]}") from None
 
@@ -99,7 +99,7 @@ class ApiValues:
         if not isinstance(inputs, list) or len(inputs) != len(block_fn.inputs):
             return f"this endpoint takes {len(block_fn.inputs)} value(s), in the order of its API page"
         for component, value in zip(block_fn.inputs, inputs):
-            if state is not None and component._id in state:  # the session's own copy (its updated choices)
+            if state is not None and not component.stateful and component._id in state:  # its updated choices
                 component = state[component._id]
             try:
                 self._check(component, value)
@@ -156,7 +156,10 @@ class ApiValues:
             raise ConfigError(f'{_name(component)} must be {{"text": ..., "files": [at most one file]}}')
         if len(files or []) > 1 or any(not isinstance(f, dict) for f in files or []):
             raise ConfigError(f"{_name(component)} takes at most one file, as Gradio's file data")
-        self._text(component, value.get("text"))
+        text = value.get("text")
+        if text is not None and not isinstance(text, str):
+            raise ConfigError(f"{_name(component)} must be text, got {text!r:.40}")
+        check_characters(text or "", self._bounds.question_tokens, self._bounds.where)
 
     def _file(self, component, value) -> None:
         if value is not None and not isinstance(value, dict):

@@ -18,9 +18,9 @@ from typing import Any
 from .status import STARTING_LABEL, WAITING_LABEL
 
 COMPUTE_ID = "compute"  # the concurrency group of every model computation
-JOIN_SECONDS = 3.0  # how long a position waits for its event to be in Gradio's queue (the page sends it right after)
+JOIN_SECONDS = 2.0  # how long a position waits for its event to be in Gradio's queue (the page sends it right after)
 POLL_SECONDS = 0.05
-SENT_SECONDS = 1.0  # a computation queued this long before the page asks where it waits is an earlier send's
+SENT_SECONDS = 10.0  # a computation queued this long before the page asks where it waits is an earlier send's
 WITHDRAWN_KEPT_SECONDS = 3600.0  # a withdrawn event that never comes up (New chat cancelled it) is forgotten then
 
 

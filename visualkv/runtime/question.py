@@ -20,10 +20,18 @@ CHARS_PER_TOKEN = 32
 def question_tokens(tokenizer: Any, question: str, max_tokens: int, where: str = "") -> int:
     """The number of tokens of `question`, or a one-line ConfigError naming the bound when it has more than
     `max_tokens` (`where`: whose bound it is, e.g. " on this shared instance")."""
-    too_long = f"the question is too long: at most {max_tokens:,} tokens{where}"
-    if len(question) > max_tokens * CHARS_PER_TOKEN:
-        raise ConfigError(f"{too_long}, got {len(question):,} characters; shorten it")
+    check_characters(question, max_tokens, where)
     count = len(tokenizer(question, add_special_tokens=False)["input_ids"])
     if count > max_tokens:
-        raise ConfigError(f"{too_long}, got {count:,}; shorten it")
+        raise ConfigError(f"{_too_long(max_tokens, where)}, got {count:,}; shorten it")
     return count
+
+
+def check_characters(question: str, max_tokens: int, where: str = "") -> None:
+    """A one-line ConfigError when `question` has too many characters to fit `max_tokens` tokens (unread)."""
+    if len(question) > max_tokens * CHARS_PER_TOKEN:
+        raise ConfigError(f"{_too_long(max_tokens, where)}, got {len(question):,} characters; shorten it")
+
+
+def _too_long(max_tokens: int, where: str) -> str:
+    return f"the question is too long: at most {max_tokens:,} tokens{where}"
