@@ -71,7 +71,17 @@ def app(tmp_path_factory):
     with log_path.open("w") as log:
         proc = subprocess.Popen(
             # eight visitors from one address: the bound on one visitor's sessions is lifted
-            [sys.executable, "app.py", "--port", str(port), "--public", "--max-queue", str(MAX_QUEUE), "--max-client-sessions", "0"],
+            [
+                sys.executable,
+                "app.py",
+                "--port",
+                str(port),
+                "--public",
+                "--max-queue",
+                str(MAX_QUEUE),
+                "--max-client-sessions",
+                "0",
+            ],
             cwd=REPO,
             env=env,
             stdout=log,

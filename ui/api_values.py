@@ -55,6 +55,11 @@ def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _file_data(value) -> bool:
+    """Whether `value` has the shape of Gradio's file data (a path; Gradio then checks where it points)."""
+    return isinstance(value, dict) and isinstance(value.get("path"), str)
+
+
 def _choices(component) -> list:
     return [value for _, value in (getattr(component, "choices", None) or [])]
 
@@ -154,7 +159,7 @@ class ApiValues:
         files = value.get("files") if isinstance(value, dict) else None
         if not isinstance(value, dict) or set(value) - {"text", "files"} or not isinstance(files or [], list):
             raise ConfigError(f'{_name(component)} must be {{"text": ..., "files": [at most one file]}}')
-        if len(files or []) > 1 or any(not isinstance(f, dict) for f in files or []):
+        if len(files or []) > 1 or not all(_file_data(f) for f in files or []):
             raise ConfigError(f"{_name(component)} takes at most one file, as Gradio's file data")
         text = value.get("text")
         if text is not None and not isinstance(text, str):
@@ -162,7 +167,7 @@ class ApiValues:
         check_characters(text or "", self._bounds.question_tokens, self._bounds.where)
 
     def _file(self, component, value) -> None:
-        if value is not None and not isinstance(value, dict):
+        if value is not None and not _file_data(value):
             raise ConfigError(f"{_name(component)} must be one file, as Gradio's file data, got {value!r:.40}")
 
 
