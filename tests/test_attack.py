@@ -15,23 +15,20 @@ Measured times are printed (`-s`).
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
+
+from tests.app_process import app_process
 
 httpx = pytest.importorskip("httpx")
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parent.parent
 MODEL = "tiny-qwen2.5-vl"
 TIME_LIMIT = 5.0  # --turn-time-limit: a long answer of the tiny model runs into it
 MAX_QUEUE = 2
@@ -46,44 +43,13 @@ def _post(url: str, body: dict, timeout: float = 60):
     return httpx.post(url, content=json.dumps(body), headers={"content-type": "application/json"}, timeout=timeout)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
     """The shared app; yields (base URL of its API, its log file)."""
-    from tests.test_app_browser_queue import _wait_for_port
-
-    port = _free_port()
-    tmp = tmp_path_factory.mktemp("attack")
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "GRADIO_ANALYTICS_ENABLED": "False",
-        "GRADIO_TEMP_DIR": str(tmp / "gradio"),
-        "TOKENIZERS_PARALLELISM": "false",
-        "PYTHONUNBUFFERED": "1",
-    }
-    args = ["--public", "--model", MODEL, "--port", str(port), "--max-queue", str(MAX_QUEUE)]
-    args += ["--turn-time-limit", str(TIME_LIMIT), "--max-client-sessions", str(CLIENT_SESSIONS)]
-    log_path = tmp / "app.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen([sys.executable, "app.py", *args], cwd=REPO, env=env, stdout=log, stderr=log)
-        try:
-            _wait_for_port(proc, port, log_path)
-            yield Api(f"http://127.0.0.1:{port}/gradio_api"), log_path
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    args = ["--public", "--model", MODEL, "--max-queue", str(MAX_QUEUE), "--turn-time-limit", str(TIME_LIMIT)]
+    args += ["--max-client-sessions", str(CLIENT_SESSIONS)]
+    with app_process(args, tmp_path_factory.mktemp("attack")) as (url, _, log_path):
+        yield Api(f"{url}/gradio_api"), log_path
 
 
 class Api:
