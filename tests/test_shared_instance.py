@@ -224,3 +224,15 @@ def test_an_evidence_pass_ended_by_the_time_limit_says_so(monkeypatch):
     state = SimpleNamespace(session=SimpleNamespace(media=object()), report={}, stop=None)
     note, *_ = evidence.compute(state, "average", 0.5, progress=lambda *a, **k: None, time_limit=0.2)
     assert note == evidence.time_limit_line(0.2) and "time limit (0.2 s)" in note
+
+
+def test_docs_list_the_question_and_turn_bounds():
+    """docs/APP.md's rows for the question's tokens and a chat's turns are ui/bounds.py's values."""
+    from pathlib import Path
+
+    from ui.bounds import LOCAL, SHARED
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "APP.md").read_text()
+    for label, name in (("question tokens", "question_tokens"), ("turns per chat", "turns")):
+        row = f"| {label} | {getattr(LOCAL, name):,} | {getattr(SHARED, name):,} |"
+        assert row in doc, row
