@@ -245,6 +245,7 @@ def test_nothing_dropped_is_exact_with_forced_blocks(alias, method, small_video)
 
 @pytest.mark.parametrize("alias", ALL_FAMILIES)
 def test_skipped_frames_are_not_encoded_and_dropped_tokens_never_enter_the_llm(alias, monkeypatch):
+    from visualkv.attention.step import current
     from visualkv.kv.cache import CompressibleCache
 
     media, _ = _story_clip()
@@ -252,8 +253,9 @@ def test_skipped_frames_are_not_encoded_and_dropped_tokens_never_enter_the_llm(a
     original = CompressibleCache.update
 
     def update(cache, key_states, value_states, layer_idx, *args, **kwargs):
-        if layer_idx == 0 and cache.pending_token_index is not None:
-            entered.update(cache.pending_token_index.long().cpu().tolist())
+        step = current()
+        if layer_idx == 0 and step is not None and step.token_index is not None:
+            entered.update(step.token_index.long().cpu().tolist())
         return original(cache, key_states, value_states, layer_idx, *args, **kwargs)
 
     monkeypatch.setattr(CompressibleCache, "update", update)

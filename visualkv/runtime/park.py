@@ -208,7 +208,6 @@ def _drop_views(session) -> None:
     for layer in cache.layers:
         layer._segments = None  # `packed_segments()` rebuilds it from the moved buffers
     cache.static = None
-    cache.pending_token_index = cache.pending_tiers = None
 
 
 def _state(session) -> dict[str, Any]:
