@@ -219,7 +219,7 @@ def test_kept_entries_of_every_tier_keep_their_original_positions(alias, method)
         theirs = torch.stack([ref.keys[0, h, packed[h]] for h in range(packed.shape[0])]).float()
         step = seg.keys.scale[0].float().repeat_interleave(mine.shape[-1] // seg.keys.scale.shape[-1], dim=-1)
         assert bool(((mine - theirs).abs() <= step / 2 + 1e-4).all())
-    n_follow = int(s._history_ids[-1].shape[0]) - 1  # its first token is the previous answer's last
+    n_follow = int(s.state.history_ids[-1].shape[0]) - 1  # its first token is the previous answer's last
     assert torch.allclose(layer.keys[0, :, -n_follow:], ref.keys[0, :, -n_follow:], atol=1e-5)
 
 
