@@ -64,7 +64,7 @@ def main() -> None:
             cache, token = session.cache, record.token_ids[0] if record.token_ids else 0
             if hasattr(cache, "reserve"):
                 cache.reserve(args.tokens)
-            pos, seq = session._next_position, session._seq_len
+            pos, seq = session.state.next_position, session.state.seq_len
             c0, w0 = time.process_time(), time.perf_counter()
             for i in range(args.tokens):
                 logits = session.engine.extend(torch.tensor([token]), pos + i, seq + i, cache)

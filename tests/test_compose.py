@@ -219,7 +219,7 @@ def test_kept_entries_of_every_tier_keep_their_original_positions(alias, method)
         theirs = torch.stack([ref.keys[0, h, packed[h]] for h in range(packed.shape[0])]).float()
         step = seg.keys.scale[0].float().repeat_interleave(mine.shape[-1] // seg.keys.scale.shape[-1], dim=-1)
         assert bool(((mine - theirs).abs() <= step / 2 + 1e-4).all())
-    n_follow = int(s._history_ids[-1].shape[0]) - 1  # its first token is the previous answer's last
+    n_follow = int(s.state.history_ids[-1].shape[0]) - 1  # its first token is the previous answer's last
     assert torch.allclose(layer.keys[0, :, -n_follow:], ref.keys[0, :, -n_follow:], atol=1e-5)
 
 
@@ -245,6 +245,7 @@ def test_nothing_dropped_is_exact_with_forced_blocks(alias, method, small_video)
 
 @pytest.mark.parametrize("alias", ALL_FAMILIES)
 def test_skipped_frames_are_not_encoded_and_dropped_tokens_never_enter_the_llm(alias, monkeypatch):
+    from visualkv.attention.step import current
     from visualkv.kv.cache import CompressibleCache
 
     media, _ = _story_clip()
@@ -252,8 +253,9 @@ def test_skipped_frames_are_not_encoded_and_dropped_tokens_never_enter_the_llm(a
     original = CompressibleCache.update
 
     def update(cache, key_states, value_states, layer_idx, *args, **kwargs):
-        if layer_idx == 0 and cache.pending_token_index is not None:
-            entered.update(cache.pending_token_index.long().cpu().tolist())
+        step = current()
+        if layer_idx == 0 and step is not None and step.token_index is not None:
+            entered.update(step.token_index.long().cpu().tolist())
         return original(cache, key_states, value_states, layer_idx, *args, **kwargs)
 
     monkeypatch.setattr(CompressibleCache, "update", update)

@@ -8,7 +8,8 @@ import os
 import pytest
 import torch
 
-from visualkv.kv.cache import TIER_FULL, TIER_INT4, TIER_INT8, CompressibleCache
+from visualkv.attention.step import Step, running
+from visualkv.kv.cache import TIER_FULL, TIER_INT4, TIER_INT8, CompressibleCache, split_tiers
 from visualkv.kv.quant import QuantSpec, dequantize, packed_bytes_per_token
 from visualkv.layout import VisualUnit, plan_blocks
 from visualkv.scoring import keydiff_scores, snapkv_scores
@@ -96,9 +97,8 @@ def test_cache_tiers_are_packed_and_counted_exactly():
     b, h, d = 1, 2, 64
     k = torch.randn(b, h, 6, d)
     tiers = torch.tensor([TIER_FULL, TIER_INT8, TIER_INT4, TIER_INT8, TIER_FULL, TIER_INT4])
-    cache.pending_token_index = torch.arange(6)
-    cache.pending_tiers = tiers
-    keys, _values = cache.update(k, k.clone(), 0)
+    with running(Step(token_index=torch.arange(6), tiers=split_tiers(tiers))):
+        keys, _values = cache.update(k, k.clone(), 0)
     assert keys.shape == (1, 2, 6, d)  # the block attends to all its own entries
     layer = cache.layers[0]
     expected = (
@@ -113,9 +113,8 @@ def test_cache_tiers_are_packed_and_counted_exactly():
     assert layer.kv_bytes() == expected
     assert layer.tier_counts() == {TIER_FULL: 4, TIER_INT8: 4, TIER_INT4: 4}  # summed over 2 heads
     # next block: the full-precision entries are returned; the packed ones go to the attention call beside them
-    cache.pending_tiers = None
-    cache.pending_token_index = torch.tensor([6])
-    keys2, _ = cache.update(torch.randn(b, h, 1, d), torch.randn(b, h, 1, d), 0)
+    with running(Step(token_index=torch.tensor([6]))):
+        keys2, _ = cache.update(torch.randn(b, h, 1, d), torch.randn(b, h, 1, d), 0)
     assert keys2.shape[2] == 3 and layer.kv_bytes() == expected + 2 * h * d * 4
     segments = layer.packed_segments()  # what the attention call reading keys2 adds (INT8, then INT4)
     assert [s.token_index[0, 0].tolist() for s in segments] == [[1, 3], [2, 5]]
@@ -126,8 +125,8 @@ def test_cache_tiers_are_packed_and_counted_exactly():
 def test_keep_full_gathers_per_head():
     cache = CompressibleCache(num_layers=1)
     k = torch.arange(2 * 5 * 4, dtype=torch.float32).view(1, 2, 5, 4)
-    cache.pending_token_index = torch.arange(5)
-    cache.update(k, k.clone(), 0)
+    with running(Step(token_index=torch.arange(5))):
+        cache.update(k, k.clone(), 0)
     layer = cache.layers[0]
     layer.keep_full(torch.tensor([[[4, 1], [0, 2]]]))
     assert layer.token_index.tolist() == [[[1, 4], [0, 2]]]

@@ -86,8 +86,13 @@ def _conversation(method, budget, decode, temperature, read_every, max_new_token
 def _state(session: ChatSession) -> list:
     """Everything a later turn reads: each layer's entries (keys, values, token indices, packed tiers), the host
     counts, the history and the pending token."""
-    state: list = [session._seq_len, session._next_position, session._pending, session.cache.entries_per_layer()]
-    state.append([int(token) for ids in session._history_ids for token in ids])
+    state: list = [
+        session.state.seq_len,
+        session.state.next_position,
+        session.state.pending,
+        session.cache.entries_per_layer(),
+    ]
+    state.append([int(token) for ids in session.state.history_ids for token in ids])
     for layer in session.cache.layers:
         state += [layer.keys, layer.values, layer.token_index]
         for segment in layer.quant.values():
@@ -153,7 +158,9 @@ def test_a_static_step_after_a_rewind_is_the_step_never_rewound():
     for tokens, rewind_after in (([11, 12, 13], 2), ([11, 13], None)):
         session = ChatSession(get_adapter(FAMILY), SessionConfig(max_new_tokens=1))
         session.ask("What is in it?", image_media(224, 168, seed=1))  # the prefill; one token, no decode step
-        decoder = StaticDecoder(session.adapter, session.cache, 4, session._next_position, session._seq_len, False)
+        decoder = StaticDecoder(
+            session.adapter, session.cache, 4, session.state.next_position, session.state.seq_len, False
+        )
         for i, token in enumerate(tokens):
             logits = decoder.step(torch.tensor([token]))
             if i + 1 == rewind_after:

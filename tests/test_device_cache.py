@@ -8,6 +8,7 @@ import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from tests.conftest import get_adapter
+from visualkv.attention.step import Step, running
 from visualkv.bench.synthetic import video_media
 from visualkv.kv import quant
 from visualkv.kv.cache import TIER_FULL, TIER_INT4, TIER_INT8, CompressibleCache, CompressibleLayer, split_tiers
@@ -25,14 +26,14 @@ def test_appends_write_in_place_and_read_views():
     cache = CompressibleCache(1)
     cache.set_capacity_hint(64)
     k0, v0 = _kv(10, 0)
-    cache.pending_token_index = torch.arange(10)
-    out_k, _ = cache.update(k0, v0, 0)
+    with running(Step(token_index=torch.arange(10))):
+        out_k, _ = cache.update(k0, v0, 0)
     layer = cache.layers[0]
     ptr = layer.keys.data_ptr()
     for step in range(5):  # decode-like steps: one entry each
         k, v = _kv(1, step + 1)
-        cache.pending_token_index = torch.tensor([10 + step])
-        out_k, out_v = cache.update(k, v, 0)
+        with running(Step(token_index=torch.tensor([10 + step]))):
+            out_k, out_v = cache.update(k, v, 0)
         assert out_k.data_ptr() == ptr  # a view of the same buffer: nothing was reallocated or concatenated
         assert torch.equal(out_k[:, :, -1:], k) and torch.equal(out_v[:, :, -1:], v)
     assert torch.equal(layer.keys[:, :, :10], k0)
@@ -50,8 +51,8 @@ def test_growth_is_geometric_and_counted():
     sizes = []
     for step in range(40):
         k, v = _kv(16, step)
-        cache.pending_token_index = torch.arange(16) + 16 * step
-        cache.update(k, v, 0)
+        with running(Step(token_index=torch.arange(16) + 16 * step)):
+            cache.update(k, v, 0)
         sizes.append(layer._rows.capacity)
     assert len(set(sizes)) < 15  # not one reallocation per append
     assert layer.n_full == 640 and sizes[-1] >= 640
@@ -62,8 +63,8 @@ def test_eviction_compacts_in_place():
     cache = CompressibleCache(1)
     cache.set_capacity_hint(32)
     k, v = _kv(12, 3)
-    cache.pending_token_index = torch.arange(12)
-    cache.update(k, v, 0)
+    with running(Step(token_index=torch.arange(12))):
+        cache.update(k, v, 0)
     layer = cache.layers[0]
     ptr = layer.keys.data_ptr()
     keep = torch.tensor([[[11, 0, 5, 7], [1, 2, 3, 10]]])  # per head, unsorted
@@ -117,7 +118,7 @@ def test_packed_segments_are_attended_like_a_dequantized_concatenation(queries, 
     """The wrapped attention (one query: one softmax over the parts; several: one concatenation for the call)
     equals SDPA over [dequantized packed | full] with grouped-query heads and the engine's masks."""
     layer = _packed_layer()
-    segments = layer.packed_segments()  # what the runner passes to the layer's attention call, taken before it runs
+    segments = layer.packed_segments()  # what the runner puts in the layer call's step, taken before it runs
     k_new, v_new = _kv(queries, seed=5, dim=32)
     keys, values = layer.update(k_new, v_new, torch.arange(18, 18 + queries))  # full entries + the new ones
     query = torch.randn(1, 4, queries, 32, generator=torch.Generator().manual_seed(6))  # 4 heads over 2 KV heads
@@ -133,7 +134,8 @@ def test_packed_segments_are_attended_like_a_dequantized_concatenation(queries, 
     attention = ALL_ATTENTION_FUNCTIONS["visualkv_sdpa"]
     module = torch.nn.Module()
     module.num_key_value_groups, module.is_causal = 2, True  # what transformers' sdpa reads from an attention module
-    out, _ = attention(module, query, keys, values, mask, packed_segments=segments, scaling=0.2, dropout=0.0)
+    with running(Step(segments=segments)):  # the engine's step for the layer call
+        out, _ = attention(module, query, keys, values, mask, scaling=0.2, dropout=0.0)
     want = _reference(query, layer, keys, values, mask, 0.2)
     assert len(segments) == 2 and out.shape == want.shape == (1, queries, 4, 32)
     assert torch.allclose(out, want, atol=1e-5), (out - want).abs().max()
@@ -176,9 +178,9 @@ def test_salicache_keeps_no_dequantized_copy_and_decodes_what_it_stores(monkeypa
 @pytest.mark.parametrize(
     "alias", ["tiny-qwen2.5-vl", "tiny-qwen3-vl", "tiny-smolvlm2", "tiny-internvl3.5", "tiny-llava-onevision"]
 )
-def test_packed_segments_reach_attention_through_the_layers_arguments(alias, monkeypatch):
-    """Every family's decoder layer passes `packed_segments` on to the attention function: each decode step, plain
-    or fixed-shape, attends every layer's packed tiers (one `one_query` call with one dequantized part per layer
+def test_packed_segments_reach_attention_through_the_step_channel(alias, monkeypatch):
+    """Every family's decoder layer runs its attention inside the engine's step: each decode step, plain or
+    fixed-shape, attends every layer's packed tiers (one `one_query` call with one dequantized part per layer
     holding any), and both decoders give the same logits."""
     from visualkv.attention import packed as packed_attention
 

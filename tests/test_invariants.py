@@ -303,7 +303,7 @@ def test_full_report_matches_full_kv_bytes(adapter, small_image):
     s = _session(adapter, "full", max_new_tokens=3)
     s.ask(PROMPT, small_image)
     report = s.report()
-    seq = s._seq_len  # the whole conversation so far
+    seq = s.state.seq_len  # the whole conversation so far
     item = torch.empty((), dtype=adapter.dtype).element_size()
     by_formula = seq * adapter.num_layers * 2 * adapter.num_kv_heads * adapter.head_dim * item
     assert report["final_kv_bytes"] == report["full_kv_bytes"] == report["peak_kv_bytes"] == by_formula
@@ -356,5 +356,5 @@ def test_kept_entries_keep_original_positions(adapter, small_image, small_video,
         assert torch.allclose(mine, ref_keys, atol=1e-5)
     # the follow-up's text got the same positions as in the uncompressed conversation
     # (its first token is the previous answer's last token, which may differ)
-    n_follow = int(s._history_ids[-1].shape[0]) - 1
+    n_follow = int(s.state.history_ids[-1].shape[0]) - 1
     assert torch.allclose(layer.keys[0, :, -n_follow:], ref.keys[0, :, -n_follow:], atol=1e-5)

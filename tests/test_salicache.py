@@ -287,7 +287,7 @@ def test_kept_tokens_keep_original_positions(alias):
     assert int(idx[0].max()) >= s.prepared.suffix_start  # later tokens are there
     for head in range(idx.shape[0]):
         assert torch.allclose(layer.keys[0, head], ref.keys[0, head, idx[head]], atol=1e-4)
-    n_follow = int(s._history_ids[-1].shape[0])
+    n_follow = int(s.state.history_ids[-1].shape[0])
     assert torch.allclose(layer.keys[0, :, -n_follow:], ref.keys[0, :, -n_follow:], atol=1e-5)
 
 

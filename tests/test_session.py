@@ -60,11 +60,11 @@ def test_stop_during_prefill_ends_it_at_a_block_boundary_and_keeps_nothing(qwen,
 def test_stop_during_a_followup_reprefill_keeps_the_previous_cache(qwen, small_image):
     s = ChatSession(qwen, _blockwise(followup="reprefill"))
     s.ask("What is this?", small_image)
-    before = (s.cache, s.method, list(s.blocks), s._seq_len, s.report()["retained"])
+    before = (s.cache, s.method, list(s.blocks), s.state.seq_len, s.report()["retained"])
     stop = threading.Event()
     with pytest.raises(PrefillStopped):
         list(s.stream("And the colour?", on_block=lambda ev: stop.set(), stop=stop))
-    assert (s.cache, s.method, s.blocks, s._seq_len, s.report()["retained"]) == before
+    assert (s.cache, s.method, s.blocks, s.state.seq_len, s.report()["retained"]) == before
     assert len(s.turns) == 1
     s.ask("And the colour?")
     assert len(s.turns) == 2 and s.cache is not before[0]
@@ -73,12 +73,12 @@ def test_stop_during_a_followup_reprefill_keeps_the_previous_cache(qwen, small_i
 def test_failed_turn_loses_nothing(qwen, small_image):
     s = ChatSession(qwen, SessionConfig(max_new_tokens=3))
     s.ask("What is this?", small_image)
-    before = (len(s.turns), s.cache.kv_bytes(), s._seq_len)
+    before = (len(s.turns), s.cache.kv_bytes(), s.state.seq_len)
     with pytest.raises(ConfigError):
         s.ask("   ")
     with pytest.raises(ConfigError):
         s.ask("Another file?", small_image)
-    assert (len(s.turns), s.cache.kv_bytes(), s._seq_len) == before
+    assert (len(s.turns), s.cache.kv_bytes(), s.state.seq_len) == before
     s.ask("Still there?")
     assert len(s.turns) == 2
 

@@ -1,10 +1,10 @@
 """Attention of a block of new tokens after cached entries, without expanding K/V to every query head.
 
 A block after a cache always takes a lower-right causal mask. Given a tensor mask, transformers' SDPA function
-repeats K/V to every query head and CUDA takes no flash kernel, so the engine passes an `AfterCache` marker and
-`attend` picks per call: "flash" (CUDA 16-bit: PyTorch's lower-right `CausalBias` with `enable_gqa`, no mask, no
-copy), "gqa" (other devices: a dense bool mask with `enable_gqa`), or "stock" (CUDA without flash: transformers'
-own function). The CUDA choice is checked once per device, dtype and geometry against the stock function
+repeats K/V to every query head and CUDA takes no flash kernel, so the engine hands attention an `AfterCache`
+marker (in the layer call's step, `visualkv.attention.step`) and `attend` picks per call: "flash" (CUDA 16-bit:
+PyTorch's lower-right `CausalBias` with `enable_gqa`, no mask, no copy), "gqa" (other devices: a dense bool mask
+with `enable_gqa`), or "stock" (CUDA without flash: transformers' own function). The CUDA choice is checked once per device, dtype and geometry against the stock function
 (`_agrees`); a kernel that fails or disagrees is never used for that key again.
 """
 

@@ -1,10 +1,11 @@
 """VisualKV's decoder attention: transformers' sdpa / eager functions, plus what the cache needs.
 
 Registered as `visualkv_sdpa` / `visualkv_eager` (`WRAPPED`), named on the decoder's configs only inside
-`visualkv.attention.patched`. A call delegates to the model's own function unchanged unless it brings, through the
-decoder layer's keyword arguments, the layer's `packed_segments` (INT8 / INT4 tiers, dequantized for this call only,
-so no full-precision copy of a tier is ever kept), an `AfterCache` mask (a block after cached entries, attended
-without expanding K/V) or `grouped_decode=True` (a fixed-shape decode step over its window, `one_query`).
+`visualkv.attention.patched`. A call delegates to the model's own function unchanged unless the layer call's step
+(`visualkv.attention.step`, the one channel from the engine) brings the layer's packed segments (INT8 / INT4
+tiers, dequantized for this call only, so no full-precision copy of a tier is ever kept), an `AfterCache` mask (a
+block after cached entries, attended without expanding K/V) or `grouped_decode` (a fixed-shape decode step over its
+window, `one_query`). Outside a step (no engine call in this thread) it is the model's own function.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMa
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
 from visualkv.attention import block as block_attention
+from visualkv.attention import step as layer_step
 from visualkv.attention.block import AfterCache
 from visualkv.kv.quant import dequantize_all
 
@@ -33,10 +35,15 @@ def _base_function(name: str, module: torch.nn.Module):
 def _wrapper(base: str):
     """The attention function registered for `base` ("sdpa" or "eager"); see the module docstring."""
 
-    def attention(module, query, key, value, attention_mask, packed_segments=None, grouped_decode=False, **kwargs):
-        segments = packed_segments  # QuantSegments of the layer, held before this block: [] or None for none
+    def attention(module, query, key, value, attention_mask, **kwargs):
         fn = _base_function(base, module)
-        if query.shape[2] == 1 and (segments or grouped_decode):
+        step = layer_step.current()
+        if step is None:
+            return fn(module, query, key, value, attention_mask, **kwargs)
+        segments = step.segments  # QuantSegments of the layer, held before this block: () for none
+        if step.after_cache is not None:
+            attention_mask = step.after_cache
+        if query.shape[2] == 1 and (segments or step.grouped_decode):
             # one query: every segment in one part beside the window, nothing of the cache is copied
             parts = [dequantized(segments)] if segments else []  # this call's transient
             return one_query(query, key, value, attention_mask, parts, kwargs.get("scaling"))

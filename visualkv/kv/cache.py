@@ -16,6 +16,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from visualkv.attention import packed as packed_attention
+from visualkv.attention import step as layer_step
 from visualkv.kv.quant import PackedTensor, QuantSpec, quantize
 
 TIER_FULL, TIER_INT8, TIER_INT4 = 0, 1, 2
@@ -200,9 +201,9 @@ class CompressibleLayer(CacheLayerMixin):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append new entries; return the full-precision K/V to attend to (new entries last, in block order).
 
-        The packed tiers held before this call are attended too: the runner passes them (`packed_segments()`, taken
-        before the layer runs) to the attention call that reads what this returns, which adds them, dequantized for
-        that call only.
+        The packed tiers held before this call are attended too: the runner puts them (`packed_segments()`, taken
+        before the layer runs) in the layer call's step, and the attention call that reads what this returns adds
+        them, dequantized for that call only.
 
         token_index: (q,) sequence indices of the new tokens (on this layer's
         device, or moved here). tiers: None (all full precision) or {tier: (k,)
@@ -428,13 +429,16 @@ def split_tiers(tiers: torch.Tensor | None) -> dict[int, torch.Tensor] | None:
     return None if set(present) <= {TIER_FULL} else present
 
 
+_NO_STEP = layer_step.Step()  # outside the engine's layer calls: new entries follow the held ones, full precision
+
+
 class CompressibleCache(Cache):
     """A transformers `Cache` made of `CompressibleLayer`s.
 
-    The engine sets `pending_token_index` / `pending_tiers` / `pending_visual`
-    before running a layer, because transformers' attention modules call
-    `update(key, value, layer_idx)` without them. See the module docstring for
-    `peak_kv_bytes` and `peak_device_bytes`.
+    transformers' attention modules call `update(key, value, layer_idx)` only: the new entries' indices, tiers
+    and visual count come from the layer call's step (`visualkv.attention.step`; none outside the engine: the
+    entries follow the held ones at full precision). See the module docstring for `peak_kv_bytes` and
+    `peak_device_bytes`.
     """
 
     def __init__(self, num_layers: int, headroom: int = 0, query_group: int = 1) -> None:
@@ -445,9 +449,6 @@ class CompressibleCache(Cache):
         self.headroom = headroom
         for layer in self.layers:
             layer.headroom, layer.query_group = headroom, query_group
-        self.pending_token_index: torch.Tensor | None = None
-        self.pending_tiers: dict[int, torch.Tensor] | None = None
-        self.pending_visual = 0  # visual tokens among the pending ones (host int)
         self.static = None  # a `StaticDecoder` while it decodes: it routes `update` to `write_slot`
         self.peak_kv_bytes = 0
         self.peak_allocated_bytes = 0
@@ -461,8 +462,9 @@ class CompressibleCache(Cache):
         layer = self.layers[layer_idx]
         if self.static is not None:  # fixed-shape decoding: no host bookkeeping per step (see static_decode)
             return self.static.update(layer, layer_idx, key_states, value_states)
-        out = layer.update(key_states, value_states, self.pending_token_index, self.pending_tiers)
-        layer.visual_entries += self.pending_visual
+        step = layer_step.current() or _NO_STEP
+        out = layer.update(key_states, value_states, step.token_index, step.tiers)
+        layer.visual_entries += step.n_visual
         self.refresh_bytes(layer_idx, layer.working_bytes)
         return out
 

@@ -28,6 +28,7 @@ import torch
 from visualkv.attention import block as block_attention
 from visualkv.attention import implementation, patched
 from visualkv.attention import packed as packed_attention
+from visualkv.attention import step as layer_step
 from visualkv.attention.block import AfterCache
 from visualkv.devices import to_device
 from visualkv.errors import ConfigError, stop_point, stop_scope
@@ -59,8 +60,8 @@ def attention_mask(q: int, n_past: int, impl: str, device) -> AfterCache | torch
     Every cached entry is visible, whatever was evicted; the block itself is causal. One query token needs no
     mask, nor does a first block under an SDPA-like kernel (its own causal flag is used, as transformers does).
     `impl`: the model's own kernel. Inside `patched`, sdpa and eager run VisualKV's functions (`packed_attention`),
-    which take the `AfterCache` marker (sdpa then attends without expanding K/V, `block_attention`); any other
-    kernel gets the bool mask.
+    which take the `AfterCache` marker from the layer call's step (sdpa then attends without expanding K/V,
+    `block_attention`); any other kernel gets the bool mask as its attention mask.
     """
     if not needs_mask(q, n_past, impl):
         return None  # SDPA-like kernels then run causally without materialising a mask
@@ -69,7 +70,8 @@ def attention_mask(q: int, n_past: int, impl: str, device) -> AfterCache | torch
 
 
 class BlockPlan:
-    """What the layers of one block need from its host-side token indices, computed once on the host.
+    """What the layers of one block need from its host-side token indices, computed once on the host; `step`
+    makes a layer call's `Step` (the one channel to the cache and attention) from it.
 
     index_on(device): the block's token indices on a layer's device (copied once per device).
     tier_split: {tier: positions} or None (all full precision), see `split_tiers`.
@@ -109,6 +111,10 @@ class BlockPlan:
         if key not in self._on:
             self._on[key] = {tier: to_device(sel, device) for tier, sel in self.tier_split.items()}
         return self._on[key]
+
+    def step(self, device: torch.device, segments: list, after_cache: AfterCache | None) -> layer_step.Step:
+        """The step of a layer on `device` holding the packed `segments` (taken before the layer runs)."""
+        return layer_step.Step(self.index_on(device), self.tiers_on(device), self.n_visual_full, segments, after_cache)
 
 
 def attention_working_bytes(
@@ -234,8 +240,8 @@ class Engine:
         the layer loop itself never reads the device (no host synchronisation).
         layer_features: the block's DeepStack-style additions, added after their layers (before the
         method sees the layer's output, as they are part of the model's own layer output).
-        Runs inside `patched`; a layer's packed tiers reach its attention call as the
-        `packed_segments` keyword, which transformers' decoder layers pass on to the attention function.
+        Runs inside `patched`; each layer runs inside its `Step` (`visualkv.attention.step`): the new entries'
+        indices and tiers for the cache, the layer's packed tiers and the block's mask for attention.
         """
         adapter = self.adapter
         impl = implementation(adapter)
@@ -253,19 +259,16 @@ class Engine:
             if key not in masks:  # one mask per block (per distinct cache length and device)
                 masks[key] = attention_mask(q, n_past, impl, device)
             mask = masks[key]
-            cache.pending_token_index = plan.index_on(device)
-            cache.pending_tiers = plan.tiers_on(device)
-            cache.pending_visual = plan.n_visual_full
-            segments = cache_layer.packed_segments()  # held before this block: what its attention call adds
-            packed = {"packed_segments": segments} if segments else {}
-            out = layer(
-                hidden,
-                attention_mask=mask,
-                position_embeddings=(cos, sin),
-                past_key_values=cache,
-                use_cache=True,
-                **packed,
-            )
+            after = mask if isinstance(mask, AfterCache) else None  # the wrapped functions take it from the step
+            # the packed segments held before this block: what its attention call adds
+            with layer_step.running(plan.step(device, cache_layer.packed_segments(), after)):
+                out = layer(
+                    hidden,
+                    attention_mask=None if after is not None else mask,
+                    position_embeddings=(cos, sin),
+                    past_key_values=cache,
+                    use_cache=True,
+                )
             cache.note_working(attention_working_bytes(adapter, q, n_past + q, mask is None, hidden.dtype, impl))
             if layer_features is not None:
                 out = layer_features.add_after_layer(layer_idx, out, token_index)
@@ -283,8 +286,6 @@ class Engine:
                     )
                     plan = BlockPlan(token_index, tiers, ctx, new.n_visual, new.tier_split)
             hidden = out
-        cache.pending_token_index = cache.pending_tiers = None
-        cache.pending_visual = 0
         return hidden
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -5,18 +5,24 @@ when the next turn starts. That lets one GPU serve many idle chats, and it is wh
 call (Hugging Face ZeroGPU) requires: there a turn runs in a worker process, and everything a follow-up needs
 crosses the process boundary by pickling.
 
-`park(session)` moves every tensor of the session's state (the cache's buffers, every tier, packed INT8 / INT4
-included, the prepared input, the prefill's context and logits, the method's state) to the host, pinned where
-CUDA is available (views of the cache's buffers are dropped, rebuilt on first use); `unpark(session)` moves
-each back to the device it came from (a sharded model's cache stays sharded; host tables stay on the host). `export_state` / `adopt_state` hand a parked session's
-state to another process as one picklable `ParkedState`, without what belongs to this process (the model, the
-engine's callbacks). `resolve_park` decides whether a session parks: "always", "never" or "auto" (on ZeroGPU and in shared mode).
+What moves is the session's `ChatState` (`visualkv.runtime.session`), one object, through its own pickling
+protocol: the state is pickled with every tensor taken out by reference (`persistent_id`) and loaded back with
+each tensor replaced, so each distinct tensor moves once and shared references stay shared. `park(session)` moves
+its tensors (the cache's buffers, every tier, packed INT8 / INT4 included, the prepared input, the prefill's context
+and logits, the method's state) to the host, pinned where CUDA is available (views of the cache's buffers are
+dropped, rebuilt on first use); `unpark(session)` moves each back to the device it came from (a sharded model's cache
+stays sharded; host tensors stay on the host). Within the process the model, functions, host arrays and media are
+kept by reference, neither copied nor moved. `export_state` / `adopt_state` hand a parked state to another process
+as one picklable `ParkedState` (the state's bytes beside its host tensors), without what belongs to this process
+(the model, the engine's callbacks). `resolve_park` decides whether a session parks: "always", "never" or "auto" (on
+ZeroGPU and in shared mode).
 """
 
 from __future__ import annotations
 
-import copy
+import io
 import os
+import pickle
 import time
 import types
 from collections.abc import Callable
@@ -34,27 +40,6 @@ from visualkv.runtime.access import is_public
 PARK_MODES = ("auto", "always", "never")
 #: set by Hugging Face in a ZeroGPU Space's container
 ZERO_GPU_ENV = "SPACES_ZERO_GPU"
-
-#: what a follow-up turn needs of a ChatSession: the attributes a parked state carries
-STATE_FIELDS = (
-    "cache",
-    "media",
-    "prepared",
-    "prefill_result",
-    "memory_estimate",
-    "turns",
-    "blocks",
-    "method",
-    "_next_position",
-    "_seq_len",
-    "_history_ids",
-    "_pending",
-    "_rebuild_cache",
-    "_graph_failure",
-    "park_stats",
-    "answer_start",  # where the last answer starts, for its evidence pass
-    "evidence",  # the last turn's evidence (numpy), when computed
-)
 
 
 def on_zero_gpu(environ: dict[str, str] | None = None) -> bool:
@@ -96,90 +81,81 @@ class ParkStats:
         }
 
 
-class _AdapterMark:
-    """Stands for the model in a parked state (the model never leaves its process)."""
-
-    def __reduce__(self):
-        return (_adapter_mark, ())
+_FUNCTIONS = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, partial)
 
 
-ADAPTER = _AdapterMark()
+def _process_bound(obj: Any) -> bool:
+    """A function of the running process that a parked state never carries to another (the engine's text pass, a
+    Stop check): a lambda or local function, or one bound to an object. Functions named by their module (what
+    pickling itself uses to rebuild objects) are not."""
+    if isinstance(obj, partial):
+        return True
+    if isinstance(obj, types.FunctionType):
+        return "<" in obj.__qualname__
+    owner = getattr(obj, "__self__", None)
+    return owner is not None and not isinstance(owner, (types.ModuleType, type))
 
 
-def _adapter_mark() -> _AdapterMark:
-    return ADAPTER
+#: values kept by reference within the process (no tensor inside; media frames are host arrays or a lazy reader)
+_BY_REFERENCE = (np.ndarray, Media, LazyFrames)
 
 
-#: values a parked state never carries (functions of the running process: the engine's text pass, a Stop check)
-_PROCESS_BOUND = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, partial)
-#: leaves the walk does not enter (no tensor inside; media frames are host arrays or a lazy reader that pickles)
-_LEAVES = (
-    str, bytes, int, float, bool, complex, type(None), np.ndarray, np.generic, Media, LazyFrames, torch.dtype,
-    torch.device, torch.Size,
-)  # fmt: skip
+class _Packer(pickle.Pickler):
+    """Pickles a state with its tensors taken out (`tensors`, each distinct one once, in order) and the model left
+    out; `local`: for this process (functions, host arrays and media kept in `refs`), else for another (functions
+    dropped, host arrays and media pickled)."""
 
+    def __init__(self, file: io.BytesIO, local: bool) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.local = local
+        self.tensors: list[torch.Tensor] = []
+        self.refs: list[Any] = []
+        self._index: dict[int, int] = {}  # id of a tensor -> its place in `tensors`
 
-class _Mover:
-    """One walk over a session's state, replacing every tensor by `move(tensor)` (None: tensors left as they are).
-
-    In place, or on a structural copy (`copy`: new lists, dicts and objects around the same tensors, so the walked
-    state is not changed). `strip`: the model becomes `ADAPTER` and functions of this process None (a state for
-    another process); `adapter`: what `ADAPTER` becomes again. The model itself is never walked. Each tensor is
-    moved once and each object walked once, so shared references stay shared.
-    """
-
-    def __init__(
-        self,
-        move: Callable[[torch.Tensor], torch.Tensor] | None = None,
-        strip: bool = False,
-        adapter: Any | None = None,
-        copy: bool = False,
-    ) -> None:
-        self.move, self.strip, self.adapter, self.copy = move, strip, adapter, copy
-        self.moved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id -> (the tensor, its copy): kept alive
-        self.done: dict[int, Any] = {}  # id of an object walked -> what replaces it
-        self.nbytes = 0  # bytes of the distinct tensors met
-
-    def value(self, obj: Any) -> Any:
+    def persistent_id(self, obj: Any) -> tuple | None:
         if isinstance(obj, torch.Tensor):
-            return self.tensor(obj)
-        if isinstance(obj, _LEAVES):
-            return obj
-        if obj is ADAPTER:
-            return self.adapter if self.adapter is not None else obj
-        if isinstance(obj, torch.nn.Module) or _is_adapter(obj):  # the model is never walked: it stays where it is
-            return ADAPTER if self.strip else obj
-        if self.strip and isinstance(obj, _PROCESS_BOUND):
-            return None
-        if isinstance(obj, tuple):
-            return type(obj)(*map(self.value, obj)) if hasattr(obj, "_fields") else tuple(map(self.value, obj))
-        if id(obj) in self.done:
-            return self.done[id(obj)]
-        if isinstance(obj, list):
-            out = list(obj) if self.copy else obj
-            self.done[id(obj)] = out
-            out[:] = [self.value(v) for v in out]
-        elif isinstance(obj, dict):
-            out = dict(obj) if self.copy else obj
-            self.done[id(obj)] = out
-            self.fill(out)
-        elif hasattr(obj, "__dict__") and not isinstance(obj, type):
-            out = copy.copy(obj) if self.copy else obj  # a copy's attributes are a new dict: filled in place
-            self.done[id(obj)] = out
-            self.fill(vars(out))
-        else:
-            out = self.done[id(obj)] = obj
-        return out
+            if id(obj) not in self._index:
+                self._index[id(obj)] = len(self.tensors)
+                self.tensors.append(obj)
+            return ("tensor", self._index[id(obj)])
+        if isinstance(obj, torch.nn.Module) or _is_adapter(obj):  # the model never moves: it stays where it is
+            return self._ref(obj) if self.local else ("adapter",)
+        if self.local:  # functions, host arrays and media stay as they are
+            return self._ref(obj) if isinstance(obj, (*_FUNCTIONS, *_BY_REFERENCE)) else None
+        return ("none",) if isinstance(obj, _FUNCTIONS) and _process_bound(obj) else None
 
-    def fill(self, d: dict) -> None:
-        for key, v in list(d.items()):
-            d[key] = self.value(v)
+    def _ref(self, obj: Any) -> tuple:
+        self.refs.append(obj)
+        return ("ref", len(self.refs) - 1)
 
-    def tensor(self, t: torch.Tensor) -> torch.Tensor:
-        if id(t) not in self.moved:
-            self.moved[id(t)] = (t, self.move(t) if self.move is not None else t)
-            self.nbytes += t.nbytes
-        return self.moved[id(t)][1]
+
+class _Unpacker(pickle.Unpickler):
+    """Loads what `_Packer` wrote, with `tensors` in the tensors' places and `adapter` as the model."""
+
+    def __init__(self, data: bytes, tensors: list[torch.Tensor], refs: list[Any], adapter: Any = None) -> None:
+        super().__init__(io.BytesIO(data))
+        self.tensors, self.refs, self.adapter = tensors, refs, adapter
+
+    def persistent_load(self, pid: tuple) -> Any:
+        kind = pid[0]
+        if kind == "tensor":
+            return self.tensors[pid[1]]
+        if kind == "ref":
+            return self.refs[pid[1]]
+        return self.adapter if kind == "adapter" else None
+
+
+def _packed(obj: Any, local: bool) -> tuple[bytes, _Packer]:
+    buffer = io.BytesIO()
+    packer = _Packer(buffer, local)
+    packer.dump(obj)
+    return buffer.getvalue(), packer
+
+
+def _moved(obj: Any, move: Callable[[torch.Tensor], torch.Tensor]) -> tuple[Any, list[torch.Tensor]]:
+    """(a copy of `obj` whose every tensor is `move(tensor)`, the tensors of `obj`); within this process."""
+    data, packer = _packed(obj, local=True)
+    return _Unpacker(data, [move(t) for t in packer.tensors], packer.refs).load(), packer.tensors
 
 
 def portable_media(media: Media | None) -> Media | None:
@@ -200,19 +176,13 @@ def _has_device(key: tuple) -> bool:
     return any(isinstance(k, torch.device) for k in key)
 
 
-def _drop_views(session) -> None:
+def _drop_views(cache) -> None:
     """Views of the cache's buffers would move as copies of their own: drop them (rebuilt on first use)."""
-    cache = session.cache
     if cache is None:
         return
     for layer in cache.layers:
         layer._segments = None  # `packed_segments()` rebuilds it from the moved buffers
     cache.static = None
-    cache.pending_token_index = cache.pending_tiers = None
-
-
-def _state(session) -> dict[str, Any]:
-    return {name: getattr(session, name) for name in STATE_FIELDS}
 
 
 def _synchronize(devices: set[str]) -> None:
@@ -239,19 +209,16 @@ def _to_host(t: torch.Tensor, homes: list, pin: bool) -> torch.Tensor:
 
 def park(session) -> ParkStats:
     """Move `session`'s state to the host (pinned where CUDA is available); a no-op when it is parked."""
-    stats = session.park_stats
-    if stats.parked:
-        return stats
+    if session.state.park_stats.parked:
+        return session.state.park_stats
     t0 = time.perf_counter()
-    _drop_views(session)
+    _drop_views(session.state.cache)
     homes: list[tuple[torch.Tensor, str]] = []
-    mover = _Mover(partial(_to_host, homes=homes, pin=torch.cuda.is_available()))
-    for name, value in _state(session).items():
-        if name != "park_stats":
-            setattr(session, name, mover.value(value))
+    session.state, tensors = _moved(session.state, partial(_to_host, homes=homes, pin=torch.cuda.is_available()))
     _synchronize({device for _, device in homes})
+    stats = session.state.park_stats
     stats.homes = homes
-    stats.parked, stats.parked_bytes = True, mover.nbytes
+    stats.parked, stats.parked_bytes = True, sum(t.nbytes for t in tensors)
     stats.moved_bytes = sum(t.nbytes for t, _ in homes)
     stats.park_seconds = time.perf_counter() - t0
     return stats
@@ -259,20 +226,17 @@ def park(session) -> ParkStats:
 
 def unpark(session) -> ParkStats:
     """Move a parked `session`'s state back to the devices it came from; a no-op when it is not parked."""
-    stats = session.park_stats
-    if not stats.parked:
-        return stats
+    if not session.state.park_stats.parked:
+        return session.state.park_stats
     t0 = time.perf_counter()
-    home = {id(t): device for t, device in stats.homes}
+    home = {id(t): device for t, device in session.state.park_stats.homes}
 
     def back(t: torch.Tensor) -> torch.Tensor:
         return t.to(home[id(t)], non_blocking=True) if id(t) in home else t
 
-    mover = _Mover(back)
-    for name, value in _state(session).items():
-        if name != "park_stats":
-            setattr(session, name, mover.value(value))
+    session.state, _ = _moved(session.state, back)
     _synchronize(set(home.values()))
+    stats = session.state.park_stats
     stats.homes, stats.parked = [], False
     stats.unpark_seconds = time.perf_counter() - t0
     return stats
@@ -280,52 +244,38 @@ def unpark(session) -> ParkStats:
 
 @dataclass
 class ParkedState:
-    """A parked session's state, ready to cross a process boundary (`pickle`); no tensor on a device."""
+    """A parked session's state, ready to cross a process boundary (`pickle`); no tensor on a device.
+
+    state: the `ChatState` pickled without its tensors, the model or this process's functions; tensors: its host
+    tensors, in the order `state` refers to them (pickled as tensors, by torch)."""
 
     config: Any  # the SessionConfig
-    state: dict[str, Any] = field(default_factory=dict)
+    state: bytes = b""
+    tensors: list[torch.Tensor] = field(default_factory=list)
 
 
 def export_state(session) -> ParkedState:
-    """The session's state for another process: parked first (so host-only), then copied without what belongs
+    """The session's state for another process: parked first (so host-only), then pickled without what belongs
     to this process (the model, callbacks); the session itself keeps all of it."""
     park(session)
-    portable_media(session.media)  # a follow-up's call reopens the chat's video: its file must still be there
-    mover = _Mover(strip=True, copy=True)
-    return ParkedState(session.config, {name: mover.value(value) for name, value in _state(session).items()})
+    portable_media(session.state.media)  # a follow-up's call reopens the chat's video: its file must still be there
+    data, packer = _packed(session.state, local=False)
+    return ParkedState(session.config, data, packer.tensors)
 
 
 def adopt_state(session, parked: ParkedState) -> None:
     """Install `parked` (from `export_state`, maybe through pickle) into `session`; it stays parked until its
     next turn (`unpark`)."""
     session.config = parked.config
-    mover = _Mover(adapter=session.adapter)
-    for name, value in parked.state.items():
-        setattr(session, name, mover.value(value))
+    session.state = _Unpacker(parked.state, parked.tensors, [], session.adapter).load()
 
 
 def device_tensors(obj: Any) -> list[str]:
-    """Where `obj` holds tensors off the host (a check for tests and the ZeroGPU bridge), the model aside: their
-    paths."""
-    found: list[str] = []
-    _find(obj, "state", found, set(), lambda t: t.device.type != "cpu" or type(t) is not torch.Tensor)
-    return found
-
-
-def _find(obj: Any, path: str, found: list[str], seen: set[int], bad: Callable[[torch.Tensor], bool]) -> None:
-    if isinstance(obj, torch.Tensor):
-        if bad(obj):
-            found.append(f"{path}: {type(obj).__name__} on {obj.device}")
-        return
-    if isinstance(obj, _LEAVES) or id(obj) in seen or isinstance(obj, torch.nn.Module) or _is_adapter(obj):
-        return  # the model is not the session's state (it stays where it was loaded)
-    seen.add(id(obj))
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            _find(v, f"{path}[{k!r}]", found, seen, bad)
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            _find(v, f"{path}[{i}]", found, seen, bad)
-    elif hasattr(obj, "__dict__") and not isinstance(obj, type):
-        for k, v in vars(obj).items():
-            _find(v, f"{path}.{k}", found, seen, bad)
+    """The tensors `obj` holds off the host (a check for tests and the ZeroGPU bridge), the model aside: each as
+    its type, shape and device. Found by pickling `obj` as a park does (within this process)."""
+    _, packer = _packed(obj, local=True)
+    return [
+        f"{type(t).__name__}{tuple(t.shape)} on {t.device}"
+        for t in packer.tensors
+        if t.device.type != "cpu" or type(t) is not torch.Tensor
+    ]

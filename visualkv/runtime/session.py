@@ -33,6 +33,7 @@ from visualkv.errors import ConfigError, VisualKVError, check_range, stop_point,
 from visualkv.kv.cache import CompressibleCache
 from visualkv.media import Media, load_image, load_media
 from visualkv.methods import make_method, media_limits, method_traits
+from visualkv.methods.base import Method
 from visualkv.models.base import ModelAdapter, PreparedInput
 from visualkv.report.telemetry import BlockEvent, TurnRecord, cuda_peak, peak_rss_bytes, reset_cuda_peak
 from visualkv.runtime.decode_loop import DecodeLimits, DecodeLoop, Feeder, read_interval
@@ -160,8 +161,46 @@ MediaSource = Media | str | os.PathLike | Image.Image | np.ndarray
 REPORT_PER_LAYER_VALUES = 2_000_000
 
 
+@dataclass
+class ChatState:
+    """What a follow-up turn needs of a chat: everything a turn reads or changes, in one object its `ChatSession`
+    owns. Parking (`visualkv.runtime.park`) moves this object to the host and back, and hands it to another process
+    (a ZeroGPU call) and back; nothing else of a session crosses."""
+
+    method: Method  # built for this chat; holds the state of the prefill that built the cache
+    park_stats: ParkStats  # where the state waits between turns
+    cache: CompressibleCache | None = None
+    media: Media | None = None
+    prepared: PreparedInput | None = None
+    prefill_result: PrefillResult | None = None
+    memory_estimate: MemoryEstimate | None = None  # the guard's estimate for the prefill that built the cache
+    turns: list[TurnRecord] = field(default_factory=list)
+    blocks: list[BlockEvent] = field(default_factory=list)
+    next_position: int = 0  # position of the next token
+    seq_len: int = 0  # tokens of the conversation so far (global index of the next token)
+    history_ids: list[torch.Tensor] = field(default_factory=list)  # text fed after the media prefill, in order
+    pending: int | None = None  # last sampled token, not yet run through the model
+    rebuild_cache: bool = False  # the cache was freed after an out-of-memory: rebuild it on the next turn
+    graph_failure: str | None = None  # why a CUDA graph capture failed once (then "auto" stays eager)
+    answer_start: tuple[int, int, int] = (0, 0, 0)  # (history entries, global index, position) of the last answer
+    evidence: Evidence | None = None  # the last turn's evidence, when computed
+
+
+class _InState:
+    """A `ChatSession` attribute that lives in the session's `ChatState` (read and written there)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, session: ChatSession | None, owner: type | None = None) -> Any:
+        return self if session is None else getattr(session.state, self.name)
+
+    def __set__(self, session: ChatSession, value: Any) -> None:
+        setattr(session.state, self.name, value)
+
+
 class ChatSession:
-    """One conversation: its cache, its history and its telemetry."""
+    """One conversation: its state (`ChatState`), the model and the engine that run it, and its telemetry."""
 
     def __init__(
         self, adapter: ModelAdapter, config: SessionConfig | None = None, guard: MemoryGuard | None = None
@@ -171,30 +210,32 @@ class ChatSession:
         self.config.validate()
         if self.config.decode == "graph" and (why := graph_unsupported(adapter)):
             raise ConfigError(f"decode 'graph' is not possible here: {why}; use 'static', 'eager' or 'auto'")
-        self._graph_failure: str | None = None  # why a CUDA graph capture failed once (then "auto" stays eager)
         self.guard = guard or MemoryGuard()  # refuses a prefill that would not fit in memory
         self.engine = Engine(adapter)
+        self.state: ChatState | None = None
         self.reset()
 
+    # what a follow-up needs lives in `state` (see ChatState); these read and write it there
+    cache = _InState()
+    media = _InState()
+    prepared = _InState()
+    prefill_result = _InState()
+    memory_estimate = _InState()
+    turns = _InState()
+    blocks = _InState()
+    method = _InState()
+    evidence = _InState()
+    answer_start = _InState()
+    park_stats = _InState()
+
     def reset(self) -> None:
-        """Forget the media, the cache and the history (the model stays loaded)."""
-        self.cache: CompressibleCache | None = None
-        self.media: Media | None = None
-        self.prepared: PreparedInput | None = None
-        self.prefill_result: PrefillResult | None = None
-        self.memory_estimate: MemoryEstimate | None = None  # the guard's estimate for the prefill that built the cache
-        self.turns: list[TurnRecord] = []
-        self.blocks: list[BlockEvent] = []
-        self._next_position = 0
-        self._seq_len = 0  # tokens of the conversation so far (global index of the next token)
-        self._history_ids: list[torch.Tensor] = []  # text fed after the media prefill, in order
-        self._pending: int | None = None  # last sampled token, not yet run through the model
-        self._rebuild_cache = False  # the cache was freed after an out-of-memory: rebuild it on the next turn
-        self.evidence: Evidence | None = None  # the last turn's evidence, when computed
-        #: (history entries, global index, position) where the last turn's answer starts
-        self.answer_start: tuple[int, int, int] = (0, 0, 0)
-        self.method = make_method(self.config.method, **self.config.method_options)
-        self.park_stats = ParkStats(mode=self.config.park_cache)  # where the state waits between turns
+        """Forget the media, the cache and the history (the model stays loaded, and so does a failed CUDA graph
+        capture: "auto" decoding stays eager)."""
+        self.state = ChatState(
+            method=make_method(self.config.method, **self.config.method_options),
+            park_stats=ParkStats(mode=self.config.park_cache),
+            graph_failure=self.state.graph_failure if self.state is not None else None,
+        )
 
     # -- public API ---------------------------------------------------------------
     def ask(self, prompt: str, media: MediaSource | None = None, **kwargs) -> TurnRecord:
@@ -251,7 +292,7 @@ class ChatSession:
         record.prefill_seconds = time.perf_counter() - t0
         self.turns.append(record)
         self.evidence = None
-        self.answer_start = (len(self._history_ids), self._seq_len, self._next_position)
+        self.answer_start = (len(self.state.history_ids), self.state.seq_len, self.state.next_position)
         yield from self._decode(logits, record, t0, stop)
         record.cuda_peak_bytes = cuda_peak()
         if self.config.evidence and record.stopped != "stopped":
@@ -283,12 +324,12 @@ class ChatSession:
     @property
     def sequence_length(self) -> int:
         """Tokens of the conversation so far."""
-        return self._seq_len
+        return self.state.seq_len
 
     @property
     def history_ids(self) -> list[torch.Tensor]:
         """The text run after the media input, in order (questions, answers' tokens)."""
-        return self._history_ids
+        return self.state.history_ids
 
     def _as_media(self, media: MediaSource | None) -> Media | None:
         """`media` as a validated Media: a path or an image is loaded under the method's limits."""
@@ -331,8 +372,8 @@ class ChatSession:
             raise
         self.cache, self.media, self.prepared, self.prefill_result = cache, media, prepared, result
         self.memory_estimate = estimate
-        self._seq_len = prepared.seq_len
-        self._next_position = prepared.next_position
+        self.state.seq_len = prepared.seq_len
+        self.state.next_position = prepared.next_position
         return result.logits
 
     def _estimate(self, prepared: PreparedInput, should_stop) -> MemoryEstimate:
@@ -353,12 +394,12 @@ class ChatSession:
 
     def _followup_turn(self, prompt: str, on_block, should_stop=None) -> torch.Tensor:
         ids = self.adapter.followup_ids(prompt)
-        if self._pending is not None:
-            ids = torch.cat([torch.tensor([self._pending]), ids])
+        if self.state.pending is not None:
+            ids = torch.cat([torch.tensor([self.state.pending]), ids])
         reprefill = self.config.followup == "reprefill" and self.method.query_aware
-        if (reprefill or self._rebuild_cache) and self.prepared is not None:
+        if (reprefill or self.state.rebuild_cache) and self.prepared is not None:
             return self._reprefill(prompt, ids, on_block, should_stop)
-        logits = self.engine.extend(ids, self._next_position, self._seq_len, self.cache)
+        logits = self.engine.extend(ids, self.state.next_position, self.state.seq_len, self.cache)
         self._advance(ids)
         return logits
 
@@ -381,19 +422,19 @@ class ChatSession:
             vision_ahead=self.config.vision_ahead,
         )
         method.proxy_ids = None
-        history = torch.cat(self._history_ids + [ids]) if self._history_ids else ids
+        history = torch.cat(self.state.history_ids + [ids]) if self.state.history_ids else ids
         logits = self.engine.extend(history, self.prepared.next_position, self.prepared.seq_len, cache)
         self.cache, self.prefill_result, self.method = cache, result, method
         self.memory_estimate = estimate
-        self._rebuild_cache = False
+        self.state.rebuild_cache = False
         self._advance(ids)
         return logits
 
     def _advance(self, ids: torch.Tensor) -> None:
-        self._history_ids.append(ids)
-        self._seq_len += int(ids.shape[0])
-        self._next_position += int(ids.shape[0])
-        self._pending = None
+        self.state.history_ids.append(ids)
+        self.state.seq_len += int(ids.shape[0])
+        self.state.next_position += int(ids.shape[0])
+        self.state.pending = None
 
     def _collect(self, on_block):
         def callback(event: BlockEvent) -> None:
@@ -411,10 +452,10 @@ class ChatSession:
         return {
             "turns": len(self.turns),
             "blocks": list(self.blocks),
-            "history": len(self._history_ids),
-            "seq_len": self._seq_len,
-            "next_position": self._next_position,
-            "pending": self._pending,
+            "history": len(self.state.history_ids),
+            "seq_len": self.state.seq_len,
+            "next_position": self.state.next_position,
+            "pending": self.state.pending,
             "cache": self.cache,
             "media": self.media,
             "prepared": self.prepared,
@@ -424,20 +465,24 @@ class ChatSession:
 
     def restore(self, snapshot: dict[str, Any]) -> None:
         """Undo a failed turn. A cache the turn may have extended is freed; the next turn rebuilds it from
-        the media and the conversation so far (a first turn simply leaves the session empty)."""
+        the media and the conversation so far (a first turn simply leaves the session empty). The snapshot's
+        objects are those the turn ran on: a state the failed turn parked comes back first, and parks again after."""
+        unpark(self)
         del self.turns[snapshot["turns"] :]
-        del self._history_ids[snapshot["history"] :]
+        del self.state.history_ids[snapshot["history"] :]
         self.blocks = snapshot["blocks"]
-        self._seq_len, self._next_position = snapshot["seq_len"], snapshot["next_position"]
-        self._pending = snapshot["pending"]
+        self.state.seq_len, self.state.next_position = snapshot["seq_len"], snapshot["next_position"]
+        self.state.pending = snapshot["pending"]
         self.media, self.prepared, self.prefill_result = snapshot["media"], snapshot["prepared"], None
         self.cache = None
-        self._rebuild_cache = snapshot["cache"] is not None
+        self.state.rebuild_cache = snapshot["cache"] is not None
         self.memory_estimate = None
         self.evidence = None
-        if self._rebuild_cache:
+        if self.state.rebuild_cache:
             self.prefill_result = snapshot["prefill_result"]
             self.memory_estimate = snapshot["memory_estimate"]
+        if resolve_park(self.config.park_cache):
+            park(self)
 
     # -- decoding -----------------------------------------------------------------
     def _decode(self, logits: torch.Tensor, record: TurnRecord, t0: float, stop) -> Iterator[str]:
@@ -451,16 +496,16 @@ class ChatSession:
             read_interval(self.config.decode_read_every, logits.device),
             stop.is_set if stop is not None else None,
         )
-        feeder = Feeder(self.engine, self.cache, self._next_position, self._seq_len)
+        feeder = Feeder(self.engine, self.cache, self.state.next_position, self.state.seq_len)
         detok = IncrementalDetokenizer(self.adapter.tokenizer)
         loop = DecodeLoop(feeder, lambda lg: self._sample(lg, generator), limits, record, detok)
         try:
             yield from loop.run(logits, t0, lambda: self._static_decoder(record, steps - 1))
         finally:  # also when the caller stops iterating: the tokens fed so far are part of the conversation
-            self._history_ids.extend(torch.tensor([token]) for token in loop.fed_ids)
-            self._seq_len += len(loop.fed_ids)
-            self._next_position += len(loop.fed_ids)
-            self._pending = loop.pending
+            self.state.history_ids.extend(torch.tensor([token]) for token in loop.fed_ids)
+            self.state.seq_len += len(loop.fed_ids)
+            self.state.next_position += len(loop.fed_ids)
+            self.state.pending = loop.pending
         # a token cut inside a UTF-8 sequence decodes to U+FFFD: never end an answer on one
         record.answer = self.adapter.tokenizer.decode(record.token_ids, skip_special_tokens=True).rstrip("\ufffd")
         n = len(record.token_ids)
@@ -472,13 +517,13 @@ class ChatSession:
         """The fixed-shape decoder for this answer, or None for plain steps; sets `record.decode_mode`."""
         mode = self.config.decode
         if mode == "auto":
-            mode = "eager" if self._graph_failure or graph_unsupported(self.adapter) else "graph"
+            mode = "eager" if self.state.graph_failure or graph_unsupported(self.adapter) else "graph"
         record.decode_mode = mode
         if mode == "eager":
-            if self._graph_failure:
-                record.decode_mode = f"eager (graph capture failed: {self._graph_failure})"
+            if self.state.graph_failure:
+                record.decode_mode = f"eager (graph capture failed: {self.state.graph_failure})"
             return None
-        args = (self.adapter, self.cache, steps, self._next_position, self._seq_len, mode == "graph")
+        args = (self.adapter, self.cache, steps, self.state.next_position, self.state.seq_len, mode == "graph")
         attention = self.config.decode_attention
         if mode == "static":
             decoder = StaticDecoder(*args, attention=attention)
@@ -487,9 +532,11 @@ class ChatSession:
         try:
             decoder = StaticDecoder(*args, attention=attention)
         except Exception as exc:  # noqa: BLE001 - a kernel that cannot be captured: decode this turn eagerly
-            self._graph_failure = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
-            warnings.warn(f"CUDA graph decoding unavailable, decoding eagerly: {self._graph_failure}", stacklevel=2)
-            record.decode_mode = f"eager (graph capture failed: {self._graph_failure})"
+            self.state.graph_failure = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+            warnings.warn(
+                f"CUDA graph decoding unavailable, decoding eagerly: {self.state.graph_failure}", stacklevel=2
+            )
+            record.decode_mode = f"eager (graph capture failed: {self.state.graph_failure})"
             return None
         record.decode_attention = decoder.attention
         return decoder
@@ -517,7 +564,7 @@ class ChatSession:
         """Bytes an uncompressed cache would hold for this conversation so far."""
         a = self.adapter
         itemsize = torch.empty((), dtype=a.dtype).element_size()
-        tokens = self._seq_len
+        tokens = self.state.seq_len
         return tokens * a.num_layers * 2 * a.num_kv_heads * a.head_dim * itemsize
 
     def retained_per_layer(self) -> np.ndarray:

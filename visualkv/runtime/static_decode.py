@@ -13,13 +13,13 @@ and replayed per token:
 - the token to feed is written into a device buffer before each replay (`fill_`, no host read).
 
 Attention over the window (`SessionConfig.decode_attention`): "model" runs the model's own function (SDPA or eager)
-with the mask; "grouped" passes `grouped_decode=True` to each layer's attention call, which then runs
+with the mask; "grouped" sets `grouped_decode` in each layer call's step (`visualkv.attention.step`), so its attention runs
 `packed_attention.one_query` (two batched matmuls, a float32 softmax, KV heads not repeated). Why: a mask keeps
 PyTorch's SDPA off its flash kernels, and transformers packs a KV head's query heads as its queries, so on CUDA the
 masked kernel may run one thread block per KV head, each streaming its head's whole window (reasoned from decode
 rates, measured per kernel by scripts/decode_attention.py); `one_query` spreads the window over the GPU. "auto"
 takes "grouped" on CUDA once the widest window holds `GROUPED_MIN_ENTRIES`, else "model". Each layer's packed
-tiers (unchanged while an answer decodes) reach its attention call as `packed_segments`.
+tiers (unchanged while an answer decodes) reach its attention call in the same step.
 
 Every step that runs the layers in Python (the static steps, the graph's warm-up and capture) runs inside
 `visualkv.attention.patched`; a graph replay runs no Python attention and needs none.
@@ -41,6 +41,7 @@ import torch
 
 from visualkv.attention import implementation, patched
 from visualkv.attention import packed as packed_attention
+from visualkv.attention import step as layer_step
 from visualkv.kv.cache import CompressibleCache, CompressibleLayer
 from visualkv.models.base import ModelAdapter
 from visualkv.runtime.engine import attention_working_bytes
@@ -125,10 +126,9 @@ class StaticDecoder:
         self._out: torch.Tensor | None = None
         self._eager_mask = impl == "eager"
         # what each layer's attention call takes beyond transformers' own arguments (the same every step)
-        grouped = {"grouped_decode": True} if self.attention == "grouped" and impl in packed_attention.WRAPPED else {}
-        self._attention_kwargs = [
-            {"packed_segments": segments, **grouped} if (segments := layer.packed_segments()) else grouped
-            for layer in cache.layers
+        grouped = self.attention == "grouped" and impl in packed_attention.WRAPPED
+        self._steps = [
+            layer_step.Step(segments=layer.packed_segments(), grouped_decode=grouped) for layer in cache.layers
         ]
         cache.static = self
         if graph:
@@ -152,14 +152,14 @@ class StaticDecoder:
             key = (self.held[layer_idx], self.windows[layer_idx])
             if key not in self._masks:
                 self._masks[key] = self._mask(*key, hidden.dtype)
-            hidden = layer(
-                hidden,
-                attention_mask=self._masks[key],
-                position_embeddings=(cos, sin),
-                past_key_values=self.cache,
-                use_cache=True,
-                **self._attention_kwargs[layer_idx],
-            )
+            with layer_step.running(self._steps[layer_idx]):
+                hidden = layer(
+                    hidden,
+                    attention_mask=self._masks[key],
+                    position_embeddings=(cos, sin),
+                    past_key_values=self.cache,
+                    use_cache=True,
+                )
         logits = adapter.final_hidden_to_logits(hidden[:, -1:])[0, -1]
         self.step_index += 1
         return logits
