@@ -21,6 +21,7 @@ import torch
 from transformers.image_utils import SizeDict
 from transformers.video_utils import VideoMetadata
 
+from visualkv.devices import to_device
 from visualkv.errors import stop_point
 from visualkv.layout import VisualLayout, VisualUnit
 from visualkv.media import Media
@@ -139,7 +140,7 @@ class ModelAdapter:
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """(q,) ids -> (1, q, hidden)."""
-        return self.language_model.embed_tokens(ids.to(self.device))[None]
+        return self.language_model.embed_tokens(to_device(ids, self.device))[None]
 
     def rotary(self, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin for (P, q) position ids."""
@@ -362,8 +363,8 @@ class LayerFeatures:
         if layer_idx >= len(self.features):
             return hidden
         device = hidden.device
-        present_index = token_index.to(device)
-        mine = self.token_index.to(device)
+        present_index = to_device(token_index, device)
+        mine = to_device(self.token_index, device)
         where = torch.searchsorted(present_index, mine).clamp_(max=present_index.numel() - 1)
         present = present_index[where] == mine
         add = self.features[layer_idx].to(device, hidden.dtype) * present[:, None].to(hidden.dtype)

@@ -19,6 +19,7 @@ import torch
 from PIL import Image
 from transformers.models.got_ocr2.image_processing_got_ocr2 import get_optimal_tiled_canvas
 
+from visualkv.devices import to_device
 from visualkv.layout import FrameInfo, VisualLayout, VisualUnit, grid_boxes
 from visualkv.media import Media
 from visualkv.models.base import (
@@ -45,7 +46,7 @@ class InternVLAdapter(ModelAdapter):
         return self.model.model.language_model
 
     def rotary(self, hidden, positions):
-        return self.language_model.rotary_emb(hidden, positions[:1].to(hidden.device))
+        return self.language_model.rotary_emb(hidden, to_device(positions[:1], hidden.device))
 
     @property
     def tokens_per_tile(self) -> int:

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from PIL import Image
 from transformers.image_processing_utils import select_best_resolution
 
+from visualkv.devices import to_device
 from visualkv.layout import FrameInfo, VisualLayout, VisualUnit, consecutive_runs, grid_boxes
 from visualkv.media import Media
 from visualkv.models.base import (
@@ -105,7 +106,7 @@ class LlavaOnevisionAdapter(ModelAdapter):
         return self.model.model.language_model
 
     def rotary(self, hidden, positions):
-        return self.language_model.rotary_emb(hidden, positions[:1].to(hidden.device))
+        return self.language_model.rotary_emb(hidden, to_device(positions[:1], hidden.device))
 
     # -- video frames resized at decode -------------------------------------------
     def video_frame_size(self, height: int, width: int, num_frames: int) -> tuple[int, int] | None:

@@ -68,7 +68,7 @@ class Qwen25VLAdapter(ModelAdapter):
         return self.model.model.visual
 
     def rotary(self, hidden, positions):
-        return self.language_model.rotary_emb(hidden, positions.to(hidden.device)[:, None, :])
+        return self.language_model.rotary_emb(hidden, to_device(positions, hidden.device)[:, None, :])
 
     # -- tokenization -------------------------------------------------------------
     def prepare(self, media: Media | None, prompt: str) -> PreparedInput:

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from visualkv.devices import to_device
 from visualkv.layout import FrameInfo, VisualLayout, VisualUnit, grid_boxes
 from visualkv.media import Media
 from visualkv.models.base import (
@@ -52,7 +53,7 @@ class SmolVLMAdapter(ModelAdapter):
         return self.model.model.text_model
 
     def rotary(self, hidden, positions):
-        return self.language_model.rotary_emb(hidden, positions[:1].to(hidden.device))
+        return self.language_model.rotary_emb(hidden, to_device(positions[:1], hidden.device))
 
     def prepare(self, media: Media | None, prompt: str) -> PreparedInput:
         text = self.chat_text(media, prompt)
