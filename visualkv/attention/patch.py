@@ -19,9 +19,10 @@ import torch
 
 from visualkv.attention import packed as packed_attention
 from visualkv.attention import vision
+from visualkv.models import compat
 
 _ABSENT = object()  # an attribute that was not in the object's own namespace before the patch
-_INTERNAL = "_attn_implementation_internal"  # what transformers' `config._attn_implementation` property reads
+_INTERNAL = compat.ATTN_IMPLEMENTATION_FIELD  # what transformers' `config._attn_implementation` property reads
 
 
 def _namespace(obj: Any) -> dict:
@@ -56,8 +57,7 @@ class _Patch:
             if name in packed_attention.WRAPPED:  # set directly: the property's setter would touch sub-configs
                 self._set(own, _INTERNAL, packed_attention.WRAPPED[name])
         for own, forward in self.vision_forwards:
-            # under accelerate's hooks (device_map) the hook's forward calls `_old_forward`: replace that one
-            self._set(own, "_old_forward" if "_hf_hook" in own and "_old_forward" in own else "forward", forward)
+            self._set(own, compat.forward_slot(own), forward)  # accelerate's hooks call another attribute
         model = self.model()
         if model is not None and model.training:  # VisualKV never trains: dropout off while it runs the model
             for module in model.modules():

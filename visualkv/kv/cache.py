@@ -13,10 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache
 
 from visualkv.attention import packed as packed_attention
 from visualkv.kv.quant import PackedTensor, QuantSpec, quantize
+from visualkv.models import compat
 
 TIER_FULL, TIER_INT8, TIER_INT4 = 0, 1, 2
 GROWTH = 1.25  # geometric growth factor of a buffer without a capacity hint
@@ -130,7 +131,7 @@ class _PackedStore:
         return QuantSegment(keys, values, r.view(6))
 
 
-class CompressibleLayer(CacheLayerMixin):
+class CompressibleLayer(compat.CacheLayerBase):
     """One decoder layer's cache: full-precision entries + packed tiers, in preallocated device buffers.
 
     Buffer layout along the entry axis: [full-precision entries | free]; each packed tier has its own buffers.

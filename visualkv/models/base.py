@@ -10,7 +10,6 @@ where the decoder layers are. The engine drives the decoder layers itself
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -25,6 +24,7 @@ from visualkv.devices import to_device
 from visualkv.errors import stop_point
 from visualkv.layout import VisualLayout, VisualUnit
 from visualkv.media import Media
+from visualkv.models import compat
 
 
 @dataclass
@@ -136,7 +136,7 @@ class ModelAdapter:
         """The decoder's attention kernel as the model names it ("sdpa", "eager", ...). While
         `visualkv.attention.patched` is entered the config names VisualKV's own functions instead, so the runtime
         asks `visualkv.attention.implementation(adapter)`."""
-        return self.text_config._attn_implementation or "sdpa"
+        return compat.attention_implementation(self.text_config) or "sdpa"
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """(q,) ids -> (1, q, hidden)."""
@@ -170,7 +170,7 @@ class ModelAdapter:
         norm = getattr(attn, f"{which}_norm", None)  # Qwen3-style q/k norms, where present
         if norm is not None:
             x = norm(x)
-        rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+        rope = compat.model_file_function(attn, compat.TEXT_ROPE)
         x, _ = rope(x, x, cos, sin)
         return x
 

@@ -23,6 +23,7 @@ from PIL import Image
 from visualkv.devices import to_device
 from visualkv.layout import FrameInfo, VisualLayout, VisualUnit, grid_boxes
 from visualkv.media import Media
+from visualkv.models import compat
 from visualkv.models.base import (
     VIDEO_FRAMES_PER_CALL,
     ModelAdapter,
@@ -53,7 +54,7 @@ class SmolVLMAdapter(ModelAdapter):
         return self.model.model.text_model
 
     def rotary(self, hidden, positions):
-        return self.language_model.rotary_emb(hidden, to_device(positions[:1], hidden.device))
+        return compat.rotary_tables(self.language_model, hidden, to_device(positions[:1], hidden.device))
 
     def prepare(self, media: Media | None, prompt: str) -> PreparedInput:
         text = self.chat_text(media, prompt)
