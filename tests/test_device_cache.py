@@ -144,6 +144,27 @@ def test_packed_segments_are_attended_like_a_dequantized_concatenation(queries, 
     assert not torch.allclose(alone, want, atol=1e-3)
 
 
+def _held_tensors(obj, seen: set | None = None) -> list[torch.Tensor]:
+    """Every tensor reachable from `obj` through attributes, lists, tuples and dicts (what it keeps alive)."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen or isinstance(obj, (str, bytes, int, float, type, torch.dtype, torch.device)):
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        children = list(obj.values())
+    elif isinstance(obj, (list, tuple)):
+        children = list(obj)
+    else:
+        children = list(getattr(obj, "__dict__", {}).values())
+    return [t for child in children for t in _held_tensors(child, seen)]
+
+
+def _is_index(t: torch.Tensor) -> bool:
+    return t.dtype in (torch.int32, torch.int64)  # token indices (packed codes are uint8)
+
+
 def test_salicache_keeps_no_dequantized_copy_and_decodes_what_it_stores(monkeypatch):
     """After a Sali-Cache turn the device holds the full-precision entries (+ room) and the packed bytes only,
     and each decode step dequantizes the packed tiers for its own attention call (per layer, then dropped)."""
@@ -156,11 +177,13 @@ def test_salicache_keeps_no_dequantized_copy_and_decodes_what_it_stores(monkeypa
     cache = session.cache
     segments = [len(layer.quant) for layer in cache.layers]
     assert min(segments) > 0
-    for layer in cache.layers:  # the full-precision buffers hold full-precision entries and free room only
-        entry = layer._entry_bytes()
-        packed = sum(sum(b.nbytes for b in s.rows.buffers[:6]) for s in layer._stores.values())
-        assert layer.allocated_bytes() == layer._rows.capacity * entry + packed
-        assert layer._rows.n == layer.n_full
+    head_dim = cache.layers[0].keys.shape[-1]  # the model's
+    for layer in cache.layers:  # every K/V byte the layer holds is counted, and none is a dequantized copy
+        held = _held_tensors(layer)
+        kv = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in held if not _is_index(t)}
+        assert sum(kv.values()) == layer.allocated_bytes()
+        wide = {t.untyped_storage().data_ptr() for t in held if t.is_floating_point() and t.shape[-1] == head_dim}
+        assert len(wide) == 2  # the full-precision K and V buffers: no head_dim-wide float copy of a packed tier
     # the question block, then every decoded token but the last one fed: each layer's attention dequantizes
     steps = 1 + len(session.turns[-1].token_ids) - 1
     assert len(calls) == 2 * sum(segments) * steps

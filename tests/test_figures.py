@@ -123,13 +123,21 @@ def test_computed_schedule_table_follows_the_code(monkeypatch):
     assert "| Qwen2.5-VL-7B (28) | 9, 16, 21 | 6, 4, 2 |" in lightkv_tables.lightkv_default_schedule(figures.RESULTS)
 
 
-def test_provenance_says_idle_or_loaded_from_the_load_average():
+def test_provenance_says_idle_or_loaded_from_the_load_average(monkeypatch):
+    """Idle while both readings stay at or below cores + 0.5; the end reading alone can make a run loaded."""
+    from visualkv.bench import provenance
+
     prov = start(["bench", "latency"])
     assert prov["command"] == "python -m visualkv bench latency"
+    monkeypatch.setattr(provenance, "_loadavg", lambda: 1.0)  # the end-of-run reading, fixed
     busy = finish({**prov, "cpu_cores": 2, "load_start": 3.4})
     assert busy["condition"] == "loaded" and machine_label(busy).startswith("2 CPU cores, loaded")
-    quiet = finish({**prov, "cpu_cores": 64, "load_start": 1.0})
-    assert quiet["condition"] in ("idle", "loaded")  # load_end is this machine's, read now
+    quiet = finish({**prov, "cpu_cores": 2, "load_start": 2.5})  # exactly at the bound: still idle
+    assert quiet["condition"] == "idle" and machine_label(quiet).startswith("2 CPU cores, idle")
+    monkeypatch.setattr(provenance, "_loadavg", lambda: 2.6)  # a competitor arrived during the run
+    assert finish({**prov, "cpu_cores": 2, "load_start": 0.5})["condition"] == "loaded"
+    monkeypatch.setattr(provenance, "_loadavg", lambda: None)  # no reading at either end
+    assert finish({**prov, "cpu_cores": 2, "load_start": None})["condition"] == "unknown"
 
 
 def test_provenance_names_the_commit_and_hashes_the_diff_of_a_dirty_tree(tmp_path):

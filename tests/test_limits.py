@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import re
 import threading
-import time
+from typing import ClassVar
 
 import numpy as np
 import pytest
 
 from tests.conftest import get_adapter
-from visualkv.bench.synthetic import video_media
 from visualkv.errors import ConfigError, PrefillStopped, check_range
 from visualkv.media.saliency import MotionConfig, frame_decisions, motion_pass_bytes
 from visualkv.methods import METHODS, make_method
@@ -20,7 +19,7 @@ from visualkv.methods.lightkv import LightKVConfig
 from visualkv.report.telemetry import TIME_LIMIT_STOP, TurnRecord
 from visualkv.runtime.memory_guard import MemoryGuard
 from visualkv.runtime.session import ChatSession, SessionConfig
-from visualkv.runtime.streaming import method_options, stream_turn
+from visualkv.runtime.streaming import TIME_LIMIT_STOPPED, method_options, stream_turn
 
 
 def test_check_range_names_the_setting_the_value_and_the_range():
@@ -213,36 +212,83 @@ def test_text_decoded_while_the_reader_was_busy_comes_as_one_piece():
     assert rest[0][1] == "".join(pieces[1:]) and rest[1][1].answer == "".join(pieces)
 
 
-# -- a turn ends within a second of its time limit, whatever the method -------------------------------------
+# -- the time limit stops a turn like Stop, whatever the method (counted in steps, not seconds) ---------------------
 
-TIME_LIMIT = 1.0
-#: 256 frames of 224x168 (about 6,200 visual tokens): the prefill alone takes longer than TIME_LIMIT for every
-#: method on the tiny model on 2 CPU cores (lightkv, the fastest, about 1.2 s unloaded; salicache about 4 s),
-#: and the answer's MAX_NEW_TOKENS would take seconds more: no turn ends before its limit
-LONG_VIDEO = (256, 224, 168)
-MAX_NEW_TOKENS = 4096
+TIME_LIMIT = 7.5
 
 
-@pytest.fixture(scope="module")
-def long_video(small_video):
-    """The long video, with the model warmed up on a short one (first calls load kernels and processors)."""
-    ChatSession(get_adapter("tiny-qwen2.5-vl"), SessionConfig(max_new_tokens=2)).ask("What?", small_video)
-    return video_media(*LONG_VIDEO, fps=1.0, seed=2)
+class ExpiringTimer:
+    """Stands in for `threading.Timer` in `visualkv.runtime.streaming`: notes the seconds asked for and expires
+    when the test says (`fire`), so the turn is stopped at a chosen step rather than by a clock."""
+
+    made: ClassVar[list[ExpiringTimer]] = []
+
+    def __init__(self, interval: float, function) -> None:
+        self.interval, self.function, self.daemon, self.started = interval, function, False, False
+        ExpiringTimer.made.append(self)
+
+    def start(self) -> None:
+        self.started = True
+
+    def cancel(self) -> None:
+        self.started = False
+
+    def fire(self) -> None:
+        if self.started:
+            self.function()
+
+
+def _expire_after(modules, nth: int) -> tuple[list, list]:
+    """Forward hooks on `modules`: the `nth` forward to finish expires the turn's timer; forwards finishing after
+    it are recorded. Returns (the hooks' handles, the forwards after expiry)."""
+    seen, after = [], []
+
+    def hook(module, args, output):
+        if seen and len(seen) >= nth:
+            after.append(module)
+            return
+        seen.append(module)
+        if len(seen) == nth:
+            ExpiringTimer.made[-1].fire()
+
+    return [m.register_forward_hook(hook) for m in modules], after
+
+
+def _timed_turn(method: str, media, monkeypatch, modules, nth: int):
+    from visualkv.runtime import streaming
+
+    ExpiringTimer.made = []
+    monkeypatch.setattr(streaming.threading, "Timer", ExpiringTimer)
+    adapter = get_adapter("tiny-qwen2.5-vl")
+    needs_budget = METHODS[method].needs_budget
+    config = SessionConfig(method=method, budget=64 if needs_budget else None, max_new_tokens=64)
+    session = ChatSession(adapter, config)
+    handles, after = _expire_after(modules(adapter), nth)
+    try:
+        events = list(stream_turn(session, "What happens in the video?", media, time_limit=TIME_LIMIT))
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert [t.interval for t in ExpiringTimer.made] == [TIME_LIMIT]
+    return session, events, after
 
 
 @pytest.mark.parametrize("method", list(METHODS))
-def test_turn_ends_within_a_second_of_the_time_limit(method, long_video):
-    adapter = get_adapter("tiny-qwen2.5-vl")
-    needs_budget = METHODS[method].needs_budget
-    config = SessionConfig(method=method, budget=64 if needs_budget else None, max_new_tokens=MAX_NEW_TOKENS)
-    session = ChatSession(adapter, config)
-    started = time.monotonic()
-    events = list(stream_turn(session, "What happens in the video?", long_video, time_limit=TIME_LIMIT))
-    elapsed = time.monotonic() - started
-    kind, payload = events[-1]
-    stopped = kind == "stopped" or (kind == "done" and payload.stopped == TIME_LIMIT_STOP)
-    assert stopped, f"{method}: the turn was not stopped by the time limit ({kind}: {payload})"
-    assert elapsed < TIME_LIMIT + 1.0, f"{method}: the turn ran {elapsed:.2f} s with a {TIME_LIMIT} s limit"
+def test_the_time_limit_ends_a_prefill_at_the_next_layer(method, small_video, monkeypatch):
+    """The limit expiring after the prefill's first decoder layer ends the turn there, for every method: no
+    further layer runs, the turn says the time limit stopped it and nothing of it is kept."""
+    session, events, after = _timed_turn(method, small_video, monkeypatch, lambda a: list(a.layers), 1)
+    assert events[-1] == ("stopped", TIME_LIMIT_STOPPED), f"{method}: {events[-1]}"
+    assert after == [] and session.turns == [], f"{method}: {len(after)} layer(s) ran after the limit"
+
+
+def test_the_time_limit_during_decoding_keeps_the_answer_so_far(small_video, monkeypatch):
+    """Expiring while decoding (the last layer's third forward: the prefill, then two decode steps) ends the
+    answer there: the turn is kept, marked as stopped by the time limit, and no later step runs the layer."""
+    session, events, after = _timed_turn("full", small_video, monkeypatch, lambda a: [a.layers[-1]], 3)
+    kind, record = events[-1]
+    assert kind == "done" and record.stopped == TIME_LIMIT_STOP, events[-1]
+    assert after == [] and len(session.turns) == 1 and 1 <= len(record.token_ids) <= 3, record.token_ids
 
 
 def test_memory_guard_counts_the_motion_pass(small_video):
@@ -328,8 +374,8 @@ def _stop_after(modules, nth: int, stop: threading.Event) -> tuple[list, list]:
 @pytest.mark.parametrize("method", list(METHODS))
 def test_after_stop_no_vision_block_or_decoder_layer_runs(method, stage, small_video):
     """Stop set just after the first vision-tower block or decoder layer of a video's prefill: the turn ends
-    there, for every method: not one more block or layer computes (the time limit sets the same event). A count,
-    not a clock: the test above bounds the time on a long video."""
+    there, for every method: not one more block or layer computes (the time limit sets the same event, tested
+    above)."""
     adapter = get_adapter("tiny-qwen2.5-vl")
     if stage == "vision":
         modules = [m for name, m in adapter.model.named_modules() if re.search(r"visual\.blocks\.\d+$", name)]

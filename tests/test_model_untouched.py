@@ -200,17 +200,62 @@ def test_patched_changes_the_model_inside_and_restores_it_exactly():
         assert session.report()["model_info"]["attn_implementation"] == "sdpa"
 
 
-def test_a_model_in_training_mode_runs_in_eval_mode_inside_and_trains_again_after():
-    adapter = get_adapter("tiny-smolvlm2")
+def _attention_dropout(model: torch.nn.Module, p: float) -> list[tuple[torch.nn.Module, float]]:
+    """Set every decoder attention module's dropout to `p` (the tiny models have none); returns what to restore."""
+    found = [m for m in model.modules() if hasattr(m, "attention_dropout") and isinstance(m.attention_dropout, float)]
+    saved = [(m, m.attention_dropout) for m in found]
+    for m in found:
+        m.attention_dropout = p
+    return saved
+
+
+def _stock_logits(model: torch.nn.Module) -> torch.Tensor:
+    """transformers' own forward on a short text, in whatever mode the model is (its dropout seeded)."""
+    with torch.no_grad(), torch.random.fork_rng():
+        torch.manual_seed(0)
+        return model(input_ids=torch.tensor([[3, 14, 15, 9, 26, 5]])).logits
+
+
+@pytest.mark.parametrize("mode", ["eval", "train"])
+@pytest.mark.parametrize("alias", FAMILIES)
+def test_another_thread_sees_the_model_unchanged_during_a_turn(alias, mode):
+    """While a turn is inside its prefill, another thread finds every module's `training` flag as the owner left
+    it and gets exactly the logits it gets alone (stock inference, or a training-mode forward with dropout on);
+    a model left in training mode still answers as in eval mode, without its flags being flipped."""
+    adapter = get_adapter(alias)
     model = adapter.model
-    model.train()
+    image, config = image_media(224, 168, seed=1), _config("blockwise-keydiff", 1, max_new_tokens=3)
+    evaluated = ChatSession(adapter, config).ask("What?", image).token_ids
+    saved = _attention_dropout(model, 0.5)
+    model.train(mode == "train")
     try:
-        trained = model_state(model)
-        with patched(adapter):
-            assert not any(m.training for m in model.modules())
-        assert model_state(model) == trained and all(m.training for m in model.modules())
+        flags = {name: m.training for name, m in model.named_modules()}
+        alone = _stock_logits(model)
+        inside, resume, answer = threading.Event(), threading.Event(), []
+
+        def on_block(event) -> None:
+            if event.index == 0:  # the turn waits here, inside its prefill's patch
+                inside.set()
+                resume.wait(timeout=120)
+
+        turn = threading.Thread(
+            target=lambda: answer.append(ChatSession(adapter, config).ask("What?", image, on_block=on_block))
+        )
+        turn.start()
+        try:
+            assert inside.wait(timeout=120), "the turn never reached its first block"
+            seen_flags = {name: m.training for name, m in model.named_modules()}
+            during = _stock_logits(model)
+        finally:
+            resume.set()
+            turn.join(timeout=120)
     finally:
         model.eval()
+        for module, p in saved:
+            module.attention_dropout = p
+    assert seen_flags == flags
+    assert torch.equal(during, alone)
+    assert answer and answer[0].token_ids == evaluated  # dropout off in the turn's thread: the eval-mode answer
 
 
 def test_chats_in_threads_share_one_patch_and_leave_the_model_untouched():

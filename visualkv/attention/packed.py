@@ -10,8 +10,6 @@ window, `one_query`). Outside a step (no engine call in this thread) it is the m
 
 from __future__ import annotations
 
-import sys
-
 import torch
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
@@ -20,6 +18,7 @@ from visualkv.attention import block as block_attention
 from visualkv.attention import step as layer_step
 from visualkv.attention.block import AfterCache
 from visualkv.kv.quant import dequantize_all
+from visualkv.models import compat
 
 #: the wrapped name of each implementation that takes an explicit mask (flash attention is left alone)
 WRAPPED = {"sdpa": "visualkv_sdpa", "eager": "visualkv_eager"}
@@ -29,7 +28,7 @@ def _base_function(name: str, module: torch.nn.Module):
     if name == "sdpa":
         return ALL_ATTENTION_FUNCTIONS["sdpa"]
     # eager attention is a function of each model's own file (transformers passes it as the default)
-    return sys.modules[type(module).__module__].eager_attention_forward
+    return compat.model_file_function(module, compat.EAGER_ATTENTION)
 
 
 def _wrapper(base: str):

@@ -1,8 +1,9 @@
 """`patched(adapter)`: the one scoped context through which VisualKV changes a transformers model.
 
-Inside it the decoder's attention configs name VisualKV's functions (`packed.WRAPPED`), the Qwen vision towers'
-attention modules attend in one call per layer (`vision.batched_forward`), and a model left in training mode runs in eval
-mode. The outermost entry makes these changes and its exit (normal, on error, on Stop) puts every attribute back
+Inside it the decoder's attention configs name VisualKV's functions (`packed.WRAPPED`) and the Qwen vision towers'
+attention modules attend in one call per layer (`vision.batched_forward`). A model left in training mode runs as in eval
+mode in the entering thread only (`_NoDropout`): no module's `training` flag changes, so another thread using the
+model meanwhile still trains it. The outermost entry makes these changes and its exit (normal, on error, on Stop) puts every attribute back
 exactly as it was; nested entries only count. State lives here, per model (a lock, a depth, what was saved), never
 on the model, and threads serving several chats from one model share one patch.
 """
@@ -16,12 +17,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from visualkv.attention import packed as packed_attention
 from visualkv.attention import vision
+from visualkv.models import compat
 
 _ABSENT = object()  # an attribute that was not in the object's own namespace before the patch
-_INTERNAL = "_attn_implementation_internal"  # what transformers' `config._attn_implementation` property reads
+_INTERNAL = compat.ATTN_IMPLEMENTATION_FIELD  # what transformers' `config._attn_implementation` property reads
 
 
 def _namespace(obj: Any) -> dict:
@@ -56,13 +60,7 @@ class _Patch:
             if name in packed_attention.WRAPPED:  # set directly: the property's setter would touch sub-configs
                 self._set(own, _INTERNAL, packed_attention.WRAPPED[name])
         for own, forward in self.vision_forwards:
-            # under accelerate's hooks (device_map) the hook's forward calls `_old_forward`: replace that one
-            self._set(own, "_old_forward" if "_hf_hook" in own and "_old_forward" in own else "forward", forward)
-        model = self.model()
-        if model is not None and model.training:  # VisualKV never trains: dropout off while it runs the model
-            for module in model.modules():
-                if module.training:
-                    self._set(_namespace(module), "training", False)
+            self._set(own, compat.forward_slot(own), forward)  # accelerate's hooks call another attribute
 
     def _set(self, own: dict, name: str, value: Any) -> None:
         _override(own, name, value)
@@ -136,6 +134,8 @@ def patched(target: Any) -> Iterator[None]:
     attention; on leaving the outermost block the model is exactly as before."""
     patch = _patch_of(target)
     entered = False
+    model = patch.model()
+    no_dropout = _NoDropout() if model is not None and model.training else contextlib.nullcontext()
     try:
         with patch.lock:
             if patch.depth == 0:
@@ -146,13 +146,34 @@ def patched(target: Any) -> Iterator[None]:
                     raise
             patch.depth += 1
             entered = True
-        yield
+        with no_dropout:
+            yield
     finally:
         if entered:
             with patch.lock:
                 patch.depth -= 1
                 if patch.depth == 0:
                     patch.restore()
+
+
+#: the dropout functions a module in training mode calls (`nn.Dropout` and transformers' attention call these)
+_DROPOUTS = {F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout, torch.dropout}
+
+
+class _NoDropout(TorchFunctionMode):
+    """Eval mode's dropout in the thread that enters it (torch function modes are per thread): every dropout
+    returns its input and attention kernels get `dropout_p=0`, whatever the modules' `training` flags say."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _DROPOUTS:
+            return args[0] if args else kwargs["input"]
+        if func is F.scaled_dot_product_attention:
+            if len(args) > 4:  # (query, key, value, attn_mask, dropout_p, ...)
+                args = (*args[:4], 0.0, *args[5:])
+            else:
+                kwargs = {**kwargs, "dropout_p": 0.0}
+        return func(*args, **kwargs)
 
 
 def implementation(adapter: Any) -> str:

@@ -22,7 +22,6 @@ while it is entered; a model configured for flash attention keeps transformers' 
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -31,6 +30,7 @@ import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from visualkv.devices import to_device
+from visualkv.models import compat
 
 ATTENTION_CLASSES = ("Qwen2_5_VLVisionAttention", "Qwen3VLVisionAttention")
 
@@ -133,13 +133,14 @@ def _varlen_kernel(q: torch.Tensor) -> Callable | None:
 def _attend_padded(module, q, k, v, layout: ChunkLayout) -> torch.Tensor:
     """q / k / v (seq, heads, dim); attention inside each chunk over the padded layout, one call per at most
     `MAX_CHUNKS_PER_CALL` chunks (one for every input VisualKV makes); returns (seq, heads, dim)."""
-    own = sys.modules[type(module).__module__]  # the class's modeling module: its eager attention is the default
-    interface = ALL_ATTENTION_FUNCTIONS.get_interface(module.config._attn_implementation, own.eager_attention_forward)
+    eager = compat.model_file_function(module, compat.EAGER_ATTENTION)  # the default, as the module's own forward
+    interface = ALL_ATTENTION_FUNCTIONS.get_interface(compat.attention_implementation(module.config), eager)
+    scaling = compat.vision_attention(module).scaling
 
     def attend(batch: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
         # (chunks, length, heads, dim) in and out, as transformers' interfaces return it
         qkv = [t.transpose(1, 2) for t in batch]
-        return interface(module, *qkv, attention_mask=mask, scaling=module.scaling, dropout=0.0, is_causal=False)[0]
+        return interface(module, *qkv, attention_mask=mask, scaling=scaling, dropout=0.0, is_causal=False)[0]
 
     seq, tail = q.shape[0], q.shape[1:]
     if layout.gather is None:  # equal chunks tiling the sequence: views, no gather, no mask
@@ -163,13 +164,14 @@ def batched_forward(module: torch.nn.Module, layouts: dict) -> Callable[..., tor
     layouts: where the chunk layouts of the last few `cu_seqlens` are kept (owned by the caller's patch).
     """
     cls = type(module)
-    apply_rotary = sys.modules[cls.__module__].apply_rotary_pos_emb_vision  # the class's own module
+    apply_rotary = compat.model_file_function(cls, compat.VISION_ROPE)
+    parts = compat.vision_attention(module)
 
     def forward(hidden_states, cu_seqlens, position_embeddings=None, max_seqlen=None, **kwargs):
-        if "flash" in (module.config._attn_implementation or ""):
+        if "flash" in (compat.attention_implementation(module.config) or ""):
             return cls.forward(module, hidden_states, cu_seqlens, position_embeddings, max_seqlen, **kwargs)
         seq_length = hidden_states.shape[0]
-        qkv = module.qkv(hidden_states).reshape(seq_length, 3, module.num_heads, -1).permute(1, 0, 2, 3)
+        qkv = parts.qkv(hidden_states).reshape(seq_length, 3, parts.num_heads, -1).permute(1, 0, 2, 3)
         q, k, v = qkv.unbind(0)
         cos, sin = position_embeddings
         q, k = apply_rotary(q, k, cos, sin)
@@ -185,11 +187,11 @@ def batched_forward(module: torch.nn.Module, layouts: dict) -> Callable[..., tor
                 max_seqlen_q=layout.longest,
                 max_seqlen_k=layout.longest,
                 dropout_p=0.0,
-                softmax_scale=module.scaling,
+                softmax_scale=parts.scaling,
                 causal=False,
             )
         else:
             out = _attend_padded(module, q, k, v, layout)
-        return module.proj(out.reshape(seq_length, -1).contiguous())
+        return parts.proj(out.reshape(seq_length, -1).contiguous())
 
     return forward

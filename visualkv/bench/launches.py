@@ -126,7 +126,16 @@ DEVICE_READS = {
     torch.unique_consecutive,
     torch.masked_select,
     torch.Tensor.masked_select,
+    # data-dependent results: their size or value is known only after reading the input
+    torch.bincount,
+    torch.Tensor.bincount,
+    torch.equal,
+    torch.Tensor.equal,
+    torch.allclose,
+    torch.Tensor.allclose,
 }
+
+_MOVES = {"to", "cuda"}  # `Tensor` methods that may copy between the host and a device
 
 
 def _bool_index(func, args) -> bool:
@@ -135,6 +144,48 @@ def _bool_index(func, args) -> bool:
         return False
     items = args[1] if isinstance(args[1], tuple) else (args[1],)
     return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)
+
+
+def _sized_repeat(func, args, kwargs) -> bool:
+    """`repeat_interleave` with tensor repeats reads them to size its output unless `output_size` is given."""
+    if func not in (torch.repeat_interleave, torch.Tensor.repeat_interleave):
+        return True
+    repeats = kwargs.get("repeats", args[1] if len(args) > 1 else args[0] if args else None)
+    return not isinstance(repeats, torch.Tensor) or repeats.numel() == 1 or kwargs.get("output_size") is not None
+
+
+def _blocking_move(func, args, kwargs) -> bool:
+    """`.to(...)` / `.cuda()` between the host and a GPU without `non_blocking=True`: the copy waits for the
+    stream (`visualkv.devices.to_device` pins and copies without waiting). A move within a device is none."""
+    name = getattr(func, "__name__", "")
+    if name not in _MOVES or not args or not isinstance(args[0], torch.Tensor) or kwargs.get("non_blocking"):
+        return False
+    target = kwargs.get("device")
+    rest = args[1:]
+    if target is None and rest and isinstance(rest[0], torch.Tensor):
+        target = rest[0].device
+    elif target is None and rest and isinstance(rest[0], (str, torch.device, int)) and not isinstance(rest[0], bool):
+        target = rest[0]
+    if target is None:
+        target = "cuda" if name == "cuda" else None
+    if target is None:
+        return False  # a dtype change only
+    kinds = {args[0].device.type, torch.device(target).type if not isinstance(target, int) else "cuda"}
+    return len(kinds) == 2 and "cpu" in kinds
+
+
+def host_read(func, args, kwargs) -> str | None:
+    """The name of the host read (a GPU synchronisation) `func(*args, **kwargs)` makes, or None."""
+    name = getattr(func, "__name__", str(func))
+    if func in DEVICE_READS:
+        return name
+    if _bool_index(func, args):
+        return f"{name}[bool mask]"
+    if not _sized_repeat(func, args, kwargs or {}):
+        return "repeat_interleave without output_size"
+    if _blocking_move(func, args, kwargs or {}):
+        return f"{name} (blocking copy)"
+    return None
 
 
 class DeviceReads(TorchFunctionMode):
@@ -148,7 +199,7 @@ class DeviceReads(TorchFunctionMode):
         self.by_part: Counter[str] = Counter()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in DEVICE_READS or _bool_index(func, args):
+        if host_read(func, args, kwargs) is not None:
             self.by_part[self.ops._parts[-1]] += 1
         return func(*args, **(kwargs or {}))
 

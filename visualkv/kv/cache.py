@@ -13,11 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache
 
 from visualkv.attention import packed as packed_attention
 from visualkv.attention import step as layer_step
 from visualkv.kv.quant import PackedTensor, QuantSpec, quantize
+from visualkv.models import compat
 
 TIER_FULL, TIER_INT8, TIER_INT4 = 0, 1, 2
 GROWTH = 1.25  # geometric growth factor of a buffer without a capacity hint
@@ -131,7 +132,7 @@ class _PackedStore:
         return QuantSegment(keys, values, r.view(6))
 
 
-class CompressibleLayer(CacheLayerMixin):
+class CompressibleLayer(compat.CacheLayerBase):
     """One decoder layer's cache: full-precision entries + packed tiers, in preallocated device buffers.
 
     Buffer layout along the entry axis: [full-precision entries | free]; each packed tier has its own buffers.
@@ -140,6 +141,7 @@ class CompressibleLayer(CacheLayerMixin):
 
     is_sliding = False
     is_compileable = False
+    is_croppable = True  # `crop` drops the newest entries, which are full precision
 
     def __init__(self) -> None:
         self._rows = _Rows()  # buffers: keys, values, token index
@@ -415,6 +417,19 @@ class CompressibleLayer(CacheLayerMixin):
                 counts[tier] = store.rows.n * store.rows.buffers[0].shape[1]
         return counts
 
+    # -- transformers' other layer methods: refused, as the cache-level ones (see `CompressibleCache`) ----------
+    def offload(self) -> None:
+        raise NotImplementedError(NO_OFFLOAD)
+
+    def prefetch(self) -> None:
+        raise NotImplementedError(NO_OFFLOAD)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        _one_sequence(beam_idx.numel(), "reorder_cache (beam search)")
+
+    def crop(self, tokens_to_remove: int) -> None:
+        self.truncate(self.total_entries_per_head() - tokens_to_remove)
+
 
 def split_tiers(tiers: torch.Tensor | None) -> dict[int, torch.Tensor] | None:
     """{tier: positions} of a block's (q,) host tier codes, or None when all are full precision.
@@ -521,3 +536,61 @@ class CompressibleCache(Cache):
     def entries_per_layer(self) -> list[int]:
         """Entries per KV head in each layer (all heads hold the same count)."""
         return [layer.total_entries_per_head() for layer in self.layers]
+
+    # -- the rest of transformers' Cache API: what works on a compressible cache, and why the rest is refused ----
+    def offload(self, layer_idx: int, only_non_sliding: bool = True) -> None:
+        raise NotImplementedError(NO_OFFLOAD)
+
+    def prefetch(self, layer_idx: int, only_non_sliding: bool = True) -> None:
+        raise NotImplementedError(NO_OFFLOAD)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the newest `tokens_to_remove` entries of every layer (they are full precision: see `truncate`)."""
+        self.truncate([n - tokens_to_remove for n in self.entries_per_layer()])
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """The one sequence held is its own order; several beams are refused."""
+        _one_sequence(beam_idx.numel(), "reorder_cache (beam search)")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        _one_sequence(repeats, "batch_repeat_interleave")
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        _one_sequence(indices.numel(), "batch_select_indices")
+
+    def early_initialization(self, *args, **kwargs) -> None:
+        raise NotImplementedError(
+            "a VisualKV cache sizes its buffers at its first update (the prompt and the method's capacity hint); "
+            "early_initialization has nothing to allocate"
+        )
+
+    def has_previous_state(self, *args, **kwargs) -> bool:
+        raise NotImplementedError(NO_LINEAR)
+
+    def get_conv_state(self, *args, **kwargs) -> torch.Tensor | None:
+        raise NotImplementedError(NO_LINEAR)
+
+    def update_conv_state(self, *args, **kwargs) -> torch.Tensor:
+        raise NotImplementedError(NO_LINEAR)
+
+    def get_recurrent_state(self, *args, **kwargs) -> torch.Tensor | None:
+        raise NotImplementedError(NO_LINEAR)
+
+    def update_recurrent_state(self, *args, **kwargs) -> torch.Tensor:
+        raise NotImplementedError(NO_LINEAR)
+
+    def update_indexer(self, *args, **kwargs) -> torch.Tensor:
+        raise NotImplementedError(NO_LINEAR)
+
+
+NO_OFFLOAD = (
+    "a VisualKV cache stays on its layers' devices: its buffers are preallocated and written in place, and its "
+    "byte counts and the memory guard assume they stay there"
+)
+NO_LINEAR = "a VisualKV cache holds attention layers only: it has no linear-attention or indexer state"
+
+
+def _one_sequence(rows: int, what: str) -> None:
+    """Accept a batch operation on the one sequence a VisualKV cache holds (a no-op); refuse several rows."""
+    if rows != 1:
+        raise NotImplementedError(f"{what}: a VisualKV cache holds one sequence, not {rows} rows")

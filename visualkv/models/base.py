@@ -10,7 +10,6 @@ where the decoder layers are. The engine drives the decoder layers itself
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -21,9 +20,11 @@ import torch
 from transformers.image_utils import SizeDict
 from transformers.video_utils import VideoMetadata
 
+from visualkv.devices import to_device
 from visualkv.errors import stop_point
 from visualkv.layout import VisualLayout, VisualUnit
 from visualkv.media import Media
+from visualkv.models import compat
 
 
 @dataclass
@@ -135,11 +136,11 @@ class ModelAdapter:
         """The decoder's attention kernel as the model names it ("sdpa", "eager", ...). While
         `visualkv.attention.patched` is entered the config names VisualKV's own functions instead, so the runtime
         asks `visualkv.attention.implementation(adapter)`."""
-        return self.text_config._attn_implementation or "sdpa"
+        return compat.attention_implementation(self.text_config) or "sdpa"
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """(q,) ids -> (1, q, hidden)."""
-        return self.language_model.embed_tokens(ids.to(self.device))[None]
+        return self.language_model.embed_tokens(to_device(ids, self.device))[None]
 
     def rotary(self, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin for (P, q) position ids."""
@@ -169,7 +170,7 @@ class ModelAdapter:
         norm = getattr(attn, f"{which}_norm", None)  # Qwen3-style q/k norms, where present
         if norm is not None:
             x = norm(x)
-        rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+        rope = compat.model_file_function(attn, compat.TEXT_ROPE)
         x, _ = rope(x, x, cos, sin)
         return x
 
@@ -362,8 +363,8 @@ class LayerFeatures:
         if layer_idx >= len(self.features):
             return hidden
         device = hidden.device
-        present_index = token_index.to(device)
-        mine = self.token_index.to(device)
+        present_index = to_device(token_index, device)
+        mine = to_device(self.token_index, device)
         where = torch.searchsorted(present_index, mine).clamp_(max=present_index.numel() - 1)
         present = present_index[where] == mine
         add = self.features[layer_idx].to(device, hidden.dtype) * present[:, None].to(hidden.dtype)

@@ -17,10 +17,11 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
-from transformers.models.got_ocr2.image_processing_got_ocr2 import get_optimal_tiled_canvas
 
+from visualkv.devices import to_device
 from visualkv.layout import FrameInfo, VisualLayout, VisualUnit, grid_boxes
 from visualkv.media import Media
+from visualkv.models import compat
 from visualkv.models.base import (
     VIDEO_FRAMES_PER_CALL,
     ModelAdapter,
@@ -45,7 +46,7 @@ class InternVLAdapter(ModelAdapter):
         return self.model.model.language_model
 
     def rotary(self, hidden, positions):
-        return self.language_model.rotary_emb(hidden, positions[:1].to(hidden.device))
+        return compat.rotary_tables(self.language_model, hidden, to_device(positions[:1], hidden.device))
 
     @property
     def tokens_per_tile(self) -> int:
@@ -104,7 +105,7 @@ class InternVLAdapter(ModelAdapter):
         """(rows, cols) of the processor's tile grid for an image of height x width px."""
         ip = self.processor.image_processor
         size = (ip.size["height"], ip.size["width"])
-        cols, rows = get_optimal_tiled_canvas((height, width), size, ip.min_patches, ip.max_patches)
+        cols, rows = compat.get_optimal_tiled_canvas((height, width), size, ip.min_patches, ip.max_patches)
         return rows, cols
 
     def _layout(self, media: Media, visual_mask: torch.Tensor) -> VisualLayout:

@@ -19,8 +19,10 @@ import torch.nn.functional as F
 from PIL import Image
 from transformers.image_processing_utils import select_best_resolution
 
+from visualkv.devices import to_device
 from visualkv.layout import FrameInfo, VisualLayout, VisualUnit, consecutive_runs, grid_boxes
 from visualkv.media import Media
+from visualkv.models import compat
 from visualkv.models.base import (
     VIDEO_FRAMES_PER_CALL,
     ModelAdapter,
@@ -105,7 +107,7 @@ class LlavaOnevisionAdapter(ModelAdapter):
         return self.model.model.language_model
 
     def rotary(self, hidden, positions):
-        return self.language_model.rotary_emb(hidden, positions[:1].to(hidden.device))
+        return compat.rotary_tables(self.language_model, hidden, to_device(positions[:1], hidden.device))
 
     # -- video frames resized at decode -------------------------------------------
     def video_frame_size(self, height: int, width: int, num_frames: int) -> tuple[int, int] | None:

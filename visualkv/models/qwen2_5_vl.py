@@ -14,12 +14,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers.models.qwen2_vl.video_processing_qwen2_vl import smart_resize
 from transformers.vision_utils import get_vision_cu_seqlens, get_vision_position_ids, get_vision_window_index
 
 from visualkv.devices import to_device
 from visualkv.layout import FrameInfo, VisualLayout, VisualUnit, consecutive_runs, grid_boxes
 from visualkv.media import Media
+from visualkv.models import compat
 from visualkv.models.base import (
     ModelAdapter,
     PreparedInput,
@@ -68,7 +68,7 @@ class Qwen25VLAdapter(ModelAdapter):
         return self.model.model.visual
 
     def rotary(self, hidden, positions):
-        return self.language_model.rotary_emb(hidden, positions.to(hidden.device)[:, None, :])
+        return compat.rotary_tables(self.language_model, hidden, to_device(positions, hidden.device)[:, None, :])
 
     # -- tokenization -------------------------------------------------------------
     def prepare(self, media: Media | None, prompt: str) -> PreparedInput:
@@ -90,7 +90,8 @@ class Qwen25VLAdapter(ModelAdapter):
             layout = VisualLayout.empty()
             vision = {}
         else:
-            positions, _ = self.model.model.get_rope_index(
+            positions, _ = compat.rope_index(
+                self.model,
                 ids[None],
                 mm_token_type_ids=mm_types[None],
                 image_grid_thw=enc.get("image_grid_thw"),
@@ -166,7 +167,9 @@ class Qwen25VLAdapter(ModelAdapter):
             return None
         size = processor_size(vp)
         factor = vp.patch_size * vp.merge_size
-        return smart_resize(height, width, factor=factor, min_pixels=size.shortest_edge, max_pixels=size.longest_edge)
+        return compat.smart_resize(
+            height, width, factor=factor, min_pixels=size.shortest_edge, max_pixels=size.longest_edge
+        )
 
     @staticmethod
     def resize_with(video_processor: Any, frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:

@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 import torch
 from transformers.image_utils import SizeDict
-from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize
 from transformers.vision_utils import get_vision_interpolation_indices_and_weights, get_vision_position_ids
 
 from visualkv.layout import VisualUnit
 from visualkv.media import Media
+from visualkv.models import compat
 from visualkv.models.base import PreparedInput, frame_as_video, tokenize_runs, video_as_frame, video_metadata
 from visualkv.models.qwen2_5_vl import Qwen25VLAdapter, _on_device
 
@@ -62,7 +62,7 @@ class Qwen3VLAdapter(Qwen25VLAdapter):
         """(height, width) of every frame of the clip: the processor's `smart_resize` over all its frames."""
         vp = self.processor.video_processor
         size = vp.size if isinstance(vp.size, SizeDict) else SizeDict(**dict(vp.size))
-        return smart_resize(
+        return compat.qwen3_smart_resize(
             num_frames=num_frames,
             height=height,
             width=width,

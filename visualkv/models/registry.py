@@ -22,6 +22,7 @@ from transformers import (
 )
 
 from visualkv.errors import ModelLoadError
+from visualkv.models.attention_support import refuse_unsupported_attention
 from visualkv.models.base import ModelAdapter
 from visualkv.models.hub import hub_reachable
 from visualkv.models.internvl import InternVLAdapter
@@ -242,7 +243,9 @@ def _adapter(model, processor, name: str) -> ModelAdapter:
     family = model.config.model_type
     if family not in ADAPTER_BY_MODEL_TYPE:
         raise ModelLoadError(f"unsupported model family {family!r}")
-    return ADAPTER_BY_MODEL_TYPE[family](model, processor, name)
+    adapter = ADAPTER_BY_MODEL_TYPE[family](model, processor, name)
+    refuse_unsupported_attention(family, list(adapter.layers), adapter.text_config)
+    return adapter
 
 
 def _dtype(dtype: str, device: str) -> torch.dtype:

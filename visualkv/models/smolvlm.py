@@ -20,8 +20,10 @@ import numpy as np
 import torch
 from PIL import Image
 
+from visualkv.devices import to_device
 from visualkv.layout import FrameInfo, VisualLayout, VisualUnit, grid_boxes
 from visualkv.media import Media
+from visualkv.models import compat
 from visualkv.models.base import (
     VIDEO_FRAMES_PER_CALL,
     ModelAdapter,
@@ -52,7 +54,7 @@ class SmolVLMAdapter(ModelAdapter):
         return self.model.model.text_model
 
     def rotary(self, hidden, positions):
-        return self.language_model.rotary_emb(hidden, positions[:1].to(hidden.device))
+        return compat.rotary_tables(self.language_model, hidden, to_device(positions[:1], hidden.device))
 
     def prepare(self, media: Media | None, prompt: str) -> PreparedInput:
         text = self.chat_text(media, prompt)

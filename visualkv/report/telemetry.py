@@ -52,6 +52,11 @@ def cuda_allocated() -> int | None:
     return int(torch.cuda.memory_allocated()) if torch.cuda.is_available() else None
 
 
+#: what `cuda_peak_bytes` counts: CUDA's allocator keeps one peak per device for the whole process, so a turn's peak
+#: includes what other threads (another session's turn) allocated meanwhile, and their turns reset it too
+CUDA_PEAK_SCOPE = "process"
+
+
 def cuda_peak() -> int | None:
     """Peak CUDA bytes allocated since the last `reset_cuda_peak` (summed over visible GPUs)."""
     if not torch.cuda.is_available():

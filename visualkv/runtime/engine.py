@@ -314,12 +314,13 @@ class Engine:
             # (n_unit_tokens, d), all tokens of those units, and any per-layer features of the same tokens
             visual, per_layer = self.adapter.encode_units_with_layer_features(prepared, units)
             unit_idx = torch.cat([torch.arange(u.seq_start, u.seq_end) for u in units])
-            kept = prepared.keep[unit_idx]
-            visual, unit_idx = visual[kept.to(visual.device)], unit_idx[kept]
+            kept = prepared.keep[unit_idx].nonzero().flatten()  # host indices: no device-side mask to size
+            visual, unit_idx = visual.index_select(0, to_device(kept, visual.device)), unit_idx[kept]
             where = torch.searchsorted(local, unit_idx)
-            hidden[0, where.to(hidden.device)] = visual.to(hidden.device, hidden.dtype)
+            hidden[0, to_device(where, hidden.device)] = visual.to(hidden.device, hidden.dtype)
             if per_layer:
-                layer_features = LayerFeatures(unit_idx + seq_offset, [f[kept.to(f.device)] for f in per_layer])
+                picked = [f.index_select(0, to_device(kept, f.device)) for f in per_layer]
+                layer_features = LayerFeatures(unit_idx + seq_offset, picked)
         return hidden, local, layer_features
 
     @_inside_patch

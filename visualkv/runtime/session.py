@@ -35,7 +35,14 @@ from visualkv.media import Media, load_image, load_media
 from visualkv.methods import make_method, media_limits, method_traits
 from visualkv.methods.base import Method
 from visualkv.models.base import ModelAdapter, PreparedInput
-from visualkv.report.telemetry import BlockEvent, TurnRecord, cuda_peak, peak_rss_bytes, reset_cuda_peak
+from visualkv.report.telemetry import (
+    CUDA_PEAK_SCOPE,
+    BlockEvent,
+    TurnRecord,
+    cuda_peak,
+    peak_rss_bytes,
+    reset_cuda_peak,
+)
 from visualkv.runtime.decode_loop import DecodeLimits, DecodeLoop, Feeder, read_interval
 from visualkv.runtime.detokenize import IncrementalDetokenizer
 from visualkv.runtime.engine import Engine, PrefillResult
@@ -619,10 +626,12 @@ class ChatSession:
             "park": self.park_stats.to_dict(),
             "full_kv_bytes": self.full_kv_bytes(),
             "peak_rss_bytes": peak_rss_bytes(),
-            # the last turn's CUDA peak (reset when each turn starts), not the process's
+            # the last turn's CUDA peak (reset when each turn starts), counted over the whole process: CUDA keeps
+            # one count per device, so turns of other sessions running meanwhile are in it (`CUDA_PEAK_SCOPE`)
             "cuda_peak_bytes": next(
                 (t.cuda_peak_bytes for t in self.turns[-1:] if t.cuda_peak_bytes is not None), cuda_peak()
             ),
+            "cuda_peak_scope": CUDA_PEAK_SCOPE,
             "blocks": [b.to_dict() for b in self.blocks],
             "turns": [t.to_dict() for t in self.turns],
             "retained": self.retained().round(4).tolist(),

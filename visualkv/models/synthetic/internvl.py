@@ -11,6 +11,7 @@ from transformers import (
 )
 from transformers.image_utils import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, PILImageResampling
 
+from visualkv.models import compat
 from visualkv.models.synthetic.specs import ShapeSpec, TinySpec, text_common
 from visualkv.models.synthetic.tokenizer_build import build_qwen_tokenizer, qwen_generation_ids, set_qwen_text_ids
 
@@ -132,7 +133,7 @@ def build_processor(spec: TinySpec) -> ProcessorMixin:
     tokenizer.add_tokens(list(names.values()), special_tokens=True)
     # the released tokenizer_config names these in a dict of extra special tokens; this is how
     # transformers registers such names (tokenizer.start_image_token, .start_image_token_id, ...)
-    tokenizer._set_model_specific_special_tokens(names)
+    compat.set_special_token_names(tokenizer, names)
     tokenizer.chat_template = CHAT_TEMPLATE
     return InternVLProcessor(
         image_processor=GotOcr2ImageProcessor(

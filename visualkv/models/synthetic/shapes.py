@@ -18,6 +18,7 @@ import torch
 from transformers import PretrainedConfig, PreTrainedModel, ProcessorMixin
 
 from visualkv.errors import ModelLoadError
+from visualkv.models import compat
 from visualkv.models.registry import ModelFamily, family_named, shape_specs
 from visualkv.models.synthetic.specs import ShapeSpec
 
@@ -61,7 +62,7 @@ def parameter_count(alias: str, num_layers: int | None = None) -> int:
     spec = shape_spec(alias)
     processor = build_shape_processor(alias)
     with torch.device("meta"):
-        model = _model_class(spec)._from_config(build_shape_config(alias, processor, num_layers))
+        model = compat.model_from_config(_model_class(spec), build_shape_config(alias, processor, num_layers))
     return sum(p.numel() for p in model.parameters())
 
 
@@ -110,7 +111,7 @@ def build_shape(
     config = build_shape_config(alias, processor, num_layers)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.device(device):
         torch.manual_seed(seed)
-        model = _model_class(spec)._from_config(config, dtype=dtype)
+        model = compat.model_from_config(_model_class(spec), config, dtype=dtype)
     model = model.eval()
     model.config.dtype = dtype
     model.config.name_or_path = f"{alias} ({spec.hub_id} configuration, random weights)"

@@ -11,8 +11,8 @@ from transformers import (
     SmolVLMVideoProcessor,
 )
 from transformers.image_utils import IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD, PILImageResampling
-from transformers.models.auto.image_processing_auto import DEFAULT_TO_PIL_BACKEND_IMAGE_PROCESSORS
 
+from visualkv.models import compat
 from visualkv.models.synthetic.specs import ShapeSpec, TinySpec, text_common, with_depth
 from visualkv.models.synthetic.tokenizer_build import SMOLVLM_CHAT_TEMPLATE, build_smolvlm_tokenizer
 
@@ -88,7 +88,7 @@ def image_processor_class() -> type:
     backend instead (the torchvision one would fall back to bicubic). GPU images often carry an older
     torchvision (the H200 image: 0.26).
     """
-    if "SmolVLMImageProcessor" in DEFAULT_TO_PIL_BACKEND_IMAGE_PROCESSORS:
+    if "SmolVLMImageProcessor" in compat.DEFAULT_TO_PIL_BACKEND_IMAGE_PROCESSORS:
         return SmolVLMImageProcessorPil
     return SmolVLMImageProcessor
 
