@@ -255,9 +255,9 @@ def test_cuda_peak_is_reset_for_every_turn(small_image):
 @pytest.mark.parametrize("method", ["full", "blockwise-keydiff"])
 @pytest.mark.parametrize("alias", ALL_FAMILIES)
 def test_memory_guard_estimate_bounds_the_cuda_peak(alias, method, media_kind, small_image):
-    """The guard's estimate (what a prefill still has to allocate) is not below what the turn's prefill really
-    allocated on the GPU in bf16: CUDA's peak over what was allocated before it (docs/RESULTS.md's guard table is
-    measured on CPU, by RSS)."""
+    """The guard's estimate (what a prefill still has to allocate) is within [0.9, 1.35] x what the turn's prefill
+    really allocated on the GPU in bf16: CUDA's peak over what was allocated before it (docs/RESULTS.md's guard
+    table is measured on CPU, by RSS, within the same bounds)."""
     import gc
 
     from visualkv.bench.synthetic import image_media, video_media
@@ -292,7 +292,7 @@ def test_memory_guard_estimate_bounds_the_cuda_peak(alias, method, media_kind, s
     finally:
         del adapter.prepare  # back to the class's method
     measured = torch.cuda.max_memory_allocated() - base[0]
-    assert 0 < measured <= estimate.to_allocate, (measured, estimate)
+    assert 0 < 0.9 * measured <= estimate.to_allocate <= 1.35 * measured, (estimate.to_allocate / measured, estimate)
 
 
 # -- shape models on the GPU --------------------------------------------------------------------------------------------

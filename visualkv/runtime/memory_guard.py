@@ -28,7 +28,15 @@ from visualkv.kv.quant import QuantSpec, packed_bytes_per_token
 from visualkv.layout import Block
 from visualkv.media import Media
 from visualkv.methods import METHODS, capacity_bound, make_method, method_traits
-from visualkv.runtime.plan import CacheDryRun, StoredBlock, attention_working_bytes, needs_mask, plan_prefill
+from visualkv.runtime.plan import (
+    CacheDryRun,
+    LayerTransients,
+    StoredBlock,
+    attention_working_bytes,
+    config_value,
+    needs_mask,
+    plan_prefill,
+)
 
 
 class MemoryGuardError(VisualKVError):
@@ -78,17 +86,6 @@ def format_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
-def _cfg(obj, *names, default=None):
-    """The first of `names` the config has; a per-axis pair (InternVL's patch_size [14, 14]) gives its first."""
-    for name in names:
-        value = getattr(obj, name, None)
-        if isinstance(value, list | tuple) and value:
-            value = value[0]
-        if value is not None:
-            return value
-    return default
-
-
 def estimate_prefill(
     adapter,
     prepared,
@@ -115,7 +112,7 @@ def estimate_prefill(
     bound = capacity_bound(method_cls, budget, blocks, prepared)
     packed = _packed_stores(adapter, prepared, method_cls, method_options, entry_bytes, bound, headroom)
     walk = _CacheWalk(adapter, _kept_by_layer(adapter, prepared, method_cls, method_options), bound, headroom, packed)
-    layer = _LayerDims.of(adapter, itemsize)
+    layer = LayerTransients.of(adapter, itemsize)
     vision = _VisionDims.of(adapter)
     evicts = method_cls.evicts_per_block and budget is not None
     kv_peak = act_peak = vision_peak = peak = 0
@@ -149,32 +146,6 @@ def estimate_prefill(
     peak = max(peak, make_method(method_cls.name, **(method_options or {})).begin_bytes(prepared))
     media_bytes = _media_bytes(prepared, blocks)
     return MemoryEstimate(kv_peak * entry_bytes, walk.allocated_peak, act_peak, vision_peak, media_bytes, peak, kv_peak)
-
-
-@dataclass(frozen=True)
-class _LayerDims:
-    """One decoder layer's transients per token of a block: the residual stream (in, out) plus the larger of its
-    two phases, which never coexist: attention (normed input; q, k, v; rotated q, k; attention output; o_proj;
-    plus, over every key, `attention_working_bytes`) or the MLP (normed input; gate activation, up, their
-    product)."""
-
-    hidden: int
-    residual: int
-    attention: int
-    mlp: int
-
-    @classmethod
-    def of(cls, adapter, itemsize: int) -> _LayerDims:
-        text = adapter.text_config
-        hidden, heads = _cfg(text, "hidden_size"), _cfg(text, "num_attention_heads")
-        kv_heads, head_dim = adapter.num_kv_heads, adapter.head_dim
-        inter = _cfg(text, "intermediate_size", default=4 * hidden)
-        attention = 2 * hidden + (heads + 2 * kv_heads) * head_dim + (heads + kv_heads) * head_dim + heads * head_dim
-        return cls(hidden, 2 * hidden * itemsize, attention * itemsize, (hidden + 3 * inter) * itemsize)
-
-    def bytes(self, q: int, attention_bytes: int) -> int:
-        """The layer on a block of `q` tokens whose attention call holds `attention_bytes` over its keys."""
-        return q * self.residual + max(q * self.attention + attention_bytes, q * self.mlp)
 
 
 @dataclass(frozen=True)
@@ -341,22 +312,22 @@ class _VisionDims:
     @classmethod
     def of(cls, adapter) -> _VisionDims:
         config = adapter.model.config
-        vision = _cfg(config, "vision_config")
+        vision = config_value(config, "vision_config")
         if vision is None:
             return cls(0, 0, 0, 0, 0.0)
-        patch = _cfg(vision, "patch_size", default=14)
+        patch = config_value(vision, "patch_size", default=14)
         values = (
-            _cfg(vision, "in_channels", "num_channels", default=3)
-            * _cfg(vision, "temporal_patch_size", default=1)
+            config_value(vision, "in_channels", "num_channels", default=3)
+            * config_value(vision, "temporal_patch_size", default=1)
             * patch
             * patch
         )
-        v_hidden = _cfg(vision, "hidden_size", "embed_dim")
+        v_hidden = config_value(vision, "hidden_size", "embed_dim")
         return cls(
             values,
             v_hidden,
-            _cfg(vision, "intermediate_size", default=4 * v_hidden),
-            _cfg(adapter.text_config, "hidden_size"),
+            config_value(vision, "intermediate_size", default=4 * v_hidden),
+            config_value(adapter.text_config, "hidden_size"),
             adapter.vision_input_copies,
         )
 

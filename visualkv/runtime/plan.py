@@ -1,7 +1,8 @@
 """A prefill's plan, shared by the engine that runs it and the memory guard that sizes it before it runs.
 
 `plan_prefill` gives the blocks and the vision tower's calls (`PrefillPlan`); `attention_working_bytes` the
-transient of one attention call; `CacheDryRun` replays what the cache stores of each block on the meta device
+transient of one attention call (the engine notes it, the guard sums it), `LayerTransients` a decoder layer's;
+`CacheDryRun` replays what the cache stores of each block on the meta device
 with the cache's own code (`CompressibleLayer.update`: first allocation, capacity hint, growth), so the guard
 reads buffer sizes and growth transients from the cache itself instead of re-deriving them. Nothing is
 allocated: meta tensors have shapes and byte counts only.
@@ -143,3 +144,40 @@ class CacheDryRun:
             layer.truncate(stored - (layer.visual_entries - budget))
             layer.visual_entries = budget
         return StoredBlock(held, stored, layer.get_seq_length(), before, layer.allocated_bytes(), growing)
+
+
+def config_value(obj, *names, default=None):
+    """The first of `names` the config has; a per-axis pair (InternVL's patch_size [14, 14]) gives its first."""
+    for name in names:
+        value = getattr(obj, name, None)
+        if isinstance(value, list | tuple) and value:
+            value = value[0]
+        if value is not None:
+            return value
+    return default
+
+
+@dataclass(frozen=True)
+class LayerTransients:
+    """One decoder layer's transients per token of a block, from the model's config: the residual stream (in,
+    out) plus the larger of its two phases, which never coexist: attention (normed input; q, k, v; rotated q, k;
+    attention output; o_proj; plus, over every key, `attention_working_bytes`) or the MLP (normed input; gate
+    activation, up, their product)."""
+
+    hidden: int
+    residual: int
+    attention: int
+    mlp: int
+
+    @classmethod
+    def of(cls, adapter, itemsize: int) -> LayerTransients:
+        text = adapter.text_config
+        hidden, heads = config_value(text, "hidden_size"), config_value(text, "num_attention_heads")
+        kv_heads, head_dim = adapter.num_kv_heads, adapter.head_dim
+        inter = config_value(text, "intermediate_size", default=4 * hidden)
+        attention = 2 * hidden + (heads + 2 * kv_heads) * head_dim + (heads + kv_heads) * head_dim + heads * head_dim
+        return cls(hidden, 2 * hidden * itemsize, attention * itemsize, (hidden + 3 * inter) * itemsize)
+
+    def bytes(self, q: int, attention_bytes: int) -> int:
+        """The layer on a block of `q` tokens whose attention call holds `attention_bytes` over its keys."""
+        return q * self.residual + max(q * self.attention + attention_bytes, q * self.mlp)
