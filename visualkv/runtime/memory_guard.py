@@ -31,7 +31,6 @@ from visualkv.methods import METHODS, capacity_bound, make_method, method_traits
 from visualkv.runtime.plan import (
     CacheDryRun,
     LayerTransients,
-    StoredBlock,
     attention_working_bytes,
     config_value,
     needs_mask,
@@ -193,10 +192,8 @@ class _CacheWalk:
             causal_flag = not needs_mask(q_g, s.held, impl)  # as the engine's layer loop
             working = attention_working_bytes(adapter, q_g, s.held + q_g, causal_flag, adapter.dtype)
             attention_bytes = max(attention_bytes, working)
-            if stores:
-                s = _bounded(stores, s.stored if q else 0)
-            before, after = before + n * s.allocated_before, after + n * s.allocated
-            growing = max(growing, s.growing)
+            alloc = _bounded(stores, s.stored if q else 0) if stores else (s.allocated_before, s.allocated, s.growing)
+            before, after, growing = before + n * alloc[0], after + n * alloc[1], max(growing, alloc[2])
         self.allocated_peak = max(self.allocated_peak, after)
         return _BlockKV(entries + block_peak, before, after, growing, attention_bytes)
 
@@ -246,14 +243,13 @@ class _Store:
             self.capacity = grown_capacity(n + self.headroom, 0, self.hint)
 
 
-def _bounded(stores: list[_Store], entries: int) -> StoredBlock:
-    """A layer's packed-tier buffers before and after holding `entries` (the old bytes of any grown)."""
-    before = [store.capacity for store in stores]
+def _bounded(stores: list[_Store], entries: int) -> tuple[int, int, int]:
+    """A packed-tier layer's buffers before and after holding `entries`, and the old bytes of those grown."""
+    before = [store.capacity * store.entry_bytes for store in stores]
     for store in stores:
         store.hold(entries)
-    old = sum(b * st.entry_bytes for b, st in zip(before, stores) if 0 < b < st.capacity)
-    allocated = sum(store.capacity * store.entry_bytes for store in stores)
-    return StoredBlock(0, 0, 0, sum(b * st.entry_bytes for b, st in zip(before, stores)), allocated, old)
+    after = [store.capacity * store.entry_bytes for store in stores]
+    return sum(before), sum(after), sum(b for b, a in zip(before, after) if 0 < b < a)
 
 
 def _packed_stores(adapter, prepared, method_cls, method_options, entry_bytes, bound, headroom):
