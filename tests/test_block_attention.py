@@ -172,7 +172,7 @@ def test_flash_kernel_agrees_and_is_chosen_on_cuda(heads, kv_heads, head_dim):
 def test_working_bytes_count_no_expansion_where_the_kernel_makes_none(adapter):
     """The memory guard's attention term follows the kernel: a block after cached entries holds its mask and
     SDPA's additive copy of it on a CPU, nothing over the keys with CUDA's flash, K/V repeated where it falls back."""
-    from visualkv.runtime.engine import attention_working_bytes
+    from visualkv.runtime.plan import attention_working_bytes
 
     q, n, dtype = 64, 1024, torch.float32
     mask = q * n * (1 + dtype.itemsize)

@@ -231,11 +231,6 @@ def test_entries_never_exceed_budget_plus_block_on_cuda(method, small_image, sma
                 assert int(visual[0].sum(-1).max()) <= budget
 
 
-#: how far above the measured CUDA peak the memory guard's estimate may be (on CPU, by RSS, it is within 10 %:
-#: docs/RESULTS.md's guard tables); the CUDA allocator's rounding and cuBLAS workspaces are not in the estimate
-GUARD_MAX_OVERESTIMATE = 3.0
-
-
 # -- the CUDA peak is per turn -----------------------------------------------------------------------------------------
 def test_cuda_peak_is_reset_for_every_turn(small_image):
     import gc
@@ -260,9 +255,9 @@ def test_cuda_peak_is_reset_for_every_turn(small_image):
 @pytest.mark.parametrize("method", ["full", "blockwise-keydiff"])
 @pytest.mark.parametrize("alias", ALL_FAMILIES)
 def test_memory_guard_estimate_bounds_the_cuda_peak(alias, method, media_kind, small_image):
-    """The guard's estimate (what a prefill still has to allocate) is not below what the turn's prefill really
-    allocated on the GPU in bf16: CUDA's peak over what was allocated before it (docs/RESULTS.md's guard table is
-    measured on CPU, by RSS)."""
+    """The guard's estimate (what a prefill still has to allocate) is within [0.9, 1.35] x what the turn's prefill
+    really allocated on the GPU in bf16: CUDA's peak over what was allocated before it (docs/RESULTS.md's guard
+    table is measured on CPU, by RSS, within the same bounds)."""
     import gc
 
     from visualkv.bench.synthetic import image_media, video_media
@@ -297,10 +292,7 @@ def test_memory_guard_estimate_bounds_the_cuda_peak(alias, method, media_kind, s
     finally:
         del adapter.prepare  # back to the class's method
     measured = torch.cuda.max_memory_allocated() - base[0]
-    assert 0 < measured <= estimate.to_allocate, (measured, estimate)
-    # and not far above it: an estimate several times the real peak refuses turns that would fit
-    over = estimate.to_allocate / measured
-    assert over <= GUARD_MAX_OVERESTIMATE, f"the estimate is {over:.1f}x the measured peak ({estimate})"
+    assert 0 < 0.9 * measured <= estimate.to_allocate <= 1.35 * measured, (estimate.to_allocate / measured, estimate)
 
 
 # -- shape models on the GPU --------------------------------------------------------------------------------------------

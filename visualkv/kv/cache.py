@@ -26,7 +26,7 @@ MIN_GROWTH = 256  # entries added at least per growth
 
 
 def grown_capacity(needed: int, capacity: int, hint: int | None) -> int:
-    """New capacity (entries) for `needed` entries in a buffer of `capacity` (the memory guard mirrors this)."""
+    """New capacity (entries) for `needed` entries in a buffer of `capacity` (the memory guard dry-runs it)."""
     if hint is not None and needed <= hint:
         return hint
     if capacity == 0:

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 import torch
 
-from visualkv.attention import block as block_attention
 from visualkv.attention import implementation, patched
 from visualkv.attention import packed as packed_attention
 from visualkv.attention import step as layer_step
@@ -33,10 +32,11 @@ from visualkv.attention.block import AfterCache
 from visualkv.devices import to_device
 from visualkv.errors import ConfigError, stop_point, stop_scope
 from visualkv.kv.cache import TIER_FULL, CompressibleCache, split_tiers
-from visualkv.layout import Block, plan_blocks
+from visualkv.layout import Block
 from visualkv.methods.base import LayerState, Method, PrefillContext
 from visualkv.models.base import LayerFeatures, ModelAdapter, PreparedInput
 from visualkv.report.telemetry import BlockEvent, cuda_allocated, rss_bytes
+from visualkv.runtime.plan import attention_working_bytes, needs_mask, plan_prefill
 
 BlockCallback = Callable[[BlockEvent], None]
 
@@ -47,11 +47,6 @@ class PrefillResult:
     blocks: list[BlockEvent]
     context: PrefillContext
     seconds: float
-
-
-def needs_mask(q: int, n_past: int, impl: str) -> bool:
-    """Does attention for q new tokens after n_past cached entries take a mask (`attention_mask`)?"""
-    return not (q == 1 or (n_past == 0 and impl != "eager"))
 
 
 def attention_mask(q: int, n_past: int, impl: str, device) -> AfterCache | torch.Tensor | None:
@@ -115,35 +110,6 @@ class BlockPlan:
     def step(self, device: torch.device, segments: list, after_cache: AfterCache | None) -> layer_step.Step:
         """The step of a layer on `device` holding the packed `segments` (taken before the layer runs)."""
         return layer_step.Step(self.index_on(device), self.tiers_on(device), self.n_visual_full, segments, after_cache)
-
-
-def attention_working_bytes(
-    adapter: ModelAdapter, q: int, n: int, causal_flag: bool, dtype: torch.dtype, impl: str | None = None
-) -> int:
-    """Transient bytes one attention call of q queries over n keys holds on top of the cache (from shapes);
-    `impl`: the model's own attention kernel (default: `implementation(adapter)`).
-
-    Without a mask (`causal_flag`: a first block, or one query) transformers' SDPA path uses the kernel's own
-    GQA. With one (a block after cached entries) the wrapped sdpa takes `block_attention`'s kernel: "flash"
-    holds nothing over the keys; "gqa" the bool mask plus the additive copy PyTorch's SDPA makes of it (seen in
-    the CPU profiler); "stock" (and any unwrapped kernel) that and K/V repeated to every query head
-    (`repeat_kv`). Eager attention always repeats K/V and materialises the (heads, q, n) scores and
-    probabilities, and its mask is additive in `dtype`.
-    """
-    cfg = adapter.text_config
-    hq, hkv, hd = cfg.num_attention_heads, adapter.num_kv_heads, adapter.head_dim
-    itemsize = dtype.itemsize
-    expanded = 0 if hq == hkv else 2 * hq * n * hd * itemsize
-    impl = impl or implementation(adapter)
-    if impl == "eager":
-        return expanded + 2 * hq * q * n * itemsize + (0 if causal_flag else q * n * itemsize)
-    if causal_flag:
-        return 0
-    kernel = block_attention.kernel_for(adapter.device, dtype, hd)
-    if impl != "sdpa":
-        kernel = "stock"
-    mask = q * n * (1 + itemsize)
-    return {"flash": 0, "gqa": mask, "stock": mask + expanded}[kernel]
 
 
 def kept_units(prepared: PreparedInput, block: Block) -> list:
@@ -381,15 +347,12 @@ class Engine:
         vision_ahead: int,
     ) -> PrefillResult:
         t_start = time.perf_counter()
-        block_size = block_size or self.adapter.default_block_size
-        mode = prefill_mode or method.default_prefill
-        ctx = PrefillContext(self.adapter, cache, prepared, budget, block_size, mode, seq_offset)
+        plan = plan_prefill(self.adapter, prepared, method, budget, block_size, prefill_mode, vision_ahead)
+        ctx = PrefillContext(self.adapter, cache, prepared, budget, plan.block_size, plan.mode, seq_offset)
         ctx.should_stop = should_stop
         ctx.text_pass = lambda ids, positions, observer: self.text_pass(ids, positions, observer, ctx)
         self.adapter.reset_stream()
-        ctx.blocks = plan_blocks(  # before `begin`, so a method can plan per block (LightKV's windows)
-            prepared.seq_len, prepared.layout.units, mode, block_size, budget, question_apart=method.question_apart
-        )
+        ctx.blocks = plan.blocks  # before `begin`, so a method can plan per block (LightKV's windows)
         method.begin(ctx)
         if ctx.tiers is not None and (impl := implementation(self.adapter)) not in packed_attention.WRAPPED:
             raise ConfigError(
@@ -402,15 +365,14 @@ class Engine:
         events: list[BlockEvent] = []
         last_hidden = None
         media_seconds = None  # time of the latest video frame reached so far (None: no video frame yet)
-        ahead_until = 0  # blocks before this one have had their media encoded ahead
+        tower_calls = plan.tower_calls()  # block -> the blocks whose media one tower call encodes ahead there
         try:
             for i, block in enumerate(ctx.blocks):
                 ctx.stop_if_asked()
                 t0 = time.perf_counter()
                 ctx.block = block
-                if vision_ahead > 1 and i >= ahead_until and block.units:
-                    ahead_until = i + vision_ahead
-                    self.adapter.encode_ahead(prepared, [kept_units(prepared, b) for b in ctx.blocks[i:ahead_until]])
+                if i in tower_calls:
+                    self.adapter.encode_ahead(prepared, [kept_units(prepared, ctx.blocks[j]) for j in tower_calls[i]])
                 hidden, local, layer_features = self.block_embeddings(prepared, block, ctx.encoded_frames, seq_offset)
                 if local.numel() == 0:
                     continue

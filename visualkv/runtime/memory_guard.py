@@ -25,10 +25,17 @@ from visualkv.attention import implementation
 from visualkv.errors import VisualKVError, stop_point
 from visualkv.kv.cache import grown_capacity
 from visualkv.kv.quant import QuantSpec, packed_bytes_per_token
-from visualkv.layout import Block, plan_blocks
+from visualkv.layout import Block
 from visualkv.media import Media
 from visualkv.methods import METHODS, capacity_bound, make_method, method_traits
-from visualkv.runtime.engine import attention_working_bytes, needs_mask
+from visualkv.runtime.plan import (
+    CacheDryRun,
+    LayerTransients,
+    attention_working_bytes,
+    config_value,
+    needs_mask,
+    plan_prefill,
+)
 
 
 class MemoryGuardError(VisualKVError):
@@ -78,17 +85,6 @@ def format_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
-def _cfg(obj, *names, default=None):
-    """The first of `names` the config has; a per-axis pair (InternVL's patch_size [14, 14]) gives its first."""
-    for name in names:
-        value = getattr(obj, name, None)
-        if isinstance(value, list | tuple) and value:
-            value = value[0]
-        if value is not None:
-            return value
-    return default
-
-
 def estimate_prefill(
     adapter,
     prepared,
@@ -101,84 +97,54 @@ def estimate_prefill(
     method_options: dict | None = None,
 ) -> MemoryEstimate:
     """The estimate for prefilling `prepared` with `method_cls` (a class of visualkv.methods.METHODS, or
-    `visualkv.methods.method_traits(name)` for any name, composed too).
+    `visualkv.methods.method_traits(name)` for any name, composed too), over the engine's own plan
+    (`plan_prefill`) and the cache's own sizing (`CacheDryRun`).
     vision_ahead: blocks per vision-tower call (the engine's), where the adapter encodes ahead.
     headroom: entries the cache allocates beyond the prefill (`SessionConfig.cache_headroom`).
     method_options: the method's options (`SessionConfig.method_options`: Sali-Cache's tiers size its stores)."""
     itemsize = torch.empty((), dtype=adapter.dtype).element_size()
-    kv_heads, head_dim = adapter.num_kv_heads, adapter.head_dim
-    entry_bytes = 2 * kv_heads * head_dim * itemsize  # K and V of one token at one layer
-    block_size = block_size or adapter.default_block_size
-    mode = prefill_mode or method_cls.default_prefill
+    entry_bytes = 2 * adapter.num_kv_heads * adapter.head_dim * itemsize  # K and V of one token at one layer
     visual = prepared.visual_mask & prepared.keep
-    blocks = plan_blocks(
-        prepared.seq_len, prepared.layout.units, mode, block_size, budget, question_apart=method_cls.question_apart
-    )
-    bound = capacity_bound(method_cls, budget, blocks, prepared)
-    hint = bound + headroom if bound is not None else None  # as `CompressibleCache.set_capacity_hint`
-
-    def new_stores() -> list[_Store]:  # one layer's buffers, as the cache sizes them
-        return _layer_stores(adapter, prepared, method_cls, method_options, entry_bytes, hint, headroom)
-
-    text = adapter.text_config
-    hidden = _cfg(text, "hidden_size")
-    heads = _cfg(text, "num_attention_heads")
-    inter = _cfg(text, "intermediate_size", default=4 * hidden)
-    # one decoder layer's transients: the residual stream (in, out) plus the larger of its two phases, which
-    # never coexist: attention (per token of the block: normed input; q, k, v; rotated q, k; attention output;
-    # o_proj; over every key: the mask, any K/V repeated to every query head, as `attention_working_bytes`)
-    # or the MLP (per token: normed input; gate activation, up, their product)
-    residual = 2 * hidden * itemsize
-    attention = (
-        2 * hidden + (heads + 2 * kv_heads) * head_dim + (heads + kv_heads) * head_dim + heads * head_dim
-    ) * itemsize
-    mlp = (hidden + 3 * inter) * itemsize
-    vision = _VisionDims.of(adapter)
-
-    walk = _CacheWalk(adapter, _kept_by_layer(adapter, prepared, method_cls, method_options), new_stores)
-    evicts = method_cls.evicts_per_block and budget is not None
-    kv_peak = alloc_peak = act_peak = vision_peak = peak = 0
     ahead = vision_ahead if adapter.encodes_ahead(prepared) else 1
+    plan = plan_prefill(adapter, prepared, method_cls, budget, block_size, prefill_mode, ahead)
+    blocks = plan.blocks
+    bound = capacity_bound(method_cls, budget, blocks, prepared)
+    packed = _packed_stores(adapter, prepared, method_cls, method_options, entry_bytes, bound, headroom)
+    walk = _CacheWalk(adapter, _kept_by_layer(adapter, prepared, method_cls, method_options), bound, headroom, packed)
+    layer = LayerTransients.of(adapter, itemsize)
+    vision = _VisionDims.of(adapter)
+    evicts = method_cls.evicts_per_block and budget is not None
+    kv_peak = act_peak = vision_peak = peak = 0
     call_patches = [adapter.vision_call_patches(prepared, [b.units]) if b.units else 0 for b in blocks]
-    patches_per_token = adapter.patches_per_token  # a call's output: its patches packed into tokens
 
     def tower_bytes(groups: list) -> int:  # the vision tower on `groups` (one block's units, or several blocks')
         patches = adapter.vision_call_patches(prepared, groups)
         prep_copies = adapter.vision_prep_copies_for(prepared, patches)
         return vision.bytes(patches, adapter.vision_output_tokens(prepared, groups), itemsize, prep_copies)
 
-    ahead_until = 0
+    calls, call = plan.tower_calls(), range(0)
     for i, block in enumerate(blocks):
         stop_point()  # a running prefill's Stop (`stop_scope`): sizing an hour of video is many blocks
         q = int(prepared.keep[block.start : block.end].sum())
         q_vis = int(visual[block.start : block.end].sum())
         kv = walk.block(block, q, q_vis, budget if evicts and block.units else None)
-        embeddings = 2 * q * hidden * itemsize  # the block's embeddings and the vision output folded in
-        if ahead > 1 and i >= ahead_until and block.units:  # one tower call for this block and the next ones
-            ahead_until = i + ahead
-            units = [b.units for b in blocks[i:ahead_until] if b.units]
-            vision_b = tower_bytes(units)
+        if i in calls:  # one tower call for this block and the next ones
+            call = calls[i]
+            vision_b = tower_bytes([blocks[j].units for j in call if blocks[j].units])
         else:
             vision_b = tower_bytes([block.units]) if ahead == 1 and block.units else 0
-        # embeddings encoded ahead wait for their blocks: at most the rest of the call's output
-        embeddings += sum(call_patches[i + 1 : ahead_until]) // patches_per_token * hidden * itemsize
-        act_b = q * residual + max(q * attention + kv.attention_bytes, q * mlp)
-        kv_peak, alloc_peak = max(kv_peak, kv.entries), max(alloc_peak, kv.allocated)
+        # the block's embeddings and the vision output folded in; those encoded ahead wait for their blocks
+        waiting = sum(call_patches[j] for j in call if j > i) // adapter.patches_per_token
+        embeddings = (2 * q + waiting) * layer.hidden * itemsize
+        act_b = layer.bytes(q, kv.attention_bytes)
+        kv_peak = max(kv_peak, kv.entries)
         act_peak, vision_peak = max(act_peak, act_b), max(vision_peak, vision_b)
         peak = max(peak, kv.allocated_before + vision_b + embeddings, kv.allocated + kv.growing + act_b + embeddings)
     kv_peak = max(kv_peak, walk.entries_with_answer(headroom))
     # the method's own pass before the first block (Sali-Cache's motion pass), with nothing of the cache yet
     peak = max(peak, make_method(method_cls.name, **(method_options or {})).begin_bytes(prepared))
     media_bytes = _media_bytes(prepared, blocks)
-    return MemoryEstimate(
-        kv_peak * entry_bytes,
-        alloc_peak,
-        act_peak,
-        vision_peak,
-        media_bytes,
-        peak,
-        kv_peak,
-    )
+    return MemoryEstimate(kv_peak * entry_bytes, walk.allocated_peak, act_peak, vision_peak, media_bytes, peak, kv_peak)
 
 
 @dataclass(frozen=True)
@@ -194,80 +160,52 @@ class _BlockKV:
 
 
 class _CacheWalk:
-    """The cache's entries and buffers walked over the planned blocks, per group of layers that store alike (one
-    group unless the method merges between layers); its `_Store`s are sized as `visualkv.kv.cache` sizes them."""
+    """The cache over the planned blocks, per group of layers that store alike (one group unless the method
+    merges between layers), each group's layers dry-run as one (`CacheDryRun`: the cache's own sizing). The
+    engine runs the layers in order, so while a block passes layer l the layers below it have evicted and
+    those above still hold their previous entries. A method storing packed tiers has its buffers bounded by
+    `_Store`s instead (which tier gets how many tokens is data-dependent)."""
 
-    def __init__(
-        self,
-        adapter,
-        kept_by_layer: Callable[[Block, int], list[tuple[int, int]]],
-        new_stores: Callable[[], list[_Store]],
-    ) -> None:
-        self.adapter = adapter
-        self.kept_by_layer = kept_by_layer
-        self.new_stores = new_stores
-        self.groups: list[_GroupState] = []
+    def __init__(self, adapter, kept_by_layer, bound: int | None, headroom: int, packed) -> None:
+        self.adapter, self.kept_by_layer, self.packed = adapter, kept_by_layer, packed
+        self.bound = bound
+        self.headroom = headroom
+        self.groups: list[tuple[int, CacheDryRun, list[_Store]]] = []
+        self.allocated_peak = 0
 
     def block(self, block: Block, q: int, q_vis: int, budget: int | None) -> _BlockKV:
         """Walk one block of `q` kept tokens (`q_vis` visual); `budget`: each layer evicts to it after the block."""
-        adapter = self.adapter
+        adapter, impl = self.adapter, implementation(self.adapter)
         kept_by_group = self.kept_by_layer(block, q_vis)
         if not self.groups:
-            self.groups = [_GroupState(n, self.new_stores()) for n, _ in kept_by_group]
-        rise = block_peak = attention_bytes = 0  # rise: entries the earlier groups added (their layers done)
-        entries = sum(g.layers * g.held for g in self.groups)  # the cache when the block starts
-        for g, (_, kept) in zip(self.groups, kept_by_group):
+            self.groups = [
+                (n, CacheDryRun(adapter, self.bound, self.headroom), self.packed()) for n, _ in kept_by_group
+            ]
+        rise = block_peak = attention_bytes = growing = before = after = 0
+        entries = sum(n * run.layer.get_seq_length() for n, run, _ in self.groups)  # when the block starts
+        for (n, run, stores), (_, kept) in zip(self.groups, kept_by_group):
             q_g = q - q_vis + kept  # what this group's layers store of the block
-            vis_after = min(g.vis_held + kept, budget) if budget is not None else g.vis_held + kept
-            after = g.held + (q - q_vis) + (vis_after - g.vis_held)
-            # the block at this group's last layer: the group's other layers already evicted to `after`
-            block_peak = max(block_peak, rise + (g.layers - 1) * (after - g.held) + q_g)
-            rise += g.layers * (after - g.held)
-            causal_flag = not needs_mask(q_g, g.held, implementation(adapter))  # as the engine's layer loop
-            working = attention_working_bytes(adapter, q_g, g.held + q_g, causal_flag, adapter.dtype)
+            s = run.store(q_g, kept, budget)
+            # the block at this group's last layer: the group's other layers already evicted
+            block_peak = max(block_peak, rise + (n - 1) * (s.after - s.held) + s.stored - s.held)
+            rise += n * (s.after - s.held)
+            causal_flag = not needs_mask(q_g, s.held, impl)  # as the engine's layer loop
+            working = attention_working_bytes(adapter, q_g, s.held + q_g, causal_flag, adapter.dtype)
             attention_bytes = max(attention_bytes, working)
-            g.q, g.after, g.vis_after = q_g, after, vis_after
-        # the buffers before and during the block (a block that does not fit grows every layer in turn, the
-        # layer being grown holding its old buffers and the new ones)
-        allocated_before = sum(g.allocated() for g in self.groups)
-        growing = 0
-        for g in self.groups:
-            before = [store.capacity for store in g.stores]
-            if q:  # (a block with nothing kept never reaches the cache)
-                for store in g.stores:
-                    store.hold(g.held + g.q)
-            old = sum(b * st.entry_bytes for b, st in zip(before, g.stores) if 0 < b < st.capacity)
-            growing = max(growing, old)
-            g.held, g.vis_held = g.after, g.vis_after
-        allocated = sum(g.allocated() for g in self.groups)
-        return _BlockKV(entries + block_peak, allocated_before, allocated, growing, attention_bytes)
+            alloc = _bounded(stores, s.stored if q else 0) if stores else (s.allocated_before, s.allocated, s.growing)
+            before, after, growing = before + n * alloc[0], after + n * alloc[1], max(growing, alloc[2])
+        self.allocated_peak = max(self.allocated_peak, after)
+        return _BlockKV(entries + block_peak, before, after, growing, attention_bytes)
 
     def entries_with_answer(self, headroom: int) -> int:
         """Entries held once the answer is decoded: at most `headroom` more in every layer."""
-        return sum(g.layers * (g.held + headroom) for g in self.groups)
-
-
-@dataclass
-class _GroupState:
-    """Consecutive decoder layers that store alike, while the guard walks the blocks: how many, and per layer the
-    entries held before the block (per KV head), how many of them are visual, after the block, and its buffers."""
-
-    layers: int
-    stores: list[_Store]
-    held: int = 0
-    vis_held: int = 0
-    q: int = 0  # of the block being walked: what a layer stores of it, then what it holds after it
-    after: int = 0
-    vis_after: int = 0
-
-    def allocated(self) -> int:
-        return self.layers * sum(store.capacity * store.entry_bytes for store in self.stores)
+        return sum(n * (run.layer.get_seq_length() + headroom) for n, run, _ in self.groups)
 
 
 def _kept_by_layer(adapter, prepared, method_cls, method_options) -> Callable[[Block, int], list[tuple[int, int]]]:
     """(block, its kept visual tokens) -> per group of layers, (layers, visual tokens each stores of the block):
     one group of every layer storing all of them, unless the method merges between layers
-    (`Method.visual_kept_by_layer`, LightKV)."""
+    (`Method.visual_kept_by_layer`, LightKV: a bound, as which tokens merge is data-dependent)."""
     if not method_cls.merges_between_layers:
         return lambda block, q_vis: [(adapter.num_layers, q_vis)]
     method = make_method(method_cls.name, **(method_options or {}))
@@ -283,36 +221,44 @@ def _kept_by_layer(adapter, prepared, method_cls, method_options) -> Callable[[B
 
 @dataclass
 class _Store:
-    """One group of a cache layer's buffers as `visualkv.kv.cache` sizes them: `entry_bytes` per entry, at most
-    `limit` entries ever stored there (None: any), `hint` entries allocated up front (None: exactly what the first
-    block stores + `headroom`, then grown by `grown_capacity`)."""
+    """One of a packed-tier method's buffers, bounded: `entry_bytes` per entry, at most `limit` entries ever
+    stored there, `hint` entries allocated up front (None: exactly what the first block stores + `headroom`,
+    then grown by `grown_capacity`)."""
 
     entry_bytes: int
-    limit: int | None = None
+    limit: int
     hint: int | None = None
     headroom: int = 0
     capacity: int = 0
 
     def hold(self, entries: int) -> None:
-        """Room for the layer's `entries` (or for this store's share of them, at most `limit`)."""
-        n = entries if self.limit is None else min(entries, self.limit)
-        if self.limit is not None and n and (self.hint is None or n > self.hint):
+        """Room for this store's share of the layer's `entries` (at most `limit`)."""
+        n = min(entries, self.limit)
+        if n and (self.hint is None or n > self.hint):
             # which block brings how many of a share is not known: whatever the order, the last growth stopped
             # below n, so the capacity is at most one growth past n
             self.capacity = max(self.capacity, grown_capacity(n + 1, n, None) + self.headroom)
             return
         if self.capacity == 0 and n:
             self.capacity = grown_capacity(n + self.headroom, 0, self.hint)
-        if n > self.capacity:
-            self.capacity = grown_capacity(n, self.capacity, self.hint)
 
 
-def _layer_stores(adapter, prepared, method_cls, method_options, entry_bytes, hint, headroom) -> list[_Store]:
-    """A layer's full-precision buffers, plus Sali-Cache's packed INT8 and INT4 stores (`Method.stores_packed`),
-    each limited to its tier's share of the visual tokens (`Method.stored_shares`; `saliency.assign_tiers` keeps
-    each within one token of its fraction), at the method's quantization group size."""
+def _bounded(stores: list[_Store], entries: int) -> tuple[int, int, int]:
+    """A packed-tier layer's buffers before and after holding `entries`, and the old bytes of those grown."""
+    before = [store.capacity * store.entry_bytes for store in stores]
+    for store in stores:
+        store.hold(entries)
+    after = [store.capacity * store.entry_bytes for store in stores]
+    return sum(before), sum(after), sum(b for b, a in zip(before, after) if 0 < b < a)
+
+
+def _packed_stores(adapter, prepared, method_cls, method_options, entry_bytes, bound, headroom):
+    """() -> a layer's buffers for a method storing packed INT8 and INT4 tiers (`Method.stores_packed`,
+    Sali-Cache): the full-precision one plus a packed one per tier, each limited to its tier's share of the
+    visual tokens (`Method.stored_shares`; `saliency.assign_tiers` keeps each within one token of its
+    fraction), at the method's quantization group size. () -> [] for any other method."""
     if not method_cls.stores_packed:
-        return [_Store(entry_bytes, None, hint, headroom)]
+        return list
     method = make_method(method_cls.name, **(method_options or {}))
     shares = method.stored_shares or (1.0, 1.0, 1.0)
     n_visual = int(prepared.visual_mask.sum())
@@ -323,8 +269,9 @@ def _layer_stores(adapter, prepared, method_cls, method_options, entry_bytes, hi
         2 * kv_heads * packed_bytes_per_token(head_dim, QuantSpec(bits, group).resolved(head_dim), adapter.dtype)
         for bits in (8, 4)
     ]
-    full = _Store(entry_bytes, prepared.seq_len - n_visual + limits[0], hint, headroom)
-    return [full, *(_Store(b, limit) for b, limit in zip(packed, limits[1:]))]
+    hint = bound + headroom if bound is not None else None
+    full = prepared.seq_len - n_visual + limits[0]
+    return lambda: [_Store(entry_bytes, full, hint, headroom), *(_Store(b, n) for b, n in zip(packed, limits[1:]))]
 
 
 def _media_bytes(prepared, blocks) -> int:
@@ -361,22 +308,22 @@ class _VisionDims:
     @classmethod
     def of(cls, adapter) -> _VisionDims:
         config = adapter.model.config
-        vision = _cfg(config, "vision_config")
+        vision = config_value(config, "vision_config")
         if vision is None:
             return cls(0, 0, 0, 0, 0.0)
-        patch = _cfg(vision, "patch_size", default=14)
+        patch = config_value(vision, "patch_size", default=14)
         values = (
-            _cfg(vision, "in_channels", "num_channels", default=3)
-            * _cfg(vision, "temporal_patch_size", default=1)
+            config_value(vision, "in_channels", "num_channels", default=3)
+            * config_value(vision, "temporal_patch_size", default=1)
             * patch
             * patch
         )
-        v_hidden = _cfg(vision, "hidden_size", "embed_dim")
+        v_hidden = config_value(vision, "hidden_size", "embed_dim")
         return cls(
             values,
             v_hidden,
-            _cfg(vision, "intermediate_size", default=4 * v_hidden),
-            _cfg(adapter.text_config, "hidden_size"),
+            config_value(vision, "intermediate_size", default=4 * v_hidden),
+            config_value(adapter.text_config, "hidden_size"),
             adapter.vision_input_copies,
         )
 

@@ -44,7 +44,7 @@ from visualkv.attention import packed as packed_attention
 from visualkv.attention import step as layer_step
 from visualkv.kv.cache import CompressibleCache, CompressibleLayer
 from visualkv.models.base import ModelAdapter
-from visualkv.runtime.engine import attention_working_bytes
+from visualkv.runtime.plan import attention_working_bytes
 
 DECODE_MODES = ("auto", "eager", "static", "graph")
 GRAPH_ATTENTION = ("sdpa", "eager")  # kernels that take an explicit mask (flash attention does not)
