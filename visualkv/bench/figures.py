@@ -32,6 +32,7 @@ from visualkv.bench.tables import (
     load,
     memory,
     needle,
+    options,
     salicache,
     zerogpu,
 )
@@ -68,6 +69,7 @@ TABLE_MODULES = (
     demo,
     evidence,
     zerogpu,
+    options,
 )
 
 
@@ -84,7 +86,7 @@ def _registry(modules: tuple[ModuleType, ...]) -> dict[str, Table]:
 
 TABLES = _registry(TABLE_MODULES)
 #: tables computed from the code (no benchmark JSON): their source line says so
-COMPUTED = {"lightkv-schedule", "salicache-bytes", "zerogpu-fit"}
+COMPUTED = {"lightkv-schedule", "salicache-bytes", "zerogpu-fit", "method-options"}
 
 
 # -- documents -------------------------------------------------------------------------------------
