@@ -308,9 +308,9 @@ def test_settings_of_a_composed_method_are_its_stages_settings():
     from visualkv.runtime.streaming import method_options, method_settings
 
     keys = {s.key for s in method_settings("blockwise-snapkv+salicache")}
-    assert {"salicache:config.tiers", "salicache:config.flow_threshold", "blockwise-snapkv:config.window"} <= keys
+    assert {"salicache:tiers", "salicache:flow_threshold", "blockwise-snapkv:window"} <= keys
     options = method_options(
-        "blockwise-snapkv+salicache", {"salicache:config.tiers": "0.5,0.2,0.1", "blockwise-snapkv:config.window": 16}
+        "blockwise-snapkv+salicache", {"salicache:tiers": "0.5,0.2,0.1", "blockwise-snapkv:window": 16}
     )
     sali, snap = make_method("blockwise-snapkv+salicache", **options).stages
     assert sali.config.tiers == (0.5, 0.2, 0.1) and snap.config.window == 16

@@ -12,11 +12,12 @@ import torch
 from PIL import Image
 
 from tests.conftest import get_adapter
-from visualkv.methods import method_traits
+from visualkv.methods import METHODS, method_names, method_traits
 from visualkv.runtime.session import ChatSession, SessionConfig
 
-EVICTING = ["blockwise-keydiff", "blockwise-snapkv", "post-snapkv", "blockwise-random"]
-BLOCKWISE = [m for m in EVICTING if m != "post-snapkv"]  # evict after every block
+#: the lists below come from the registry, so a registered method runs every check here
+EVICTING = [name for name, cls in METHODS.items() if cls.needs_budget]
+BLOCKWISE = [name for name, cls in METHODS.items() if cls.evicts_per_block]  # evict after every block
 ALL = ["full", *EVICTING]
 PROMPT = "What is in the picture?"
 
@@ -154,15 +155,7 @@ def test_qwen_image_strips_are_exact_in_the_windowed_layers(small_image, monkeyp
 # -- invariant 2 and 6: bounded visual entries, exact bytes, telemetry agrees ----------------
 
 #: every method, composed ones included (visualkv.methods.compose)
-METHODS_ALL = [
-    *ALL,
-    "salicache",
-    "lightkv",
-    "blockwise-keydiff+salicache",
-    "blockwise-snapkv+salicache",
-    "blockwise-keydiff+lightkv",
-    "lightkv+salicache",
-]
+METHODS_ALL = method_names()
 
 
 def _visual_seq(session) -> torch.Tensor:

@@ -62,7 +62,7 @@ def test_snapkv_pooling_and_window_bounds(method):
         make_method(method, config=SnapKVConfig(window=0))
     # through the app's settings form too: one line, not a failure inside the scoring
     with pytest.raises(ConfigError, match="kernel_size"):
-        method_options(method, {"config.kernel_size": 1_000_000})
+        method_options(method, {"kernel_size": 1_000_000})
     assert make_method(method, config=SnapKVConfig(window=4096, kernel_size=63)).config.kernel_size == 63
 
 

@@ -326,10 +326,10 @@ def test_docs_list_the_bounds_in_force():
 @pytest.mark.parametrize(
     "method, key",
     [
-        ("blockwise-snapkv", "config.window"),
-        ("post-snapkv", "config.window"),
-        ("salicache", "config.downscale_width"),
-        ("blockwise-keydiff+salicache", "salicache:config.downscale_width"),
+        ("blockwise-snapkv", "window"),
+        ("post-snapkv", "window"),
+        ("salicache", "downscale_width"),
+        ("blockwise-keydiff+salicache", "salicache:downscale_width"),
     ],
 )
 def test_costly_method_settings_are_capped_when_shared(method, key):
@@ -342,7 +342,7 @@ def test_costly_method_settings_are_capped_when_shared(method, key):
     from visualkv.errors import ConfigError
     from visualkv.runtime.streaming import method_settings
 
-    cap = SHARED.method[key.rsplit(".", 1)[-1]]
+    cap = SHARED.method[key.rsplit(":", 1)[-1]]
     keys = [(method, s.key) for s in method_settings(method)]
     assert (method, key) in keys
 

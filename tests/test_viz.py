@@ -150,13 +150,13 @@ def test_live_report_draws_the_blocks_so_far(snap):
 
 def test_method_settings_round_trip():
     keys = {s.key: s for s in method_settings("blockwise-snapkv")}
-    assert keys["config.window"].kind == "int" and keys["config.window"].default == 64
-    opts = method_options("blockwise-snapkv", {"config.window": "16", "config.kernel_size": 3, "nonsense": 1})
+    assert keys["window"].kind == "int" and keys["window"].default == 64
+    opts = method_options("blockwise-snapkv", {"window": "16", "kernel_size": 3, "nonsense": 1})
     method = METHODS["blockwise-snapkv"](**opts)
     assert method.config_dict()["window"] == 16 and method.config_dict()["kernel_size"] == 3
     assert method_settings("full") == [] and method_options("full", {"x": 1}) == {}
     with pytest.raises(ConfigError):
-        method_options("blockwise-snapkv", {"config.window": "many"})
+        method_options("blockwise-snapkv", {"window": "many"})
 
 
 # -- figures ----------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from visualkv.methods import shared_caps
 from visualkv.runtime.session import MAX_BUDGET, MAX_TOKENS
 
 
@@ -46,9 +47,7 @@ SHARED = FormBounds(
     max_frames=3_600,  # 1 h at 1 fps
     question_tokens=2_048, turns=32,
     where=" on this shared instance",
-    # SnapKV's observation window (its scores attend from that many tokens); Sali-Cache's motion pass (its optical
-    # flow's cost grows with the square of the width)
-    method={"window": 512, "downscale_width": 320},
+    method=shared_caps(),  # each method option's declared `shared_max` (visualkv.methods.options)
 )  # fmt: skip
 
 

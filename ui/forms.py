@@ -117,9 +117,9 @@ class FormValues:
         rest of each setting's range."""
         values = self.settings_of(method, method_keys)
         for key, value in values.items():
-            cap = bounds.method.get(key.rsplit(".", 1)[-1])
+            cap = bounds.method.get(key.rsplit(":", 1)[-1])
             if cap is not None and isinstance(value, (int, float)) and value > cap:
-                label = key.rsplit(".", 1)[-1].replace("_", " ")
+                label = key.rsplit(":", 1)[-1].replace("_", " ")
                 raise ConfigError(f"{method} {label} must be at most {cap:,}{bounds.where}, got {value:g}")
         return values
 

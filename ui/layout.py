@@ -270,7 +270,7 @@ def _method_groups(method_names: list[str], default_method: str):
 
 def setting_component(s) -> gr.components.Component:
     """The input for one method setting (`visualkv.runtime.streaming.method_settings`)."""
-    info = text.SETTING_HELP.get(s.key.rsplit(".", 1)[-1])
+    info = s.help or None
     elem_id = "vkv-opt-" + s.key.replace(".", "-").replace("_", "-")
     if s.kind == "bool":
         return gr.Checkbox(value=s.default, label=s.label, info=info, elem_id=elem_id)

@@ -20,21 +20,6 @@ EMPTY_HEAT_NOTE = (
     "(drag the slider: left the media, right the keep map)."
 )
 
-#: One-line help for method settings, by field name (shared between methods where the name means the same).
-SETTING_HELP = {
-    "window": "question tokens whose attention scores the cached keys",
-    "kernel_size": "1-D pooling width that smooths scores over neighbouring tokens",
-    "flow_threshold": "frames moving less than this (px at 160 px width) are skipped",
-    "threshold": "below this score a frame counts as redundant",
-    "tiers": "fractions of tokens kept FP16, INT8, INT4 (the rest is pruned), e.g. 0.45,0.1,0.3",
-    "layers": "decoder layers after which visual tokens are merged, e.g. 12,17,22",
-    "windows": "merge windows per side at each merge layer, e.g. 6,4,2",
-    "ratio": "fraction of tokens merged away at each merge layer",
-    "group_size": "values sharing one scale and zero point when quantizing",
-    "flow": "optical flow algorithm",
-    "downscale_width": "frames are downscaled to this width before measuring motion",
-}
-
 
 def method_choices() -> list[str]:
     """Every method name the app offers (method dropdown, Compare, settings groups) and accepts: the one

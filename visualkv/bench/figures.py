@@ -36,6 +36,7 @@ from visualkv.bench.tables import (
     load,
     memory,
     needle,
+    options,
     salicache,
     zerogpu,
 )
@@ -74,6 +75,7 @@ TABLE_MODULES = (
     evidence,
     zerogpu,
     evals,
+    options,
 )
 
 
@@ -96,7 +98,7 @@ MEASURES = {
     for name, paths in module.MEASURES.items()
 }
 #: tables computed from the code (no benchmark JSON): their source line says so
-COMPUTED = {"lightkv-schedule", "salicache-bytes", "zerogpu-fit"}
+COMPUTED = {"lightkv-schedule", "salicache-bytes", "zerogpu-fit", "method-options"}
 
 
 # -- documents -------------------------------------------------------------------------------------

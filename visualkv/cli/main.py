@@ -27,8 +27,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.formatter_class = HelpFormatter
     _input_args(p.add_argument_group("what to read", "the model, the media and the questions"))
     _method_args(p.add_argument_group("compression", "the method, its budget and the block-wise prefill"))
-    _video_args(p.add_argument_group("video", "which frames are read, and Sali-Cache's frame skipping and tiers"))
-    _lightkv_args(p.add_argument_group("lightkv", "LightKV's merge schedule"))
+    _video_args(p.add_argument_group("video", "which frames are read, and Sali-Cache's frame skipping"))
+    _method_option_args(p.add_argument_group("method options", "each method's own settings (default: its own)"))
     _answer_args(p.add_argument_group("answers", "how answer tokens are chosen and run"))
     _device_args(p.add_argument_group("device", "where the model runs and the chat's state waits"))
     _output_args(p.add_argument_group("output", "what is written and printed"))
@@ -49,7 +49,7 @@ def _input_args(p: argparse._ArgumentGroup) -> None:
 
 
 def _method_args(p: argparse._ArgumentGroup) -> None:
-    from visualkv.cli.args import non_negative_int, positive_int
+    from visualkv.cli.args import positive_int
     from visualkv.methods import method_names
 
     p.add_argument(
@@ -76,12 +76,6 @@ def _method_args(p: argparse._ArgumentGroup) -> None:
         help="blocks whose media go through the vision tower in one call (every family; the same embeddings: "
         "fewer tower launches, a larger transient)",
     )
-    p.add_argument(
-        "--random-seed",
-        type=non_negative_int,
-        default=None,
-        help="blockwise-random: seed of the random priorities that decide the kept set (default 0)",
-    )
 
 
 def _video_args(p: argparse._ArgumentGroup) -> None:
@@ -102,43 +96,22 @@ def _video_args(p: argparse._ArgumentGroup) -> None:
         "e.g. --method blockwise-keydiff --skip-frames: blockwise-keydiff+salicache, every kept token at "
         "full precision unless --tiers is given",
     )
-    p.add_argument(
-        "--flow-threshold",
-        type=float,
-        default=None,
-        help="salicache: tau_t, motion (px at 160 px wide) below which a frame is redundant; "
-        "0 keeps every frame (default 0.1)",
-    )
-    p.add_argument(
-        "--tiers",
-        default=None,
-        metavar="FP,INT8,INT4",
-        help="salicache: fractions of tokens kept at full precision, INT8, INT4 by saliency; "
-        "the rest is pruned (default 0.43,0.10,0.29); with another --method, stacks Sali-Cache's tiers on "
-        "it (e.g. blockwise-keydiff+salicache; no frame skipped unless --skip-frames)",
-    )
 
 
-def _lightkv_args(p: argparse._ArgumentGroup) -> None:
-    p.add_argument(
-        "--lightkv-layers",
-        default=None,
-        metavar="L1,L2,...",
-        help="lightkv: 0-based decoder layers after which visual tokens merge "
-        "(default: the paper's schedule scaled to the model's depth)",
-    )
-    p.add_argument(
-        "--lightkv-windows",
-        default=None,
-        metavar="W1,W2,...",
-        help="lightkv: windows per side of each tile/frame token grid, per stage (default 6,4,2 Qwen, 4,2,1 SmolVLM)",
-    )
-    p.add_argument(
-        "--lightkv-ratios",
-        default=None,
-        metavar="P1,P2,...",
-        help="lightkv: merge ratio P per stage, r = min(floor(P*n), n/2) per window (default 0.5)",
-    )
+def _method_option_args(p: argparse._ArgumentGroup) -> None:
+    """A flag for every method option that declares one (visualkv.methods.options), typed and helped by it."""
+    from visualkv.cli.args import non_negative_int
+    from visualkv.methods import option_flags
+
+    for flag, (opt, methods) in option_flags().items():
+        kind = {int: non_negative_int if (opt.low or 0) >= 0 else int, float: float}.get(opt.type, str)
+        p.add_argument(
+            flag,
+            type=kind,
+            default=None,
+            metavar=opt.metavar,
+            help=f"{', '.join(methods)}: {opt.help} (default {opt.default})",
+        )
 
 
 def _answer_args(p: argparse._ArgumentGroup) -> None:
@@ -218,14 +191,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# CLI flags that are options of one method: method -> {option name: flag}
-METHOD_FLAGS: dict[str, dict[str, str]] = {
-    "salicache": {"flow_threshold": "--flow-threshold", "tiers": "--tiers"},
-    "lightkv": {"layers": "--lightkv-layers", "windows": "--lightkv-windows", "ratios": "--lightkv-ratios"},
-    "blockwise-random": {"seed": "--random-seed"},
-}
-
-
 def _method_options(args: argparse.Namespace) -> dict:
     """Method-specific flags as method options (for a composed method, {stage: options}); refused when
     given for a method without that stage. `--skip-frames` / `--tiers` stack Sali-Cache on the method
@@ -233,7 +198,7 @@ def _method_options(args: argparse.Namespace) -> dict:
 
     The method is built once here so that bad values fail before any loading.
     """
-    from visualkv.methods import make_method, method_traits, stacked_method
+    from visualkv.methods import make_method, method_traits, option_flags, stacked_method
 
     stages = method_traits(args.method).stages
     if args.skip_frames or (args.tiers is not None and "salicache" not in stages):
@@ -241,14 +206,15 @@ def _method_options(args: argparse.Namespace) -> dict:
         args.tiers, args.flow_threshold = stacked.get("tiers"), stacked.get("flow_threshold")
     stages = method_traits(args.method).stages
     chosen: dict = {}
-    for method, flags in METHOD_FLAGS.items():
-        given = {opt: getattr(args, flag[2:].replace("-", "_")) for opt, flag in flags.items()}
-        given = {k: v for k, v in given.items() if v is not None}
-        if given and method not in stages:
-            names = " and ".join(flags[k] for k in given)
-            raise VisualKVError(f"{names} apply to --method {method} (or a composition with it) only")
-        if given:
-            chosen[method] = given
+    for flag, (opt, methods) in option_flags().items():
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is None:
+            continue
+        takers = [m for m in methods if m in stages]
+        if not takers:
+            raise VisualKVError(f"{flag} applies to --method {' or '.join(methods)} (or a composition with it) only")
+        for method in takers:
+            chosen.setdefault(method, {})[opt.name] = value
     if len(stages) == 1:
         chosen = chosen.get(args.method, {})
     if chosen:

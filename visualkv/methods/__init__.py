@@ -1,8 +1,11 @@
-"""Compression methods. Each is a small class the engine calls at fixed points; methods compose by name
-("blockwise-keydiff+salicache", see visualkv.methods.compose)."""
+"""Compression methods. Each is a small class the engine calls at fixed points (a scorer is one `score`, see
+visualkv.methods.scorer); methods compose by name ("blockwise-keydiff+salicache", see visualkv.methods.compose).
+`register` adds one: the CLI, the app, Compare and the compositions read this registry."""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from typing import Any
 
 from visualkv.errors import ConfigError
@@ -18,15 +21,41 @@ from visualkv.methods.compose import (
 )
 from visualkv.methods.full import FullCache
 from visualkv.methods.lightkv import LightKV
+from visualkv.methods.options import Option, declared
 from visualkv.methods.post_prefill import PostPrefillSnapKV
 from visualkv.methods.random_eviction import BlockwiseRandom
 from visualkv.methods.salicache import SaliCache
 
 #: the single methods (classes); composed names are built from them
-METHODS: dict[str, type[Method]] = {
-    cls.name: cls
-    for cls in (FullCache, BlockwiseKeyDiff, BlockwiseSnapKV, PostPrefillSnapKV, SaliCache, LightKV, BlockwiseRandom)
-}
+METHODS: dict[str, type[Method]] = {}
+
+
+def register(cls: type[Method]) -> type[Method]:
+    """Make method `cls` choosable everywhere under `cls.name` (usable as a class decorator)."""
+    METHODS[cls.name] = cls
+    return cls
+
+
+for _cls in (FullCache, BlockwiseKeyDiff, BlockwiseSnapKV, PostPrefillSnapKV, SaliCache, LightKV, BlockwiseRandom):
+    register(_cls)
+for _module in pkgutil.iter_modules(__path__):  # a method file added here registers itself (`@register`)
+    importlib.import_module(f"{__name__}.{_module.name}")
+
+
+def option_flags() -> dict[str, tuple[Option, list[str]]]:
+    """{CLI flag: (its declared option, the methods that take it)} over every registered method."""
+    out: dict[str, tuple[Option, list[str]]] = {}
+    for name, cls in METHODS.items():
+        for opt in declared(cls.Config):
+            if opt.flag:
+                out.setdefault(opt.flag, (opt, []))[1].append(name)
+    return out
+
+
+def shared_caps() -> dict[str, float]:
+    """{option name: its cap on a shared instance} for every registered method's options that declare one (what
+    they cost grows with their value: SnapKV's window, Sali-Cache's motion-pass width)."""
+    return {o.name: o.shared_max for c in METHODS.values() for o in declared(c.Config) if o.shared_max is not None}
 
 
 def method_names() -> list[str]:

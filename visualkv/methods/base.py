@@ -14,7 +14,7 @@ which method it is:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -24,6 +24,7 @@ from visualkv.devices import to_device
 from visualkv.errors import PrefillStopped
 from visualkv.kv.cache import CompressibleCache
 from visualkv.layout import Block
+from visualkv.methods.options import NoOptions, build_config
 from visualkv.models.base import ModelAdapter, PreparedInput
 
 
@@ -44,7 +45,8 @@ class PrefillContext:
     #: shares (full, int8, int4) of the stored visual tokens per tier, set by a method that assigns tiers;
     #: an eviction method splits its budget M by them (`tier_budgets`), so every tier is bounded
     tier_shares: tuple[float, float, float] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)  # method scratch space and report fields
+    #: host tables of this prefill built once per device (`table_on`); methods keep their own state on themselves
+    tables: dict[str, dict[torch.device, torch.Tensor]] = field(default_factory=dict)
     encoded_frames: list[int] = field(default_factory=list)  # tiles/frames sent to the vision tower, in order
     #: the engine's text-pass service: text_pass(ids (n,), positions (P, n), observer) runs the tokens through
     #: every decoder layer in a scratch cache, calling observer.after_layer(ctx, state) after each layer
@@ -79,7 +81,7 @@ class PrefillContext:
 
     def table_on(self, name: str, device: torch.device, build: Callable[[], torch.Tensor]) -> torch.Tensor:
         """The host table `build()` makes, on `device`: built and copied once per prefill and device."""
-        tables = self.extra.setdefault(f"_table_{name}", {})
+        tables = self.tables.setdefault(name, {})
         if device not in tables:
             tables[device] = to_device(build(), device)
         return tables[device]
@@ -110,10 +112,14 @@ class LayerState:
 
 
 class Method:
-    """Base class: does nothing (the full cache)."""
+    """Base class: does nothing (the full cache). A method is built per prefill, so it keeps its state on itself."""
 
     name: ClassVar[str] = "full"
+    #: the one line the app, `--help` and the docs show
     description: ClassVar[str] = ""
+    #: its options: a dataclass of `visualkv.methods.options.option` fields (the CLI flags, the app's settings
+    #: and the docs are generated from them); `Method(**options)` takes its fields
+    Config: ClassVar[type] = NoOptions
     default_prefill: ClassVar[str] = "bulk"
     #: does the method need a budget (M)?
     needs_budget: ClassVar[bool] = False
@@ -136,6 +142,9 @@ class Method:
     compose_refusal: ClassVar[str] = "it has no role in a pipeline"
     #: token ids of a question to use as proxy instead of the prompt's own (follow-up re-prefill)
     proxy_ids: torch.Tensor | None = None
+
+    def __init__(self, config: Any = None, **options: Any) -> None:
+        self.config = config if config is not None else build_config(self.Config, self.name, options)
 
     def begin(self, ctx: PrefillContext) -> None:
         """Called once before the first block."""
@@ -186,4 +195,4 @@ class Method:
         return {}
 
     def config_dict(self) -> dict[str, Any]:
-        return {"method": self.name}
+        return {"method": self.name, **asdict(self.config)}

@@ -5,6 +5,7 @@ more than budget + block + protected entries. Eviction happens right after the l
 the earliest moment all scores are known. Stacked with Sali-Cache (compose.py) the budget bounds every
 precision tier (`evict_tiers`).
 
+Each is a scorer (visualkv.methods.scorer): the schedule, every tier and the cache bound come from the base.
 SnapKV needs queries from the question, which comes after the media: before the first visual block one
 text-only pass over [prompt prefix + question + assistant prompt], the question at the positions it will
 really occupy, gives each layer's post-RoPE query states as proxy queries (they see the prefix, not the image).
@@ -18,11 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from visualkv.errors import check_range
-from visualkv.layout import Block
 from visualkv.methods.base import LayerState, Method, PrefillContext
-from visualkv.methods.eviction import evict_tiers
-from visualkv.models.base import PreparedInput
+from visualkv.methods.options import Options, option
+from visualkv.methods.scorer import BlockwiseScorer
 from visualkv.scoring import (
     grid_keys,
     keydiff_scores,
@@ -32,84 +31,49 @@ from visualkv.scoring import (
     snapkv_working_bytes,
 )
 
-#: bounds of SnapKV's settings: a window past any question's length, a pooling wider than a frame's row
-MAX_WINDOW = 4096
-MAX_KERNEL_SIZE = 63
-
 
 @dataclass
-class SnapKVConfig:
-    window: int = 64  # proxy / observation queries: at most this many question + assistant-prompt tokens
-    kernel_size: int = 5  # 1-D pooling over each tile / frame's original token order
+class SnapKVConfig(Options):
+    label = "snapkv"
+    window: int = option(
+        64, "question tokens whose attention scores the cached keys (proxy / observation queries)",
+        low=1, high=4096, whole=True, shared_max=512,
+    )  # fmt: skip
+    kernel_size: int = option(
+        5, "1-D pooling width that smooths scores over neighbouring tokens of a tile / frame",
+        low=1, high=63, whole=True,
+    )  # fmt: skip
 
-    def __post_init__(self) -> None:
-        check_range("snapkv window", self.window, 1, MAX_WINDOW, whole=True)
-        check_range("snapkv kernel_size (pooling width)", self.kernel_size, 1, MAX_KERNEL_SIZE, whole=True)
 
-
-class BlockwiseKeyDiff(Method):
+class BlockwiseKeyDiff(BlockwiseScorer):
     name = "blockwise-keydiff"
     description = "Block-wise prefill; keep the most distinctive keys (query-agnostic, good for follow-ups)."
-    default_prefill = "hybrid"
-    needs_budget = True
-    evicts_per_block = True
-    compose_role = "evict"
 
-    def scores(
-        self, ctx: PrefillContext, layer_idx: int, keys: torch.Tensor, token_index: torch.Tensor
-    ) -> torch.Tensor:
-        """(b, h, n) keep scores of entries with `keys` (b, h, n, d) and `token_index` (b, h, n) at a layer."""
+    def score(self, ctx: PrefillContext, layer_idx: int, keys: torch.Tensor, token_index: torch.Tensor) -> torch.Tensor:
         return keydiff_scores(keys)
 
-    def scratch_bytes(self, ctx: PrefillContext, layer_idx: int, keys: torch.Tensor) -> int:
+    def scratch_bytes(self, layer_idx: int, keys: torch.Tensor) -> int:
         return keydiff_working_bytes(keys)
 
-    @classmethod
-    def capacity_bound(cls, budget: int | None, blocks: list[Block], prepared: PreparedInput) -> int | None:
-        if budget is None or not blocks:
-            return None
-        protected = prepared.seq_len - int(prepared.visual_mask.sum())
-        return min(budget + max(b.end - b.start for b in blocks) + protected, prepared.seq_len)  # never past the input
 
-    def after_layer(self, ctx: PrefillContext, state: LayerState) -> None:
-        if ctx.budget is not None and ctx.block is not None and ctx.block.units:
-            i = state.layer_idx
-
-            def scorer(keys: torch.Tensor, token_index: torch.Tensor) -> tuple[torch.Tensor, int]:
-                return self.scores(ctx, i, keys, token_index), self.scratch_bytes(ctx, i, keys)
-
-            # every precision tier held (Sali-Cache's packed INT8 / INT4 too) is bounded by the budget
-            evict_tiers(ctx, i, scorer, ctx.budget)
-
-
-class BlockwiseSnapKV(BlockwiseKeyDiff):
+class BlockwiseSnapKV(BlockwiseScorer):
     name = "blockwise-snapkv"
     description = "Block-wise prefill; keep what the question attends to (query-aware)."
     query_aware = True
-
-    def __init__(self, config: SnapKVConfig | None = None) -> None:
-        self.config = config or SnapKVConfig()
+    Config = SnapKVConfig
 
     def begin(self, ctx: PrefillContext) -> None:
         queries = proxy_queries(ctx, self.config.window, self.proxy_ids)
         # grouped once per layer here (views), not once per block and layer
-        ctx.extra["proxy_query_groups"] = [snapkv_query_groups(q, ctx.adapter.num_kv_heads) for q in queries]
+        self.query_groups = [snapkv_query_groups(q, ctx.adapter.num_kv_heads) for q in queries]
 
-    def scores(
-        self, ctx: PrefillContext, layer_idx: int, keys: torch.Tensor, token_index: torch.Tensor
-    ) -> torch.Tensor:
-        query_groups = ctx.extra["proxy_query_groups"][layer_idx]
-        if query_groups.device != keys.device:  # a model split over devices: this layer's own, moved once
-            query_groups = ctx.extra["proxy_query_groups"][layer_idx] = query_groups.to(keys.device)
-        return snapkv_scores_grouped(
-            query_groups, keys, kernel_size=self.config.kernel_size, grid_keys=grid_keys_of(ctx, token_index)
-        )
+    def score(self, ctx: PrefillContext, layer_idx: int, keys: torch.Tensor, token_index: torch.Tensor) -> torch.Tensor:
+        # a model split over devices: each layer's queries moved to its own device once
+        groups = self.query_groups[layer_idx] = self.query_groups[layer_idx].to(keys.device)
+        return snapkv_scores_grouped(groups, keys, self.config.kernel_size, grid_keys=grid_keys_of(ctx, token_index))
 
-    def scratch_bytes(self, ctx: PrefillContext, layer_idx: int, keys: torch.Tensor) -> int:
-        return snapkv_working_bytes(ctx.extra["proxy_query_groups"][layer_idx], keys)
-
-    def config_dict(self) -> dict:
-        return {"method": self.name, **self.config.__dict__}
+    def scratch_bytes(self, layer_idx: int, keys: torch.Tensor) -> int:
+        return snapkv_working_bytes(self.query_groups[layer_idx], keys)
 
 
 def grid_keys_of(ctx: PrefillContext, token_index: torch.Tensor) -> torch.Tensor:

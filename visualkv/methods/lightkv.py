@@ -28,6 +28,7 @@ from visualkv.devices import to_device
 from visualkv.errors import ConfigError, check_range
 from visualkv.kv.cache import TIER_FULL, TIER_INT4, TIER_INT8
 from visualkv.methods.base import LayerState, Method, PrefillContext
+from visualkv.methods.options import option
 
 
 @dataclass(frozen=True)
@@ -101,9 +102,18 @@ class LightKVConfig:
     ratios: P per stage in [0, 1] (one value = every stage); r = min(⌊P·n⌋, ⌊n/2⌋) merges per window.
     """
 
-    layers: tuple[int, ...] | None = None
-    windows: tuple[int, ...] | None = None
-    ratios: tuple[float, ...] | None = None
+    layers: tuple[int, ...] | None = option(
+        None, "decoder layers after which visual tokens merge, e.g. 12,17,22 (default: the paper's schedule "
+        "scaled to the model's depth)", flag="--lightkv-layers", metavar="L1,L2,...",
+    )  # fmt: skip
+    windows: tuple[int, ...] | None = option(
+        None, "merge windows per side of each tile / frame grid at each merge layer, e.g. 6,4,2",
+        flag="--lightkv-windows", metavar="W1,W2,...",
+    )  # fmt: skip
+    ratios: tuple[float, ...] | None = option(
+        None, "merge ratio P per merge layer, r = min(floor(P*n), n/2) per window (default 0.5)",
+        flag="--lightkv-ratios", metavar="P1,P2,...",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         self.layers = _as_tuple(self.layers, int, "layers")
@@ -374,9 +384,11 @@ class LightKV(Method):
     merges_between_layers = True
     needs_budget = False
     query_aware = True
+    compose_role = "merge"
+    Config = LightKVConfig
 
-    def __init__(self, layers=None, windows=None, ratios=None, config: LightKVConfig | None = None) -> None:
-        self.config = config or LightKVConfig(layers, windows, ratios)
+    def __init__(self, config: LightKVConfig | None = None, **options: Any) -> None:
+        super().__init__(config, **options)
         self.stages: list[tuple[int, int, float]] = []
 
     def config_dict(self) -> dict[str, Any]:

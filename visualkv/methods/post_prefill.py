@@ -8,6 +8,8 @@ block-wise, but the peak is the full cache.
 
 from __future__ import annotations
 
+import torch
+
 from visualkv.methods.base import LayerState, Method, PrefillContext
 from visualkv.methods.blockwise import SnapKVConfig, grid_keys_of, proxy_queries
 from visualkv.methods.eviction import evict_to_budget
@@ -24,8 +26,10 @@ class PostPrefillSnapKV(Method):
         "it compresses once after a full prefill, so it bounds nothing per block; compose blockwise-snapkv"
     )
 
-    def __init__(self, config: SnapKVConfig | None = None) -> None:
-        self.config = config or SnapKVConfig()
+    Config = SnapKVConfig
+
+    def begin(self, ctx: PrefillContext) -> None:
+        self.window_queries: dict[int, torch.Tensor] = {}
 
     def after_layer(self, ctx: PrefillContext, state: LayerState) -> None:
         # Capture the observation window where the question's tokens are in the block (they end it, and
@@ -34,12 +38,12 @@ class PostPrefillSnapKV(Method):
         if n_suffix > 0:
             w = min(self.config.window, n_suffix, state.hidden_in.shape[1])
             q = ctx.adapter.query_states(state.layer_idx, state.hidden_in[:, -w:], state.cos[:, -w:], state.sin[:, -w:])
-            ctx.extra.setdefault("window_queries", {})[state.layer_idx] = q
+            self.window_queries[state.layer_idx] = q
 
     def end(self, ctx: PrefillContext) -> None:
         if ctx.budget is None:
             return
-        window = ctx.extra.get("window_queries", {})
+        window = self.window_queries
         if self.proxy_ids is not None:  # follow-up re-prefill: score with the new question
             window = dict(enumerate(proxy_queries(ctx, self.config.window, self.proxy_ids)))
         for layer_idx, queries in window.items():
@@ -52,6 +56,3 @@ class PostPrefillSnapKV(Method):
                 grid_keys=grid_keys_of(ctx, layer.token_index),
             )
             evict_to_budget(ctx, layer_idx, scores, ctx.budget)
-
-    def config_dict(self) -> dict:
-        return {"method": self.name, **self.config.__dict__}

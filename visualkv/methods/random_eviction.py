@@ -9,40 +9,41 @@ device (drawn on the host, copied once per prefill). Read a method's accuracy an
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from visualkv.errors import check_range
+from visualkv.devices import to_device
 from visualkv.methods.base import PrefillContext
-from visualkv.methods.blockwise import BlockwiseKeyDiff
+from visualkv.methods.options import Options, option
+from visualkv.methods.scorer import BlockwiseScorer
 
-MAX_SEED = 2**32 - 1
+
+@dataclass
+class RandomConfig(Options):
+    label = "blockwise-random"
+    seed: int = option(
+        0, "seed of the random priorities that decide the kept set (one seed, one kept set)",
+        low=0, high=2**32 - 1, whole=True, flag="--random-seed",
+    )  # fmt: skip
 
 
-class BlockwiseRandom(BlockwiseKeyDiff):
+class BlockwiseRandom(BlockwiseScorer):
     name = "blockwise-random"
     description = "Block-wise prefill; keep a uniformly random set of visual tokens (the chance baseline, seeded)."
     compose_role = None
     compose_refusal = "it is the chance baseline: compare against it rather than stack it"
+    Config = RandomConfig
 
-    def __init__(self, seed: int = 0) -> None:
-        check_range("blockwise-random seed", seed, 0, MAX_SEED, whole=True)
-        self.seed = int(seed)
-
-    def scores(
-        self, ctx: PrefillContext, layer_idx: int, keys: torch.Tensor, token_index: torch.Tensor
-    ) -> torch.Tensor:
-        """(b, h, n): each entry's fixed random priority at this layer (the same on every KV head)."""
-        table = ctx.table_on("random_priority", token_index.device, lambda: self._priorities(ctx))
-        return table[layer_idx][token_index.long().clamp(max=table.shape[1] - 1)]
-
-    def scratch_bytes(self, ctx: PrefillContext, layer_idx: int, keys: torch.Tensor) -> int:
-        return keys.shape[0] * keys.shape[1] * keys.shape[2] * 4  # the gathered priorities (float32)
-
-    def _priorities(self, ctx: PrefillContext) -> torch.Tensor:
-        """(layers, conversation length + 1) uniform priorities from `seed`, layer by layer."""
+    def begin(self, ctx: PrefillContext) -> None:
+        """(layers, conversation length + 1) uniform priorities from `seed`, layer by layer, on the host."""
+        generator = torch.Generator().manual_seed(self.config.seed)
         n = ctx.seq_offset + ctx.prepared.seq_len + 1
-        generator = torch.Generator().manual_seed(self.seed)
-        return torch.rand((ctx.adapter.num_layers, n), generator=generator)
+        self.priorities = {torch.device("cpu"): torch.rand((ctx.adapter.num_layers, n), generator=generator)}
 
-    def config_dict(self) -> dict:
-        return {"method": self.name, "seed": self.seed}
+    def score(self, ctx: PrefillContext, layer_idx: int, keys: torch.Tensor, token_index: torch.Tensor) -> torch.Tensor:
+        """(b, h, n): each entry's fixed random priority at this layer (the same on every KV head)."""
+        if token_index.device not in self.priorities:  # copied once per device
+            self.priorities[token_index.device] = to_device(self.priorities[torch.device("cpu")], token_index.device)
+        table = self.priorities[token_index.device]
+        return table[layer_idx][token_index.long().clamp(max=table.shape[1] - 1)]

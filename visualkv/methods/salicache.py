@@ -39,6 +39,7 @@ from visualkv.media.saliency import (
     token_saliency,
 )
 from visualkv.methods.base import Method, PrefillContext
+from visualkv.methods.options import declared, option
 
 #: tier code of a token whose frame was skipped by the temporal filter (report only)
 TIER_SKIPPED = 4
@@ -47,40 +48,40 @@ TIER_NAMES = ("full", "int8", "int4", "pruned", "skipped")
 PAPER_TIER_FRACTIONS = {"skipped": 0.267, "pruned": 0.131, "int4": 0.214, "int8": 0.071, "full": 0.317}
 
 
+MAX_GROUP_SIZE = 1024  # channels per quantization scale (a group shrinks to head_dim when larger)
+
+
 @dataclass(frozen=True)
 class SaliCacheConfig:
-    """Sali-Cache settings (all printable, all in the report).
+    """Sali-Cache settings (all printable, all in the report); bounds checked by `SaliCache`."""
 
-    flow_threshold: tau_t, motion (downscaled px) below which a frame may be redundant; 0 keeps
-      every frame. cut_threshold: photometric change (0-255) at or above which a frame is always
-      kept (cuts, flashes, objects appearing). tiers: fractions (full, int8, int4) of the tokens of
-      non-skipped frames, by saliency rank; the rest is pruned. group_size: channels per
-      quantization scale / zero point (shrinks to head_dim when larger). flow: "farneback" or
-      "dis". downscale_width: width of the frames the flow runs on. edge_weight: weight of edge
-      density against LAB colour variance in the saliency.
-    """
-
-    flow_threshold: float = 0.1
-    cut_threshold: float = 8.0
-    tiers: tuple[float, float, float] = TierSpec().fractions
-    group_size: int = 32
-    flow: str = "farneback"
-    downscale_width: int = 160
-    edge_weight: float = 0.5
+    flow_threshold: float = option(
+        0.1, "tau_t: frames moving less than this (px at 160 px width) may be redundant and skipped; 0 keeps every "
+        "frame", low=0.0, high=MAX_FLOW_THRESHOLD, flag="--flow-threshold",
+    )  # fmt: skip
+    cut_threshold: float = option(
+        8.0, "photometric change (0-255) at or above which a frame is always kept (cuts, flashes)",
+        low=0.0, high=MAX_CUT_THRESHOLD,
+    )  # fmt: skip
+    tiers: tuple[float, float, float] = option(
+        TierSpec().fractions, "fractions of tokens kept FP16, INT8, INT4 by saliency (the rest is pruned), e.g. "
+        "0.43,0.1,0.29; with another method, stacks the tiers on it", flag="--tiers", metavar="FP,INT8,INT4",
+    )  # fmt: skip
+    group_size: int = option(
+        32, "values sharing one scale and zero point when quantizing (shrinks to head_dim when larger)",
+        low=1, high=MAX_GROUP_SIZE, whole=True,
+    )  # fmt: skip
+    flow: str = option("farneback", "optical flow algorithm: farneback or dis")
+    downscale_width: int = option(
+        160, "frames are downscaled to this width before measuring motion",
+        low=16, high=MAX_DOWNSCALE_WIDTH, whole=True, shared_max=320,
+    )  # fmt: skip
+    edge_weight: float = option(
+        0.5, "weight of edge density against LAB colour variance in the saliency", low=0.0, high=1.0
+    )
 
     def motion_config(self) -> MotionConfig:
         return MotionConfig(self.downscale_width, self.flow, self.flow_threshold, self.cut_threshold)
-
-
-MAX_GROUP_SIZE = 1024  # channels per quantization scale (a group shrinks to head_dim when larger)
-#: (setting, low, high, whole number) of every numeric Sali-Cache setting
-_BOUNDS = (
-    ("flow_threshold", 0.0, MAX_FLOW_THRESHOLD, False),
-    ("cut_threshold", 0.0, MAX_CUT_THRESHOLD, False),
-    ("group_size", 1, MAX_GROUP_SIZE, True),
-    ("downscale_width", 16, MAX_DOWNSCALE_WIDTH, True),
-    ("edge_weight", 0.0, 1.0, False),
-)
 
 
 class SaliCache(Method):
@@ -90,6 +91,7 @@ class SaliCache(Method):
     question_apart = True  # the question reads the media as stored (packed tiers), see the module doc
     stores_packed = True
     compose_role = "entry"  # composes with block-wise eviction (visualkv.methods.compose)
+    Config = SaliCacheConfig
 
     def __init__(self, config: SaliCacheConfig | None = None, **options: Any) -> None:
         """``options`` override ``config`` fields; ``tiers`` may be a string ``"0.43,0.1,0.29"``.
@@ -101,8 +103,9 @@ class SaliCache(Method):
         if unknown:
             raise ConfigError(f"unknown salicache option(s): {', '.join(sorted(unknown))}; known: {', '.join(fields)}")
         fields.update({k: v for k, v in options.items() if v is not None})
-        for key, low, high, whole in _BOUNDS:  # one line naming the setting, before anything is computed
-            check_range(f"salicache {key}", fields[key], low, high, whole)
+        for opt in declared(SaliCacheConfig):  # one line naming the setting, before anything is computed
+            if opt.low is not None:
+                check_range(f"salicache {opt.name}", fields[opt.name], opt.low, opt.high, opt.whole)
         try:
             tiers = fields["tiers"]
             spec = parse_tiers(tiers) if isinstance(tiers, str) else TierSpec(tuple(float(f) for f in tiers))
@@ -117,6 +120,7 @@ class SaliCache(Method):
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"salicache: {exc}") from None
         self.tier_spec = TierSpec(self.config.tiers)
+        self.state: dict[str, Any] | None = None  # what `begin` decided, for the report
 
     @property
     def stored_shares(self) -> tuple[float, float, float]:
@@ -174,7 +178,7 @@ class SaliCache(Method):
         prepared.keep = keep
         ctx.tiers = tiers if bool((tiers != TIER_FULL).any()) else None
         ctx.tier_shares = self.config.tiers  # an eviction stage splits its budget M by them (all tiers bounded)
-        ctx.extra["salicache"] = {
+        self.state = {
             "decisions": decisions,
             "unit_skipped": unit_skipped,
             "saliency": saliency,
@@ -184,7 +188,7 @@ class SaliCache(Method):
 
     # -- report --------------------------------------------------------------------------
     def report(self, ctx: PrefillContext) -> dict[str, Any]:
-        state = ctx.extra.get("salicache")
+        state = self.state
         if state is None:
             return {}
         layout, media = ctx.prepared.layout, ctx.prepared.media

@@ -16,12 +16,10 @@ session), `turn_report`, `live_report` (a partial report during prefill), and `m
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import logging
 import queue
 import threading
 import time
-import types
 import typing
 import weakref
 from collections.abc import Iterable, Iterator
@@ -31,8 +29,9 @@ import numpy as np
 
 from visualkv.errors import ConfigError, PrefillStopped, VisualKVError
 from visualkv.media import Media
-from visualkv.methods import METHODS, method_traits
+from visualkv.methods import METHODS, make_method, method_traits
 from visualkv.methods.compose import SEPARATOR
+from visualkv.methods.options import declared
 from visualkv.report.telemetry import TIME_LIMIT_STOP
 from visualkv.runtime.memory_guard import out_of_memory_caught
 from visualkv.runtime.session import ChatSession, SessionConfig, model_info
@@ -272,7 +271,7 @@ def compare_methods(
 class Setting:
     """One tunable setting of a method, flattened for a form.
 
-    key: "field" or "config.field" / "config.sub.field" as it nests in the constructor.
+    key: the option's name (a `Config` field of the method), "stage:name" in a composed method.
     kind: "int", "float", "bool", "str", "choice" or "floats" (a tuple/list of numbers).
     """
 
@@ -281,6 +280,7 @@ class Setting:
     default: Any
     choices: tuple[Any, ...] = ()
     item: str = "float"  # "floats": "int" when every number is a whole number
+    help: str = ""  # the option's declared help line
 
     def __post_init__(self) -> None:
         if self.kind == "floats" and self.default and all(isinstance(x, int) for x in self.default):
@@ -288,14 +288,13 @@ class Setting:
 
     @property
     def label(self) -> str:
-        return self.key.split(".", 1)[-1].replace("_", " ")
+        return self.key.rsplit(":", 1)[-1].replace("_", " ")
 
 
 def method_settings(name: str) -> list[Setting]:
-    """The settings of method `name` a form can edit: its constructor arguments with defaults,
-    and the fields of dataclass configs among them (one level of nesting inside them too).
-    Unknown kinds of value are left out (the method keeps its default).
-    A composed name ("blockwise-keydiff+salicache") lists each stage's settings, keys "stage:key"."""
+    """The settings of method `name` a form can edit: the options its `Config` declares
+    (visualkv.methods.options), each with its help line. Options of a kind a form cannot edit are left out (the
+    method keeps its default). A composed name ("blockwise-keydiff+salicache") lists each stage's, keys "stage:key"."""
     if SEPARATOR in name:
         return [
             dataclasses.replace(s, key=f"{stage}:{s.key}") for stage in _stages(name) for s in method_settings(stage)
@@ -303,28 +302,12 @@ def method_settings(name: str) -> list[Setting]:
     cls = METHODS.get(name)
     if cls is None:
         return []
-    out: list[Setting] = []
-    hints = _hints(cls.__init__)
-    for pname, param in inspect.signature(cls.__init__).parameters.items():
-        if pname == "self" or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            continue
-        default = param.default
-        dc = _dataclass_of(hints.get(pname), default)
-        if dc is not None:
-            instance = default if dataclasses.is_dataclass(default) and not isinstance(default, type) else _try(dc)
-            if instance is not None:
-                out.extend(_dataclass_settings(dc, instance, pname, depth=0))
-            continue
-        if default is inspect.Parameter.empty:
-            continue
-        setting = _setting(pname, hints.get(pname), default)
-        if setting is not None:
-            out.append(setting)
-    return out
+    settings = (_setting(opt.name, opt.type, opt.default, opt.help) for opt in declared(cls.Config))
+    return [s for s in settings if s is not None]
 
 
 def method_options(name: str, values: dict[str, Any]) -> dict[str, Any]:
-    """Constructor keyword arguments for method `name` from {setting key: value}.
+    """Keyword arguments for method `name` (`Method(**options)`) from {setting key: value}.
 
     Keys that are not settings of the method are ignored; values are coerced to the
     setting's kind (ConfigError on a value that does not fit). A composed name gives {stage: its options}."""
@@ -336,28 +319,11 @@ def method_options(name: str, values: dict[str, Any]) -> dict[str, Any]:
             for stage in _stages(name)
         }
         return {stage: opts for stage, opts in per_stage.items() if opts}
-    cls = METHODS.get(name)
-    if cls is None:
-        return {}
     settings = {s.key: s for s in method_settings(name)}
     given = {k: _coerce(settings[k], v) for k, v in values.items() if k in settings and v is not None}
-    if not given:
-        return {}
-    hints = _hints(cls.__init__)
-    kwargs: dict[str, Any] = {}
-    for pname, param in inspect.signature(cls.__init__).parameters.items():
-        dc = _dataclass_of(hints.get(pname), param.default)
-        mine = {k[len(pname) + 1 :]: v for k, v in given.items() if k.startswith(pname + ".")}
-        if dc is not None and mine:
-            base = (
-                param.default
-                if dataclasses.is_dataclass(param.default) and not isinstance(param.default, type)
-                else _try(dc)
-            )
-            kwargs[pname] = _rebuild(base, mine)
-        elif pname in given:
-            kwargs[pname] = given[pname]
-    return kwargs
+    if given:
+        make_method(name, **given)  # one line naming a value out of its range, before anything runs
+    return given
 
 
 def _stages(name: str) -> tuple[str, ...]:
@@ -368,72 +334,28 @@ def _stages(name: str) -> tuple[str, ...]:
         return ()
 
 
-def _hints(fn) -> dict[str, Any]:
-    try:
-        return typing.get_type_hints(fn)
-    except Exception:  # noqa: BLE001 - unresolvable annotations: fall back to defaults' types
-        return {}
-
-
-def _dataclass_of(hint: Any, default: Any) -> type | None:
-    if dataclasses.is_dataclass(default):
-        return default if isinstance(default, type) else type(default)
-    candidates = [hint]
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        candidates = list(typing.get_args(hint))
-    for c in candidates:
-        if isinstance(c, type) and dataclasses.is_dataclass(c):
-            return c
-    return None
-
-
-def _try(cls: type) -> Any:
-    try:
-        return cls()
-    except Exception:  # noqa: BLE001 - a config without defaults is not editable here
-        return None
-
-
-def _dataclass_settings(cls: type, instance: Any, prefix: str, depth: int) -> list[Setting]:
-    hints = _hints(cls)
-    out: list[Setting] = []
-    for f in dataclasses.fields(cls):
-        if not f.init or f.name.startswith("_"):
-            continue
-        value = getattr(instance, f.name)
-        key = f"{prefix}.{f.name}"
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            if depth < 1:
-                out.extend(_dataclass_settings(type(value), value, key, depth + 1))
-            continue
-        setting = _setting(key, hints.get(f.name), value)
-        if setting is not None:
-            out.append(setting)
-    return out
-
-
-def _setting(key: str, hint: Any, default: Any) -> Setting | None:
+def _setting(key: str, hint: Any, default: Any, help: str = "") -> Setting | None:
     if typing.get_origin(hint) is typing.Literal:
-        return Setting(key, "choice", default, tuple(typing.get_args(hint)))
+        return Setting(key, "choice", default, tuple(typing.get_args(hint)), help=help)
     if isinstance(default, bool):
-        return Setting(key, "bool", default)
+        return Setting(key, "bool", default, help=help)
     if isinstance(default, int | np.integer):
-        return Setting(key, "int", int(default))
+        return Setting(key, "int", int(default), help=help)
     if isinstance(default, float | np.floating):
-        return Setting(key, "float", float(default))
+        return Setting(key, "float", float(default), help=help)
     if isinstance(default, str):
-        return Setting(key, "str", default)
+        return Setting(key, "str", default, help=help)
     if isinstance(default, tuple | list) and default and all(isinstance(x, int | float) for x in default):
-        return Setting(key, "floats", tuple(default))
+        return Setting(key, "floats", tuple(default), help=help)
     if default is None and hint is not None:  # optional value: empty in the form = None (the method's default)
         args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
         base = args[0]
         if base in (int, float):
-            return Setting(key, base.__name__, None)
+            return Setting(key, base.__name__, None, help=help)
         if typing.get_origin(base) in (tuple, list):
             items = [a for a in typing.get_args(base) if a is not Ellipsis]
             if items and all(a in (int, float) for a in items):
-                return Setting(key, "floats", None, item=items[0].__name__)
+                return Setting(key, "floats", None, item=items[0].__name__, help=help)
     return None
 
 
@@ -459,18 +381,3 @@ def _coerce(setting: Setting, value: Any) -> Any:
         return value
     except (TypeError, ValueError):
         raise ConfigError(f"setting {setting.label!r}: cannot use {value!r} (expected {setting.kind})") from None
-
-
-def _rebuild(instance: Any, values: dict[str, Any]) -> Any:
-    direct = {k: v for k, v in values.items() if "." not in k}
-    nested: dict[str, dict[str, Any]] = {}
-    for k, v in values.items():
-        if "." in k:
-            head, rest = k.split(".", 1)
-            nested.setdefault(head, {})[rest] = v
-    for head, sub in nested.items():
-        direct[head] = _rebuild(getattr(instance, head), sub)
-    try:
-        return dataclasses.replace(instance, **direct)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"invalid method settings: {exc}") from None
