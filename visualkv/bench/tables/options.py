@@ -23,7 +23,7 @@ def method_options_table(results: Path) -> str:
             rows.append([", ".join(methods), f"`{opt.name}`", flag, f"`{opt.default}`", span, opt.help])
     header = ["method", "option", "CLI flag", "default", "range", "what it sets"]
     note = "The app's settings for a method and its caps on a shared instance come from the same declarations."
-    source = "Source: computed from each method's `Config` in `visualkv/methods/` (not measured)."
+    source = "Source: computed from `declared(Config)` for each method in `visualkv/methods/` (not measured)."
     return render_with_source(header, rows, note, source)
 
 
