@@ -357,5 +357,5 @@ def test_costly_method_settings_are_capped_when_shared(method, key):
     line = str(refused.value)
     assert (
         line
-        == f"{method} {key.rsplit('.', 1)[-1].replace('_', ' ')} must be at most {cap:,} on this shared instance, got {cap + 1}"
+        == f"{method} {key.rsplit(':', 1)[-1].replace('_', ' ')} must be at most {cap:,} on this shared instance, got {cap + 1}"
     )
