@@ -31,8 +31,8 @@ def main() -> None:
     import sys
 
     from visualkv.bench.provenance import save_json, start
+    from visualkv.cli.stacking import stacked_method
     from visualkv.media import FrameSampling, load_media
-    from visualkv.methods import stacked_method
     from visualkv.models.registry import load_model
     from visualkv.runtime.session import ChatSession, SessionConfig
 

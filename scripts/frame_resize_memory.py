@@ -36,7 +36,7 @@ _CHILD = r"""
 import gc, json, re, sys, time
 import numpy as np
 from visualkv.media import FrameSampling, load_media
-from visualkv.methods import media_limits
+from visualkv.runtime.frame_cap import media_limits
 from visualkv.models.registry import load_model
 from visualkv.runtime.session import ChatSession, SessionConfig
 

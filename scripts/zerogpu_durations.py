@@ -31,9 +31,9 @@ from visualkv.bench import provenance
 from visualkv.bench.demo_examples import load_demo_examples
 from visualkv.bench.forked import run_forked
 from visualkv.media import load_media
-from visualkv.methods import media_limits
 from visualkv.models.registry import DEMO_MODEL, load_model
 from visualkv.runtime.calls import MARGIN, DeviceSpeed, call_seconds, turn_plan
+from visualkv.runtime.frame_cap import media_limits
 from visualkv.runtime.park import ZERO_GPU_ENV
 from visualkv.runtime.session import ChatSession
 

@@ -14,7 +14,7 @@ import pytest
 
 from visualkv.bench import gpu
 from visualkv.bench.gpu import GENERATE, GENERATE_STATIC, GpuBenchConfig, markdown_table, run_gpu_bench, save
-from visualkv.methods import FULL_FRAME_CAP
+from visualkv.runtime.frame_cap import FULL_FRAME_CAP
 
 METHODS = ("full", "blockwise-keydiff")
 COMPOSED = "blockwise-keydiff+salicache"

@@ -17,10 +17,11 @@ from tests.conftest import get_adapter
 from tests.test_invariants import PROMPT, _layer_bytes_by_formula, _Watch
 from tests.test_salicache import _story_clip
 from visualkv.cli.main import main
+from visualkv.cli.stacking import stacked_method
 from visualkv.errors import ConfigError
 from visualkv.kv.cache import TIER_FULL, TIER_INT4, TIER_INT8
 from visualkv.kv.quant import dequantize
-from visualkv.methods import make_method, method_names, method_traits, stacked_method
+from visualkv.methods import make_method, method_names, method_traits
 from visualkv.methods.compose import Pipeline
 from visualkv.methods.eviction import tier_budgets
 from visualkv.runtime.session import ChatSession, SessionConfig

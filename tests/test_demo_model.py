@@ -210,7 +210,7 @@ def test_every_example_card_is_answered_right_with_the_app_defaults(demo):
     from visualkv.bench.demo_examples import load_demo_examples, question_forms
     from visualkv.bench.scenes import answer_matches
     from visualkv.media import MediaLimits, load_media
-    from visualkv.methods import media_limits
+    from visualkv.runtime.frame_cap import media_limits
     from visualkv.runtime.session import ChatSession
 
     examples = load_demo_examples()

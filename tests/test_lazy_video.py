@@ -20,7 +20,7 @@ from visualkv.bench.synthetic import video_media, write_video_file
 from visualkv.errors import MediaError
 from visualkv.media import FrameSampling, LazyFrames, MediaLimits, load_media, readers, resize_to_width
 from visualkv.media.saliency import MotionConfig, frame_decisions
-from visualkv.methods import FULL_FRAME_CAP, is_bounded, media_limits
+from visualkv.runtime.frame_cap import FULL_FRAME_CAP, is_bounded, media_limits
 
 ROOT = Path(__file__).resolve().parent.parent
 ALL = FrameSampling(fps=10.0, max_frames=None)
@@ -283,7 +283,7 @@ def test_spliced_pad_ids_equal_tokenizing_the_expanded_prompt(
 _RSS_SCRIPT = """
 import gc, json, re, sys
 from visualkv.media import FrameSampling, load_media
-from visualkv.methods import media_limits
+from visualkv.runtime.frame_cap import media_limits
 from visualkv.models.registry import load_model
 from visualkv.runtime.session import ChatSession, SessionConfig
 

@@ -17,8 +17,8 @@ import gradio as gr
 
 from visualkv.errors import ConfigError, VisualKVError
 from visualkv.media import load_media, media_kind
-from visualkv.methods import is_bounded
 from visualkv.report import viz
+from visualkv.runtime.frame_cap import is_bounded
 from visualkv.runtime.streaming import failure_message, method_options
 
 from .context import AppContext

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from visualkv.media import MediaLimits
-from visualkv.methods import media_limits
+from visualkv.runtime.frame_cap import media_limits
 
 from .bounds import LOCAL, FormBounds
 from .forms import MAX_FILE_BYTES

@@ -33,7 +33,7 @@ _EXPORTS = {
     "TurnRecord": "visualkv.report.telemetry",
     "write_json": "visualkv.report.telemetry",
     "method_names": "visualkv.methods",
-    "media_limits": "visualkv.methods",
+    "media_limits": "visualkv.runtime.frame_cap",
     "VisualKVError": "visualkv.errors",
     "ConfigError": "visualkv.errors",
 }
@@ -59,9 +59,10 @@ __all__ = [  # spelled out for linters and `from visualkv import *`; equal to _E
 if TYPE_CHECKING:  # for type checkers and editors; at run time __getattr__ imports on first use
     from visualkv.errors import ConfigError, VisualKVError
     from visualkv.media import FrameSampling, Media, MediaLimits, load_media
-    from visualkv.methods import media_limits, method_names
+    from visualkv.methods import method_names
     from visualkv.models.registry import load_model
     from visualkv.report.telemetry import BlockEvent, TurnRecord, write_json
+    from visualkv.runtime.frame_cap import media_limits
     from visualkv.runtime.session import ChatSession, SessionConfig
 
 

@@ -40,11 +40,12 @@ from visualkv.bench.synthetic import image_media
 from visualkv.bench.tables.gpu import console_line, markdown_table
 from visualkv.errors import MediaError
 from visualkv.media import FrameSampling, Media, MediaLimits, load_media
-from visualkv.methods import FULL_FRAME_CAP, METHODS, media_limits, method_traits
+from visualkv.methods import METHODS, method_traits
 from visualkv.models.base import ModelAdapter, video_metadata
 from visualkv.models.registry import load_model
 from visualkv.report.telemetry import peak_rss_bytes
 from visualkv.runtime.decode_loop import read_interval
+from visualkv.runtime.frame_cap import FULL_FRAME_CAP, media_limits
 from visualkv.runtime.session import ChatSession, SessionConfig
 
 REFERENCE = GENERATE  # the memory ratios (`vs_generate`) divide by this row

@@ -405,7 +405,7 @@ def measure_one(
     adapter = load_model(model, device=device, dtype=dtype)
     if media_file:
         from visualkv.media import FrameSampling, load_media
-        from visualkv.methods import media_limits
+        from visualkv.runtime.frame_cap import media_limits
 
         # a video is decoded lazily, frame cap of the method (as the CLI's run does)
         media = load_media(media_file, media_limits(method), FrameSampling(fps=fps, max_frames=max_frames or None))

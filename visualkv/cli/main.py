@@ -194,11 +194,12 @@ def build_parser() -> argparse.ArgumentParser:
 def _method_options(args: argparse.Namespace) -> dict:
     """Method-specific flags as method options (for a composed method, {stage: options}); refused when
     given for a method without that stage. `--skip-frames` / `--tiers` stack Sali-Cache on the method
-    (`args.method` becomes the composed name, see `visualkv.methods.stacked_method`).
+    (`args.method` becomes the composed name, see `visualkv.cli.stacking`).
 
     The method is built once here so that bad values fail before any loading.
     """
-    from visualkv.methods import make_method, method_traits, option_flags, stacked_method
+    from visualkv.cli.stacking import stacked_method
+    from visualkv.methods import make_method, method_traits, option_flags
 
     stages = method_traits(args.method).stages
     if args.skip_frames or (args.tiers is not None and "salicache" not in stages):
@@ -224,10 +225,10 @@ def _method_options(args: argparse.Namespace) -> dict:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from visualkv.media import FrameSampling, load_media
-    from visualkv.methods import media_limits
     from visualkv.models.registry import load_model, shape_placement
     from visualkv.report.clock import video_read
     from visualkv.report.telemetry import write_json
+    from visualkv.runtime.frame_cap import media_limits
     from visualkv.runtime.memory_guard import out_of_memory_caught
     from visualkv.runtime.session import ChatSession, SessionConfig
 

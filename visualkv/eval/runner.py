@@ -159,7 +159,7 @@ def answer_item(adapter, module, item: EvalItem, point: Point, config: EvalConfi
 
 def _media(item: EvalItem, point: Point, config: EvalConfig):
     from visualkv.media import FrameSampling, load_image, load_media
-    from visualkv.methods import media_limits
+    from visualkv.runtime.frame_cap import media_limits
 
     limits = media_limits(point.method)
     if callable(item.media):

@@ -35,7 +35,7 @@ class MediaLimits:
     max_aspect_ratio: float = 200.0
     max_video_seconds: float = 3 * 3600
     # Most sampled frames a video may have; more is refused (one-line MediaError), never resampled.
-    # None: no frame cap (methods whose memory is bounded; see visualkv.methods.media_limits).
+    # None: no frame cap (methods whose memory is bounded; see visualkv.runtime.frame_cap.media_limits).
     max_frames: int | None = 512
     # For the refusal message: the method the cap is for, and the methods without one.
     cap_method: str | None = None

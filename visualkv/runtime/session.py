@@ -32,7 +32,7 @@ from visualkv.attention import implementation
 from visualkv.errors import ConfigError, VisualKVError, check_range, stop_point, stop_scope
 from visualkv.kv.cache import CompressibleCache
 from visualkv.media import Media, load_image, load_media
-from visualkv.methods import make_method, media_limits, method_traits
+from visualkv.methods import make_method, method_traits
 from visualkv.methods.base import Method
 from visualkv.models.base import ModelAdapter, PreparedInput
 from visualkv.report.telemetry import (
@@ -47,6 +47,7 @@ from visualkv.runtime.decode_loop import DecodeLimits, DecodeLoop, Feeder, read_
 from visualkv.runtime.detokenize import IncrementalDetokenizer
 from visualkv.runtime.engine import Engine, PrefillResult
 from visualkv.runtime.evidence import Evidence, compute_evidence
+from visualkv.runtime.frame_cap import media_limits
 from visualkv.runtime.memory_guard import MemoryEstimate, MemoryGuard
 from visualkv.runtime.park import PARK_MODES, ParkStats, park, resolve_park, unpark
 from visualkv.runtime.static_decode import DECODE_ATTENTION, DECODE_MODES, StaticDecoder, graph_unsupported

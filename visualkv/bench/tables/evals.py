@@ -8,7 +8,7 @@ from pathlib import Path
 from visualkv.bench.tables.format import load, mib, render
 from visualkv.bench.tables.gpu import GPU_CODE
 from visualkv.bench.tables.measured import DECODE, METHODS, PREFILL, SESSION, paths
-from visualkv.methods import FULL_FRAME_CAP, is_bounded
+from visualkv.runtime.frame_cap import FULL_FRAME_CAP, is_bounded
 
 EVAL_FOLDER = "eval"
 
