@@ -207,3 +207,42 @@ def test_fastv_refuses_what_it_cannot_do_in_one_line():
     with pytest.raises(ConfigError, match="below the model's 2 decoder layers"):
         make_method("fastv", layer=2).pruning_layer(adapter.num_layers)
     assert make_method("fastv").pruning_layer(28) == 2 and make_method("fastv").pruning_layer(2) == 1
+
+
+# -- the invariant suite on the families the generated one does not parametrize ----------------------------------
+
+OTHER_FAMILIES = ["tiny-qwen3-vl", "tiny-llava-onevision", "tiny-internvl3.5"]  # conftest's FAMILIES run the rest
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["streamingllm", "pyramidkv", "fastv"])
+@pytest.mark.parametrize("alias", OTHER_FAMILIES)
+def test_baselines_pass_the_invariant_suite_on_every_family(alias, method):
+    """Telemetry equal to the cache on image and video; for the two scorers also the bound, protected text and
+    original positions; for FastV, every visual token in the layers before K and protected text everywhere."""
+    from tests import test_invariants as inv
+
+    adapter = get_adapter(alias)
+    # conftest's media; InternVL's image in two tiles + a thumbnail, as tests/test_new_families.py has it
+    image = image_media(896, 448, seed=1) if alias == "tiny-internvl3.5" else image_media(448, 336, seed=1)
+    video = video_media(8, 224, 168, fps=1.0, seed=2)
+    with pytest.MonkeyPatch.context() as mp:
+        inv.test_telemetry_agrees_with_an_independent_count(adapter, image, video, method, mp)
+    if method == "fastv":
+        for media in (image, video):
+            session = ChatSession(adapter, SessionConfig(method="fastv", max_new_tokens=1))
+            session.ask(PROMPT, media)
+            visual, k = set(session.prepared.layout.seq_index.tolist()), session.method.k
+            protected = set((~session.prepared.visual_mask).nonzero().flatten().tolist())
+            held = _visual_kept(session)
+            assert all(head == visual for layer in held[:k] for head in layer)
+            n_kept = len(visual) - int(0.5 * len(visual))
+            assert all(len(head) == n_kept for layer in held[k:] for head in layer) and k < len(held)
+            for layer in session.cache.layers:
+                assert all(protected <= set(row.tolist()) for row in layer.token_index[0])
+        return
+    with pytest.MonkeyPatch.context() as mp:
+        inv.test_visual_entries_never_exceed_budget_plus_block_or_unit(adapter, image, video, method, 16, mp)
+    inv.test_protected_tokens_survive(adapter, image, video, method)
+    for kind in ("image", "video"):
+        inv.test_kept_entries_keep_original_positions(adapter, image, video, method, kind)

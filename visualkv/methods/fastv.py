@@ -45,7 +45,7 @@ class FastVConfig(Options):
 @register
 class FastV(Method):
     name = "fastv"
-    description = "After layer K, drop the visual tokens the last prompt token attends to least (FastV)."
+    description = "One bulk prefill; after layer K drop the visual tokens the last token attends to least (bounds the cache after it, not the peak)."
     Config = FastVConfig
     query_aware = True
     merges_between_layers = True  # later layers store fewer visual tokens than earlier ones (the guard asks)
