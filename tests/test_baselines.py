@@ -246,3 +246,25 @@ def test_baselines_pass_the_invariant_suite_on_every_family(alias, method):
     inv.test_protected_tokens_survive(adapter, image, video, method)
     for kind in ("image", "video"):
         inv.test_kept_entries_keep_original_positions(adapter, image, video, method, kind)
+
+
+def test_memory_guard_bounds_pyramidkv_from_above():
+    """PyramidKV's lower layers hold more than M and its upper ones less: each layer's buffer is sized for its own
+    budget (the bottom one's larger than the top one's by the difference of their budgets), and the guard predicts
+    at least the cache's measured peak of entries and of buffers."""
+    from visualkv.methods import method_traits
+    from visualkv.runtime.memory_guard import estimate_prefill
+
+    adapter = get_adapter("tiny-qwen2.5-vl")
+    video = video_media(8, 224, 168, fps=1.0, seed=2)
+    config = SessionConfig(method="pyramidkv", budget=24, prefill="blockwise", block_size=16, max_new_tokens=2)
+    prepared = adapter.prepare(video, PROMPT)
+    estimate = estimate_prefill(
+        adapter, prepared, method_traits("pyramidkv"), 24, 16, "blockwise", headroom=config.cache_headroom
+    )
+    session = ChatSession(adapter, config)
+    session.ask(PROMPT, video)
+    assert estimate.kv_bytes >= session.cache.peak_kv_bytes > 0
+    assert estimate.kv_allocated_bytes >= session.cache.peak_allocated_bytes > 0
+    bottom, top = session.cache.layers[0].capacity_hint, session.cache.layers[-1].capacity_hint
+    assert bottom - top == session.method.budgets[0] - session.method.budgets[-1] > 0
