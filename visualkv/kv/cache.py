@@ -483,10 +483,12 @@ class CompressibleCache(Cache):
         self.refresh_bytes(layer_idx, layer.working_bytes)
         return out
 
-    def set_capacity_hint(self, entries: int | None) -> None:
-        """Entries each layer will hold at most (eviction methods know it): buffers are allocated once."""
-        for layer in self.layers:
-            layer.capacity_hint = entries + self.headroom if entries is not None else None
+    def set_capacity_hint(self, entries: int | list[int] | None) -> None:
+        """Entries each layer will hold at most (eviction methods know it), the same for all or one per layer:
+        buffers are allocated once."""
+        per_layer = entries if isinstance(entries, list) else [entries] * len(self.layers)
+        for layer, n in zip(self.layers, per_layer):
+            layer.capacity_hint = n + self.headroom if n is not None else None
 
     def reserve(self, extra: int) -> None:
         """Room for `extra` more entries in every layer (e.g. a whole answer before decoding)."""

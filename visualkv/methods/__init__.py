@@ -79,6 +79,15 @@ def capacity_bound(method: type[Method] | MethodTraits, budget: int | None, bloc
     return min(bounds, default=None)
 
 
+def layer_budget_bound(method: type[Method] | MethodTraits, budget: int | None) -> int | None:
+    """The most visual entries per KV head a layer of `method` (a class, or a name's traits) keeps after a block
+    under `budget`: its evicting stage's `layer_budget_bound` (the budget itself for most)."""
+    if budget is None:
+        return None
+    classes = [METHODS[n] for n in method.stages] if isinstance(method, MethodTraits) else [method]
+    return max((c.layer_budget_bound(budget) for c in classes if c.evicts_per_block), default=budget)
+
+
 def make_method(name: str, **options: Any) -> Method:
     """Instantiate a method by name (single or composed with "+"); ConfigError (a ValueError for callers
     that catch that too) listing the known ones."""

@@ -149,9 +149,10 @@ class Method:
     def begin(self, ctx: PrefillContext) -> None:
         """Called once before the first block."""
 
-    def capacity_hint(self, ctx: PrefillContext) -> int | None:
+    def capacity_hint(self, ctx: PrefillContext) -> int | list[int] | None:
         """Entries per layer and head the cache will hold at most during this prefill, if the method
-        bounds it (the cache then allocates its buffers once); None = unbounded (geometric growth)."""
+        bounds it (the cache then allocates its buffers once): one count for every layer, or a list of one per
+        layer (budgets that differ by layer); None = unbounded (geometric growth)."""
         return self.capacity_bound(ctx.budget, ctx.blocks, ctx.prepared)
 
     @property
@@ -183,6 +184,12 @@ class Method:
         """`capacity_hint` from what is known before a prefill (the memory guard asks it with the planned
         blocks, without building the method)."""
         return None
+
+    @classmethod
+    def layer_budget_bound(cls, budget: int | None) -> int | None:
+        """For the memory guard: the most visual entries per KV head any layer keeps after a block under budget
+        `budget` (the budget itself, unless the method spreads it unevenly over the layers)."""
+        return budget
 
     def after_layer(self, ctx: PrefillContext, state: LayerState) -> LayerState | None:
         """Called after every decoder layer of every block; may return a new state."""

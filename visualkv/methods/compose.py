@@ -120,8 +120,13 @@ class Pipeline(Method):
         for stage in self.stages:
             stage.begin(ctx)
 
-    def capacity_hint(self, ctx: PrefillContext) -> int | None:
-        return min((h for h in (s.capacity_hint(ctx) for s in self.stages) if h is not None), default=None)
+    def capacity_hint(self, ctx: PrefillContext) -> int | list[int] | None:
+        """The smallest of the stages' hints, layer by layer where one of them gives a count per layer."""
+        hints = [h for h in (s.capacity_hint(ctx) for s in self.stages) if h is not None]
+        if not any(isinstance(h, list) for h in hints):
+            return min(hints, default=None)
+        layers = ctx.adapter.num_layers
+        return [min(h[i] if isinstance(h, list) else h for h in hints) for i in range(layers)]
 
     def after_layer(self, ctx: PrefillContext, state: LayerState) -> LayerState | None:
         changed = None

@@ -23,6 +23,11 @@ class BlockwiseScorer(Method):
     evicts_per_block = True
     compose_role = "evict"
 
+    def layer_budget(self, ctx: PrefillContext, layer_idx: int) -> int:
+        """Visual entries per KV head layer `layer_idx` keeps after a block: the budget M on every layer, unless a
+        method spreads it over the layers (PyramidKV; its `capacity_hint` then sizes each layer)."""
+        return ctx.budget
+
     def score(self, ctx: PrefillContext, layer_idx: int, keys: torch.Tensor, token_index: torch.Tensor) -> torch.Tensor:
         """(b, h, n) keep scores (higher stays) of a layer's entries with `keys` (b, h, n, d), post-RoPE as
         cached, and global `token_index` (b, h, n), in token order."""
@@ -46,4 +51,4 @@ class BlockwiseScorer(Method):
             def scorer(keys: torch.Tensor, token_index: torch.Tensor) -> tuple[torch.Tensor, int]:
                 return self.score(ctx, i, keys, token_index), self.scratch_bytes(i, keys)
 
-            evict_tiers(ctx, i, scorer, ctx.budget)
+            evict_tiers(ctx, i, scorer, self.layer_budget(ctx, i))

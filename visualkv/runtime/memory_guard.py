@@ -27,7 +27,7 @@ from visualkv.kv.cache import grown_capacity
 from visualkv.kv.quant import QuantSpec, packed_bytes_per_token
 from visualkv.layout import Block
 from visualkv.media import Media
-from visualkv.methods import METHODS, capacity_bound, make_method, method_traits
+from visualkv.methods import METHODS, capacity_bound, layer_budget_bound, make_method, method_traits
 from visualkv.runtime.plan import (
     CacheDryRun,
     LayerTransients,
@@ -127,7 +127,7 @@ def estimate_prefill(
         stop_point()  # a running prefill's Stop (`stop_scope`): sizing an hour of video is many blocks
         q = int(prepared.keep[block.start : block.end].sum())
         q_vis = int(visual[block.start : block.end].sum())
-        kv = walk.block(block, q, q_vis, budget if evicts and block.units else None)
+        kv = walk.block(block, q, q_vis, layer_budget_bound(method_cls, budget) if evicts and block.units else None)
         if i in calls:  # one tower call for this block and the next ones
             call = calls[i]
             vision_b = tower_bytes([blocks[j].units for j in call if blocks[j].units])
