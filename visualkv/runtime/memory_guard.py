@@ -119,8 +119,14 @@ def estimate_prefill(
 
     def tower_bytes(groups: list) -> int:  # the vision tower on `groups` (one block's units, or several blocks')
         patches = adapter.vision_call_patches(prepared, groups)
-        prep_copies = adapter.vision_prep_copies_for(prepared, patches)
-        return vision.bytes(patches, adapter.vision_output_tokens(prepared, groups), itemsize, prep_copies)
+        return vision.bytes(
+            patches,
+            adapter.vision_output_tokens(prepared, groups),
+            itemsize,
+            adapter.vision_prep_copies_for(prepared, patches),
+            adapter.vision_input_copies_for(prepared, groups),
+            adapter.vision_cut_tokens(prepared, groups),
+        )
 
     calls, call = plan.tower_calls(), range(0)
     for i, block in enumerate(blocks):
@@ -133,9 +139,11 @@ def estimate_prefill(
             vision_b = tower_bytes([blocks[j].units for j in call if blocks[j].units])
         else:
             vision_b = tower_bytes([block.units]) if ahead == 1 and block.units else 0
-        # the block's embeddings and the vision output folded in; those encoded ahead wait for their blocks
+        # the block's embeddings and the vision output folded in; vision features buffered for later blocks: those
+        # encoded ahead, or what this block read that the next reads again (one buffer: the larger of the two)
         waiting = sum(call_patches[j] for j in call if j > i) // adapter.patches_per_token
-        embeddings = (2 * q + waiting) * layer.hidden * itemsize
+        held = adapter.vision_held_tokens(prepared, [block.units]) if block.units else 0
+        embeddings = (2 * q + max(waiting, held)) * layer.hidden * itemsize
         act_b = layer.bytes(q, kv.attention_bytes)
         kv_peak = max(kv_peak, kv.entries)
         act_peak, vision_peak = max(act_peak, act_b), max(vision_peak, vision_b)
@@ -303,14 +311,13 @@ class _VisionDims:
     hidden: int
     inter: int
     out_hidden: int
-    input_copies: float  # float32 copies of a call's pixel input while the tower runs (`vision_input_copies`)
 
     @classmethod
     def of(cls, adapter) -> _VisionDims:
         config = adapter.model.config
         vision = config_value(config, "vision_config")
         if vision is None:
-            return cls(0, 0, 0, 0, 0.0)
+            return cls(0, 0, 0, 0)
         patch = config_value(vision, "patch_size", default=14)
         values = (
             config_value(vision, "in_channels", "num_channels", default=3)
@@ -324,17 +331,21 @@ class _VisionDims:
             v_hidden,
             config_value(vision, "intermediate_size", default=4 * v_hidden),
             config_value(adapter.text_config, "hidden_size"),
-            adapter.vision_input_copies,
         )
 
-    def bytes(self, patches: int, tokens: int, itemsize: int, prep_copies: float) -> int:
-        """The larger of a call's two phases, over its `patches` (all it encodes, before any is sliced away:
-        Qwen's whole-window strips, LLaVA-OneVision's whole tiles): the preparation of its pixel inputs (float32,
-        as processors make them, `prep_copies` of them at once: `ModelAdapter.vision_prep_copies_for`), or the
-        inputs it holds + one vision layer's activations; + its `tokens` of output."""
+    def bytes(
+        self, patches: int, tokens: int, itemsize: int, prep_copies: float, input_copies: float, cut_tokens: int = 0
+    ) -> int:
+        """The largest of a call's phases, over its `patches` (all it encodes, before any is sliced away: Qwen's
+        whole-window strips, LLaVA-OneVision's whole tiles): the preparation of its pixel inputs (float32, as
+        processors make them, `prep_copies` of them at once: `ModelAdapter.vision_prep_copies_for`), or the
+        `input_copies` of them it holds (`ModelAdapter.vision_input_copies_for`) + one vision layer's
+        activations, either + its `tokens` of output; or, the tower done, its `cut_tokens` of features while the
+        block's tokens are cut from them (`ModelAdapter.vision_cut_tokens`)."""
         pixels = patches * self.patch_values * 4
-        tower = pixels * self.input_copies + patches * (6 * self.hidden + 3 * self.inter) * itemsize
-        return int(max(pixels * prep_copies, tower)) + tokens * self.out_hidden * itemsize
+        tower = pixels * input_copies + patches * (6 * self.hidden + 3 * self.inter) * itemsize
+        out = self.out_hidden * itemsize
+        return int(max(max(pixels * prep_copies, tower) + tokens * out, cut_tokens * out))
 
 
 def free_memory_bytes(device) -> int | None:
