@@ -111,6 +111,7 @@ def estimate_prefill(
     bound = capacity_bound(method_cls, budget, blocks, prepared)
     packed = _packed_stores(adapter, prepared, method_cls, method_options, entry_bytes, bound, headroom)
     walk = _CacheWalk(adapter, _kept_by_layer(adapter, prepared, method_cls, method_options), bound, headroom, packed)
+    scratch = _layer_scratch(adapter, prepared, method_cls, method_options)
     layer = LayerTransients.of(adapter, itemsize)
     vision = _VisionDims.of(adapter)
     evicts = method_cls.evicts_per_block and budget is not None
@@ -144,7 +145,8 @@ def estimate_prefill(
         waiting = sum(call_patches[j] for j in call if j > i) // adapter.patches_per_token
         held = adapter.vision_held_tokens(prepared, [block.units]) if block.units else 0
         embeddings = (2 * q + max(waiting, held)) * layer.hidden * itemsize
-        act_b = layer.bytes(q, kv.attention_bytes)
+        # a decoder layer, or the method's pass after it over the block's hidden states (LightKV's merge)
+        act_b = max(layer.bytes(q, kv.attention_bytes), q * layer.residual + scratch(block))
         kv_peak = max(kv_peak, kv.entries)
         act_peak, vision_peak = max(act_peak, act_b), max(vision_peak, vision_b)
         peak = max(peak, kv.allocated_before + vision_b + embeddings, kv.allocated + kv.growing + act_b + embeddings)
@@ -225,6 +227,24 @@ def _kept_by_layer(adapter, prepared, method_cls, method_options) -> Callable[[B
         return method.visual_kept_by_layer(adapter, prepared, visual_id[local[kept_visual[block.start : block.end]]])
 
     return kept
+
+
+def _layer_scratch(adapter, prepared, method_cls, method_options) -> Callable[[Block], int]:
+    """block -> what the method's `after_layer` holds over it (`Method.layer_scratch_bytes`); 0 for a method
+    that merges nothing between layers."""
+    if not method_cls.merges_between_layers:
+        return lambda block: 0
+    method = make_method(method_cls.name, **(method_options or {}))
+    visual_id = prepared.layout.visual_id_of_seq(prepared.seq_len)
+    kept_visual = (prepared.visual_mask & prepared.keep).numpy()
+    keep = prepared.keep.numpy()
+
+    def scratch(block: Block) -> int:
+        local = np.arange(block.start, block.end)
+        ids = visual_id[local[kept_visual[block.start : block.end]]]
+        return method.layer_scratch_bytes(adapter, prepared, ids, int(keep[block.start : block.end].sum()))
+
+    return scratch
 
 
 @dataclass
