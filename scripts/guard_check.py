@@ -1,11 +1,12 @@
-"""The memory guard's estimate against measured memory, one method per process (CPU).
+"""The memory guard's estimate against measured memory, one process per method or per model (CPU).
 
     python scripts/guard_check.py --model bench-qwen2.5-vl --media assets/example_4k.png \\
         --methods full,blockwise-keydiff --json docs/results/memory_guard_cpu.json
 
-For each method, in a fresh process: load the model and the media, run one warm-up turn on a small image
-(one-time allocations: thread pools, kernel caches), then measure one turn on the media from the moment
-its input is prepared (where the guard runs; the prepared input is part of the baseline) to its end:
+In a fresh process per method (or, with `--per-process model`, per model for all its methods in turn): load
+the model and the media, run a warm-up turn of each method on a small image (one-time allocations: thread
+pools, kernel caches), then measure one turn per method on the media from the moment its input is prepared
+(where the guard runs; the prepared input is part of the baseline) to its end:
 
 - KV: the estimate's KV parts against the cache's `peak_kv_bytes` (bytes of K/V entries really held) and
   `peak_allocated_bytes` (of its buffers, free capacity included).
@@ -30,23 +31,45 @@ import time
 QUESTION = "Where is the small red star?"
 
 
-def measure(model: str, media_path: str, method: str, budget: int, vision_ahead: int = 1) -> dict:
-    import psutil
-    import torch
-
+def measure_runs(
+    model: str, media_path: str, runs: list[tuple[str, int]], budget: int, max_frames: int | None = None
+) -> list[dict]:
+    """Each (method, vision_ahead) of `runs` measured in turn in this process, after a warm-up turn of each."""
     from visualkv.bench.synthetic import image_media
-    from visualkv.media import load_media
-    from visualkv.methods import method_traits
+    from visualkv.media import FrameSampling, load_media
     from visualkv.models.registry import load_model
-    from visualkv.runtime.memory_guard import MemoryGuard, estimate_prefill
+    from visualkv.runtime.memory_guard import MemoryGuard
     from visualkv.runtime.session import ChatSession, SessionConfig
 
     adapter = load_model(model)
-    media = load_media(media_path)
-    budget = budget if method_traits(method).needs_budget else None
-    cfg = SessionConfig(method=method, budget=budget, max_new_tokens=1, vision_ahead=vision_ahead)
+    media = load_media(media_path, sampling=FrameSampling(max_frames=max_frames or 64))
+    for method, ahead in runs:  # warm-up: one-time allocations (thread pools, kernel caches) of every run
+        cfg = SessionConfig(method=method, budget=_budget(method, budget), max_new_tokens=1, vision_ahead=ahead)
+        ChatSession(adapter, cfg, guard=MemoryGuard(enabled=False)).ask(QUESTION, image_media(448, 336, seed=1))
+    rows = []
+    for method, ahead in runs:
+        gc.collect()  # the previous run's session is gone before this one's baseline
+        rows.append(measure(adapter, media, method, budget, ahead))
+    return rows
+
+
+def _budget(method: str, budget: int) -> int | None:
+    from visualkv.methods import method_traits
+
+    return budget if method_traits(method).needs_budget else None
+
+
+def measure(adapter, media, method: str, budget: int, vision_ahead: int = 1) -> dict:
+    """One turn of `method` on `media`: the estimate against the cache's peaks and the growth of RSS."""
+    import psutil
+    import torch
+
+    from visualkv.methods import method_traits
+    from visualkv.runtime.memory_guard import MemoryGuard, estimate_prefill
+    from visualkv.runtime.session import ChatSession, SessionConfig
+
+    cfg = SessionConfig(method=method, budget=_budget(method, budget), max_new_tokens=1, vision_ahead=vision_ahead)
     unguarded = MemoryGuard(enabled=False)
-    ChatSession(adapter, cfg, guard=unguarded).ask(QUESTION, image_media(448, 336, seed=1))  # warm-up
     prepared = adapter.prepare(media, QUESTION)
     est = estimate_prefill(
         adapter, prepared, method_traits(method), cfg.budget, None, None, vision_ahead, cfg.cache_headroom
@@ -66,6 +89,7 @@ def measure(model: str, media_path: str, method: str, budget: int, vision_ahead:
         return out
 
     adapter.prepare = prepared_then_baseline
+    del prepared  # the session prepares its own
 
     def sample() -> None:
         while not done.is_set():
@@ -79,8 +103,9 @@ def measure(model: str, media_path: str, method: str, budget: int, vision_ahead:
     seconds = time.perf_counter() - t0
     done.set()
     sampler.join()
+    del adapter.prepare  # back to the class's method
     growth = peak[0] - base[0]
-    return {
+    row = {
         "method": method,
         "vision_ahead": vision_ahead,
         "budget": cfg.budget,
@@ -104,6 +129,8 @@ def measure(model: str, media_path: str, method: str, budget: int, vision_ahead:
         "turn_seconds": round(seconds, 2),
         "torch_threads": torch.get_num_threads(),
     }
+    del session
+    return row
 
 
 def main() -> int:
@@ -112,16 +139,23 @@ def main() -> int:
     parser.add_argument("--media", default="assets/example_4k.png")
     parser.add_argument("--methods", default="full,blockwise-keydiff,blockwise-snapkv,post-snapkv")
     parser.add_argument("--budget", type=int, default=1024)
+    parser.add_argument("--max-frames", type=int, default=64, help="a video's frames, sampled over its length")
     parser.add_argument("--json", dest="json_out", default="docs/results/memory_guard_cpu.json")
     parser.add_argument("--machine", default="", help="words for the record, e.g. '2 CPU cores, loaded'")
     parser.add_argument(
         "--vision-ahead", type=int, default=1, help="also measure each block-wise method with N blocks per tower call"
     )
-    parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure this method here
-    parser.add_argument("--ahead", type=int, default=1, help=argparse.SUPPRESS)  # internal: its vision_ahead
+    parser.add_argument(
+        "--per-process",
+        choices=("run", "model"),
+        default="run",
+        help="one process per run (default), or one per model measuring its runs in turn",
+    )
+    parser.add_argument("--runs", help=argparse.SUPPRESS)  # internal: measure these method@ahead here
     args = parser.parse_args()
-    if args.one:
-        print(json.dumps(measure(args.model, args.media, args.one, args.budget, args.ahead)))
+    if args.runs:
+        runs = [(run.split("@")[0], int(run.split("@")[1])) for run in args.runs.split(",")]
+        print(json.dumps(measure_runs(args.model, args.media, runs, args.budget, args.max_frames)))
         return 0
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     rows = []
@@ -131,34 +165,25 @@ def main() -> int:
             runs.append((model, method, 1))
             if args.vision_ahead > 1 and method.startswith("blockwise"):
                 runs.append((model, method, args.vision_ahead))
-    for model, method, ahead in runs:
-        out = subprocess.run(
-            [
-                sys.executable,
-                __file__,
-                "--model",
-                model,
-                "--media",
-                args.media,
-                "--budget",
-                str(args.budget),
-                "--one",
-                method,
-                "--ahead",
-                str(ahead),
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        row = {"model": model, **json.loads(out.stdout.strip().splitlines()[-1])}
-        rows.append(row)
-        print(
-            f"{model:22s} {method:18s} ahead {ahead} KV est/measured {row['kv_ratio']:.3f}, allocated {row['kv_allocated_ratio']:.3f}   whole est/measured {row['whole_ratio']:.3f} "
-            f"({row['estimate']['peak_bytes'] / 2**20:.1f} / {row['measured']['rss_growth_bytes'] / 2**20:.1f} MiB)",
-            flush=True,
-        )
+    if args.per_process == "run":
+        batches = [[run] for run in runs]
+    else:
+        batches = [[run for run in runs if run[0] == model] for model in args.model.split(",")]
+    for batch in batches:
+        model = batch[0][0]
+        command = [sys.executable, __file__, "--model", model, "--media", args.media, "--budget", str(args.budget)]
+        command += ["--max-frames", str(args.max_frames)]
+        command += ["--runs", ",".join(f"{method}@{ahead}" for _, method, ahead in batch)]
+        out = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+        for row in json.loads(out.stdout.strip().splitlines()[-1]):
+            row = {"model": model, **row}
+            rows.append(row)
+            print(
+                f"{model:22s} {row['method']:36s} ahead {row['vision_ahead']} KV est/measured {row['kv_ratio']:.3f}, "
+                f"allocated {row['kv_allocated_ratio']:.3f}   whole est/measured {row['whole_ratio']:.3f} "
+                f"({row['estimate']['peak_bytes'] / 2**20:.1f} / {row['measured']['rss_growth_bytes'] / 2**20:.1f} MiB)",
+                flush=True,
+            )
     record = {
         "command": "python " + " ".join(sys.argv),
         "machine": args.machine or f"{os.cpu_count()} CPU cores",

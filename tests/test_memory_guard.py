@@ -212,28 +212,35 @@ def test_activation_term_covers_a_bulk_blocks_mlp(alias):
     assert estimate.activation_bytes >= mlp, (estimate.activation_bytes, mlp)
 
 
-def _tower_calls(adapter, media, cfg: SessionConfig) -> list[int]:
-    """Patches of every vision-tower call a turn makes: Qwen's tower takes (patches, values); the tile
-    families' take images (k, channels, height, width), each of (height / patch) x (width / patch) patches."""
+def _tower_calls(adapter, media, cfg: SessionConfig) -> list[tuple[int, bool]]:
+    """(patches, whether its input is a view of the prepared input) of every vision-tower call a turn makes:
+    Qwen's tower takes (patches, values); the tile families' take images (k, channels, height, width), each of
+    (height / patch) x (width / patch) patches."""
     inner = adapter.model.model
     tower = getattr(adapter, "visual", None) or getattr(inner, "vision_model", None) or inner.vision_tower
     patch = adapter.model.config.vision_config.patch_size
     patch = patch[0] if isinstance(patch, (list, tuple)) else patch
-    calls: list[int] = []
-    forward = tower.forward
+    calls: list[tuple[int, bool]] = []
+    prepared_storage: set[int] = set()
+    forward, prepare = tower.forward, adapter.prepare
 
     def counted(*args, **kwargs):
         x = args[0] if args else next(v for v in kwargs.values() if isinstance(v, torch.Tensor))
-        calls.append(
-            int(x.shape[0]) if x.dim() == 2 else int(x.shape[0]) * (x.shape[-2] // patch) * (x.shape[-1] // patch)
-        )
+        n = int(x.shape[0]) if x.dim() == 2 else int(x.shape[0]) * (x.shape[-2] // patch) * (x.shape[-1] // patch)
+        calls.append((n, x.untyped_storage().data_ptr() in prepared_storage))
         return forward(*args, **kwargs)
 
-    tower.forward = counted
+    def recorded(*args, **kwargs):
+        out = prepare(*args, **kwargs)
+        values = out.vision_inputs.values()
+        prepared_storage.update(v.untyped_storage().data_ptr() for v in values if isinstance(v, torch.Tensor))
+        return out
+
+    tower.forward, adapter.prepare = counted, recorded
     try:
         ChatSession(adapter, cfg).ask(QUESTION, media)
     finally:
-        del tower.forward  # back to the class's method
+        del tower.forward, adapter.prepare  # back to the classes' methods
     return calls
 
 
@@ -251,12 +258,13 @@ def test_vision_estimate_bounds_the_largest_tower_call(alias, kind, ahead):
     adapter = get_adapter(alias)
     media = image_media(1920, 1080, seed=3) if kind == "image" else video_media(24, 320, 180, seed=2)
     cfg = _config("blockwise-keydiff", budget=64, block_size=128, prefill="blockwise", vision_ahead=ahead)
-    largest = max(_tower_calls(adapter, media, cfg))
+    largest, view = max(_tower_calls(adapter, media, cfg))
     prepared = adapter.prepare(media, QUESTION)
     estimate = estimate_prefill(adapter, prepared, METHODS[cfg.method], 64, 128, "blockwise", ahead).vision_bytes
     itemsize = torch.empty((), dtype=adapter.dtype).element_size()
     prep = adapter.vision_prep_copies_for(prepared, largest)
-    actual = _VisionDims.of(adapter).bytes(largest, largest // adapter.patches_per_token, itemsize, prep)
+    copies = 0.0 if view else adapter.vision_input_copies  # a view of the prepared input allocates nothing
+    actual = _VisionDims.of(adapter).bytes(largest, largest // adapter.patches_per_token, itemsize, prep, copies)
     slack = 2 * (ahead if alias == "tiny-qwen2.5-vl" else 1)
     assert actual <= estimate <= slack * actual, (estimate / actual, largest)
 
@@ -466,7 +474,7 @@ def test_llava_onevision_image_calls_are_counted_one_tile_row_each():
     adapter = get_adapter("tiny-llava-onevision")
     media = image_media(1920, 1080, seed=3)
     cfg = _config("blockwise-keydiff", budget=64, block_size=128, prefill="blockwise")
-    largest = max(_tower_calls(adapter, media, cfg))
+    largest = max(_tower_calls(adapter, media, cfg))[0]
     prepared = adapter.prepare(media, QUESTION)
     blocks = plan_blocks(prepared.seq_len, prepared.layout.units, "blockwise", 128, 64)
     counted = [adapter.vision_call_patches(prepared, [b.units]) for b in blocks if b.units]

@@ -200,6 +200,19 @@ def motion_pass_bytes(frame_size: tuple[int, int], cfg: MotionConfig | None = No
     return pixels * (2 * (1 + 3) + 4 * _FLOW_FLOATS_PER_PIXEL)
 
 
+#: bytes `_frame_signals` holds at once per pixel of the frame it scores: the grey and blurred copies, Canny's
+#: gradients and edge maps, the edges' int32 integral image, the 8-bit LAB copy (10.8-12 measured on CPU on the
+#: 4K example image; 16-20 on it at 1920x1080 and on uniform noise, where this count is low)
+_SIGNALS_BYTES_PER_PIXEL = 12
+
+
+def saliency_pass_bytes(frame_size: tuple[int, int]) -> int:
+    """Bytes `token_saliency` holds at once for frames of ``frame_size`` (width, height), besides the decoded
+    frame itself: one frame's signals at a time (see `_frame_signals`)."""
+    width, height = frame_size
+    return _SIGNALS_BYTES_PER_PIXEL * width * height
+
+
 def frame_decisions(
     frames: Iterable[np.ndarray], cfg: MotionConfig | None = None, should_stop: Callable[[], bool] | None = None
 ) -> list[FrameDecision]:

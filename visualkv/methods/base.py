@@ -167,6 +167,14 @@ class Method:
         motion pass), besides the media themselves. This default: nothing."""
         return 0
 
+    def layer_scratch_bytes(
+        self, adapter: ModelAdapter, prepared: PreparedInput, visual_ids: np.ndarray, q: int
+    ) -> int:
+        """For the memory guard: bytes `after_layer` holds at once over a block of `q` tokens whose visual ones are
+        `visual_ids` (indices into the layout), beside the block's hidden states (LightKV's merge). This default:
+        nothing."""
+        return 0
+
     #: does the method shrink a block's visual tokens between decoder layers (LightKV), so that later layers
     #: store fewer than they read? The memory guard then asks `visual_kept_by_layer`.
     merges_between_layers: ClassVar[bool] = False

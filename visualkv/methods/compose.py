@@ -101,6 +101,9 @@ class Pipeline(Method):
     def begin_bytes(self, prepared) -> int:
         return max(s.begin_bytes(prepared) for s in self.stages)  # the stages' passes run one after another
 
+    def layer_scratch_bytes(self, adapter, prepared, visual_ids, q: int) -> int:
+        return max(s.layer_scratch_bytes(adapter, prepared, visual_ids, q) for s in self.stages)  # one at a time
+
     def visual_kept_by_layer(self, adapter, prepared, visual_ids) -> list[tuple[int, int]]:
         """The merging stage's (at most one per pipeline; an evicting stage's budget is the guard's own term)."""
         merging = next((s for s in self.stages if s.merges_between_layers), None)

@@ -419,6 +419,32 @@ class LightKV(Method):
         groups.append((adapter.num_layers - 1 - after, kept))
         return [(layers, n) for layers, n in groups if layers > 0]
 
+    #: float32 copies of the block's visual states (n, d) a merge holds at once: normalised, the weighted sums and
+    #: their quotient, the partners' rows, the merged copy (`merge_in_windows`)
+    MERGE_STATE_COPIES = 5
+
+    def layer_scratch_bytes(self, adapter, prepared, visual_ids: np.ndarray, q: int) -> int:
+        """The largest stage's merge over the block (`merge_in_windows`, then `after_layer`): the (g, A, B)
+        similarity chunk twice (`masked_fill` copies it) and the chunk's gathered A and B rows, `MERGE_STATE_COPIES`
+        of the visual states, and the block's hidden states re-indexed twice. Every stage is counted over the
+        block's own windows (later stages see fewer tokens: an upper bound). 27 MiB counted against 26 measured
+        on CPU on LLaVA-OneVision's 4K image, where it outweighs the decoder layer; the engine cannot see it."""
+        n, d = len(visual_ids), adapter.text_config.hidden_size
+        if n < 2:
+            return 0
+        places = token_places(prepared.layout, torch.from_numpy(np.asarray(visual_ids, dtype=np.int64)))
+        worst = 0
+        for _layer, windows, ratio in self.config.resolve(adapter.family, adapter.num_layers):
+            if ratio <= 0:
+                continue
+            counts = np.unique(window_ids(*places, windows).numpy(), return_counts=True)[1]
+            max_a, max_b = (int(counts.max()) + 1) // 2, int(counts.max()) // 2
+            g = min(len(counts), max(1, (1 << 25) // max(1, max_a * max_b)))  # `merge_in_windows`' chunk
+            chunk = (2 * g * max_a * max_b + g * (max_a + max_b) * d) * 4
+            worst = max(worst, chunk + self.MERGE_STATE_COPIES * n * d * 4)
+        itemsize = torch.empty((), dtype=adapter.dtype).element_size()
+        return worst + 2 * q * d * itemsize if worst else 0
+
     # -- prefill hooks ----------------------------------------------------------------------------------------------
     def begin(self, ctx: PrefillContext) -> None:
         adapter, prepared = ctx.adapter, ctx.prepared

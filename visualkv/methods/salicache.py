@@ -36,6 +36,7 @@ from visualkv.media.saliency import (
     frame_decisions,
     motion_pass_bytes,
     parse_tiers,
+    saliency_pass_bytes,
     token_saliency,
 )
 from visualkv.methods.base import Method, PrefillContext
@@ -130,8 +131,12 @@ class SaliCache(Method):
         return {"method": self.name, **asdict(self.config), "tiers": list(self.config.tiers)}
 
     def begin_bytes(self, prepared) -> int:
+        """The larger of its passes, which run one after the other: a video's motion pass, the saliency pass."""
         media = prepared.media
-        return motion_pass_bytes(media.size, self.motion) if media is not None and media.kind == "video" else 0
+        if media is None:
+            return 0
+        motion = motion_pass_bytes(media.size, self.motion) if media.kind == "video" else 0
+        return max(motion, saliency_pass_bytes(media.size))
 
     # -- decisions before any block ----------------------------------------------------
     def begin(self, ctx: PrefillContext) -> None:

@@ -260,6 +260,23 @@ class ModelAdapter:
         memory guard's output term. This default: the largest call's patches packed into tokens."""
         return self.vision_call_patches(prepared, groups) // self.patches_per_token
 
+    def vision_cut_tokens(self, prepared: PreparedInput, groups: list[list[VisualUnit]]) -> int:
+        """Tokens of vision features held at once after the call, while the block's tokens are cut from its
+        output (the tower's activations freed by then): the memory guard's second vision phase. This default:
+        none beyond the output itself."""
+        return 0
+
+    def vision_held_tokens(self, prepared: PreparedInput, groups: list[list[VisualUnit]]) -> int:
+        """Tokens of vision features still buffered once `groups` are encoded, while the LLM runs their block
+        (kept for a later block that reads them again): the memory guard adds them to the LLM's phase. This
+        default: none."""
+        return 0
+
+    def vision_input_copies_for(self, prepared: PreparedInput, groups: list[list[VisualUnit]]) -> float:
+        """`vision_input_copies` for the call encoding `groups`; an adapter whose call reads a view of the
+        prepared input, already on the device in the model's dtype, allocates no copy of it."""
+        return self.vision_input_copies
+
     #: float32 copies of a vision call's pixel input alive at once (the processor's output, index and contiguous
     #: copies, per-pixel masks), in units of the call's pixel values: at the peak of their preparation, and
     #: still held while the tower runs. The memory guard's input terms, measured on CPU per family on the tiny

@@ -283,20 +283,49 @@ class LlavaOnevisionAdapter(ModelAdapter):
         units = [u for group in groups for u in group]
         return g.tile_cols, any(u.kind == "tile" for u in units), len(self._tile_rows_read(g, units))
 
-    #: copies of the tile rows' features a block's image encoding holds at once: the tile-row buffer, `_crop_rows`
-    #: joining the rows a block reads, and the map rows cut from them with their newline tokens
+    #: copies of the tile rows' features a block's image encoding holds at once after its tower call: the
+    #: tile-row buffer, `_crop_rows` joining the rows a block reads, and the map rows cut from them
     TILE_ROW_FEATURE_COPIES = 3
 
     def vision_output_tokens(self, prepared: PreparedInput, groups: list[list[VisualUnit]]) -> int:
-        """Image: the buffered features of every tile row the blocks read and the base image's, and while a block's
-        map rows are cut from its rows, their other `TILE_ROW_FEATURE_COPIES` - 1 copies. Video: the call's own
-        output."""
+        """Image: the features of every tile row the blocks read (the buffer, the call's new rows included) and
+        the base image's, alive with the call's last activations. Video: the call's own output."""
         if "video" in prepared.vision_inputs:
             return super().vision_output_tokens(prepared, groups)
         cols, base, rows = self._tiles_read(prepared, groups)
-        # blocks encoded ahead: their rows are cut after the call, whose activations dominate while it runs
-        cut = (self.TILE_ROW_FEATURE_COPIES - 1) * rows if len(groups) == 1 else 0
-        return (base + (rows + cut) * cols) * self.tile**2
+        return (base + rows * cols) * self.tile**2
+
+    def vision_cut_tokens(self, prepared: PreparedInput, groups: list[list[VisualUnit]]) -> int:
+        """Image, a block's own call: its rows' `TILE_ROW_FEATURE_COPIES` copies while its map rows are cut
+        (blocks encoded ahead cut theirs later, one block at a time)."""
+        if "video" in prepared.vision_inputs or len(groups) > 1:
+            return 0
+        cols, base, rows = self._tiles_read(prepared, groups)
+        return (base + self.TILE_ROW_FEATURE_COPIES * rows * cols) * self.tile**2
+
+    def vision_held_tokens(self, prepared: PreparedInput, groups: list[list[VisualUnit]]) -> int:
+        """Image: the tile rows a block read stay buffered until a block below them (`_crop_rows`)."""
+        if "video" in prepared.vision_inputs:
+            return 0
+        cols, _, rows = self._tiles_read(prepared, groups)
+        return rows * cols * self.tile**2
+
+    def vision_prep_copies_for(self, prepared: PreparedInput, patches: int) -> float:
+        """Image: the tiles' pixels were prepared with the input (`prepare`); a call prepares none."""
+        return super().vision_prep_copies_for(prepared, patches) if "video" in prepared.vision_inputs else 0.0
+
+    def vision_input_copies_for(self, prepared: PreparedInput, groups: list[list[VisualUnit]]) -> float:
+        """Image, a block's own call: a slice of the prepared tiles (`_tile_row`), a view where they are already
+        on the device in the model's dtype; blocks encoded ahead index theirs (a copy)."""
+        pixels = prepared.vision_inputs.get("pixel_values")
+        view = (
+            "video" not in prepared.vision_inputs
+            and len(groups) == 1
+            and pixels is not None
+            and pixels.device == self.device
+            and pixels.dtype == self.model.dtype
+        )
+        return 0.0 if view else super().vision_input_copies_for(prepared, groups)
 
     @torch.no_grad()
     def encode_units(self, prepared: PreparedInput, units: list[VisualUnit]) -> torch.Tensor:

@@ -111,6 +111,7 @@ def estimate_prefill(
     bound = capacity_bound(method_cls, budget, blocks, prepared)
     packed = _packed_stores(adapter, prepared, method_cls, method_options, entry_bytes, bound, headroom)
     walk = _CacheWalk(adapter, _kept_by_layer(adapter, prepared, method_cls, method_options), bound, headroom, packed)
+    scratch = _layer_scratch(adapter, prepared, method_cls, method_options)
     layer = LayerTransients.of(adapter, itemsize)
     vision = _VisionDims.of(adapter)
     evicts = method_cls.evicts_per_block and budget is not None
@@ -119,8 +120,14 @@ def estimate_prefill(
 
     def tower_bytes(groups: list) -> int:  # the vision tower on `groups` (one block's units, or several blocks')
         patches = adapter.vision_call_patches(prepared, groups)
-        prep_copies = adapter.vision_prep_copies_for(prepared, patches)
-        return vision.bytes(patches, adapter.vision_output_tokens(prepared, groups), itemsize, prep_copies)
+        return vision.bytes(
+            patches,
+            adapter.vision_output_tokens(prepared, groups),
+            itemsize,
+            adapter.vision_prep_copies_for(prepared, patches),
+            adapter.vision_input_copies_for(prepared, groups),
+            adapter.vision_cut_tokens(prepared, groups),
+        )
 
     calls, call = plan.tower_calls(), range(0)
     for i, block in enumerate(blocks):
@@ -133,10 +140,13 @@ def estimate_prefill(
             vision_b = tower_bytes([blocks[j].units for j in call if blocks[j].units])
         else:
             vision_b = tower_bytes([block.units]) if ahead == 1 and block.units else 0
-        # the block's embeddings and the vision output folded in; those encoded ahead wait for their blocks
+        # the block's embeddings and the vision output folded in; vision features buffered for later blocks: those
+        # encoded ahead, or what this block read that the next reads again (one buffer: the larger of the two)
         waiting = sum(call_patches[j] for j in call if j > i) // adapter.patches_per_token
-        embeddings = (2 * q + waiting) * layer.hidden * itemsize
-        act_b = layer.bytes(q, kv.attention_bytes)
+        held = adapter.vision_held_tokens(prepared, [block.units]) if block.units else 0
+        embeddings = (2 * q + max(waiting, held)) * layer.hidden * itemsize
+        # a decoder layer, or the method's pass after it over the block's hidden states (LightKV's merge)
+        act_b = max(layer.bytes(q, kv.attention_bytes), q * layer.residual + scratch(block))
         kv_peak = max(kv_peak, kv.entries)
         act_peak, vision_peak = max(act_peak, act_b), max(vision_peak, vision_b)
         peak = max(peak, kv.allocated_before + vision_b + embeddings, kv.allocated + kv.growing + act_b + embeddings)
@@ -217,6 +227,24 @@ def _kept_by_layer(adapter, prepared, method_cls, method_options) -> Callable[[B
         return method.visual_kept_by_layer(adapter, prepared, visual_id[local[kept_visual[block.start : block.end]]])
 
     return kept
+
+
+def _layer_scratch(adapter, prepared, method_cls, method_options) -> Callable[[Block], int]:
+    """block -> what the method's `after_layer` holds over it (`Method.layer_scratch_bytes`); 0 for a method
+    that merges nothing between layers."""
+    if not method_cls.merges_between_layers:
+        return lambda block: 0
+    method = make_method(method_cls.name, **(method_options or {}))
+    visual_id = prepared.layout.visual_id_of_seq(prepared.seq_len)
+    kept_visual = (prepared.visual_mask & prepared.keep).numpy()
+    keep = prepared.keep.numpy()
+
+    def scratch(block: Block) -> int:
+        local = np.arange(block.start, block.end)
+        ids = visual_id[local[kept_visual[block.start : block.end]]]
+        return method.layer_scratch_bytes(adapter, prepared, ids, int(keep[block.start : block.end].sum()))
+
+    return scratch
 
 
 @dataclass
@@ -303,14 +331,13 @@ class _VisionDims:
     hidden: int
     inter: int
     out_hidden: int
-    input_copies: float  # float32 copies of a call's pixel input while the tower runs (`vision_input_copies`)
 
     @classmethod
     def of(cls, adapter) -> _VisionDims:
         config = adapter.model.config
         vision = config_value(config, "vision_config")
         if vision is None:
-            return cls(0, 0, 0, 0, 0.0)
+            return cls(0, 0, 0, 0)
         patch = config_value(vision, "patch_size", default=14)
         values = (
             config_value(vision, "in_channels", "num_channels", default=3)
@@ -324,17 +351,21 @@ class _VisionDims:
             v_hidden,
             config_value(vision, "intermediate_size", default=4 * v_hidden),
             config_value(adapter.text_config, "hidden_size"),
-            adapter.vision_input_copies,
         )
 
-    def bytes(self, patches: int, tokens: int, itemsize: int, prep_copies: float) -> int:
-        """The larger of a call's two phases, over its `patches` (all it encodes, before any is sliced away:
-        Qwen's whole-window strips, LLaVA-OneVision's whole tiles): the preparation of its pixel inputs (float32,
-        as processors make them, `prep_copies` of them at once: `ModelAdapter.vision_prep_copies_for`), or the
-        inputs it holds + one vision layer's activations; + its `tokens` of output."""
+    def bytes(
+        self, patches: int, tokens: int, itemsize: int, prep_copies: float, input_copies: float, cut_tokens: int = 0
+    ) -> int:
+        """The largest of a call's phases, over its `patches` (all it encodes, before any is sliced away: Qwen's
+        whole-window strips, LLaVA-OneVision's whole tiles): the preparation of its pixel inputs (float32, as
+        processors make them, `prep_copies` of them at once: `ModelAdapter.vision_prep_copies_for`), or the
+        `input_copies` of them it holds (`ModelAdapter.vision_input_copies_for`) + one vision layer's
+        activations, either + its `tokens` of output; or, the tower done, its `cut_tokens` of features while the
+        block's tokens are cut from them (`ModelAdapter.vision_cut_tokens`)."""
         pixels = patches * self.patch_values * 4
-        tower = pixels * self.input_copies + patches * (6 * self.hidden + 3 * self.inter) * itemsize
-        return int(max(pixels * prep_copies, tower)) + tokens * self.out_hidden * itemsize
+        tower = pixels * input_copies + patches * (6 * self.hidden + 3 * self.inter) * itemsize
+        out = self.out_hidden * itemsize
+        return int(max(max(pixels * prep_copies, tower) + tokens * out, cut_tokens * out))
 
 
 def free_memory_bytes(device) -> int | None:

@@ -14,7 +14,7 @@ def guard_estimate_against_measured(results: Path) -> str:
 
 
 def guard_estimate_per_family(results: Path) -> str:
-    """The same on every family's tiny model, where a small tower makes the pixel copies show."""
+    """The same on every family's tiny model and every method, where a small tower makes the pixel copies show."""
     return _guard_rows(results, "memory_guard_families_cpu.json")
 
 
