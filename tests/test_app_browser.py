@@ -13,15 +13,14 @@ import json
 import os
 import re
 import shutil
-import socket
 import struct
-import subprocess
-import sys
 import time
 import zlib
 from pathlib import Path
 
 import pytest
+
+from tests.app_process import app_process
 
 pytestmark = pytest.mark.browser
 
@@ -53,54 +52,13 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (pip) i
 # -- fixtures ------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_app(tmp_path_factory, args: list[str]):
     """Generator: `app.py` with `args` on a free port; yields its URL, then stops it and keeps its log."""
-    port = _free_port()
     tmp = tmp_path_factory.mktemp("app")
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "GRADIO_ANALYTICS_ENABLED": "False",
-        "GRADIO_TEMP_DIR": str(tmp / "gradio"),
-        "TOKENIZERS_PARALLELISM": "false",
-        "PYTHONUNBUFFERED": "1",
-    }
-    log = (tmp / "app.log").open("w")
     APP_LOG[:] = [tmp / "app.log"]
-    proc = subprocess.Popen(
-        [sys.executable, "app.py", "--port", str(port), *args],
-        cwd=REPO,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"app exited with {proc.returncode}:\n{(tmp / 'app.log').read_text()[-3000:]}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-        except OSError:
-            time.sleep(0.5)
-    else:
-        proc.kill()
-        pytest.fail("app did not open its port within 180 s")
-    yield f"http://127.0.0.1:{port}"
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
-    shutil.copy(tmp / "app.log", ARTIFACTS / "app.log")
+    with app_process(args, tmp) as (url, _, log_path):
+        yield url
+    shutil.copy(log_path, ARTIFACTS / "app.log")
 
 
 @pytest.fixture(scope="module")

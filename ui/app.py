@@ -10,11 +10,13 @@ from visualkv.bench.demo_examples import load_demo_examples
 from visualkv.runtime.access import ModelPolicy, scrub_paths
 
 from . import text, views
+from .api_values import ApiValues, CheckedBlocks
 from .bounds import FormBounds, form_bounds
 from .callbacks import Callbacks
 from .evidence import redraw as redraw_evidence
 from .evidence import wire_evidence
 from .examples import ASSETS, EXAMPLE_NEW_CHAT, chat_started
+from .gate import QueueGate
 from .layout import (
     COMPARE_CSS,
     CSS,
@@ -67,8 +69,11 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
     bounds = form_bounds(serve.public)
     callbacks = Callbacks.create(cache, model_name, serve.turn_time_limit, serve.max_upload_bytes, bounds)
     # delete_cache: uploads and served copies older than 6 h are removed every hour
-    with gr.Blocks(title="VisualKV", analytics_enabled=False, delete_cache=(3600, 6 * 3600)) as demo:
+    with CheckedBlocks(title="VisualKV", analytics_enabled=False, delete_cache=(3600, 6 * 3600)) as demo:
         page = _build_page(demo, model_name, start_error, policy, bounds)
+        demo.api_values = ApiValues(bounds)  # every event's raw values, checked before Gradio preprocesses them
+        demo.api_values.add_form(page.settings)
+        demo.api_values.add_methods(page.settings.method_inputs)
         callbacks.context.method_keys = page.settings.method_keys
         callbacks.method_choice.group_names = list(page.settings.groups)
         callbacks.comparisons.method_names = [value for _, value in page.compare.methods.choices]
@@ -80,6 +85,7 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
         wire_evidence(page, callbacks.context.turn_time_limit)
     demo.vkv_model = model_name  # for app.py's start message
     demo.vkv_serve = serve  # for launch's queue size
+    demo.vkv_queue = callbacks.queue  # for launch's gate
     return demo
 
 
@@ -258,7 +264,11 @@ def launch(demo: gr.Blocks, host: str | None = None, port: int | None = None, sh
     """Queue (one model computation at a time, at most `max_queue` waiting: Gradio then tells the next
     visitor "This application is currently busy. Please try again.") and serve."""
     serve = getattr(demo, "vkv_serve", None) or ServeOptions()
-    demo.queue(default_concurrency_limit=1, max_size=serve.max_queue).launch(
+    demo.queue(default_concurrency_limit=1, max_size=serve.max_queue)
+    # one computation per session, a few sessions per visitor: checked before Gradio queues a computation
+    where = " on this shared instance" if serve.public else ""
+    QueueGate(demo.vkv_queue, serve.max_client_sessions, where).install(demo)
+    demo.launch(
         server_name=host,
         server_port=port,
         share=share,

@@ -144,6 +144,22 @@ def _vision_stops(adapter: ModelAdapter, should_stop: Callable[[], bool] | None)
             handle.remove()
 
 
+@contextlib.contextmanager
+def _layer_part_stops(adapter: ModelAdapter, should_stop: Callable[[], bool] | None) -> Iterator[None]:
+    """Within the block, each decoder layer's parts (its attention, its MLP) ask `stop_point` before they run, so
+    a long text pass or block ends at Stop or the time limit within a part of a layer, not a whole layer. Hooks
+    that only read a Python flag, removed on exit."""
+    if should_stop is None:
+        yield
+        return
+    handles = [part.register_forward_pre_hook(_stop_hook) for layer in adapter.layers for part in layer.children()]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def _stop_hook(module: torch.nn.Module, args: tuple) -> None:
     stop_point()
 
@@ -299,7 +315,11 @@ class Engine:
         held until their blocks run: fewer tower entries (kernel launches) for a larger transient; adapters
         without `encode_ahead` encode block by block whatever it says.
         """
-        with stop_scope(should_stop), _vision_stops(self.adapter, should_stop):
+        with (
+            stop_scope(should_stop),
+            _vision_stops(self.adapter, should_stop),
+            _layer_part_stops(self.adapter, should_stop),
+        ):
             return self._prefill(
                 prepared,
                 cache,
