@@ -191,6 +191,8 @@ def test_every_input_of_every_event_refuses_every_bad_value_in_one_line(shared_a
             for bad in BAD:
                 if isinstance(component, (gr.Textbox, gr.HTML, gr.Markdown)) and isinstance(bad, str):
                     continue  # any text is text; a method's text setting is checked by its method
+                if component.label == "overlay opacity" and bad == -1e12:
+                    continue  # a finite opacity is clamped to 0..1 by its callback, as typed on the page
                 data = list(defaults)
                 data[index] = bad
                 line = values.refusal(fn, data)
@@ -236,3 +238,10 @@ def test_docs_list_the_question_and_turn_bounds():
     for label, name in (("question tokens", "question_tokens"), ("turns per chat", "turns")):
         row = f"| {label} | {getattr(LOCAL, name):,} | {getattr(SHARED, name):,} |"
         assert row in doc, row
+
+
+def test_the_overlay_opacity_is_clamped_not_refused_yet_must_be_finite(shared_app):
+    """The page lets one type any opacity (its callback clamps it to 0..1); only non-numbers are refused."""
+    fn = next(fn for fn in shared_app.fns.values() if fn.api_name == "layer_changed")
+    assert shared_app.api_values.refusal(fn, [None, "average", 5.0]) is None
+    assert "overlay opacity" in shared_app.api_values.refusal(fn, [None, "average", math.nan])

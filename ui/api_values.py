@@ -78,6 +78,15 @@ class ApiValues:
         for name, check in field_checks(self._bounds).items():
             self._checks[getattr(settings, name)._id] = check
 
+    def add_clamped(self, component) -> None:
+        """A number input whose callback clamps it to its range (the overlay opacity): any finite number goes on."""
+
+        def finite(value) -> None:
+            if value is not None and not _finite(value):
+                raise ConfigError(f"{_name(component)} must be a finite number, got {value!r:.40}")
+
+        self._checks[component._id] = finite
+
     def add_methods(self, method_inputs: list[tuple[str, str, Any]]) -> None:
         """Each method setting's input (`SettingsPanel.method_inputs`): its kind, its cap on this instance and
         the method's own range (the method is built with that one value), whichever method is chosen."""

@@ -74,6 +74,7 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
         demo.api_values = ApiValues(bounds)  # every event's raw values, checked before Gradio preprocesses them
         demo.api_values.add_form(page.settings)
         demo.api_values.add_methods(page.settings.method_inputs)
+        demo.api_values.add_clamped(page.views.opacity)  # clamped by its callback, as the page lets one type
         callbacks.context.method_keys = page.settings.method_keys
         callbacks.method_choice.group_names = list(page.settings.groups)
         callbacks.comparisons.method_names = [value for _, value in page.compare.methods.choices]
