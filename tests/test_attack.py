@@ -345,10 +345,12 @@ def _planned(name: str, params: list[dict], inputs: list[int], covered: set[int]
 
 
 def _bad_kinds(param: dict) -> list:
-    """The bad values for one input, by what it takes (its API type)."""
+    """The bad values for one input, by what it takes (its API type). The overlay opacity takes any finite number
+    (its callback clamps it to 0..1, as typed on the page)."""
     kind = json.dumps(param.get("type", {}))
     if '"number"' in kind or '"integer"' in kind:
-        return [float("nan"), float("inf"), -float("inf"), "abc", -1e12]
+        out_of_range = [] if param.get("label") == "overlay opacity" else [-1e12]
+        return [float("nan"), float("inf"), -float("inf"), "abc", *out_of_range]
     if '"enum"' in kind:
         return ["not-a-choice", float("nan")]
     if '"boolean"' in kind:
