@@ -176,6 +176,7 @@ def send(pg, question: str, path=None, expect_error: bool = False) -> None:
     """Ask one question (optionally with a file) and wait until the turn is done or an error shows."""
     n_before = len(bot_messages(pg))
     stale = error_text(pg)
+    toasts_before = pg.locator(".toast-body").count()
     if path is not None:
         attach(pg, path)
     pg.fill("#vkv-input textarea", question)
@@ -185,14 +186,17 @@ def send(pg, question: str, path=None, expect_error: bool = False) -> None:
             f"(stale) => {{ const t = {ERROR_JS}; return t && t !== stale; }}", arg=stale, timeout=TURN_TIMEOUT_MS
         )
         return
-    # done, or a new error line: a turn that fails says why at once instead of running into the time limit
+    # done, a new error line or a Gradio error toast (a send refused before the turn ran): a turn that fails
+    # says why at once instead of running into the time limit
     pg.wait_for_function(
-        f"([n, stale]) => (document.querySelectorAll('#vkv-chat [data-testid=\"bot\"]').length === n + 1 && "
+        f"([n, stale, toasts]) => (document.querySelectorAll('#vkv-chat [data-testid=\"bot\"]').length === n + 1 && "
         f"document.querySelector('#vkv-progress').innerText.startsWith('done')) || "
-        f"(({ERROR_JS}) && ({ERROR_JS}) !== stale)",
-        arg=[n_before, stale],
+        f"(({ERROR_JS}) && ({ERROR_JS}) !== stale) || document.querySelectorAll('.toast-body').length > toasts",
+        arg=[n_before, stale, toasts_before],
         timeout=TURN_TIMEOUT_MS,
     )
+    toasts = pg.locator(".toast-body").all_inner_texts()
+    assert len(toasts) <= toasts_before, toasts
     assert not error_text(pg), error_text(pg)
 
 

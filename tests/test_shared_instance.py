@@ -119,6 +119,50 @@ def test_stop_ends_a_text_pass_inside_a_layer():
     assert after == [], f"{len(after)} MLP(s) ran after Stop"
 
 
+def test_stop_ends_a_followups_replay_of_the_conversation_and_keeps_the_chat():
+    """A follow-up that re-prefills replays the whole conversation in one text pass (as long as the chat's turns
+    allow): Stop, set once its first attention ran, ends it before any later part of a layer, and the chat goes on
+    as it was."""
+    from PIL import Image
+
+    adapter = get_adapter(MODEL)
+    config = SessionConfig(method="blockwise-snapkv", budget=64, followup="reprefill", max_new_tokens=4)
+    session = ChatSession(adapter, config)
+    assert list(stream_turn(session, "What is shown?", Image.new("RGB", (96, 96))))[-1][0] == "done"
+    stop, after, replays = threading.Event(), [], []
+    extend = session.engine.extend
+
+    def attention_done(module, args, output):
+        stop.set()
+
+    def mlp_ran(module, args, output):
+        if stop.is_set():
+            after.append(module)
+
+    def replay(*args, should_stop=None):
+        if should_stop is None:  # the answer's decoding
+            return extend(*args)
+        replays.append(args[0].shape[0])
+        handles = [adapter.layers[0].self_attn.register_forward_hook(attention_done)]
+        handles += [layer.mlp.register_forward_hook(mlp_ran) for layer in adapter.layers]
+        try:
+            return extend(*args, should_stop=should_stop)
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    session.engine.extend = replay
+    try:
+        events = list(stream_turn(session, "And what else? " * 20, stop=stop))
+    finally:
+        session.engine.extend = extend
+    assert replays and stop.is_set() and events[-1][0] == "stopped", events[-1]
+    assert after == [], f"{len(after)} MLP(s) ran after Stop"
+    assert len(session.turns) == 1
+    assert list(stream_turn(session, "And what else?"))[-1][0] == "done"  # the chat goes on
+    assert len(session.turns) == 2
+
+
 # -- the queue's gate ------------------------------------------------------------------------------------------------
 
 
@@ -173,12 +217,20 @@ def test_client_sessions_default_follows_the_mode():
 
 # -- every raw value -------------------------------------------------------------------------------------------------
 
+#: the settings form's bounded number fields and the overlay opacity: a finite number typed there is checked by its
+#: callback (the form's range in the page's error field; the opacity clamped)
+TYPED_NUMBERS = {
+    "vkv-budget", "vkv-block-size", "vkv-max-new", "vkv-temperature", "vkv-vision-ahead", "vkv-fps", "vkv-max-frames",
+    "vkv-opacity",
+}  # fmt: skip
 BAD = [math.nan, math.inf, -math.inf, "abc", -1e12, {"a": 1}, "not-a-choice", [1, 2]]
 
 
 def test_every_input_of_every_event_refuses_every_bad_value_in_one_line(shared_app):
     """Each bad value in each input of each event: the app's one line naming the field; the defaults pass."""
     values = shared_app.api_values
+    typed = {b._id for b in shared_app.blocks.values() if getattr(b, "elem_id", None) in TYPED_NUMBERS}
+    assert len(typed) == len(TYPED_NUMBERS)
     checked = 0
     for fn in shared_app.fns.values():
         defaults = [getattr(c, "value", None) for c in fn.inputs]
@@ -191,8 +243,11 @@ def test_every_input_of_every_event_refuses_every_bad_value_in_one_line(shared_a
             for bad in BAD:
                 if isinstance(component, (gr.Textbox, gr.HTML, gr.Markdown)) and isinstance(bad, str):
                     continue  # any text is text; a method's text setting is checked by its method
-                if component.label == "overlay opacity" and bad == -1e12:
-                    continue  # a finite opacity is clamped to 0..1 by its callback, as typed on the page
+                if bad == -1e12 and component._id in typed:
+                    # a finite number the page can send: clamped by its callback (the overlay opacity), or
+                    # refused by the turn's own first check in the page's error field (the form's ranges)
+                    assert values.refusal(fn, [*defaults[:index], bad, *defaults[index + 1 :]]) is None
+                    continue
                 data = list(defaults)
                 data[index] = bad
                 line = values.refusal(fn, data)
@@ -203,6 +258,25 @@ def test_every_input_of_every_event_refuses_every_bad_value_in_one_line(shared_a
                 assert name in line, (fn.api_name, bad, line)
     assert checked > 500
     assert values.refusal(next(iter(shared_app.fns.values())), [1, 2, 3]).startswith("this endpoint takes")
+
+
+def test_the_question_passes_as_the_page_sends_it_and_as_gradio_reads_it(shared_app):
+    """After a turn empties the box, the page sends the question with Gradio's `__type__` marker (Gradio's data
+    model drops unknown keys): it passes. What Gradio's model cannot read (no text, files not a list) is refused
+    in one line instead of Gradio's validation traceback."""
+    from gradio.components.multimodal_textbox import MultimodalData
+
+    values = shared_app.api_values
+    for fn in (fn for fn in shared_app.fns.values() if fn.api_name in ("chat", "queued")):
+        data = [getattr(c, "value", None) for c in fn.inputs]
+        sent = {"__type__": "update", "files": [], "text": "And what does the label say?"}
+        MultimodalData.model_validate(sent)  # Gradio itself takes it
+        assert values.refusal(fn, [sent, *data[1:]]) is None, fn.api_name
+        for unreadable in ({"files": []}, {"text": None, "files": []}, {"text": "a", "files": None}):
+            with pytest.raises(ValueError):
+                MultimodalData.model_validate(unreadable)
+            line = values.refusal(fn, [unreadable, *data[1:]])
+            assert line and "the question" in line and "\n" not in line, (fn.api_name, unreadable, line)
 
 
 def test_a_refused_value_is_a_gradio_error_without_traceback(shared_app):

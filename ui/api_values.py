@@ -4,9 +4,10 @@ The page sends only what its fields allow, but the API (`/gradio_api/call/<name>
 takes any JSON: NaN, ±Infinity, a string for a number, a choice not in the list, a number past its field's range.
 Gradio's own preprocessing would raise on many of them with a multi-line error and a traceback in the server log
 (an easy way to flood it). Here each input of each event is checked first, by its component's kind and, for the
-settings form's bounded fields, by that field's own check (ui/forms.py, the ranges of ui/bounds.py); the first
-bad value is refused with the app's one line naming the field and its range, as a `gr.Error` that prints no
-traceback. What passes is then preprocessed by Gradio as usual (uploaded files are still checked by it).
+settings form's number fields, as numbers the page could send: the range of a number one can type there is the
+turn's own first check (ui/forms.py, the ranges of ui/bounds.py), which the page shows in its error field. The
+first bad value is refused with the app's one line naming the field (and its range), as a `gr.Error` that prints
+no traceback. What passes is then preprocessed by Gradio as usual (uploaded files are still checked by it).
 """
 
 from __future__ import annotations
@@ -74,18 +75,21 @@ class ApiValues:
         self._bounds = bounds
 
     def add_form(self, settings) -> None:
-        """The settings form's bounded number fields (`SettingsPanel`'s fields named as in `field_checks`)."""
-        for name, check in field_checks(self._bounds).items():
-            self._checks[getattr(settings, name)._id] = check
+        """The settings form's bounded number fields (`SettingsPanel`'s fields named as in `field_checks`): a
+        finite number or nothing passes, as the page can send it; its range is the turn's own first check (the
+        page shows that line in its error field, the API gets it as the event's error line), before any
+        compute."""
+        for name in field_checks(self._bounds):
+            component = getattr(settings, name)
+            self._checks[component._id] = functools.partial(self._typed_number, component)
+
+    def _typed_number(self, component, value) -> None:
+        if value is not None and not _finite(value):
+            raise ConfigError(f"{_name(component)} must be a finite number, got {value!r:.40}")
 
     def add_clamped(self, component) -> None:
         """A number input whose callback clamps it to its range (the overlay opacity): any finite number goes on."""
-
-        def finite(value) -> None:
-            if value is not None and not _finite(value):
-                raise ConfigError(f"{_name(component)} must be a finite number, got {value!r:.40}")
-
-        self._checks[component._id] = finite
+        self._checks[component._id] = functools.partial(self._typed_number, component)
 
     def add_methods(self, method_inputs: list[tuple[str, str, Any]]) -> None:
         """Each method setting's input (`SettingsPanel.method_inputs`): its kind, its cap on this instance and
@@ -163,17 +167,20 @@ class ApiValues:
             raise ConfigError(f"{_name(component)} must be at most {self.max_chars:,} characters, got {len(value):,}")
 
     def _message(self, component, value) -> None:
+        """The shape Gradio's own data model takes: "text" (a string) and "files" (a list, here of at most one
+        file); other keys are dropped by it unread (the page itself sends Gradio's `__type__` marker once a turn
+        has emptied the box), so they pass."""
         if value is None:
             return
-        files = value.get("files") if isinstance(value, dict) else None
-        if not isinstance(value, dict) or set(value) - {"text", "files"} or not isinstance(files or [], list):
+        files = value.get("files", []) if isinstance(value, dict) else None
+        if not isinstance(value, dict) or not isinstance(files, list):
             raise ConfigError(f'{_name(component)} must be {{"text": ..., "files": [at most one file]}}')
-        if len(files or []) > 1 or not all(_file_data(f) for f in files or []):
+        if len(files) > 1 or not all(_file_data(f) for f in files):
             raise ConfigError(f"{_name(component)} takes at most one file, as Gradio's file data")
         text = value.get("text")
-        if text is not None and not isinstance(text, str):
+        if not isinstance(text, str):
             raise ConfigError(f"{_name(component)} must be text, got {text!r:.40}")
-        check_characters(text or "", self._bounds.question_tokens, self._bounds.where)
+        check_characters(text, self._bounds.question_tokens, self._bounds.where)
 
     def _file(self, component, value) -> None:
         if value is not None and not _file_data(value):

@@ -164,12 +164,11 @@ class ChatCallbacks:
     def _open(self, st: UserState, prompt: str, files: list[str], form: FormValues) -> Turn:
         """The turn about to run, every input checked first (raises with one line)."""
         cfg = form.session_config(self.context.method_keys, self.context.bounds)
+        sampling = form.sampling(self.context.bounds)  # checked with the rest of the form, a video given or not
         self._check_length(st, prompt)
         media = None
         if files:  # validate the file first, so its own problem is what the user reads
-            media = load_media(
-                files[0], limits=self.context.media_limits(cfg.method), sampling=form.sampling(self.context.bounds)
-            )
+            media = load_media(files[0], limits=self.context.media_limits(cfg.method), sampling=sampling)
         session = st.session
         new_session = session is None
         if files and not new_session:

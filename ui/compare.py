@@ -143,21 +143,23 @@ class CompareCallbacks:
         return default_ticks(kind, names)
 
     def _prepare(self, st: UserState, methods, question: str, path, form: FormValues) -> Comparison:
-        """Every input checked and the media read (raises with one line)."""
+        """Every input checked and the media read (raises with one line): the form's fields first, as in a chat
+        turn, so a value out of its range is named whatever else is missing."""
+        keys, bounds = self.context.method_keys, self.context.bounds
+        base = form.session_config(keys, bounds)
+        sampling = form.sampling(bounds)
         if not question:
             raise ConfigError("type a question (or chat first: the chat's first question is the default)")
         if not path:
             raise ConfigError("give a file here or start a chat with an image or video first")
         if not methods:
             raise ConfigError("tick at least one method to compare")
-        keys, bounds = self.context.method_keys, self.context.bounds
-        base = form.session_config(keys, bounds)
         question_tokens(self.context.cache.get(st.model_name).tokenizer, question, bounds.question_tokens, bounds.where)
         base = dataclasses.replace(base, budget=int(form.budget) if form.budget else None)  # for the methods using one
-        options = {name: method_options(name, form.settings_of(name, keys)) for name in methods}
+        options = {name: method_options(name, form.method_settings(name, keys, bounds)) for name in methods}
         # one input for every ticked method: the frame cap of the first that holds every frame, if any
         capped = next((m for m in methods if not is_bounded(m)), methods[0])
-        media = load_media(path, limits=self.context.media_limits(capped), sampling=form.sampling(bounds))
+        media = load_media(path, limits=self.context.media_limits(capped), sampling=sampling)
         adapter = self.context.cache.get(st.model_name)
         return Comparison(adapter, media, question, methods, base, options)
 
