@@ -142,19 +142,15 @@ class Visitor:
         return r.status_code, r.json().get("event_id") or r.json().get("detail", "")
 
     def send(self, question: str, max_new: int = 8) -> dict:
-        """What the page does on Send: the at-once position line and the turn's join, at once. Returns the
-        position shown (or None), the join's status and event id (or refusal), and when it was sent."""
+        """What the page does on Send: the at-once call that starts its queue watch, the turn's join, then one
+        tick of the watch. Returns the position that tick showed (or None), the join's status and event id (or
+        refusal), and when it was sent and the tick answered."""
         data = self.api.turn_data(question, max_new)
         out: dict = {"sent": time.monotonic()}
-
-        def ask() -> None:
-            out["shown"] = self.at_once("queued", [data[0], None])
-            out["answered"] = time.monotonic()
-
-        line = threading.Thread(target=ask)
-        line.start()
+        self.at_once("queued", [data[0], None])
         out["status"], out["event"] = self.join("chat", data)
-        line.join()
+        out["shown"] = self.at_once("where", [])
+        out["answered"] = time.monotonic()
         return out
 
     def seen(self, event_id: str, msg: str) -> list[tuple[float, dict]]:

@@ -403,12 +403,11 @@ def gradio():
 
 
 def _said(h, who: str, kind: str = "turn") -> str:
-    """What the at-once call the page sends just before `who`'s computation of `kind` joins the queue shows
-    ("" for nothing)."""
+    """What a tick of the page's watch of `who`'s computation of `kind` shows ("" for nothing)."""
     if kind == "turn":
-        said = h.turns.queued(_who(who), {"text": "a question"}, None)
+        said, _ = h.turns.where(_who(who))
     else:
-        said = h.comparisons.compare_queued(_who(who), None)
+        said, _ = h.comparisons.compare_where(_who(who))
     return "" if said == gr.skip() else str(said)
 
 
@@ -452,6 +451,27 @@ def test_a_refused_send_shows_no_position_and_counts_for_nobody(monkeypatch):
     q.start(q.waiting[0])
     q.finish()  # an idle server: nobody is told to wait
     assert _said(h, "newcomer") == ""
+
+
+def test_the_pages_watch_ticks_until_the_turn_runs_or_is_not_in_the_queue(gradio, monkeypatch):
+    """The send starts the page's watch; its ticks go on while the turn joins and waits, and end once it runs, or
+    when it is not in Gradio's queue a moment after the send (refused)."""
+    h, q = gradio
+    q.start(q.send("ann", "turn"))
+    assert h.turns.queued(_who("zoe"), {"text": "a question"}, None).active is True
+    said, again = h.turns.where(_who("zoe"))
+    assert said == gr.skip() and again.active is True  # not joined yet: no line, the watch goes on
+    zoe = q.send("zoe", "turn")
+    said, again = h.turns.where(_who("zoe"))
+    assert "waiting: position 2" in str(said) and again.active is True
+    q.finish()
+    q.start(zoe)
+    said, again = h.turns.where(_who("zoe"))
+    assert said == gr.skip() and again.active is False  # it runs: its own progress shows
+    monkeypatch.setattr(queue_module, "JOIN_SECONDS", 0.0)
+    h.turns.queued(_who("mallory"), {"text": "a question"}, None)
+    said, again = h.turns.where(_who("mallory"))
+    assert said == gr.skip() and again.active is False  # refused: nothing shown, the watch ends
 
 
 def test_a_cancelled_turn_no_longer_counts(gradio):

@@ -30,7 +30,7 @@ from .layout import (
     build_settings,
 )
 from .loading import start_model
-from .queue import COMPUTE_ID
+from .queue import COMPUTE_ID, WATCH_SECONDS
 from .sharing import ServeOptions, limit_heap_arenas, release_on_close, release_state
 from .state import ModelCache, is_offline_model
 from .status import compare_stop_ack_js, note_html, stop_ack_js
@@ -136,10 +136,12 @@ def _wire_chat(page: Page, callbacks: Callbacks) -> None:
     view_inputs, view_outputs = [state, page.views.layer_dd, page.views.opacity], page.views.outputs
     compare = page.compare
     turn_events = []
+    # where a sent turn waits in Gradio's queue: the page sends a click's events one after the other, the turn's
+    # join after the at-once ones answered, so the send starts this watch and its ticks read the queue
+    watch = gr.Timer(WATCH_SECONDS, active=False)
+    watch.tick(turns.where, None, [chat.progress_html, watch], **AT_ONCE)
     for trigger in (chat.chat_input.submit, chat.send_btn.click):
-        # at once (no queue), just before the turn joins Gradio's queue (the page sends them in this order): say
-        # where it will wait there
-        trigger(turns.queued, [chat.chat_input, state], [chat.progress_html], **AT_ONCE)
+        trigger(turns.queued, [chat.chat_input, state], [watch], **AT_ONCE)
         turn = trigger(turns.chat, turn_inputs, _turn_outputs(page), show_progress="hidden", **COMPUTE)
         callbacks.queue.register("turn", turn)
         turn_events.append(turn)
@@ -235,8 +237,10 @@ def _wire_result_views(page: Page) -> None:
 def _wire_compare(page: Page, callbacks: Callbacks) -> None:
     """Compare (its queue line at once, then the run), Compare's own Stop, and its ticks following its file."""
     compare, comparisons, state = page.compare, callbacks.comparisons, page.state
-    # at once (no queue), just before the comparison joins Gradio's queue, as for a chat turn: where it will wait
-    compare.run_btn.click(comparisons.compare_queued, [state], [compare.status], **AT_ONCE)
+    # where the comparison waits in Gradio's queue, watched as a chat turn's
+    watch = gr.Timer(WATCH_SECONDS, active=False)
+    watch.tick(comparisons.compare_where, None, [compare.status, watch], **AT_ONCE)
+    compare.run_btn.click(comparisons.compare_queued, [state], [watch], **AT_ONCE)
     run = compare.run_btn.click(
         comparisons.compare,
         [

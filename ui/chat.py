@@ -85,12 +85,18 @@ class ChatCallbacks:
         self.reports = ReportFiles()
 
     def queued(self, request: gr.Request, message, state):
-        """Runs at once when a turn is sent, beside its joining Gradio's queue: where it waits there while other
-        computations run (nothing when it was refused, or runs already and shows its own progress)."""
+        """Runs at once when a turn is sent, just before it joins Gradio's queue: starts the page's watch of
+        where it waits (`where`)."""
         if not (message or {}).get("text", "").strip():
             return gr.skip()
-        line = self.context.queue.waiting_line_of_mine(request, "turn")
-        return gr.skip() if line is None else progress_html(0, 1, line)
+        self.context.queue.sent(request, "turn")
+        return gr.Timer(active=True)
+
+    def where(self, request: gr.Request):
+        """A tick of the page's watch: where the sent turn waits now in Gradio's queue (`ComputeQueue.watch`);
+        nothing once it runs (it shows its own progress), or when it was refused or withdrawn."""
+        line, again = self.context.queue.watch(request, "turn")
+        return (gr.skip() if line is None else progress_html(0, 1, line)), gr.Timer(active=again)
 
     def chat(
         self,

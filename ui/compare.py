@@ -73,10 +73,16 @@ class CompareCallbacks:
         self.method_names: list[str] = []  # the Compare tab's methods, in menu order (set when the page is built)
 
     def compare_queued(self, request: gr.Request, state):
-        """Runs at once when Compare is clicked, beside the comparison's joining Gradio's queue: where it waits
-        there, in Compare's status line (nothing when it was refused, or runs already)."""
-        line = self.context.queue.waiting_line_of_mine(request, "compare")
-        return gr.skip() if line is None else line
+        """Runs at once when Compare is clicked, just before the comparison joins Gradio's queue: starts the
+        page's watch of where it waits (`compare_where`)."""
+        self.context.queue.sent(request, "compare")
+        return gr.Timer(active=True)
+
+    def compare_where(self, request: gr.Request):
+        """A tick of the page's watch: where the comparison waits now, in Compare's status line (nothing once it
+        runs, or when it was refused or withdrawn)."""
+        line, again = self.context.queue.watch(request, "compare")
+        return (gr.skip() if line is None else line), gr.Timer(active=again)
 
     def compare(
         self,

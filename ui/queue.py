@@ -2,9 +2,12 @@
 
 Every model computation is an event of Gradio's concurrency group `compute` (one runs at a time). The position a
 user is told is Gradio's own rank of that user's event in the group's queue (the `rank` of Gradio's estimation
-messages) plus the computations running, read once the event is in Gradio's queue: never a tally of the app's
-own, never more than the computations that exist, and nothing at all for a send Gradio refused (ui/gate.py keeps
-a session to one computation, so its event is found by its session). The app keeps only which waiting events
+messages) plus the computations running, read while the event waits there: never a tally of the app's own,
+never more than the computations that exist, and nothing at all for a send Gradio refused (ui/gate.py keeps a
+session to one computation, so its event is found by its session). The page sends a click's events one after
+the other and joins the queue only after the at-once ones answered, so the line comes from a watch: the send
+starts a page timer (`sent`), and each tick reads where the event waits now (`watch`) until it runs, or is
+not found a moment after the send (refused, withdrawn or cancelled). The app keeps only which waiting events
 Stop withdrew (each is skipped when it comes up) and what runs for each chat state (`active`), so each Stop
 button stops its own. Gradio's queue is read, never changed.
 """
@@ -18,9 +21,8 @@ from typing import Any
 from .status import STARTING_LABEL, WAITING_LABEL
 
 COMPUTE_ID = "compute"  # the concurrency group of every model computation
-JOIN_SECONDS = 2.0  # how long a position waits for its event to be in Gradio's queue (the page sends it right after)
-POLL_SECONDS = 0.05
-SENT_SECONDS = 10.0  # a computation queued this long before the page asks where it waits is an earlier send's
+JOIN_SECONDS = 3.0  # a send's event not in Gradio's queue this long after the send was refused (or withdrawn)
+WATCH_SECONDS = 0.5  # how often a page reads where its sent computation waits
 WITHDRAWN_KEPT_SECONDS = 3600.0  # a withdrawn event that never comes up (New chat cancelled it) is forgotten then
 
 
@@ -44,6 +46,7 @@ class ComputeQueue:
         self._blocks: Any = None  # the gr.Blocks whose queue is read (`attach`)
         self._kind_of_fn: dict[int, str] = {}  # Gradio function id -> "turn", "compare" or "load"
         self._withdrawn: dict[str, float] = {}  # event id Stop withdrew -> when
+        self._sent: dict[tuple, float] = {}  # (session, kind) -> when its computation was sent (watched)
         self._turn_seconds = 0.0  # moving average of recent turn times
         # id() of the UserStates with a computation running -> "turn" or "compare" (what each Stop button stops)
         self.active: dict[int, str] = {}
@@ -76,32 +79,49 @@ class ComputeQueue:
         with self._lock:
             return [e for e in waiting if e._id not in self._withdrawn] + running
 
-    def ahead_of_mine(self, request, kind: str, since: float) -> int | None:
-        """How many computations run or wait ahead of this session's computation of `kind` that joined Gradio's
-        queue at `since` or later: Gradio's rank of it plus those running (0 once it runs). Waits up to
-        JOIN_SECONDS for the event to be queued (the page asks right before it sends it); None when none is
-        (Gradio or ui/gate.py refused it)."""
+    def ahead_of_mine(self, request, kind: str) -> int | None:
+        """How many computations run or wait ahead of this session's computation of `kind` in Gradio's queue now:
+        Gradio's rank of it plus those running (0 once it runs); None when it has none there (Gradio or
+        ui/gate.py refused it, it has not joined yet, Stop withdrew it or it ended)."""
         session = session_key(request)
-        deadline = time.monotonic() + JOIN_SECONDS
-        while True:
-            waiting, running = self._events()
+        waiting, running = self._events()
+        with self._lock:
+            withdrawn = set(self._withdrawn)
 
-            def mine(event) -> bool:
-                return event.session_hash == session and self._kind(event) == kind and event.enqueue_time >= since
+        def mine(event) -> bool:
+            return event.session_hash == session and self._kind(event) == kind and event._id not in withdrawn
 
-            if any(mine(e) for e in running):
-                return 0
-            rank = next((rank for rank, e in enumerate(waiting) if mine(e)), None)
-            if rank is not None:
-                return rank + len(running)
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(POLL_SECONDS)
+        if any(mine(e) for e in running):
+            return 0
+        rank = next((rank for rank, e in enumerate(waiting) if mine(e)), None)
+        return None if rank is None else rank + len(running)
+
+    def sent(self, request, kind: str) -> None:
+        """This session's computation of `kind` is being sent (the at-once call the page makes first)."""
+        now = time.monotonic()
+        with self._lock:  # sends never watched (a script's) are forgotten a moment later
+            self._sent = {key: t for key, t in self._sent.items() if now - t < JOIN_SECONDS}
+            self._sent[(session_key(request), kind)] = now
+
+    def watch(self, request, kind: str) -> tuple[str | None, bool]:
+        """One tick of the page's watch of its sent computation of `kind`: (the waiting line to show, or None to
+        leave the page's line as it is; whether to tick again). It ends once the computation runs, or when it
+        is not in Gradio's queue JOIN_SECONDS after the send."""
+        ahead = self.ahead_of_mine(request, kind)
+        if ahead:
+            return self.waiting_line(ahead), True
+        with self._lock:
+            since = self._sent.get((session_key(request), kind))
+        joining = ahead is None and since is not None and time.monotonic() - since < JOIN_SECONDS
+        if not joining:
+            with self._lock:
+                self._sent.pop((session_key(request), kind), None)
+        return None, joining
 
     def waiting_line_of_mine(self, request, kind: str) -> str | None:
-        """The waiting line of this session's computation of `kind` sent a moment ago (`ahead_of_mine`), or None
-        when it was refused or already runs."""
-        ahead = self.ahead_of_mine(request, kind, since=time.monotonic() - SENT_SECONDS)
+        """The waiting line of this session's computation of `kind` now (`ahead_of_mine`), or None when it has
+        none in Gradio's queue or already runs."""
+        ahead = self.ahead_of_mine(request, kind)
         return None if not ahead else self.waiting_line(ahead)
 
     def waiting_line(self, ahead: int) -> str:
