@@ -791,6 +791,7 @@ def test_two_users_at_once_keep_separate_chats(browser, app_url, tmp_path):
         open_app(pg, app_url)
         pages.append(pg)
     a, b = pages
+    set_number(a, "#vkv-max-new", 256)  # A's turn outlasts a tick of B's queue watch (a random model rarely stops)
     for pg, img, q in ((a, a_img, "Question from user A?"), (b, b_img, "Question from user B?")):
         attach(pg, img)
         pg.fill("#vkv-input textarea", q)
