@@ -1,14 +1,24 @@
 """VisualKV app entry point (also the Hugging Face Space entry): `python app.py`.
 
 Flags: --model (offline alias, Hub id or local path; default: $VISUALKV_MODEL, else an offline model), --host, --port,
---share, --device, --public, --allow-model, --max-queue, --turn-time-limit, --max-upload. With no network the app starts on an offline model and says so on the page;
-if --model cannot be loaded, it starts on the offline model and shows why.
+--share, --device, --public, --allow-model, --max-queue, --max-client-sessions, --turn-time-limit, --max-upload.
+With no network the app starts on an offline model and says so on the page; if --model cannot be loaded, it starts
+on the offline model and shows why.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+
+SHARED_CLIENT_SESSIONS = 2  # a visitor's sessions with a computation waiting or running, on a shared instance
+
+
+def client_sessions(flag: int | None, public: bool) -> int | None:
+    """`--max-client-sessions` as ServeOptions takes it: its default follows the mode, 0 means no bound."""
+    if flag is None:
+        return SHARED_CLIENT_SESSIONS if public else None
+    return flag or None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,6 +57,14 @@ def _parser() -> argparse.ArgumentParser:
         help="requests waiting at most; the next visitor is told the app is busy (default 16)",
     )
     parser.add_argument(
+        "--max-client-sessions",
+        type=int,
+        default=None,
+        metavar="N",
+        help="sessions of one visitor (address) with a computation waiting or running at once "
+        f"(default {SHARED_CLIENT_SESSIONS} on a shared instance, no bound locally; 0 = no bound)",
+    )
+    parser.add_argument(
         "--turn-time-limit",
         type=float,
         default=300.0,
@@ -65,8 +83,8 @@ def _parser() -> argparse.ArgumentParser:
 def main() -> None:
     parser = _parser()
     args = parser.parse_args()
-    if args.max_queue < 1 or args.turn_time_limit < 0:
-        parser.error("--max-queue must be >= 1 and --turn-time-limit >= 0")
+    if args.max_queue < 1 or args.turn_time_limit < 0 or (args.max_client_sessions or 0) < 0:
+        parser.error("--max-queue must be >= 1, --turn-time-limit >= 0 and --max-client-sessions >= 0")
     from ui.size import parse_size
 
     try:
@@ -91,12 +109,14 @@ def main() -> None:
         check_device(device)  # --device cuda without a visible GPU: one line before anything starts
     except ModelLoadError as exc:
         parser.error(str(exc))
+    public = is_public(share=args.share, public=args.public)
     serve = ServeOptions(
-        public=is_public(share=args.share, public=args.public),
+        public=public,
         allow_models=tuple(args.allow_model),
         max_queue=args.max_queue,
         turn_time_limit=args.turn_time_limit or None,
         max_upload_bytes=max_upload,
+        max_client_sessions=client_sessions(args.max_client_sessions, public),
     )
     if serve.public:  # the library's "auto" settings (the chat's --park-cache) read shared mode from here
         os.environ.setdefault("VISUALKV_PUBLIC", "1")

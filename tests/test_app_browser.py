@@ -13,15 +13,14 @@ import json
 import os
 import re
 import shutil
-import socket
 import struct
-import subprocess
-import sys
 import time
 import zlib
 from pathlib import Path
 
 import pytest
+
+from tests.app_process import app_process
 
 pytestmark = pytest.mark.browser
 
@@ -53,54 +52,13 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (pip) i
 # -- fixtures ------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_app(tmp_path_factory, args: list[str]):
     """Generator: `app.py` with `args` on a free port; yields its URL, then stops it and keeps its log."""
-    port = _free_port()
     tmp = tmp_path_factory.mktemp("app")
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "GRADIO_ANALYTICS_ENABLED": "False",
-        "GRADIO_TEMP_DIR": str(tmp / "gradio"),
-        "TOKENIZERS_PARALLELISM": "false",
-        "PYTHONUNBUFFERED": "1",
-    }
-    log = (tmp / "app.log").open("w")
     APP_LOG[:] = [tmp / "app.log"]
-    proc = subprocess.Popen(
-        [sys.executable, "app.py", "--port", str(port), *args],
-        cwd=REPO,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"app exited with {proc.returncode}:\n{(tmp / 'app.log').read_text()[-3000:]}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-        except OSError:
-            time.sleep(0.5)
-    else:
-        proc.kill()
-        pytest.fail("app did not open its port within 180 s")
-    yield f"http://127.0.0.1:{port}"
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
-    shutil.copy(tmp / "app.log", ARTIFACTS / "app.log")
+    with app_process(args, tmp) as (url, _, log_path):
+        yield url
+    shutil.copy(log_path, ARTIFACTS / "app.log")
 
 
 @pytest.fixture(scope="module")
@@ -218,6 +176,7 @@ def send(pg, question: str, path=None, expect_error: bool = False) -> None:
     """Ask one question (optionally with a file) and wait until the turn is done or an error shows."""
     n_before = len(bot_messages(pg))
     stale = error_text(pg)
+    toasts_before = pg.locator(".toast-body").count()
     if path is not None:
         attach(pg, path)
     pg.fill("#vkv-input textarea", question)
@@ -227,14 +186,17 @@ def send(pg, question: str, path=None, expect_error: bool = False) -> None:
             f"(stale) => {{ const t = {ERROR_JS}; return t && t !== stale; }}", arg=stale, timeout=TURN_TIMEOUT_MS
         )
         return
-    # done, or a new error line: a turn that fails says why at once instead of running into the time limit
+    # done, a new error line or a Gradio error toast (a send refused before the turn ran): a turn that fails
+    # says why at once instead of running into the time limit
     pg.wait_for_function(
-        f"([n, stale]) => (document.querySelectorAll('#vkv-chat [data-testid=\"bot\"]').length === n + 1 && "
+        f"([n, stale, toasts]) => (document.querySelectorAll('#vkv-chat [data-testid=\"bot\"]').length === n + 1 && "
         f"document.querySelector('#vkv-progress').innerText.startsWith('done')) || "
-        f"(({ERROR_JS}) && ({ERROR_JS}) !== stale)",
-        arg=[n_before, stale],
+        f"(({ERROR_JS}) && ({ERROR_JS}) !== stale) || document.querySelectorAll('.toast-body').length > toasts",
+        arg=[n_before, stale, toasts_before],
         timeout=TURN_TIMEOUT_MS,
     )
+    toasts = pg.locator(".toast-body").all_inner_texts()
+    assert len(toasts) <= toasts_before, toasts
     assert not error_text(pg), error_text(pg)
 
 
@@ -829,6 +791,7 @@ def test_two_users_at_once_keep_separate_chats(browser, app_url, tmp_path):
         open_app(pg, app_url)
         pages.append(pg)
     a, b = pages
+    set_number(a, "#vkv-max-new", 256)  # A's turn outlasts a tick of B's queue watch (a random model rarely stops)
     for pg, img, q in ((a, a_img, "Question from user A?"), (b, b_img, "Question from user B?")):
         attach(pg, img)
         pg.fill("#vkv-input textarea", q)

@@ -9,14 +9,12 @@ included), and New chat and Load model clear the results. Fixtures and helpers c
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.app_process import app_process
 from tests.test_app_browser import (
     APP_LOG,
     CHROMIUM,
@@ -26,7 +24,6 @@ from tests.test_app_browser import (
     REPO,
     TURN_TIMEOUT_MS,
     VIEWPORT,
-    _free_port,
     attach,
     bot_messages,
     choose,
@@ -52,52 +49,10 @@ STATUS_JS = "(document.querySelector('#vkv-cmp-status') || {innerText: ''}).inne
 @pytest.fixture(scope="module")
 def app_url(tmp_path_factory):
     """The app with a queue of one waiting event."""
-    port = _free_port()
     tmp = tmp_path_factory.mktemp("queue_app")
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "GRADIO_ANALYTICS_ENABLED": "False",
-        "GRADIO_TEMP_DIR": str(tmp / "gradio"),
-        "TOKENIZERS_PARALLELISM": "false",
-        "PYTHONUNBUFFERED": "1",
-    }
-    log_path = tmp / "app.log"
-    APP_LOG[:] = [log_path]
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "app.py", "--port", str(port), "--model", MODEL, "--max-queue", "1"],
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            _wait_for_port(proc, port, log_path)
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-
-
-def _wait_for_port(proc, port: int, log_path: Path) -> None:
-    import socket
-
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"app exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.5)
-    proc.kill()
-    pytest.fail("app did not open its port within 180 s")
+    APP_LOG[:] = [tmp / "app.log"]
+    with app_process(["--model", MODEL, "--max-queue", "1"], tmp) as (url, _, _):
+        yield url
 
 
 @pytest.fixture(scope="module")

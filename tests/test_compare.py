@@ -403,12 +403,11 @@ def gradio():
 
 
 def _said(h, who: str, kind: str = "turn") -> str:
-    """What the at-once call the page sends just before `who`'s computation of `kind` joins the queue shows
-    ("" for nothing)."""
+    """What a tick of the page's watch of `who`'s computation of `kind` shows ("" for nothing)."""
     if kind == "turn":
-        said = h.turns.queued(_who(who), {"text": "a question"}, None)
+        said, _ = h.turns.where(_who(who))
     else:
-        said = h.comparisons.compare_queued(_who(who), None)
+        said, _ = h.comparisons.compare_where(_who(who))
     return "" if said == gr.skip() else str(said)
 
 
@@ -417,66 +416,70 @@ def _as_event(event: Event):
     return LocalContext.event_id.set(event._id)
 
 
-def test_positions_are_gradios_turns_comparisons_and_loads_alike(gradio):
+def test_positions_are_gradios_rank_for_turns_comparisons_and_loads_alike(gradio):
+    """Each line is read once the sender's own event is in Gradio's queue: its rank plus the one running."""
     h, q = gradio
     q.start(q.send("ann", "load"))  # a model load runs
-    assert "position 2" in _said(h, "bob", "compare")
     q.send("bob", "compare")
+    said = _said(h, "bob", "compare")
+    assert "waiting: position 2" in said and "1 computation(s) ahead" in said, said
+    q.send("carol", "turn")
     said = _said(h, "carol")
     assert said.count("waiting: position 3") == 1 and "2 computation(s) ahead" in said, said
-    q.send("carol", "turn")
+    q.send("dan", "compare")
     said = _said(h, "dan", "compare")
     assert "waiting: position 4" in said and "3 computation(s) ahead" in said, said
-    q.send("dan", "compare")
     q.finish()
     q.start(q.waiting[0])  # the load ended; Bob's comparison runs
-    assert "position 4" in _said(h, "erin")
+    q.send("erin", "turn")
+    said = _said(h, "erin")
+    assert "waiting: position 4" in said and "3 computation(s) ahead" in said, said  # Bob, Carol, Dan
+    assert _said(h, "bob", "compare") == ""  # running: its own progress shows, no position
 
 
-def test_a_send_on_its_way_counts_for_the_next_one(gradio):
-    """Two sessions send at once: the second's at-once call comes before the first's event is in Gradio's queue."""
-    h, q = gradio
-    assert "starting…" in _said(h, "alice")
-    said = _said(h, "bob")
-    assert "position 2" in said and "1 computation(s) ahead" in said, said
-    q.start(q.send("alice", "turn"))  # her event arrives and runs: it counts once
-    assert "position 3" in _said(h, "carol")  # Alice's running turn and Bob's send on its way
-
-
-def test_a_send_gradio_refuses_leaves_no_record():
+def test_a_refused_send_shows_no_position_and_counts_for_nobody(monkeypatch):
+    monkeypatch.setattr(queue_module, "JOIN_SECONDS", 0.0)  # a send not in Gradio's queue by now was refused
     h = _app()
     q = GradioQueue(h, max_size=1)
     q.start(q.send("ann", "turn"))
     q.send("bob", "turn")  # the queue of one is full
-    for _ in range(50):  # Gradio refuses each of these sends: the at-once call says nothing and notes nothing
+    for _ in range(20):  # Gradio refuses each of these sends: the at-once call says nothing
         assert _said(h, "mallory") == "" and _said(h, "mallory", "compare") == ""
+    said = _said(h, "bob")
+    assert "waiting: position 2" in said and "1 computation(s) ahead" in said, said  # Ann alone is ahead
     q.finish()
     q.start(q.waiting[0])
     q.finish()  # an idle server: nobody is told to wait
-    said = _said(h, "newcomer")
-    assert "starting…" in said and "position" not in said, said
+    assert _said(h, "newcomer") == ""
 
 
-def test_one_session_counts_once_in_what_others_are_told(gradio, monkeypatch):
+def test_the_pages_watch_ticks_until_the_turn_runs_or_is_not_in_the_queue(gradio, monkeypatch):
+    """The send starts the page's watch; its ticks go on while the turn joins and waits, and end once it runs, or
+    when it is not in Gradio's queue a moment after the send (refused)."""
     h, q = gradio
     q.start(q.send("ann", "turn"))
-    for _ in range(50):  # one session's at-once calls, with no event behind them
-        _said(h, "mallory")
-    said = _said(h, "bob")
-    assert "position 3" in said and "2 computation(s) ahead" in said, said  # Ann, and Mallory once
-    monkeypatch.setattr(queue_module, "JOIN_SECONDS", 0.0)  # her sends never arrived: they no longer count
-    for _ in range(5):
-        q.send("mallory", "turn")  # five real sends of one session
-    said = _said(h, "carol")
-    assert "position 3" in said and "2 computation(s) ahead" in said, said  # Ann, and Mallory once
+    assert h.turns.queued(_who("zoe"), {"text": "a question"}, None).active is True
+    said, again = h.turns.where(_who("zoe"))
+    assert said == gr.skip() and again.active is True  # not joined yet: no line, the watch goes on
+    zoe = q.send("zoe", "turn")
+    said, again = h.turns.where(_who("zoe"))
+    assert "waiting: position 2" in str(said) and again.active is True
+    q.finish()
+    q.start(zoe)
+    said, again = h.turns.where(_who("zoe"))
+    assert said == gr.skip() and again.active is False  # it runs: its own progress shows
+    monkeypatch.setattr(queue_module, "JOIN_SECONDS", 0.0)
+    h.turns.queued(_who("mallory"), {"text": "a question"}, None)
+    said, again = h.turns.where(_who("mallory"))
+    assert said == gr.skip() and again.active is False  # refused: nothing shown, the watch ends
 
 
-def test_a_cancelled_turn_no_longer_counts(gradio, monkeypatch):
+def test_a_cancelled_turn_no_longer_counts(gradio):
     """New chat cancels a waiting turn: Gradio takes it out of its queue, and with it out of every position."""
-    monkeypatch.setattr(queue_module, "JOIN_SECONDS", 0.0)  # only what Gradio holds counts here
     h, q = gradio
     q.start(q.send("ann", "turn"))
     cancelled = q.send("alice", "turn")
+    q.send("bob", "turn")
     assert "position 3" in _said(h, "bob")
     q.waiting.remove(cancelled)
     assert "position 2" in _said(h, "bob")
@@ -487,9 +490,7 @@ def test_stop_while_a_turn_waits_withdraws_it(gradio, png):
     state = UserState(model_name=MODEL)
     q.start(q.send("bob", "turn"))
     alices = [q.send("alice", "turn"), q.send("alice", "turn")]  # sent with Enter and with Send
-    carols_place = _said(h, "carol")
     assert h.turns.stop(_who("alice"), state) == progress_html(0, 1, WITHDRAWN_TURN)
-    assert "position 2" in _said(h, "carol") and "position 3" in carols_place  # withdrawn: not ahead of her
     for event in alices:  # when each comes up, it does not run
         q.start(event)
         token = _as_event(event)

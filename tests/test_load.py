@@ -15,15 +15,14 @@ from __future__ import annotations
 import json
 import os
 import platform
-import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
+
+from tests.app_process import app_process
 
 pytestmark = pytest.mark.slow
 
@@ -45,55 +44,16 @@ METHODS = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _rss(pid: int) -> int:
     return psutil.Process(pid).memory_info().rss
 
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
-    port = _free_port()
-    tmp = tmp_path_factory.mktemp("load")
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "GRADIO_ANALYTICS_ENABLED": "False",
-        "GRADIO_TEMP_DIR": str(tmp / "gradio"),
-        "TOKENIZERS_PARALLELISM": "false",
-    }
-    log_path = tmp / "app.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "app.py", "--port", str(port), "--public", "--max-queue", str(MAX_QUEUE)],
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.time() + 240
-        while time.time() < deadline:
-            if proc.poll() is not None:
-                pytest.fail(f"app exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                time.sleep(0.5)
-        else:
-            proc.kill()
-            pytest.fail("app did not open its port within 240 s")
-        yield f"http://127.0.0.1:{port}/", proc
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    # eight visitors from one address: the bound on one visitor's sessions is lifted
+    args = ["--public", "--max-queue", str(MAX_QUEUE), "--max-client-sessions", "0"]
+    with app_process(args, tmp_path_factory.mktemp("load"), wait_s=240) as (url, proc, _):
+        yield f"{url}/", proc
 
 
 def _examples() -> list[tuple[str, str, str]]:

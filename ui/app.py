@@ -10,11 +10,13 @@ from visualkv.bench.demo_examples import load_demo_examples
 from visualkv.runtime.access import ModelPolicy, scrub_paths
 
 from . import text, views
+from .api_values import ApiValues, CheckedBlocks
 from .bounds import FormBounds, form_bounds
 from .callbacks import Callbacks
 from .evidence import redraw as redraw_evidence
 from .evidence import wire_evidence
 from .examples import ASSETS, EXAMPLE_NEW_CHAT, chat_started
+from .gate import QueueGate
 from .layout import (
     COMPARE_CSS,
     CSS,
@@ -28,7 +30,7 @@ from .layout import (
     build_settings,
 )
 from .loading import start_model
-from .queue import COMPUTE_ID
+from .queue import COMPUTE_ID, WATCH_SECONDS
 from .sharing import ServeOptions, limit_heap_arenas, release_on_close, release_state
 from .state import ModelCache, is_offline_model
 from .status import compare_stop_ack_js, note_html, stop_ack_js
@@ -67,8 +69,12 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
     bounds = form_bounds(serve.public)
     callbacks = Callbacks.create(cache, model_name, serve.turn_time_limit, serve.max_upload_bytes, bounds)
     # delete_cache: uploads and served copies older than 6 h are removed every hour
-    with gr.Blocks(title="VisualKV", analytics_enabled=False, delete_cache=(3600, 6 * 3600)) as demo:
+    with CheckedBlocks(title="VisualKV", analytics_enabled=False, delete_cache=(3600, 6 * 3600)) as demo:
         page = _build_page(demo, model_name, start_error, policy, bounds)
+        demo.api_values = ApiValues(bounds)  # every event's raw values, checked before Gradio preprocesses them
+        demo.api_values.add_form(page.settings)
+        demo.api_values.add_methods(page.settings.method_inputs)
+        demo.api_values.add_clamped(page.views.opacity)  # clamped by its callback, as the page lets one type
         callbacks.context.method_keys = page.settings.method_keys
         callbacks.method_choice.group_names = list(page.settings.groups)
         callbacks.comparisons.method_names = [value for _, value in page.compare.methods.choices]
@@ -80,6 +86,7 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
         wire_evidence(page, callbacks.context.turn_time_limit)
     demo.vkv_model = model_name  # for app.py's start message
     demo.vkv_serve = serve  # for launch's queue size
+    demo.vkv_queue = callbacks.queue  # for launch's gate
     return demo
 
 
@@ -129,10 +136,12 @@ def _wire_chat(page: Page, callbacks: Callbacks) -> None:
     view_inputs, view_outputs = [state, page.views.layer_dd, page.views.opacity], page.views.outputs
     compare = page.compare
     turn_events = []
+    # where a sent turn waits in Gradio's queue: the page sends a click's events one after the other, the turn's
+    # join after the at-once ones answered, so the send starts this watch and its ticks read the queue
+    watch = gr.Timer(WATCH_SECONDS, active=False)
+    watch.tick(turns.where, None, [chat.progress_html, watch], **AT_ONCE)
     for trigger in (chat.chat_input.submit, chat.send_btn.click):
-        # at once (no queue), just before the turn joins Gradio's queue (the page sends them in this order): say
-        # where it will wait there
-        trigger(turns.queued, [chat.chat_input, state], [chat.progress_html], **AT_ONCE)
+        trigger(turns.queued, [chat.chat_input, state], [watch], **AT_ONCE)
         turn = trigger(turns.chat, turn_inputs, _turn_outputs(page), show_progress="hidden", **COMPUTE)
         callbacks.queue.register("turn", turn)
         turn_events.append(turn)
@@ -228,8 +237,10 @@ def _wire_result_views(page: Page) -> None:
 def _wire_compare(page: Page, callbacks: Callbacks) -> None:
     """Compare (its queue line at once, then the run), Compare's own Stop, and its ticks following its file."""
     compare, comparisons, state = page.compare, callbacks.comparisons, page.state
-    # at once (no queue), just before the comparison joins Gradio's queue, as for a chat turn: where it will wait
-    compare.run_btn.click(comparisons.compare_queued, [state], [compare.status], **AT_ONCE)
+    # where the comparison waits in Gradio's queue, watched as a chat turn's
+    watch = gr.Timer(WATCH_SECONDS, active=False)
+    watch.tick(comparisons.compare_where, None, [compare.status, watch], **AT_ONCE)
+    compare.run_btn.click(comparisons.compare_queued, [state], [watch], **AT_ONCE)
     run = compare.run_btn.click(
         comparisons.compare,
         [
@@ -258,7 +269,11 @@ def launch(demo: gr.Blocks, host: str | None = None, port: int | None = None, sh
     """Queue (one model computation at a time, at most `max_queue` waiting: Gradio then tells the next
     visitor "This application is currently busy. Please try again.") and serve."""
     serve = getattr(demo, "vkv_serve", None) or ServeOptions()
-    demo.queue(default_concurrency_limit=1, max_size=serve.max_queue).launch(
+    demo.queue(default_concurrency_limit=1, max_size=serve.max_queue)
+    # one computation per session, a few sessions per visitor: checked before Gradio queues a computation
+    where = " on this shared instance" if serve.public else ""
+    QueueGate(demo.vkv_queue, serve.max_client_sessions, where).install(demo)
+    demo.launch(
         server_name=host,
         server_port=port,
         share=share,

@@ -1,4 +1,5 @@
-"""The most each field of the settings form may ask for: one table, with tighter maxima on a shared instance.
+"""The most each field of the settings form, a question and a chat may ask for: one table, with tighter maxima on
+a shared instance.
 
 A value outside its field's range is refused in one line naming the field and the range (ui/forms.py), before
 any compute. Beneath these, the library's own bounds still hold (`SessionConfig.validate`, each method's config:
@@ -25,6 +26,10 @@ class FormBounds:
     vision_ahead: int  # blocks per vision-tower call
     fps: float  # video frames sampled per second
     max_frames: int  # video frames sampled at most
+    #: a question's length in tokens: every layer attends over it at once (its cost grows with its square), so
+    #: the cap keeps one attention call of a text pass well under a second and the time limit exact
+    question_tokens: int = 4_096
+    turns: int = 1_000  # turns per chat (New chat starts over): each turn's question stays in the conversation
     where: str = ""  # said after a refused range: whose limit it is
     #: method settings whose cost grows with their value, by field name, capped below the library's own bound
     method: dict[str, int] = field(default_factory=dict)
@@ -40,6 +45,7 @@ LOCAL = FormBounds(
 SHARED = FormBounds(
     budget=16_384, block_size=8_192, max_new=512, temperature=5.0, vision_ahead=8, fps=8.0,
     max_frames=3_600,  # 1 h at 1 fps
+    question_tokens=2_048, turns=32,
     where=" on this shared instance",
     method=shared_caps(),  # each method option's declared `shared_max` (visualkv.methods.options)
 )  # fmt: skip

@@ -22,6 +22,7 @@ from visualkv.errors import ConfigError, VisualKVError
 from visualkv.media import load_media
 from visualkv.report import viz
 from visualkv.report.telemetry import TIME_LIMIT_STOP
+from visualkv.runtime.question import question_tokens
 from visualkv.runtime.session import ChatSession, SessionConfig
 from visualkv.runtime.streaming import TIME_LIMIT_STOPPED, failure_message, live_report, turn_report
 
@@ -84,13 +85,18 @@ class ChatCallbacks:
         self.reports = ReportFiles()
 
     def queued(self, request: gr.Request, message, state):
-        """Runs at once when a turn is sent, just before it joins Gradio's queue: where it will wait there while
-        other computations run (nothing when Gradio will refuse it: its queue is full)."""
+        """Runs at once when a turn is sent, just before it joins Gradio's queue: starts the page's watch of
+        where it waits (`where`)."""
         if not (message or {}).get("text", "").strip():
             return gr.skip()
-        queue = self.context.queue
-        ahead = queue.ahead_of_a_new_one(request, "turn")
-        return gr.skip() if ahead is None else progress_html(0, 1, queue.waiting_line(ahead))
+        self.context.queue.sent(request, "turn")
+        return gr.Timer(active=True)
+
+    def where(self, request: gr.Request):
+        """A tick of the page's watch: where the sent turn waits now in Gradio's queue (`ComputeQueue.watch`);
+        nothing once it runs (it shows its own progress), or when it was refused or withdrawn."""
+        line, again = self.context.queue.watch(request, "turn")
+        return (gr.skip() if line is None else progress_html(0, 1, line)), gr.Timer(active=again)
 
     def chat(
         self,
@@ -164,11 +170,11 @@ class ChatCallbacks:
     def _open(self, st: UserState, prompt: str, files: list[str], form: FormValues) -> Turn:
         """The turn about to run, every input checked first (raises with one line)."""
         cfg = form.session_config(self.context.method_keys, self.context.bounds)
+        sampling = form.sampling(self.context.bounds)  # checked with the rest of the form, a video given or not
+        self._check_length(st, prompt)
         media = None
         if files:  # validate the file first, so its own problem is what the user reads
-            media = load_media(
-                files[0], limits=self.context.media_limits(cfg.method), sampling=form.sampling(self.context.bounds)
-            )
+            media = load_media(files[0], limits=self.context.media_limits(cfg.method), sampling=sampling)
         session = st.session
         new_session = session is None
         if files and not new_session:
@@ -179,6 +185,17 @@ class ChatCallbacks:
         if not new_session and st.settings_used and st.settings_used != cfg.__dict__:
             notes.append("This chat keeps the settings it started with; click New chat to apply new ones.")
         return Turn(st, session, prompt, media, files, list(st.history), new_session, cfg, notes)
+
+    def _check_length(self, st: UserState, prompt: str) -> None:
+        """The chat's turns and the question's tokens within this instance's bounds (one line), before any compute."""
+        bounds = self.context.bounds
+        if sum(message.get("role") == "user" for message in st.history) >= bounds.turns:
+            raise ConfigError(
+                f"this chat has reached {bounds.turns:,} turns, the most per chat{bounds.where}: "
+                "click New chat to start over"
+            )
+        tokenizer = (st.session.adapter if st.session is not None else self.context.cache.get(st.model_name)).tokenizer
+        question_tokens(tokenizer, prompt, bounds.question_tokens, bounds.where)
 
     def _stream(self, turn: Turn):
         """The events of one running turn, as outputs."""

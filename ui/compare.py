@@ -19,6 +19,7 @@ from visualkv.errors import ConfigError, VisualKVError
 from visualkv.media import load_media, media_kind
 from visualkv.report import viz
 from visualkv.runtime.frame_cap import is_bounded
+from visualkv.runtime.question import question_tokens
 from visualkv.runtime.streaming import failure_message, method_options
 
 from .context import AppContext
@@ -72,11 +73,16 @@ class CompareCallbacks:
         self.method_names: list[str] = []  # the Compare tab's methods, in menu order (set when the page is built)
 
     def compare_queued(self, request: gr.Request, state):
-        """Runs at once when Compare is clicked, just before the comparison joins Gradio's queue: where it will
-        wait there, in Compare's status line (nothing when Gradio will refuse it: its queue is full)."""
-        queue = self.context.queue
-        ahead = queue.ahead_of_a_new_one(request, "compare")
-        return gr.skip() if ahead is None else queue.waiting_line(ahead)
+        """Runs at once when Compare is clicked, just before the comparison joins Gradio's queue: starts the
+        page's watch of where it waits (`compare_where`)."""
+        self.context.queue.sent(request, "compare")
+        return gr.Timer(active=True)
+
+    def compare_where(self, request: gr.Request):
+        """A tick of the page's watch: where the comparison waits now, in Compare's status line (nothing once it
+        runs, or when it was refused or withdrawn)."""
+        line, again = self.context.queue.watch(request, "compare")
+        return (gr.skip() if line is None else line), gr.Timer(active=again)
 
     def compare(
         self,
@@ -143,20 +149,23 @@ class CompareCallbacks:
         return default_ticks(kind, names)
 
     def _prepare(self, st: UserState, methods, question: str, path, form: FormValues) -> Comparison:
-        """Every input checked and the media read (raises with one line)."""
+        """Every input checked and the media read (raises with one line): the form's fields first, as in a chat
+        turn, so a value out of its range is named whatever else is missing."""
+        keys, bounds = self.context.method_keys, self.context.bounds
+        base = form.session_config(keys, bounds)
+        sampling = form.sampling(bounds)
         if not question:
             raise ConfigError("type a question (or chat first: the chat's first question is the default)")
         if not path:
             raise ConfigError("give a file here or start a chat with an image or video first")
         if not methods:
             raise ConfigError("tick at least one method to compare")
-        keys = self.context.method_keys
-        base = form.session_config(keys, self.context.bounds)
+        question_tokens(self.context.cache.get(st.model_name).tokenizer, question, bounds.question_tokens, bounds.where)
         base = dataclasses.replace(base, budget=int(form.budget) if form.budget else None)  # for the methods using one
-        options = {name: method_options(name, form.settings_of(name, keys)) for name in methods}
+        options = {name: method_options(name, form.method_settings(name, keys, bounds)) for name in methods}
         # one input for every ticked method: the frame cap of the first that holds every frame, if any
         capped = next((m for m in methods if not is_bounded(m)), methods[0])
-        media = load_media(path, limits=self.context.media_limits(capped), sampling=form.sampling(self.context.bounds))
+        media = load_media(path, limits=self.context.media_limits(capped), sampling=sampling)
         adapter = self.context.cache.get(st.model_name)
         return Comparison(adapter, media, question, methods, base, options)
 

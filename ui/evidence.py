@@ -15,6 +15,7 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
+from visualkv.errors import PrefillStopped
 from visualkv.report import viz
 from visualkv.runtime.streaming import failure_message, turn_report
 
@@ -92,13 +93,21 @@ def compute(state, layer_choice, opacity, progress=gr.Progress(), time_limit=Non
         progress((event.index + 1) / max(event.n_blocks, 1), desc=f"{RUNNING} block {event.index + 1}")
 
     state.stop = threading.Event()  # the chat's Stop button sets it
-    timer = threading.Timer(time_limit, state.stop.set) if time_limit else None
+    timed_out = threading.Event()  # set before `stop` when the time limit (not the user) ends the pass
+
+    def expire() -> None:
+        timed_out.set()
+        state.stop.set()
+
+    timer = threading.Timer(time_limit, expire) if time_limit else None
     if timer is not None:
         timer.daemon = True
         timer.start()
     try:
         compute_evidence(session, on_block=on_block, stop=state.stop)
     except Exception as exc:  # noqa: BLE001 - shown in the tab, the chat kept
+        if isinstance(exc, PrefillStopped) and timed_out.is_set():
+            return time_limit_line(time_limit), None, gr.skip(), gr.skip()
         return f"Evidence not computed: {failure_message(exc)}", None, gr.skip(), gr.skip()
     finally:
         if timer is not None:
@@ -110,6 +119,14 @@ def compute(state, layer_choice, opacity, progress=gr.Progress(), time_limit=Non
         download = gr.update(value=state.report_path, interactive=True)
     note, image = redraw(state, layer_choice, opacity)
     return note, image, viz.summary_line(state.report), download
+
+
+def time_limit_line(time_limit: float) -> str:
+    """What an evidence pass the turn time limit ended says."""
+    return (
+        f"Evidence not computed: this instance's turn time limit ({time_limit:g} s) ended the second pass; "
+        "the chat is as it was."
+    )
 
 
 def table_update(results: dict[str, Any]):

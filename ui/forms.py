@@ -7,6 +7,7 @@ the checks here say what is wrong in one line naming the field and its range (ui
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,27 +24,51 @@ from .bounds import LOCAL, FormBounds
 MAX_FILE_BYTES = 200 * 1024**2  # default upload limit (a Space); `python app.py --max-upload 4GB` raises it
 
 
+def _number(value, name: str, wanted: str) -> float:
+    """`value` as a float, or a one-line ConfigError naming the field: empty, not a number (a string, a bool, a
+    list sent to the API) or not finite."""
+    if value is None or value == "":
+        raise ConfigError(f"{name} is empty: type {wanted}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{name} must be {wanted}, got {str(value)[:40]!r}")
+    return float(value)
+
+
 def whole(value, name: str, low: int, high: int | None = None, hint: str = "") -> int:
     """A number field's value as an int in [low, high], or a one-line ConfigError naming the field."""
-    if value is None or value == "":
-        raise ConfigError(f"{name} is empty: type a whole number ≥ {low}{hint}")
-    number = float(value)
+    limit = f"between {low:,} and {high:,}" if high is not None else f"≥ {low:,}"
+    number = _number(value, name, f"a whole number {limit}{hint}")
     if not math.isfinite(number) or number != int(number) or number < low or (high is not None and number > high):
-        limit = f"between {low:,} and {high:,}" if high is not None else f"≥ {low:,}"
         raise ConfigError(f"{name} must be a whole number {limit}{hint}, got {number:g}")
     return int(number)
 
 
 def real(value, name: str, low: float, high: float, low_open: bool = False) -> float:
     """A number field's value as a float in [low, high] (or (low, high]), or a one-line ConfigError."""
-    if value is None or value == "":
-        raise ConfigError(f"{name} is empty: type a number")
-    number = float(value)
+    limit = f"{'above' if low_open else 'at least'} {low:g} and at most {high:g}"
+    number = _number(value, name, f"a number {limit}")
     if not math.isfinite(number) or number < low or number > high or (low_open and number == low):
-        raise ConfigError(
-            f"{name} must be {'above' if low_open else 'at least'} {low:g} and at most {high:g}, got {number:g}"
-        )
+        raise ConfigError(f"{name} must be {limit}, got {number:g}")
     return number
+
+
+def field_checks(bounds: FormBounds) -> dict[str, Callable[[Any], Any]]:
+    """Each bounded number field's check, by its name in `FormValues` (and `SettingsPanel`): the value, or a
+    one-line ConfigError naming the field and its range in `bounds`."""
+    at = bounds.where
+    return {
+        "budget": lambda v: whole(
+            v, "budget M", 1, bounds.budget, hint=f" (visual entries kept per layer and KV head){at}"
+        ),
+        "block_size": lambda v: whole(v, "block size", 0, bounds.block_size, hint=f" (0 = auto){at}"),
+        "max_new": lambda v: whole(v, "max new tokens", 1, bounds.max_new, hint=at),
+        "temperature": lambda v: real(v, "temperature", 0.0, bounds.temperature),
+        "vision_ahead": lambda v: whole(
+            v, "blocks per vision-tower call", 1, bounds.vision_ahead, hint=f" (1 = a call per block){at}"
+        ),
+        "fps": lambda v: real(v, "frames per second sampled", 0.0, bounds.fps, low_open=True),
+        "max_frames": lambda v: whole(v, "frames sampled at most", 1, bounds.max_frames, hint=at),
+    }
 
 
 @dataclass(frozen=True)
@@ -72,26 +97,16 @@ class FormValues:
         if method not in text.method_choices():
             raise ConfigError(f"unknown method {method!r}; choose one of: {', '.join(text.method_choices())}")
         needs_budget = text.traits(method).needs_budget
-        at = bounds.where
+        check = field_checks(bounds)
         cfg = SessionConfig(
             method=method,
-            budget=whole(
-                self.budget, "budget M", 1, bounds.budget, hint=f" (visual entries kept per layer and KV head){at}"
-            )
-            if needs_budget
-            else None,
-            block_size=whole(self.block_size, "block size", 0, bounds.block_size, hint=f" (0 = auto){at}") or None,
+            budget=check["budget"](self.budget) if needs_budget else None,
+            block_size=check["block_size"](self.block_size) or None,
             prefill=None if self.prefill in (None, "auto") else self.prefill,
-            max_new_tokens=whole(self.max_new, "max new tokens", 1, bounds.max_new, hint=at),
-            temperature=real(self.temperature, "temperature", 0.0, bounds.temperature),
+            max_new_tokens=check["max_new"](self.max_new),
+            temperature=check["temperature"](self.temperature),
             followup=self.followup or "reuse",
-            vision_ahead=whole(
-                self.vision_ahead,
-                "blocks per vision-tower call",
-                1,
-                bounds.vision_ahead,
-                hint=f" (1 = a call per block){at}",
-            ),
+            vision_ahead=check["vision_ahead"](self.vision_ahead),
             method_options=method_options(method, self.method_settings(method, method_keys, bounds)),
         )
         cfg.validate()
@@ -110,8 +125,8 @@ class FormValues:
 
     def sampling(self, bounds: FormBounds = LOCAL) -> FrameSampling:
         """How a video is sampled: the two video fields, checked against `bounds`."""
-        rate = real(self.fps, "frames per second sampled", 0.0, bounds.fps, low_open=True)
-        count = whole(self.max_frames, "frames sampled at most", 1, bounds.max_frames, hint=bounds.where)
+        check = field_checks(bounds)
+        rate, count = check["fps"](self.fps), check["max_frames"](self.max_frames)
         try:
             return FrameSampling(fps=rate, max_frames=count)
         except (TypeError, ValueError) as exc:

@@ -1,13 +1,15 @@
 """Where a computation stands in the one compute queue that chat turns, comparisons and model loads share.
 
-Every model computation is an event of Gradio's concurrency group `compute` (one runs at a time), and positions
-are read from Gradio's own queue of that group when a computation is about to join it: what Gradio holds, plus
-the sends of the last moment that are on their way to it (at most one per session and kind, none that Gradio will
-refuse, each gone once its event arrives or after a few seconds). Nothing outlives its event (it ran, was
-cancelled, or its tab closed), and a session's several waiting computations of one kind count once, so no
-session can inflate the positions others are told. The app keeps only which waiting events Stop withdrew
-(each is skipped when it comes up) and what runs for each chat state (`active`), so each Stop button stops its
-own. Gradio's queue is read, never changed.
+Every model computation is an event of Gradio's concurrency group `compute` (one runs at a time). The position a
+user is told is Gradio's own rank of that user's event in the group's queue (the `rank` of Gradio's estimation
+messages) plus the computations running, read while the event waits there: never a tally of the app's own,
+never more than the computations that exist, and nothing at all for a send Gradio refused (ui/gate.py keeps a
+session to one computation, so its event is found by its session). The page sends a click's events one after
+the other and joins the queue only after the at-once ones answered, so the line comes from a watch: the send
+starts a page timer (`sent`), and each tick reads where the event waits now (`watch`) until it runs, or is
+not found a moment after the send (refused, withdrawn or cancelled). The app keeps only which waiting events
+Stop withdrew (each is skipped when it comes up) and what runs for each chat state (`active`), so each Stop
+button stops its own. Gradio's queue is read, never changed.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from typing import Any
 from .status import STARTING_LABEL, WAITING_LABEL
 
 COMPUTE_ID = "compute"  # the concurrency group of every model computation
-JOIN_SECONDS = 5.0  # how long a send counts before its event is in Gradio's queue (the page sends it right after)
+JOIN_SECONDS = 3.0  # a send's event not in Gradio's queue this long after the send was refused (or withdrawn)
+WATCH_SECONDS = 0.5  # how often a page reads where its sent computation waits
 WITHDRAWN_KEPT_SECONDS = 3600.0  # a withdrawn event that never comes up (New chat cancelled it) is forgotten then
 
 
@@ -43,7 +46,7 @@ class ComputeQueue:
         self._blocks: Any = None  # the gr.Blocks whose queue is read (`attach`)
         self._kind_of_fn: dict[int, str] = {}  # Gradio function id -> "turn", "compare" or "load"
         self._withdrawn: dict[str, float] = {}  # event id Stop withdrew -> when
-        self._joining: dict[tuple, float] = {}  # (session, kind) sent a moment ago, not yet in Gradio's queue -> when
+        self._sent: dict[tuple, float] = {}  # (session, kind) -> when its computation was sent (watched)
         self._turn_seconds = 0.0  # moving average of recent turn times
         # id() of the UserStates with a computation running -> "turn" or "compare" (what each Stop button stops)
         self.active: dict[int, str] = {}
@@ -70,37 +73,56 @@ class ComputeQueue:
     def _kind(self, event) -> str | None:
         return self._kind_of_fn.get(event.fn._id)
 
-    def ahead_of_a_new_one(self, request, kind: str) -> int | None:
-        """For the at-once call the page sends just before a computation of `kind` joins Gradio's queue: how many
-        computations will run or wait ahead of it. None when Gradio will refuse it (its queue is full: the page
-        then shows Gradio's own "busy" message), and then nothing is noted. Otherwise the send is noted as about
-        to join (one note per session and kind), so that a send a moment later counts it too; the note goes
-        when its event is in Gradio's queue, or after JOIN_SECONDS. Withdrawn computations are left out (they end
-        at once); a session's several waiting computations of one kind count once."""
-        gradio_queue = getattr(self._blocks, "_queue", None)
-        if (
-            gradio_queue is not None
-            and gradio_queue.max_size is not None
-            and len(gradio_queue) >= gradio_queue.max_size
-        ):
-            return None
+    def held(self) -> list:
+        """The compute events waiting (less those Stop withdrew) or running now."""
         waiting, running = self._events()
-        now = time.monotonic()
         with self._lock:
-            self._joining = {
-                key: sent
-                for key, sent in self._joining.items()
-                if now - sent < JOIN_SECONDS
-                and not any(
-                    (e.session_hash, self._kind(e)) == key and e.enqueue_time >= sent for e in waiting + running
-                )
-            }
-            ahead = {(e.session_hash, self._kind(e)) for e in waiting if e._id not in self._withdrawn}
-            mine = (session_key(request), kind)  # a note of its own earlier send is replaced by this one
-            held = {(e.session_hash, self._kind(e)) for e in running}
-            ahead |= {key for key in self._joining if key != mine and key not in held}
-            self._joining[mine] = now
-        return len(ahead) + len(running)
+            return [e for e in waiting if e._id not in self._withdrawn] + running
+
+    def ahead_of_mine(self, request, kind: str) -> int | None:
+        """How many computations run or wait ahead of this session's computation of `kind` in Gradio's queue now:
+        Gradio's rank of it plus those running (0 once it runs); None when it has none there (Gradio or
+        ui/gate.py refused it, it has not joined yet, Stop withdrew it or it ended)."""
+        session = session_key(request)
+        waiting, running = self._events()
+        with self._lock:
+            withdrawn = set(self._withdrawn)
+
+        def mine(event) -> bool:
+            return event.session_hash == session and self._kind(event) == kind and event._id not in withdrawn
+
+        if any(mine(e) for e in running):
+            return 0
+        rank = next((rank for rank, e in enumerate(waiting) if mine(e)), None)
+        return None if rank is None else rank + len(running)
+
+    def sent(self, request, kind: str) -> None:
+        """This session's computation of `kind` is being sent (the at-once call the page makes first)."""
+        now = time.monotonic()
+        with self._lock:  # sends never watched (a script's) are forgotten a moment later
+            self._sent = {key: t for key, t in self._sent.items() if now - t < JOIN_SECONDS}
+            self._sent[(session_key(request), kind)] = now
+
+    def watch(self, request, kind: str) -> tuple[str | None, bool]:
+        """One tick of the page's watch of its sent computation of `kind`: (the waiting line to show, or None to
+        leave the page's line as it is; whether to tick again). It ends once the computation runs, or when it
+        is not in Gradio's queue JOIN_SECONDS after the send."""
+        ahead = self.ahead_of_mine(request, kind)
+        if ahead:
+            return self.waiting_line(ahead), True
+        with self._lock:
+            since = self._sent.get((session_key(request), kind))
+        joining = ahead is None and since is not None and time.monotonic() - since < JOIN_SECONDS
+        if not joining:
+            with self._lock:
+                self._sent.pop((session_key(request), kind), None)
+        return None, joining
+
+    def waiting_line_of_mine(self, request, kind: str) -> str | None:
+        """The waiting line of this session's computation of `kind` now (`ahead_of_mine`), or None when it has
+        none in Gradio's queue or already runs."""
+        ahead = self.ahead_of_mine(request, kind)
+        return None if not ahead else self.waiting_line(ahead)
 
     def waiting_line(self, ahead: int) -> str:
         """What a computation with `ahead` others before it shows while it waits."""
@@ -126,11 +148,9 @@ class ComputeQueue:
         return bool(ids)
 
     def comes_up(self, request, kind: str) -> bool:
-        """Called first in a computation's handler: False if Stop withdrew its event (it must not run). Its
-        session's note of a send on its way goes now too (a computation that never waited is not seen waiting)."""
+        """Called first in a computation's handler: False if Stop withdrew its event (it must not run)."""
         event_id = current_event_id()
         with self._lock:
-            self._joining.pop((session_key(request), kind), None)
             return event_id is None or self._withdrawn.pop(event_id, None) is None
 
     def turn_took(self, seconds: float) -> None:

@@ -30,6 +30,8 @@ class ServeOptions:
     turn_time_limit: seconds a chat turn may run before it is stopped like Stop (None: no limit).
     max_upload_bytes: the largest file a user may upload (200 MiB, fit for a Space; raise it locally
     for an hour of video with `--max-upload 4GB`).
+    max_client_sessions: sessions of one visitor (network address) that may have a computation waiting or
+    running at once (`--max-client-sessions`; None: no bound, the local default).
     """
 
     public: bool = False
@@ -37,6 +39,7 @@ class ServeOptions:
     max_queue: int = 16
     turn_time_limit: float | None = 300.0
     max_upload_bytes: int = 200 * 1024**2  # Gradio's upload limit and MediaLimits.max_file_bytes (`--max-upload`)
+    max_client_sessions: int | None = None
 
 
 def _glibc(call: str, *args: int) -> None:

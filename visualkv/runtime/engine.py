@@ -144,6 +144,22 @@ def _vision_stops(adapter: ModelAdapter, should_stop: Callable[[], bool] | None)
             handle.remove()
 
 
+@contextlib.contextmanager
+def _layer_part_stops(adapter: ModelAdapter, should_stop: Callable[[], bool] | None) -> Iterator[None]:
+    """Within the block, each decoder layer's parts (its attention, its MLP) ask `stop_point` before they run, so
+    a long text pass or block ends at Stop or the time limit within a part of a layer, not a whole layer. Hooks
+    that only read a Python flag, removed on exit."""
+    if should_stop is None:
+        yield
+        return
+    handles = [part.register_forward_pre_hook(_stop_hook) for layer in adapter.layers for part in layer.children()]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def _stop_hook(module: torch.nn.Module, args: tuple) -> None:
     stop_point()
 
@@ -299,7 +315,11 @@ class Engine:
         held until their blocks run: fewer tower entries (kernel launches) for a larger transient; adapters
         without `encode_ahead` encode block by block whatever it says.
         """
-        with stop_scope(should_stop), _vision_stops(self.adapter, should_stop):
+        with (
+            stop_scope(should_stop),
+            _vision_stops(self.adapter, should_stop),
+            _layer_part_stops(self.adapter, should_stop),
+        ):
             return self._prefill(
                 prepared,
                 cache,
@@ -413,9 +433,35 @@ class Engine:
         scratch = CompressibleCache(self.adapter.num_layers)
         self.run_layers(self.adapter.embed(ids), positions, torch.arange(ids.shape[0]), scratch, observer, ctx)
 
+    @contextlib.contextmanager
+    def stoppable(self, should_stop: Callable[[], bool] | None) -> Iterator[None]:
+        """Within the block, `should_stop` is asked before each part of each decoder layer (`PrefillStopped`): for a
+        pass over text into a cache its caller drops when stopped (a follow-up's replay of the conversation, the
+        Evidence pass), however long the text. Nothing is hooked when it is None."""
+        if should_stop is None:
+            yield
+            return
+        with stop_scope(should_stop), _layer_part_stops(self.adapter, should_stop):
+            stop_point()
+            yield
+
     @torch.no_grad()
-    def extend(self, ids: torch.Tensor, start_position: int, seq_offset: int, cache: CompressibleCache) -> torch.Tensor:
-        """Run plain text tokens (protected) after the cache; returns last logits."""
+    def extend(
+        self,
+        ids: torch.Tensor,
+        start_position: int,
+        seq_offset: int,
+        cache: CompressibleCache,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> torch.Tensor:
+        """Run plain text tokens (protected) after the cache; returns last logits. `should_stop`: see `stoppable`
+        (the cache is then half-extended: only for a cache the caller drops when stopped)."""
+        with self.stoppable(should_stop):
+            return self._extend(ids, start_position, seq_offset, cache)
+
+    def _extend(
+        self, ids: torch.Tensor, start_position: int, seq_offset: int, cache: CompressibleCache
+    ) -> torch.Tensor:
         n = int(ids.shape[0])
         device = self.adapter.device  # positions and indices made there: no host-to-device copy per token
         steps = torch.arange(n, device=device)

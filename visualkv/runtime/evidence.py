@@ -187,10 +187,11 @@ def compute_evidence(
     engine.prefill(
         replay.prepared, cache, FullCache(), None, block_size, "blockwise", on_block=on_block, should_stop=should_stop
     )
-    if replay.text is not None:
-        engine.extend(replay.text, prepared.next_position, prepared.seq_len, cache)
+    if replay.text is not None:  # the conversation before the answer, into the scratch cache: Stop holds
+        engine.extend(replay.text, prepared.next_position, prepared.seq_len, cache, should_stop=should_stop)
     observer = _EvidenceObserver(adapter, cache, ids, n_visual, held)
-    engine.run_layers(adapter.embed(replay.ids), replay.positions, replay.token_index, cache, observer)
+    with engine.stoppable(should_stop):
+        engine.run_layers(adapter.embed(replay.ids), replay.positions, replay.token_index, cache, observer)
     # one host read for the whole pass, after its last layer: the figures are what the caller asked for
     kept = torch.stack([k.cpu() for k in observer.kept]).double()
     total = torch.stack([t.cpu() for t in observer.total]).double()

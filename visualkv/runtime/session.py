@@ -431,7 +431,10 @@ class ChatSession:
         )
         method.proxy_ids = None
         history = torch.cat(self.state.history_ids + [ids]) if self.state.history_ids else ids
-        logits = self.engine.extend(history, self.prepared.next_position, self.prepared.seq_len, cache)
+        # the whole conversation again, into the new cache (dropped when stopped): Stop and the time limit hold
+        logits = self.engine.extend(
+            history, self.prepared.next_position, self.prepared.seq_len, cache, should_stop=should_stop
+        )
         self.cache, self.prefill_result, self.method = cache, result, method
         self.memory_estimate = estimate
         self.state.rebuild_cache = False
