@@ -99,6 +99,7 @@ class ChatCallbacks:
         state,
         method,
         budget,
+        keep,
         block_size,
         max_new,
         temperature,
@@ -116,7 +117,7 @@ class ChatCallbacks:
             yield (skip, skip, skip, skip, progress_html(0, 1, WITHDRAWN_TURN), skip, skip, skip, skip)
             return
         form = FormValues(
-            method, budget, block_size, max_new, temperature, followup, prefill, vision_ahead, fps, max_frames,
+            method, budget, keep, block_size, max_new, temperature, followup, prefill, vision_ahead, fps, max_frames,
             method_values,
         )  # fmt: skip
         t0 = time.monotonic()
@@ -191,7 +192,8 @@ class ChatCallbacks:
         video = turn.media if turn.media is not None else session.media  # a follow-up re-reads the chat's media
         duration = video.duration if video is not None and video.kind == "video" else None
         for kind, payload in stream_turn(session, turn.prompt, turn.media, st.stop, time_limit=limit):
-            if st.epoch != epoch:  # New chat or another model was chosen meanwhile: drop this turn quietly
+            if st.epoch != epoch:  # New chat or another model was chosen meanwhile: drop this turn, no line left
+                yield (skip, skip, skip, skip, "", skip, skip, skip, skip)
                 return
             if kind == "block":
                 st.live_blocks.append(payload)
@@ -284,9 +286,10 @@ class ChatCallbacks:
         return record.answer or "(empty answer)"
 
     def stop(self, request: gr.Request, state):
-        """The chat's Stop: a running turn ends within a layer (a prefill) or a token; a waiting one will not run."""
+        """The chat's Stop: what this session runs (a turn, an evidence pass or a comparison) ends within a layer
+        (a prefill) or a token; a waiting turn will not run."""
         queue = self.context.queue
-        if state is not None and queue.active.get(id(state)) == "turn":
+        if state is not None and queue.active.get(id(state)) in ("turn", "evidence", "compare"):
             state.stop.set()
             # nothing written: the browser already shows "stopping…" (`stop_ack_js`); this answer can arrive
             # after the turn's own final line and would leave a stale "stopping…" under it
