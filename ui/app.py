@@ -19,6 +19,8 @@ from .layout import (
     COMPARE_CSS,
     CSS,
     DEFAULT_METHOD,
+    KEPT_TAB_LABEL,
+    MEMORY_TAB_LABEL,
     ChatPanel,
     ComparePanel,
     ResultViews,
@@ -31,7 +33,7 @@ from .loading import start_model
 from .queue import COMPUTE_ID
 from .sharing import ServeOptions, limit_heap_arenas, release_on_close, release_state
 from .state import ModelCache, is_offline_model
-from .status import compare_stop_ack_js, note_html, stop_ack_js
+from .status import compare_stop_ack_js, note_html, open_tab_js, stop_ack_js
 
 COMPUTE = {"concurrency_id": COMPUTE_ID, "concurrency_limit": 1}  # one model computation at a time
 # drawing, settings, Stop and New chat: outside the queue, so they run beside a computation and answer even when
@@ -102,8 +104,8 @@ def _build_page(
     with gr.Row(equal_height=False):
         settings = build_settings(model_name, method_names, default_method, policy, bounds)
         chat = build_chat(default_method, demo_examples)
-        result_views, compare = build_results(method_names)
-    return Page(state, model_note, settings, chat, result_views, compare, chat.memory_plot)
+        result_views, compare, memory_plot = build_results(method_names)
+    return Page(state, model_note, settings, chat, result_views, compare, memory_plot)
 
 
 def _turn_outputs(page: Page) -> list:
@@ -131,12 +133,23 @@ def _wire_chat(page: Page, callbacks: Callbacks) -> None:
     turn_events = []
     for trigger in (chat.chat_input.submit, chat.send_btn.click):
         # at once (no queue), just before the turn joins Gradio's queue (the page sends them in this order): say
-        # where it will wait there
-        trigger(turns.queued, [chat.chat_input, state], [chat.progress_html], **AT_ONCE)
+        # where it will wait there. In the browser first: a new media's prefill shows its live memory chart beside
+        # the chat, and its kept tokens once it is done (a follow-up, and a turn that gave its question back, leave
+        # the tabs as they are)
+        attached = "document.querySelectorAll('#vkv-input .thumbnail-item').length > 0"
+        trigger(
+            turns.queued,
+            [chat.chat_input, state],
+            [chat.progress_html],
+            js=open_tab_js(MEMORY_TAB_LABEL, attached, passes=2),
+            **AT_ONCE,
+        )
         turn = trigger(turns.chat, turn_inputs, _turn_outputs(page), show_progress="hidden", **COMPUTE)
         callbacks.queue.register("turn", turn)
         turn_events.append(turn)
-        turn.then(lambda: "", None, [chat.notice_md], **AT_ONCE)  # a refused card's line ends with the turn
+        # a refused card's line ends with the turn
+        emptied = "!document.querySelector('#vkv-input textarea').value"
+        turn.then(lambda: "", None, [chat.notice_md], js=open_tab_js(KEPT_TAB_LABEL, emptied), **AT_ONCE)
         drawn = turn.then(views.views, view_inputs, view_outputs, **AT_ONCE)
         drawn.then(redraw_evidence, view_inputs, page.views.evidence.outputs, **AT_ONCE)
         # the chat's media may be of another kind now: Compare's default ticks follow it

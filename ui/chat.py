@@ -61,6 +61,10 @@ class ReportFiles:
         return str(path)
 
 
+class FileRefused(ConfigError):
+    """The file sent with a turn could not be used (unreadable, too large, too long): it leaves the input."""
+
+
 @dataclass
 class Turn:
     """One running turn: what its events need to update the page."""
@@ -133,14 +137,19 @@ class ChatCallbacks:
         prompt = (message.get("text") or "").strip()
         files = message.get("files") or []
 
-        def fail(msg: str):
-            return (skip, skip, st, error_line(msg, files), "", skip, skip, skip, skip)
+        def fail(msg: str, refused_file: bool = False):
+            # a refused file leaves the input (the question stays): what is attached is what the next send sends
+            box = {"text": prompt, "files": []} if refused_file else skip
+            return (skip, box, st, error_line(msg, files), "", skip, skip, skip, skip)
 
         if not prompt:
             yield fail("The question is empty: type a question about the image or video, then send.")
             return
         try:
             turn = self._open(st, prompt, files, form)
+        except FileRefused as exc:
+            yield fail(str(exc), refused_file=True)
+            return
         except VisualKVError as exc:
             yield fail(str(exc))
             return
@@ -167,9 +176,11 @@ class ChatCallbacks:
         cfg = form.session_config(self.context.method_keys, self.context.bounds)
         media = None
         if files:  # validate the file first, so its own problem is what the user reads
-            media = load_media(
-                files[0], limits=self.context.media_limits(cfg.method), sampling=form.sampling(self.context.bounds)
-            )
+            sampling = form.sampling(self.context.bounds)
+            try:
+                media = load_media(files[0], limits=self.context.media_limits(cfg.method), sampling=sampling)
+            except VisualKVError as exc:
+                raise FileRefused(str(exc)) from exc
         session = st.session
         new_session = session is None
         if files and not new_session:

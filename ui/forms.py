@@ -26,7 +26,9 @@ MAX_FILE_BYTES = 200 * 1024**2  # default upload limit (a Space); `python app.py
 def whole(value, name: str, low: int, high: int | None = None, hint: str = "") -> int:
     """A number field's value as an int in [low, high], or a one-line ConfigError naming the field."""
     if value is None or value == "":
-        raise ConfigError(f"{name} is empty: type a whole number ≥ {low}{hint}")
+        raise ConfigError(
+            f"{name} is empty or not a number (too large, e.g. 1e999?): type a whole number ≥ {low}{hint}"
+        )
     number = float(value)
     if not math.isfinite(number) or number != int(number) or number < low or (high is not None and number > high):
         limit = f"between {low:,} and {high:,}" if high is not None else f"≥ {low:,}"
@@ -37,7 +39,7 @@ def whole(value, name: str, low: int, high: int | None = None, hint: str = "") -
 def real(value, name: str, low: float, high: float, low_open: bool = False) -> float:
     """A number field's value as a float in [low, high] (or (low, high]), or a one-line ConfigError."""
     if value is None or value == "":
-        raise ConfigError(f"{name} is empty: type a number")
+        raise ConfigError(f"{name} is empty or not a number (too large, e.g. 1e999?): type a number")
     number = float(value)
     if not math.isfinite(number) or number < low or number > high or (low_open and number == low):
         raise ConfigError(
@@ -51,7 +53,7 @@ class FormValues:
     """The settings column's values as a callback receives them (order: `SettingsPanel.inputs`)."""
 
     method: Any
-    budget: Any  # empty: the budget is the `keep` share of the media's visual tokens
+    budget: Any  # 0: the budget is the `keep` share of the media's visual tokens
     keep: Any  # percent of the media's visual tokens kept per layer and KV head
     block_size: Any
     max_new: Any
@@ -97,12 +99,12 @@ class FormValues:
         return cfg
 
     def budget_or_keep(self, bounds: FormBounds = LOCAL) -> tuple[int | None, float | None]:
-        """(budget, keep share): a typed budget M, else the keep % field as a share (one line naming the field)."""
-        if self.budget not in (None, ""):
-            hint = f" (visual entries kept per layer and KV head; empty = keep %){bounds.where}"
-            return whole(self.budget, "budget M", 1, bounds.budget, hint=hint), None
-        if self.keep in (None, ""):
-            raise ConfigError("keep % is empty: type a percentage of the visual tokens (e.g. 10), or a budget M")
+        """(budget, keep share): budget M when it is not 0, else the keep % field as a share (one line naming the
+        field)."""
+        hint = f" (visual entries kept per layer and KV head; 0 = keep %){bounds.where}"
+        budget = whole(self.budget, "budget M", 0, bounds.budget, hint=hint)
+        if budget:
+            return budget, None
         return None, real(self.keep, "keep %", 0.0, 100.0, low_open=True) / 100
 
     def method_settings(self, method: str, method_keys: list[tuple[str, str]], bounds: FormBounds) -> dict[str, Any]:
@@ -129,7 +131,7 @@ class FormValues:
 #: the settings column's first values (ui/layout.py builds its fields from them): what a first visitor's turn,
 #: an example card's included, runs with
 DEFAULTS = FormValues(
-    method="blockwise-snapkv", budget=None, keep=10, block_size=0, max_new=64, temperature=0.0, followup="reuse",
+    method="blockwise-snapkv", budget=0, keep=10, block_size=0, max_new=64, temperature=0.0, followup="reuse",
     prefill="auto", vision_ahead=1, fps=1.0, max_frames=32,
 )  # fmt: skip
 

@@ -36,16 +36,19 @@ CSS = """
   #vkv-progress:has(.prose:empty) {display: none;}
 #vkv-title h2 {font-size: 1.35em; margin: 0 0 2px 0;}
 /* a chart shows once something draws it */
-#vkv-memory:has(> .empty), #vkv-cmp-plot:has(> .empty) {display: none;}
+#vkv-cmp-plot:has(> .empty) {display: none;}
 #vkv-notice {color: #8a4b00; font-weight: 600;}
 #vkv-progress .vkv-bar {width: 100%; height: 14px;}
+#vkv-progress .vkv-progress-text {font-size: 0.88em; line-height: 1.3;}
+/* a sent picture or video stays small in the chat: the progress line and the live chart stay in view beside it */
+#vkv-chat .message img, #vkv-chat .message video {max-height: 110px !important; width: auto !important;}
 #vkv-summary {font-weight: 600;}
 .vkv-small {font-size: 0.9em; opacity: 0.85;}
 /* example cards: a thumbnail with the whole question under it (Gradio would cut the caption to one line) */
 #vkv-examples .caption-label {white-space: normal !important; overflow: visible !important; max-width: 100% !important;
   text-overflow: clip !important; position: static !important; font-size: 0.8em; line-height: 1.2;}
 #vkv-examples .thumbnail-item {flex-direction: column; aspect-ratio: auto !important; height: auto !important;}
-#vkv-examples .thumbnail-item img {height: 64px !important; object-fit: cover;}
+#vkv-examples .thumbnail-item img {height: 56px !important; object-fit: cover;}
 #vkv-examples .grid-wrap {min-height: 0 !important; height: auto !important; max-height: none !important;}
 #vkv-examples .grid-container {padding-top: 32px !important;}  /* below the gallery's floating label */
 #vkv-results button[role=tab] {padding: 4px 9px; font-size: 0.92em;}  /* all six result tabs fit in one row */
@@ -137,7 +140,6 @@ class ChatPanel:
     examples: list[dict]  # what a click on each card puts into the input
     example_gallery: gr.Gallery
     notice_md: gr.Markdown | None = None  # a card clicked while something runs: why it was not loaded
-    memory_plot: gr.Plot | None = None  # the live KV memory chart
 
 
 @dataclass
@@ -233,7 +235,7 @@ def build_settings(
             load_btn = gr.Button("Load model", elem_id="vkv-load")
         method_dd = gr.Dropdown(method_names, value=default_method, label="method", elem_id="vkv-method")
         method_md = gr.Markdown(text.method_line(default_method), elem_id="vkv-method-help", elem_classes="vkv-small")
-        with gr.Accordion("ⓘ every method, and the words used here", open=False, elem_id="vkv-words"):
+        with gr.Accordion("Methods and terms, explained", open=False, elem_id="vkv-words"):
             gr.Markdown(text.methods_in_plain_words(method_names), elem_classes="vkv-small")
             gr.Markdown(text.GLOSSARY, elem_classes="vkv-small")
         keep, budget, block_size = _budget_and_block_size(default_method)
@@ -261,7 +263,7 @@ def _budget_and_block_size(default_method: str) -> tuple[gr.Number, gr.Number, g
     budget = gr.Number(
         DEFAULTS.budget,
         precision=0,
-        label="…or a fixed budget M",
+        label="budget M (0 = keep %)",
         info=text.budget_info(default_method),
         elem_id="vkv-budget",
         interactive=uses_budget,
@@ -380,7 +382,7 @@ def build_chat(default_method: str, demo_examples: list[DemoExample]) -> ChatPan
     with gr.Column(scale=5, min_width=420):
         # as tall as its messages (up to 340 px): an empty chat leaves the example cards in view
         chatbot = gr.Chatbot(
-            label="chat", height=None, min_height=110, max_height=340, elem_id="vkv-chat", buttons=["copy"]
+            label="chat", height=None, min_height=80, max_height=340, elem_id="vkv-chat", buttons=["copy"]
         )
         error_md = gr.Markdown("", elem_id="vkv-error")
         chat_input = gr.MultimodalTextbox(
@@ -401,14 +403,12 @@ def build_chat(default_method: str, demo_examples: list[DemoExample]) -> ChatPan
         notice_md = gr.Markdown("", elem_id="vkv-notice")
         progress_html = gr.HTML("", elem_id="vkv-progress")
         summary_md = gr.Markdown("", elem_id="vkv-summary")
-        # beside the chat and its progress line, so a prefill's live chart is in view with them (hidden while empty)
-        memory_plot = gr.Plot(label="KV memory per prefill block", elem_id="vkv-memory")
         # what a follow-up question means: said once a chat exists (before any chat it is noise)
         followup_md = gr.Markdown("", elem_classes="vkv-small", elem_id="vkv-followup")
         examples, example_gallery = _examples_box(demo_examples)
     return ChatPanel(
         chatbot, error_md, chat_input, send_btn, stop_btn, new_btn, download_btn, progress_html, summary_md,
-        followup_md, examples, example_gallery, notice_md, memory_plot,
+        followup_md, examples, example_gallery, notice_md,
     )  # fmt: skip
 
 
@@ -434,18 +434,26 @@ def _examples_box(demo_examples: list[DemoExample]) -> tuple[list[dict], gr.Gall
 # -- results column -------------------------------------------------------------------------------------
 
 
-def build_results(method_names: list[str]) -> tuple[ResultViews, ComparePanel]:
-    """The result tabs and the Compare tab."""
+#: the result tabs a turn switches between: the live memory chart while a new media is read, then the kept tokens
+KEPT_TAB_LABEL, MEMORY_TAB_LABEL = "Kept tokens", "Memory"
+
+
+def build_results(method_names: list[str]) -> tuple[ResultViews, ComparePanel, gr.Plot]:
+    """The result tabs (the memory chart's among them, beside the chat and its progress line while a prefill runs)
+    and the Compare tab."""
     # every result tab in sight, none in a menu
     with gr.Column(scale=5, min_width=420, elem_id="vkv-results"), gr.Tabs(overflow_behavior="wrap"):
-        kept, evidence = _kept_tokens_tab(), build_evidence_tab()
+        kept = _kept_tokens_tab()
+        with gr.Tab(MEMORY_TAB_LABEL):
+            memory_plot = gr.Plot(label="KV memory per prefill block", elem_id="vkv-memory")
+        evidence = build_evidence_tab()
         views = ResultViews(*kept, *_saliency_tab(), *_frames_tab(), *_merges_tab(), _numbers_tab(), evidence)
         compare = _compare_tab(method_names)
-    return views, compare
+    return views, compare, memory_plot
 
 
 def _kept_tokens_tab() -> tuple:
-    with gr.Tab("Kept tokens"):
+    with gr.Tab(KEPT_TAB_LABEL):
         with gr.Row():
             layer_dd = gr.Dropdown(["average"], value="average", label="layer", elem_id="vkv-layer", min_width=120)
             opacity = gr.Slider(

@@ -109,3 +109,11 @@ def done_label(turn: dict, stopped: bool, notes: list[str]) -> str:
 def note_html(message: str) -> str:
     """A line in the progress area without a bar (e.g. what a click on an example card did)."""
     return f'<div class="vkv-progress-text">{html.escape(message)}</div>'
+
+
+def open_tab_js(label: str, condition: str, passes: int = 0) -> str:
+    """Browser-side: open the result tab named `label` when `condition` (JavaScript, on the page) holds; the
+    function hands its `passes` arguments on unchanged (as an event's `js` before its Python function)."""
+    find = f"Array.from(document.querySelectorAll('#vkv-results button[role=tab]')).find(b => b.innerText.trim() === {json.dumps(label)})"
+    args = ", ".join(f"a{k}" for k in range(passes))
+    return f"({args}) => {{ if ({condition}) {{ const tab = {find}; if (tab) tab.click(); }} return [{args}]; }}"

@@ -158,7 +158,7 @@ def budget_info(name: str) -> str:
     cls = traits(name)
     if cls is not None and not cls.needs_budget:
         return f"not used by {name} (it keeps no fixed number of entries)"
-    return "empty = keep %; else visual KV entries kept per layer and KV head (a whole number ≥ 1)"
+    return "0 = keep % above; else a fixed number of visual entries kept per layer and KV head (see Methods and terms, explained)"
 
 
 def chat_followup_note(chat_method: str | None, chat_followup: str | None, chosen: str, followup: str) -> str:
