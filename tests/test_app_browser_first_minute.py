@@ -147,7 +147,7 @@ def test_the_default_budget_compresses_and_says_its_figure(page):
     visual = int(summary.split(" visual tokens")[0].replace(",", ""))
     budget = int(summary.split("= budget ")[1].split(" ")[0].replace(",", ""))
     assert abs(budget - visual / 10) <= 1, (budget, visual)
-    assert page.locator("#vkv-notice").inner_text() == ""  # the refused card's line ended with the turn
+    assert page.locator("#vkv-notice").inner_text().strip() == ""  # the refused card's line ended with the turn
 
 
 def test_stop_ends_an_evidence_pass(page):
@@ -164,7 +164,6 @@ def test_stop_ends_an_evidence_pass(page):
         "() => document.querySelector('#vkv-progress').innerText.includes('Stopped the evidence pass')",
         timeout=TURN_TIMEOUT_MS,
     )
-    assert "Stopped the evidence pass" in page.inner_text("#vkv-evidence-note")
 
 
 def test_stop_beside_the_chat_ends_a_comparison_and_its_results_are_in_view(page):
