@@ -23,6 +23,7 @@ from tests.test_app_browser import (
     send,
     set_number,
     shot,
+    small_png,
 )
 
 browser = base.browser  # the browser fixture of tests/test_app_browser.py
@@ -166,22 +167,35 @@ def test_stop_ends_an_evidence_pass(page):
     )
 
 
-def test_stop_beside_the_chat_ends_a_comparison_and_its_results_are_in_view(page):
+def test_stop_beside_the_chat_ends_a_comparison(page):
     open_tab(page, "Compare")
     page.click("#vkv-cmp-run")
-    # the first method's row (full runs first), then Stop beside the chat
-    page.wait_for_function(
-        "() => /^1\\/\\d+ done|^2\\/\\d+ ·/.test(document.querySelector('#vkv-cmp-status').innerText)",
-        timeout=TURN_TIMEOUT_MS,
+    page.wait_for_function(  # the first method reads the chat's 4K image
+        "() => /^1\\/\\d+ ·/.test(document.querySelector('#vkv-cmp-status').innerText)", timeout=TURN_TIMEOUT_MS
     )
     seconds = stop_ack_seconds(page, "#vkv-stop", "stopping", "#vkv-cmp-status")
     assert seconds <= ACK_SECONDS, seconds
     page.wait_for_function(
         "() => document.querySelector('#vkv-cmp-status').innerText.startsWith('Stopped')", timeout=TURN_TIMEOUT_MS
     )
+
+
+def test_after_compare_its_table_and_chart_are_in_view(page, tmp_path):
+    """On a small picture (every method quick): the table wholly in view, the chart starting in it with its first
+    panel (the method choice comes after them)."""
+    path = small_png(tmp_path / "compare.png", 448, 336, seed=3)
+    if page.locator("#vkv-cmp-file button[aria-label='Clear']").count():
+        page.click("#vkv-cmp-file button[aria-label='Clear']")
+    page.set_input_files("#vkv-cmp-file input[type=file]", str(path))
+    page.wait_for_selector("#vkv-cmp-file a[download='compare.png']", timeout=TURN_TIMEOUT_MS)
+    page.click("#vkv-cmp-run")
+    page.wait_for_function(
+        "() => document.querySelector('#vkv-cmp-status').innerText.startsWith('done')", timeout=TURN_TIMEOUT_MS
+    )
     page.evaluate("() => window.scrollTo(0, 0)")
     page.locator("#vkv-cmp-plot .js-plotly-plot").first.wait_for(timeout=30_000)
-    for elem in ("#vkv-cmp-table", "#vkv-cmp-plot"):
-        assert in_view(page, elem), (elem, page.locator(elem).first.bounding_box(), page.viewport_size)
+    assert in_view(page, "#vkv-cmp-table"), (page.locator("#vkv-cmp-table").first.bounding_box(), page.viewport_size)
+    chart = page.locator("#vkv-cmp-plot").first.bounding_box()
+    assert chart["y"] + min(chart["height"], 250) <= page.viewport_size["height"], (chart, page.viewport_size)
     shot(page, f"fm_compare_{page.viewport_size['width']}")
     open_tab(page, "Kept tokens")

@@ -190,8 +190,9 @@ def wire_evidence(page, time_limit: float | None = None, active: dict | None = N
     def run(state, layer_choice, opacity, progress=gr.Progress()):  # noqa: B008 - Gradio's progress injection
         return compute(state, layer_choice, opacity, progress, time_limit=time_limit, active=active)
 
-    # at once, so the Stop beside the chat has a running line to answer
-    panel.button.click(lambda: progress_html(0, 1, EVIDENCE_LABEL), None, [page.chat.progress_html], **at_once)
+    # at once, in the browser, so the Stop beside the chat has a running line to answer
+    running = json.dumps(progress_html(0, 1, EVIDENCE_LABEL))
+    panel.button.click(None, None, [page.chat.progress_html], js=f"() => {running}", queue=False)
     ran = panel.button.click(
         run,
         inputs,

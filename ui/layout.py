@@ -554,7 +554,7 @@ def _compare_tab(method_names: list[str]) -> ComparePanel:
             interactive=False,
             wrap=True,
             column_widths=COMPARE_COLUMN_WIDTHS,
-            max_height=360,  # the chart under it stays in view; more rows scroll inside the table
+            max_height=260,  # the chart under it starts in view; more rows scroll inside the table
             elem_id="vkv-cmp-table",
         )
         plot = gr.Plot(label="KV memory: held after each block, and at its peak", elem_id="vkv-cmp-plot")
