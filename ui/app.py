@@ -178,6 +178,23 @@ def _wire_chat(page: Page, callbacks: Callbacks) -> None:
         *_compare_results(page),
     ]
 
+    _wire_cards(page, callbacks, new_chat_outputs)
+
+    # its waiting turns are cancelled (Gradio's `cancels`); a running one is dropped by the state's epoch
+    chat.new_btn.click(
+        turns.new_chat,
+        [state, page.settings.method_dd, page.settings.followup],
+        new_chat_outputs,
+        cancels=turn_events,
+        **AT_ONCE,
+    )
+
+
+def _wire_cards(page: Page, callbacks: Callbacks, new_chat_outputs: list) -> None:
+    """The example cards: a click fills the input (a new chat first on a started one), or is refused in one line
+    while this session runs something."""
+    chat, turns, state = page.chat, callbacks.turns, page.state
+
     # the annotation is how Gradio passes the clicked card
     def pick_example(evt: gr.SelectData, state, method, followup):
         """A card fills the input; on a chat that has begun it starts a new chat first, and says so. While this
@@ -197,15 +214,6 @@ def _wire_chat(page: Page, callbacks: Callbacks) -> None:
         pick_example,
         [state, page.settings.method_dd, page.settings.followup],
         [*new_chat_outputs, chat.notice_md],
-        **AT_ONCE,
-    )
-
-    # its waiting turns are cancelled (Gradio's `cancels`); a running one is dropped by the state's epoch
-    chat.new_btn.click(
-        turns.new_chat,
-        [state, page.settings.method_dd, page.settings.followup],
-        new_chat_outputs,
-        cancels=turn_events,
         **AT_ONCE,
     )
 
