@@ -13,24 +13,12 @@ from __future__ import annotations
 import pytest
 
 from tests import test_app_browser as base
-from tests.test_app_browser import (
-    ERROR_JS,
-    REPO,
-    TURN_TIMEOUT_MS,
-    attach,
-    open_tab,
-    run_app,
-    send,
-    set_number,
-    shot,
-    small_png,
-)
 
 browser = base.browser  # the browser fixture of tests/test_app_browser.py
 pytestmark = pytest.mark.browser
 
 VIEWPORTS = [{"width": 1280, "height": 720}, {"width": 1440, "height": 900}]
-IMAGE_4K = REPO / "assets" / "example_4k.png"
+IMAGE_4K = base.REPO / "assets" / "example_4k.png"
 MODEL = "tiny-qwen2.5-vl"
 #: what the page must show at most this long after Stop is clicked
 ACK_SECONDS = 0.5
@@ -38,7 +26,7 @@ ACK_SECONDS = 0.5
 
 @pytest.fixture(scope="module")
 def app_url(tmp_path_factory):
-    yield from run_app(tmp_path_factory, ["--model", MODEL])
+    yield from base.run_app(tmp_path_factory, ["--model", MODEL])
 
 
 @pytest.fixture(scope="module", params=VIEWPORTS, ids=lambda v: f"{v['width']}x{v['height']}")
@@ -94,7 +82,7 @@ def test_first_load_shows_every_card_and_plain_words(page):
     assert cards.count() >= 8
     out = [k for k in range(cards.count()) if not in_view(page, f"#vkv-examples .thumbnail-item >> nth={k}")]
     assert not out, f"cards {out} are below the fold at {page.viewport_size}"
-    shot(page, f"fm_first_load_{page.viewport_size['width']}")
+    base.shot(page, f"fm_first_load_{page.viewport_size['width']}")
     # the default budget is a share of the media, the method is said in plain words, jargon behind a toggle
     assert page.locator("#vkv-keep input[type=number]").first.input_value() == "10"
     assert page.locator("#vkv-budget input[type=number]").first.input_value() == "0"
@@ -109,19 +97,19 @@ def test_first_load_shows_every_card_and_plain_words(page):
 
 
 def test_prefill_in_view_a_card_refused_and_stop_within_half_a_second(page):
-    set_number(page, "#vkv-block-size", 256)  # the 4K image in many blocks: a prefill of several seconds
-    attach(page, IMAGE_4K)
+    base.set_number(page, "#vkv-block-size", 256)  # the 4K image in many blocks: a prefill of several seconds
+    base.attach(page, IMAGE_4K)
     page.fill("#vkv-input textarea", "Where is the small red star?")
     page.click("#vkv-send")
     page.wait_for_function(
         "() => /prefill block \\d+\\//.test(document.querySelector('#vkv-progress').innerText)",
-        timeout=TURN_TIMEOUT_MS,
+        timeout=base.TURN_TIMEOUT_MS,
     )
     page.evaluate("() => window.scrollTo(0, 0)")
     page.locator("#vkv-memory .js-plotly-plot").first.wait_for(timeout=30_000)
     for elem in ("#vkv-chat", "#vkv-progress", "#vkv-memory"):
         assert in_view(page, elem), (elem, page.locator(elem).first.bounding_box(), page.viewport_size)
-    shot(page, f"fm_prefill_{page.viewport_size['width']}")
+    base.shot(page, f"fm_prefill_{page.viewport_size['width']}")
     # a card clicked now is refused in one line; the turn goes on
     page.locator("#vkv-examples .thumbnail-item").first.click()
     page.wait_for_function(
@@ -132,17 +120,17 @@ def test_prefill_in_view_a_card_refused_and_stop_within_half_a_second(page):
     seconds = stop_ack_seconds(page, "#vkv-stop", "stopping", "#vkv-progress")
     assert seconds <= ACK_SECONDS, seconds
     page.wait_for_function(
-        f"() => {ERROR_JS}.includes('Stopped') || document.querySelector('#vkv-progress').innerText.startsWith('done')",
-        timeout=TURN_TIMEOUT_MS,
+        f"() => {base.ERROR_JS}.includes('Stopped') || document.querySelector('#vkv-progress').innerText.startsWith('done')",
+        timeout=base.TURN_TIMEOUT_MS,
     )
     assert "stopping" not in progress(page)
 
 
 def test_the_default_budget_compresses_and_says_its_figure(page):
     if page.locator("#vkv-input .thumbnail-item").count() == 0:  # the stopped turn gave its file back
-        attach(page, IMAGE_4K)
-    set_number(page, "#vkv-block-size", 0)
-    send(page, "Where is the small red star?")
+        base.attach(page, IMAGE_4K)
+    base.set_number(page, "#vkv-block-size", 0)
+    base.send(page, "Where is the small red star?")
     summary = page.inner_text("#vkv-summary")
     assert "keep 10 % = budget" in summary and "× less at peak" in summary, summary
     visual = int(summary.split(" visual tokens")[0].replace(",", ""))
@@ -152,50 +140,50 @@ def test_the_default_budget_compresses_and_says_its_figure(page):
 
 
 def test_stop_ends_an_evidence_pass(page):
-    open_tab(page, "Evidence")
+    base.open_tab(page, "Evidence")
     seconds = stop_ack_seconds(page, "#vkv-evidence-run", "evidence pass", "#vkv-progress")
     assert seconds <= ACK_SECONDS, seconds  # the pass says it runs at once
     page.wait_for_function(  # it runs (Gradio's progress over the image), not only waits
         "() => document.querySelector('#vkv-evidence').innerText.includes('uncompressed pass')",
-        timeout=TURN_TIMEOUT_MS,
+        timeout=base.TURN_TIMEOUT_MS,
     )
     seconds = stop_ack_seconds(page, "#vkv-stop", "stopping", "#vkv-progress")
     assert seconds <= ACK_SECONDS, seconds
     page.wait_for_function(
         "() => document.querySelector('#vkv-progress').innerText.includes('Stopped the evidence pass')",
-        timeout=TURN_TIMEOUT_MS,
+        timeout=base.TURN_TIMEOUT_MS,
     )
 
 
 def test_stop_beside_the_chat_ends_a_comparison(page):
-    open_tab(page, "Compare")
+    base.open_tab(page, "Compare")
     page.click("#vkv-cmp-run")
     page.wait_for_function(  # the first method reads the chat's 4K image
-        "() => /^1\\/\\d+ ·/.test(document.querySelector('#vkv-cmp-status').innerText)", timeout=TURN_TIMEOUT_MS
+        "() => /^1\\/\\d+ ·/.test(document.querySelector('#vkv-cmp-status').innerText)", timeout=base.TURN_TIMEOUT_MS
     )
     seconds = stop_ack_seconds(page, "#vkv-stop", "stopping", "#vkv-cmp-status")
     assert seconds <= ACK_SECONDS, seconds
     page.wait_for_function(
-        "() => document.querySelector('#vkv-cmp-status').innerText.startsWith('Stopped')", timeout=TURN_TIMEOUT_MS
+        "() => document.querySelector('#vkv-cmp-status').innerText.startsWith('Stopped')", timeout=base.TURN_TIMEOUT_MS
     )
 
 
 def test_after_compare_its_table_and_chart_are_in_view(page, tmp_path):
     """On a small picture (every method quick): the table wholly in view, the chart starting in it with its first
     panel (the method choice comes after them)."""
-    path = small_png(tmp_path / "compare.png", 448, 336, seed=3)
+    path = base.small_png(tmp_path / "compare.png", 448, 336, seed=3)
     if page.locator("#vkv-cmp-file button[aria-label='Clear']").count():
         page.click("#vkv-cmp-file button[aria-label='Clear']")
     page.set_input_files("#vkv-cmp-file input[type=file]", str(path))
-    page.wait_for_selector("#vkv-cmp-file a[download='compare.png']", timeout=TURN_TIMEOUT_MS)
+    page.wait_for_selector("#vkv-cmp-file a[download='compare.png']", timeout=base.TURN_TIMEOUT_MS)
     page.click("#vkv-cmp-run")
     page.wait_for_function(
-        "() => document.querySelector('#vkv-cmp-status').innerText.startsWith('done')", timeout=TURN_TIMEOUT_MS
+        "() => document.querySelector('#vkv-cmp-status').innerText.startsWith('done')", timeout=base.TURN_TIMEOUT_MS
     )
     page.evaluate("() => window.scrollTo(0, 0)")
     page.locator("#vkv-cmp-plot .js-plotly-plot").first.wait_for(timeout=30_000)
     assert in_view(page, "#vkv-cmp-table"), (page.locator("#vkv-cmp-table").first.bounding_box(), page.viewport_size)
     chart = page.locator("#vkv-cmp-plot").first.bounding_box()
     assert chart["y"] + min(chart["height"], 250) <= page.viewport_size["height"], (chart, page.viewport_size)
-    shot(page, f"fm_compare_{page.viewport_size['width']}")
-    open_tab(page, "Kept tokens")
+    base.shot(page, f"fm_compare_{page.viewport_size['width']}")
+    base.open_tab(page, "Kept tokens")
