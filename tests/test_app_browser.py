@@ -417,6 +417,8 @@ def test_image_chat_live_memory_and_heatmap(page):
     seen = watched(page)
     answers = bot_messages(page)
     assert len(answers) == 1 and answers[0].strip()
+    open_tab(page, "Memory")  # the page opened it while the image was read, and Kept tokens after
+    page.locator("#vkv-memory .js-plotly-plot").first.wait_for(timeout=30_000)
     traces = plot_traces(page, "#vkv-memory")
     n_blocks = traces["KV cache (held)"]
     assert n_blocks > 2, traces  # a 4K image under budget 256 is prefilled block by block
