@@ -88,6 +88,7 @@ class CompareCallbacks:
         evidence,
         method,
         budget,
+        keep,
         block_size,
         max_new,
         temperature,
@@ -110,7 +111,7 @@ class CompareCallbacks:
         question = (question or "").strip() or st.first_prompt
         path = file or st.media_path
         form = FormValues(
-            method, budget, block_size, max_new, temperature, followup, prefill, vision_ahead, fps, max_frames,
+            method, budget, keep, block_size, max_new, temperature, followup, prefill, vision_ahead, fps, max_frames,
             method_values,
         )  # fmt: skip
         try:
@@ -152,7 +153,8 @@ class CompareCallbacks:
             raise ConfigError("tick at least one method to compare")
         keys = self.context.method_keys
         base = form.session_config(keys, self.context.bounds)
-        base = dataclasses.replace(base, budget=int(form.budget) if form.budget else None)  # for the methods using one
+        budget, keep = form.budget_or_keep(self.context.bounds)  # for the methods using one
+        base = dataclasses.replace(base, budget=budget, keep=keep)
         options = {name: method_options(name, form.settings_of(name, keys)) for name in methods}
         # one input for every ticked method: the frame cap of the first that holds every frame, if any
         capped = next((m for m in methods if not is_bounded(m)), methods[0])

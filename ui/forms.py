@@ -26,7 +26,9 @@ MAX_FILE_BYTES = 200 * 1024**2  # default upload limit (a Space); `python app.py
 def whole(value, name: str, low: int, high: int | None = None, hint: str = "") -> int:
     """A number field's value as an int in [low, high], or a one-line ConfigError naming the field."""
     if value is None or value == "":
-        raise ConfigError(f"{name} is empty: type a whole number ≥ {low}{hint}")
+        raise ConfigError(
+            f"{name} is empty or not a number (too large, e.g. 1e999?): type a whole number ≥ {low}{hint}"
+        )
     number = float(value)
     if not math.isfinite(number) or number != int(number) or number < low or (high is not None and number > high):
         limit = f"between {low:,} and {high:,}" if high is not None else f"≥ {low:,}"
@@ -37,7 +39,7 @@ def whole(value, name: str, low: int, high: int | None = None, hint: str = "") -
 def real(value, name: str, low: float, high: float, low_open: bool = False) -> float:
     """A number field's value as a float in [low, high] (or (low, high]), or a one-line ConfigError."""
     if value is None or value == "":
-        raise ConfigError(f"{name} is empty: type a number")
+        raise ConfigError(f"{name} is empty or not a number (too large, e.g. 1e999?): type a number")
     number = float(value)
     if not math.isfinite(number) or number < low or number > high or (low_open and number == low):
         raise ConfigError(
@@ -51,7 +53,8 @@ class FormValues:
     """The settings column's values as a callback receives them (order: `SettingsPanel.inputs`)."""
 
     method: Any
-    budget: Any
+    budget: Any  # 0: the budget is the `keep` share of the media's visual tokens
+    keep: Any  # percent of the media's visual tokens kept per layer and KV head
     block_size: Any
     max_new: Any
     temperature: Any
@@ -72,14 +75,12 @@ class FormValues:
         if method not in text.method_choices():
             raise ConfigError(f"unknown method {method!r}; choose one of: {', '.join(text.method_choices())}")
         needs_budget = text.traits(method).needs_budget
+        budget, keep = self.budget_or_keep(bounds) if needs_budget else (None, None)
         at = bounds.where
         cfg = SessionConfig(
             method=method,
-            budget=whole(
-                self.budget, "budget M", 1, bounds.budget, hint=f" (visual entries kept per layer and KV head){at}"
-            )
-            if needs_budget
-            else None,
+            budget=budget,
+            keep=keep,
             block_size=whole(self.block_size, "block size", 0, bounds.block_size, hint=f" (0 = auto){at}") or None,
             prefill=None if self.prefill in (None, "auto") else self.prefill,
             max_new_tokens=whole(self.max_new, "max new tokens", 1, bounds.max_new, hint=at),
@@ -96,6 +97,15 @@ class FormValues:
         )
         cfg.validate()
         return cfg
+
+    def budget_or_keep(self, bounds: FormBounds = LOCAL) -> tuple[int | None, float | None]:
+        """(budget, keep share): budget M when it is not 0, else the keep % field as a share (one line naming the
+        field)."""
+        hint = f" (visual entries kept per layer and KV head; 0 = keep %){bounds.where}"
+        budget = whole(self.budget, "budget M", 0, bounds.budget, hint=hint)
+        if budget:
+            return budget, None
+        return None, real(self.keep, "keep %", 0.0, 100.0, low_open=True) / 100
 
     def method_settings(self, method: str, method_keys: list[tuple[str, str]], bounds: FormBounds) -> dict[str, Any]:
         """`method`'s own settings, each under its cap in `bounds` (one line naming it); the library checks the
@@ -121,7 +131,7 @@ class FormValues:
 #: the settings column's first values (ui/layout.py builds its fields from them): what a first visitor's turn,
 #: an example card's included, runs with
 DEFAULTS = FormValues(
-    method="blockwise-snapkv", budget=1024, block_size=0, max_new=64, temperature=0.0, followup="reuse",
+    method="blockwise-snapkv", budget=0, keep=10, block_size=0, max_new=64, temperature=0.0, followup="reuse",
     prefill="auto", vision_ahead=1, fps=1.0, max_frames=32,
 )  # fmt: skip
 
@@ -133,11 +143,13 @@ class MethodChoice:
         self.group_names: list[str] = []  # methods with a settings group, in output order
 
     def method_changed(self, method, followup, state=None):
-        """Method or follow-up choice changed: its help, the budget field, its settings group, and the
+        """Method or follow-up choice changed: its help, the keep and budget fields, its settings group, and the
         follow-up note of the method the chat really runs (a started chat keeps its own; no note before a
         chat exists)."""
         cls = text.traits(method)
-        budget = gr.update(interactive=bool(cls and cls.needs_budget), info=text.budget_info(method))
+        uses = bool(cls and cls.needs_budget)
+        keep = gr.update(interactive=uses, info=text.keep_info(method))
+        budget = gr.update(interactive=uses, info=text.budget_info(method))
         groups = [gr.update(visible=name == method) for name in self.group_names]
         started = state is not None and (state.session is not None or bool(state.history))
         chat = state.session.config if started and state.session is not None else None
@@ -146,4 +158,4 @@ class MethodChoice:
             if started
             else ""
         )
-        return (text.method_line(method), budget, note, *groups)
+        return (text.method_line(method), keep, budget, note, *groups)
