@@ -49,7 +49,7 @@ def _input_args(p: argparse._ArgumentGroup) -> None:
 
 
 def _method_args(p: argparse._ArgumentGroup) -> None:
-    from visualkv.cli.args import fraction, non_negative_int, positive_int
+    from visualkv.cli.args import fraction, positive_int
     from visualkv.methods import method_names
 
     p.add_argument(
