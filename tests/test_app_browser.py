@@ -539,8 +539,12 @@ def test_bad_inputs_show_errors_and_keep_chat_and_model(page, tmp_path):
         assert len(message) > 10, (label, message)
         assert "MediaLimits" not in message, message  # a web user cannot raise a library limit
         assert bot_messages(page) == history, label
-        if path is not None:  # the rejected file stays in the box; remove it before the next case
-            page.locator("#vkv-input .delete-button").first.click()
+        assert page.locator("#vkv-error").is_visible(), label  # the one line is on screen
+        if path is not None:  # the refused file is cleared from the input; the question stays
+            page.wait_for_function(
+                "() => document.querySelectorAll('#vkv-input .thumbnail-item').length === 0", timeout=10_000
+            )
+            assert page.input_value("#vkv-input textarea") == question, label
         shot(page, f"03_error_{label.replace(' ', '_')}")
     page.locator("#vkv-model-id textarea, #vkv-model-id input").first.fill("no-such-org/no-such-model")
     page.click("#vkv-load")
@@ -600,6 +604,7 @@ def test_a_refused_file_leaves_the_input_and_the_question_stays(page, tmp_path):
 def test_stop_during_prefill_stops_it_and_keeps_the_chat(page, tmp_path):
     # the 4K image in blocks of one strip: ~70 blocks, ~3 s on this model. Stop as soon as the first block is
     # shown: live updates are at most 4 a second, so the page is at most ~0.25 s behind the engine.
+    new_chat(page)  # a file starts a chat: the earlier tests' chat would refuse it
     set_number(page, "#vkv-block-size", 256)
     attach(page, REPO / "assets" / "example_4k.png")
     page.fill("#vkv-input textarea", "Where is the small red star?")

@@ -47,6 +47,12 @@ def test_a_bad_number_is_one_line_naming_its_field(field, value, words):
     assert words in str(refused.value) and "\n" not in str(refused.value), str(refused.value)
 
 
+def test_a_bad_keep_is_refused_beside_a_fixed_budget_too():
+    """A fixed budget M makes keep % unused, yet a bad value typed there is said, not silently ignored."""
+    with pytest.raises(ConfigError, match="^keep % must be above 0"):
+        replace(DEFAULTS, budget=256, keep=0).session_config([])
+
+
 def test_the_summary_says_the_figure_a_keep_share_became():
     report = {"visual_tokens": 10549, "budget": 1055, "keep": 0.1, "peak_kv_bytes": 1, "full_kv_bytes": 9}
     assert summary_line(report).startswith("10549 visual tokens, keep 10 % = budget 1,055 per layer and KV head")

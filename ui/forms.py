@@ -99,13 +99,12 @@ class FormValues:
         return cfg
 
     def budget_or_keep(self, bounds: FormBounds = LOCAL) -> tuple[int | None, float | None]:
-        """(budget, keep share): budget M when it is not 0, else the keep % field as a share (one line naming the
-        field)."""
+        """(budget, keep share): budget M when it is not 0, else the keep % field as a share. Both fields are
+        checked either way (one line naming the field): a bad value on the page is never silently ignored."""
         hint = f" (visual entries kept per layer and KV head; 0 = keep %){bounds.where}"
         budget = whole(self.budget, "budget M", 0, bounds.budget, hint=hint)
-        if budget:
-            return budget, None
-        return None, real(self.keep, "keep %", 0.0, 100.0, low_open=True) / 100
+        keep = real(self.keep, "keep %", 0.0, 100.0, low_open=True) / 100
+        return (budget, None) if budget else (None, keep)
 
     def method_settings(self, method: str, method_keys: list[tuple[str, str]], bounds: FormBounds) -> dict[str, Any]:
         """`method`'s own settings, each under its cap in `bounds` (one line naming it); the library checks the
