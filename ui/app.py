@@ -149,7 +149,9 @@ def _wire_chat(page: Page, callbacks: Callbacks) -> None:
         turn_events.append(turn)
         # a refused card's line ends with the turn
         emptied = "!document.querySelector('#vkv-input textarea').value"
-        turn.then(lambda: "", None, [chat.notice_md], js=open_tab_js(KEPT_TAB_LABEL, emptied), **AT_ONCE)
+        # in the browser alone: a server round trip would show Gradio's timer in the emptied line
+        clear_notice = f"() => {{ ({open_tab_js(KEPT_TAB_LABEL, emptied)})(); return ''; }}"
+        turn.then(None, None, [chat.notice_md], js=clear_notice, **AT_ONCE)
         drawn = turn.then(views.views, view_inputs, view_outputs, **AT_ONCE)
         drawn.then(redraw_evidence, view_inputs, page.views.evidence.outputs, **AT_ONCE)
         # the chat's media may be of another kind now: Compare's default ticks follow it
@@ -275,7 +277,7 @@ def _wire_compare(page: Page, callbacks: Callbacks) -> None:
         **COMPUTE,
     )
     callbacks.queue.register("compare", run)
-    run.then(lambda: "", None, [page.chat.notice_md], **AT_ONCE)  # a refused card's line ends with the comparison
+    run.then(None, None, [page.chat.notice_md], js="() => ''", **AT_ONCE)  # a refused card's line ends with it
     compare.stop_btn.click(None, [compare.status], [compare.status], js=compare_stop_ack_js(), queue=False)
     compare.stop_btn.click(comparisons.stop_compare, [state], [compare.status], **AT_ONCE)
     # a file given here sets the default ticks for its kind of media (unless the ticks are the user's own)

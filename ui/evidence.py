@@ -202,7 +202,7 @@ def wire_evidence(page, time_limit: float | None = None, active: dict | None = N
         show_progress_on=[panel.image],
     )
     if page.chat.notice_md is not None:  # a card refused meanwhile: its line ends with the pass
-        ran.then(lambda: "", None, [page.chat.notice_md], **at_once)
+        ran.then(None, None, [page.chat.notice_md], js="() => ''", **at_once)
     for control in (page.views.layer_dd, page.views.opacity):
         control.input(redraw, inputs, panel.outputs, trigger_mode="always_last", **at_once)
     page.chat.new_btn.click(lambda: (NO_TURN, None), None, panel.outputs, **at_once)
