@@ -379,6 +379,8 @@ def test_image_chat_live_memory_and_heatmap(page):
     seen = watched(page)
     answers = bot_messages(page)
     assert len(answers) == 1 and answers[0].strip()
+    open_tab(page, "Memory")  # the page opened it while the image was read, and Kept tokens after
+    page.locator("#vkv-memory .js-plotly-plot").first.wait_for(timeout=30_000)
     traces = plot_traces(page, "#vkv-memory")
     n_blocks = traces["KV cache (held)"]
     assert n_blocks > 2, traces  # a 4K image under budget 256 is prefilled block by block
@@ -499,8 +501,12 @@ def test_bad_inputs_show_errors_and_keep_chat_and_model(page, tmp_path):
         assert len(message) > 10, (label, message)
         assert "MediaLimits" not in message, message  # a web user cannot raise a library limit
         assert bot_messages(page) == history, label
-        if path is not None:  # the rejected file stays in the box; remove it before the next case
-            page.locator("#vkv-input .delete-button").first.click()
+        assert page.locator("#vkv-error").is_visible(), label  # the one line is on screen
+        if path is not None:  # the refused file is cleared from the input; the question stays
+            page.wait_for_function(
+                "() => document.querySelectorAll('#vkv-input .thumbnail-item').length === 0", timeout=10_000
+            )
+            assert page.input_value("#vkv-input textarea") == question, label
         shot(page, f"03_error_{label.replace(' ', '_')}")
     page.locator("#vkv-model-id textarea, #vkv-model-id input").first.fill("no-such-org/no-such-model")
     page.click("#vkv-load")
@@ -515,9 +521,11 @@ def test_bad_inputs_show_errors_and_keep_chat_and_model(page, tmp_path):
 
 
 BAD_VALUES = [
-    ("#vkv-budget", "0", "budget"),
     ("#vkv-budget", "-5", "budget"),
     ("#vkv-budget", "", "budget"),
+    ("#vkv-keep", "0", "keep %"),
+    ("#vkv-keep", "101", "keep %"),
+    ("#vkv-max-new", "1e999", "max new tokens"),  # too large for the browser to read: not silently another value
     ("#vkv-block-size", "-3", "block size"),
     ("#vkv-block-size", "", "block size"),
     ("#vkv-max-new", "0", "max new tokens"),
@@ -546,18 +554,19 @@ def test_every_bad_control_value_is_one_line_and_loses_nothing(page):
     shot(page, "03_bad_values")
 
 
-def test_new_chat_clears_a_rejected_attachment(page, tmp_path):
+def test_a_refused_file_leaves_the_input_and_the_question_stays(page, tmp_path):
     corrupt = tmp_path / "broken.png"
     corrupt.write_bytes(b"\x89PNG\r\n\x1a\n" + os.urandom(300))
     send(page, "what is this?", corrupt, expect_error=True)
-    assert page.locator("#vkv-input .thumbnail-item").count() == 1  # kept while the chat goes on
-    new_chat(page)
     page.wait_for_function("() => document.querySelectorAll('#vkv-input .thumbnail-item').length === 0", timeout=10_000)
+    assert page.input_value("#vkv-input textarea") == "what is this?"
+    page.fill("#vkv-input textarea", "")
 
 
 def test_stop_during_prefill_stops_it_and_keeps_the_chat(page, tmp_path):
     # the 4K image in blocks of one strip: ~70 blocks, ~3 s on this model. Stop as soon as the first block is
     # shown: live updates are at most 4 a second, so the page is at most ~0.25 s behind the engine.
+    new_chat(page)  # a file starts a chat: the earlier tests' chat would refuse it
     set_number(page, "#vkv-block-size", 256)
     attach(page, REPO / "assets" / "example_4k.png")
     page.fill("#vkv-input textarea", "Where is the small red star?")

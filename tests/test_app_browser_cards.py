@@ -1,6 +1,6 @@
 """The app as a first visitor of a shared instance (a Space) finds it, in a real browser: its own start model and
 settings untouched, every example card clicked and sent, each answered right (the scene's key,
-assets/visualkv-demo/examples.json); the settings' shared maxima shown and enforced in one line. After the
+assets/visualkv-demo/examples.json) and compressed by the default budget (its summary shows the saving); the settings' shared maxima shown and enforced in one line. After the
 largest image's card answers, the window a visitor sees is the README's screenshot: with VISUALKV_SCREENSHOT=1
 it replaces docs/screenshot.png (else it goes to artifacts/, so a test run leaves the tree clean).
 
@@ -62,7 +62,7 @@ def test_every_example_card_answers_right_with_the_defaults(browser, app_url):
     cards = pg.locator("#vkv-examples .thumbnail-item")
     cards.first.wait_for(timeout=30_000)
     assert cards.count() == len(shown) >= 8
-    answers, largest = [], _largest_image(shown)
+    answers, saved, largest = [], [], _largest_image(shown)
     for index, (question, path) in enumerate(shown):
         cards.nth(index).scroll_into_view_if_needed()
         cards.nth(index).click()
@@ -70,6 +70,8 @@ def test_every_example_card_answers_right_with_the_defaults(browser, app_url):
         assert pg.input_value("#vkv-input textarea") == question  # the card put its own question in the input
         send(pg, question)  # the card's file stays attached
         answers.append((question, path.rsplit("/", 1)[-1], keys[question, path], bot_messages(pg)[-1].strip()))
+        summary = pg.inner_text("#vkv-summary")  # the default budget compressed this card, and says so
+        saved.append((path.rsplit("/", 1)[-1], summary))
         if path == largest:
             _front_door_screenshot(pg)
             largest = None  # once, after the image's first question
@@ -78,6 +80,11 @@ def test_every_example_card_answers_right_with_the_defaults(browser, app_url):
         new_chat(pg)
     wrong = [a for a in answers if not answer_matches(a[3], a[2])]
     assert not wrong, wrong
+    # the default (keep 10 %) and the figure it became on this card, and a saving at peak
+    uncompressed = [
+        (name, line) for name, line in saved if "keep 10 % = budget " not in line or "× less at peak" not in line
+    ]
+    assert not uncompressed, uncompressed
     context.close()
 
 

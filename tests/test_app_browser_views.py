@@ -198,6 +198,7 @@ def test_frames_tab_numbers_add_up_and_the_memory_chart_reads_plainly(page):
     page.locator("#vkv-thumbs img").first.wait_for(timeout=60_000)
     _assert_captions_whole(page, "#vkv-thumbs", "kept")
     # the memory chart: the video's progress line clear of Plotly's toolbar (shown while the pointer is on it)
+    open_tab(page, "Memory")
     page.hover("#vkv-memory .js-plotly-plot")
     page.wait_for_selector("#vkv-memory .modebar", timeout=10_000)
     line = page.locator("#vkv-memory .annotation", has_text="of 1:04 read")

@@ -66,6 +66,9 @@ def test_bad_media_exits_2_with_one_line(tmp_path, capsys, kind, words):
         (["--prompt", "hi", "--method", "blockwise-snapkv", "--budget", "0"], ["budget", "positive"]),
         (["--prompt", "hi", "--method", "blockwise-snapkv", "--budget", "-5"], ["budget", "positive"]),
         (["--prompt", "hi", "--method", "blockwise-keydiff"], ["needs a budget", "--budget"]),
+        (["--prompt", "hi", "--method", "blockwise-snapkv", "--keep", "0"], ["--keep", "(0, 1]"]),
+        (["--prompt", "hi", "--method", "blockwise-snapkv", "--keep", "1.5"], ["--keep", "(0, 1]"]),
+        (["--prompt", "hi", "--method", "blockwise-snapkv", "--keep", "0.1", "--budget", "8"], ["--keep", "--budget"]),
         (["--prompt", "hi", "--model", "no-such-org/no-such-model-xyz"], ["cannot load model", "no-such-model-xyz"]),
         (["--prompt", "hi", "--model", "./missing/folder"], ["does not exist"]),
         (["--prompt", "hi", "--method", "magic"], ["invalid choice"]),
@@ -144,6 +147,19 @@ def test_a_gpu_index_past_the_last_is_refused(monkeypatch):
     check_device("cuda:1")  # the last one is fine
     with pytest.raises(ModelLoadError, match=r"sees 2 GPU\(s\) \(cuda:0 to cuda:1\)"):
         check_device("cuda:2")
+
+
+def test_keep_sets_the_budget_from_the_media_s_visual_tokens(image_file, tmp_path, capsys):
+    """--keep 0.1: the budget is a tenth of the visual tokens, known only once the media is read; the report says
+    the figure and the share, and the cache holds less than the full one."""
+    out = tmp_path / "report.json"
+    argv = ["run", "--media", str(image_file), "--prompt", "What is this?", "--method", "blockwise-snapkv"]
+    code, _, err = _run(capsys, *argv, "--keep", "0.1", "--max-new-tokens", "2", "--quiet", "--json", str(out))
+    assert code == 0, err
+    report = json.loads(out.read_text())
+    assert report["keep"] == 0.1 and report["visual_tokens"] > 20
+    assert report["budget"] == round(report["visual_tokens"] / 10)
+    assert report["peak_kv_bytes"] < report["full_kv_bytes"]
 
 
 def test_run_two_turns_writes_report(image_file, tmp_path, capsys):

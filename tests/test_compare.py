@@ -224,8 +224,8 @@ def _app(turn_time_limit=None) -> Callbacks:
 
 
 def _compare(h, state, path, methods, max_new=3, session="alice"):
-    #         state, methods, question, file, evidence column, method, budget, block size, max new, temperature,
-    #         followup, prefill, blocks per vision-tower call, fps, max frames
+    #         state, methods, question, file, evidence column, method, budget, keep %, block size, max new,
+    #         temperature, followup, prefill, blocks per vision-tower call, fps, max frames
     return h.comparisons.compare(
         SimpleNamespace(session_hash=session),
         state,
@@ -235,6 +235,7 @@ def _compare(h, state, path, methods, max_new=3, session="alice"):
         False,
         "full",
         BUDGET,
+        10,
         32,
         max_new,
         0.0,
@@ -253,7 +254,10 @@ def png(tmp_path_factory):
     return str(path)
 
 
-def test_compares_stop_button_stops_it_and_the_chats_does_not(png):
+@pytest.mark.parametrize("button", ["compare", "chat"])
+def test_compares_stop_button_and_the_chats_both_stop_it(png, button):
+    """Compare's own Stop and the chat's Stop (which stops whatever the session runs) both end a comparison
+    after the method that runs, keeping the finished rows."""
     h, state = _app(), UserState(model_name=MODEL)
     statuses, tables = [], []
     for table, _fig, status, _state in _compare(h, state, png, ["full", "blockwise-keydiff", "lightkv"]):
@@ -261,10 +265,11 @@ def test_compares_stop_button_stops_it_and_the_chats_does_not(png):
         if isinstance(table, list):
             tables.append(table)
         if status == "1/3 done":
-            assert (
-                h.turns.stop(_who("alice"), state) is not None and not state.stop.is_set()
-            )  # the chat's Stop: nothing of it runs
-            h.comparisons.stop_compare(_who("alice"), state)
+            assert not state.stop.is_set()
+            if button == "chat":
+                h.turns.stop(_who("alice"), state)
+            else:
+                h.comparisons.stop_compare(_who("alice"), state)
             assert state.stop.is_set()
     assert statuses[-1] == "Stopped after 1 of 3 methods; the table keeps the finished ones", statuses
     assert [row[0] for row in tables[-1]] == ["full"]
@@ -317,7 +322,7 @@ def _chat(h, state, text, files=(), max_new=3, method="full", vision_ahead=1):
     request = SimpleNamespace(session_hash="alice")
     message = {"text": text, "files": list(files)}
     return h.turns.chat(
-        request, message, state, method, BUDGET, 32, max_new, 0.0, "reuse", "blockwise", vision_ahead, 1.0, 8
+        request, message, state, method, BUDGET, 10, 32, max_new, 0.0, "reuse", "blockwise", vision_ahead, 1.0, 8
     )
 
 

@@ -203,7 +203,8 @@ def test_video_time_cue_changes_the_stripe_period_per_third():
 def test_every_example_card_is_answered_right_with_the_app_defaults(demo):
     """Every example card under the chat is a demo scene (a 4K still and videos among them), and with the
     settings column as a first visitor finds it (method, budget, answer length, video sampling) the demo model
-    answers each card's question right: what a new user clicks first."""
+    answers each card's question right, its cache compressed (a peak below the full cache): what a new user clicks
+    first."""
     from ui.examples import chat_examples
     from ui.forms import DEFAULTS, MAX_FILE_BYTES
     from ui.text import demo_questions_md
@@ -221,12 +222,17 @@ def test_every_example_card_is_answered_right_with_the_app_defaults(demo):
     assert len(cards) >= 8 and all(card in keys for card in cards), cards  # every card has a known answer
     config = DEFAULTS.session_config([])
     limits = media_limits(config.method, MediaLimits(max_file_bytes=MAX_FILE_BYTES))
-    wrong = []
+    wrong, uncompressed = [], []
     for question, path in cards:
         media = load_media(path, limits=limits, sampling=DEFAULTS.sampling())
-        answer = ChatSession(demo, config).ask(question, media).answer
+        session = ChatSession(demo, config)
+        answer = session.ask(question, media).answer
         if not answer_matches(answer, keys[question, path]):
             wrong.append((os.path.basename(path), question, keys[question, path], answer))
+        report = session.report()  # the default budget compresses every card: its peak is below the full cache
+        if not report["peak_kv_bytes"] < report["full_kv_bytes"]:
+            uncompressed.append((os.path.basename(path), report["budget"], report["visual_tokens"]))
     assert not wrong, wrong
+    assert not uncompressed, uncompressed
     panel = demo_questions_md(question_forms(), examples)
     assert all(q.question in panel for e in examples for q in e.questions)

@@ -148,7 +148,7 @@ def test_the_app_chats_compares_and_draws_on_cuda(tmp_path):
             state.new_chat()
             for text, files in (("What is in it?", [str(png)]), ("And what else?", [])):
                 message = {"text": text, "files": files}
-                args = (method, 48, 32, 3, 0.7, "reuse", "blockwise", 1, 1.0, 8)
+                args = (method, 48, 10, 32, 3, 0.7, "reuse", "blockwise", 1, 1.0, 8)
                 outs = list(h.turns.chat(who, message, state, *args))
                 errors = [o[3] for o in outs if isinstance(o[3], str) and o[3].startswith("⚠️")]
                 assert not errors, errors  # the error line stays empty
@@ -158,7 +158,7 @@ def test_the_app_chats_compares_and_draws_on_cuda(tmp_path):
                 views = result_views.views(state, layer)
                 assert views is not None
         rows = None
-        args = ("What is in it?", str(png), False, "full", 48, 32, 3, 0.0, "reuse", "blockwise", 1, 1.0, 8)
+        args = ("What is in it?", str(png), False, "full", 48, 10, 32, 3, 0.0, "reuse", "blockwise", 1, 1.0, 8)
         for table, _fig, status, _state in h.comparisons.compare(who, state, list(METHODS), *args):
             rows = table if isinstance(table, list) else rows
         assert rows is not None and len(rows) == len(METHODS), status

@@ -36,13 +36,14 @@ def test_the_view_says_it_costs_a_second_pass_until_computed(small_image):
 def test_compute_draws_the_view_and_puts_recall_in_the_summary(small_image):
     state = _state(small_image)
     seen = []
-    note, image, summary, _download = evidence.compute(
+    note, image, summary, _download, line = evidence.compute(
         state, "average", 0.6, progress=lambda *a, **k: seen.append((a, k))
     )
     recall = state.session.evidence.recall
     assert 0 < recall < 1
     assert f"evidence recall {recall:.1%}" in note and f"evidence recall {recall:.1%}" in summary
     assert isinstance(image, Image.Image)
+    assert "evidence done" in line  # the chat's progress line ends with what the pass found
     assert seen and seen[-1][0][0] == 1.0  # progress reached the last block of the uncompressed pass
     layer_note, layer_image = evidence.redraw(state, "layer 1")  # the shared layer selector
     assert f"{state.session.evidence.recall_per_layer[1]:.1%} in layer 1" in layer_note
@@ -54,8 +55,9 @@ def test_a_refused_pass_is_a_visible_message_and_the_chat_is_kept(small_image):
 
     state = _state(small_image)
     state.session.guard = MemoryGuard(free_bytes=lambda: 1)
-    note, image, _summary, _download = evidence.compute(state, "average", 0.6, progress=lambda *a, **k: None)
+    note, image, _summary, _download, line = evidence.compute(state, "average", 0.6, progress=lambda *a, **k: None)
     assert note.startswith("Evidence not computed:") and "evidence recall needs" in note and image is None
+    assert "Evidence not computed:" in line  # the chat's progress line says it too, not a frozen "running"
     assert len(state.session.turns) == 1
 
 
@@ -66,7 +68,7 @@ def test_the_downloadable_report_gains_the_evidence(small_image, tmp_path):
     state.report_path = str(tmp_path / "visualkv_report.json")
     write_report(state.report, state.report_path)
     assert "evidence" not in json.loads(Path(state.report_path).read_text())
-    *_, download = evidence.compute(state, "average", 0.6, progress=lambda *a, **k: None)
+    *_, download, _line = evidence.compute(state, "average", 0.6, progress=lambda *a, **k: None)
     saved = json.loads(Path(state.report_path).read_text())
     assert saved["evidence"]["recall"] == state.session.evidence.recall
     assert download["value"] == state.report_path

@@ -432,7 +432,9 @@ def test_live_block_updates_keep_the_page_up_with_the_engine(snap, monkeypatch, 
     monkeypatch.setattr(chat, "stream_turn", replay)
     h = Callbacks.create(ModelCache(device="cpu"), "tiny-qwen2.5-vl")
     request = SimpleNamespace(session_hash="alice")
-    turn = h.turns.chat(request, {"text": "hi", "files": []}, None, "full", 1024, 0, 4, 0.0, "reuse", "auto", 1, 1.0, 8)
+    turn = h.turns.chat(
+        request, {"text": "hi", "files": []}, None, "full", 1024, 10, 0, 4, 0.0, "reuse", "auto", 1, 1.0, 8
+    )
     drawn = [(out[4], out[5]) for out in turn if "prefill block" in str(out[4])]
     labels = [re.search(r"prefill block (\d+)/", progress).group(1) for progress, _ in drawn]
     if seconds_per_block == 0:

@@ -15,12 +15,14 @@ from .bounds import FormBounds, form_bounds
 from .callbacks import Callbacks
 from .evidence import redraw as redraw_evidence
 from .evidence import wire_evidence
-from .examples import ASSETS, EXAMPLE_NEW_CHAT, chat_started
+from .examples import ASSETS, EXAMPLE_NEW_CHAT, chat_started, example_refused
 from .gate import QueueGate
 from .layout import (
     COMPARE_CSS,
     CSS,
     DEFAULT_METHOD,
+    KEPT_TAB_LABEL,
+    MEMORY_TAB_LABEL,
     ChatPanel,
     ComparePanel,
     ResultViews,
@@ -33,7 +35,7 @@ from .loading import start_model
 from .queue import COMPUTE_ID, WATCH_SECONDS
 from .sharing import ServeOptions, limit_heap_arenas, release_on_close, release_state
 from .state import ModelCache, is_offline_model
-from .status import compare_stop_ack_js, note_html, stop_ack_js
+from .status import compare_stop_ack_js, note_html, open_tab_js, stop_ack_js
 
 COMPUTE = {"concurrency_id": COMPUTE_ID, "concurrency_limit": 1}  # one model computation at a time
 # drawing, settings, Stop and New chat: outside the queue, so they run beside a computation and answer even when
@@ -83,7 +85,7 @@ def build_app(default_model: str | None = None, device: str = "cpu", serve: Serv
         _wire_model_and_method(page, callbacks)
         _wire_result_views(page)
         _wire_compare(page, callbacks)
-        wire_evidence(page, callbacks.context.turn_time_limit)
+        wire_evidence(page, callbacks.context.turn_time_limit, callbacks.queue.active)
     demo.vkv_model = model_name  # for app.py's start message
     demo.vkv_serve = serve  # for launch's queue size
     demo.vkv_queue = callbacks.queue  # for launch's gate
@@ -97,7 +99,7 @@ def _build_page(
     state = gr.State(None, time_to_live=4 * 3600, delete_callback=release_state)
     release_on_close(demo, state)  # a closed tab's cache is freed at once
     limit_heap_arenas()  # ... and its memory goes back to the OS, not into one of many thread arenas
-    gr.Markdown(text.INTRO)
+    gr.Markdown(text.INTRO, elem_id="vkv-title")
     model_note = gr.Markdown(
         text.offline_note(model_name, is_offline_model(model_name), start_error),
         elem_id="vkv-model-note",
@@ -141,10 +143,26 @@ def _wire_chat(page: Page, callbacks: Callbacks) -> None:
     watch = gr.Timer(WATCH_SECONDS, active=False)
     watch.tick(turns.where, None, [chat.progress_html, watch], **AT_ONCE)
     for trigger in (chat.chat_input.submit, chat.send_btn.click):
-        trigger(turns.queued, [chat.chat_input, state], [watch], **AT_ONCE)
+        # at once (no queue), just before the turn joins Gradio's queue (the page sends them in this order): say
+        # where it will wait there. In the browser first: a new media's prefill shows its live memory chart beside
+        # the chat, and its kept tokens once it is done (a follow-up, and a turn that gave its question back, leave
+        # the tabs as they are)
+        attached = "document.querySelectorAll('#vkv-input .thumbnail-item').length > 0"
+        trigger(
+            turns.queued,
+            [chat.chat_input, state],
+            [watch],
+            js=open_tab_js(MEMORY_TAB_LABEL, attached, passes=2),
+            **AT_ONCE,
+        )
         turn = trigger(turns.chat, turn_inputs, _turn_outputs(page), show_progress="hidden", **COMPUTE)
         callbacks.queue.register("turn", turn)
         turn_events.append(turn)
+        # a refused card's line ends with the turn
+        emptied = "!document.querySelector('#vkv-input textarea').value"
+        # in the browser alone: a server round trip would show Gradio's timer in the emptied line
+        clear_notice = f"() => {{ ({open_tab_js(KEPT_TAB_LABEL, emptied)})(); return ''; }}"
+        turn.then(None, None, [chat.notice_md], js=clear_notice, **AT_ONCE)
         drawn = turn.then(views.views, view_inputs, view_outputs, **AT_ONCE)
         drawn.then(redraw_evidence, view_inputs, page.views.evidence.outputs, **AT_ONCE)
         # the chat's media may be of another kind now: Compare's default ticks follow it
@@ -156,6 +174,8 @@ def _wire_chat(page: Page, callbacks: Callbacks) -> None:
     # stream of block updates. Only a running turn's progress line (not "done…", a queue position or
     # nothing) is replaced, so a Stop with nothing to stop changes nothing.
     chat.stop_btn.click(None, [chat.progress_html], [chat.progress_html], js=stop_ack_js(), queue=False)
+    # it stops a running comparison too: Compare's status line answers as to Compare's own Stop
+    chat.stop_btn.click(None, [page.compare.status], [page.compare.status], js=compare_stop_ack_js(), queue=False)
     chat.stop_btn.click(turns.stop, [state], [chat.progress_html], **AT_ONCE)
     new_chat_outputs = [
         state,
@@ -171,22 +191,7 @@ def _wire_chat(page: Page, callbacks: Callbacks) -> None:
         *_compare_results(page),
     ]
 
-    # the annotation is how Gradio passes the clicked card
-    def pick_example(evt: gr.SelectData, state, method, followup):
-        """A card fills the input; on a chat that has begun it starts a new chat first, and says so."""
-        example = chat.examples[evt.index]
-        if not chat_started(state):
-            return tuple(example if k == 2 else gr.skip() for k in range(len(new_chat_outputs)))
-        cleared = list(turns.new_chat(state, method, followup))
-        cleared[2], cleared[4] = example, note_html(EXAMPLE_NEW_CHAT)  # the input, the progress line
-        return tuple(cleared)
-
-    chat.example_gallery.select(
-        pick_example,
-        [state, page.settings.method_dd, page.settings.followup],
-        new_chat_outputs,
-        **AT_ONCE,
-    )
+    _wire_cards(page, callbacks, new_chat_outputs)
 
     # its waiting turns are cancelled (Gradio's `cancels`); a running one is dropped by the state's epoch
     chat.new_btn.click(
@@ -194,6 +199,34 @@ def _wire_chat(page: Page, callbacks: Callbacks) -> None:
         [state, page.settings.method_dd, page.settings.followup],
         new_chat_outputs,
         cancels=turn_events,
+        **AT_ONCE,
+    )
+
+
+def _wire_cards(page: Page, callbacks: Callbacks, new_chat_outputs: list) -> None:
+    """The example cards: a click fills the input (a new chat first on a started one), or is refused in one line
+    while this session runs something."""
+    chat, turns, state = page.chat, callbacks.turns, page.state
+
+    # the annotation is how Gradio passes the clicked card
+    def pick_example(evt: gr.SelectData, state, method, followup):
+        """A card fills the input; on a chat that has begun it starts a new chat first, and says so. While this
+        session runs something, the card is refused in one line (the running work and its lines stay)."""
+        running = callbacks.queue.active.get(id(state)) if state is not None else None
+        if running:
+            skipped = [gr.skip()] * len(new_chat_outputs)
+            return (*skipped, example_refused(running))
+        example = chat.examples[evt.index]
+        if not chat_started(state):
+            return (*(example if k == 2 else gr.skip() for k in range(len(new_chat_outputs))), "")
+        cleared = list(turns.new_chat(state, method, followup))
+        cleared[2], cleared[4] = example, note_html(EXAMPLE_NEW_CHAT)  # the input, the progress line
+        return (*cleared, "")
+
+    chat.example_gallery.select(
+        pick_example,
+        [state, page.settings.method_dd, page.settings.followup],
+        [*new_chat_outputs, chat.notice_md],
         **AT_ONCE,
     )
 
@@ -219,7 +252,7 @@ def _wire_model_and_method(page: Page, callbacks: Callbacks) -> None:
         control.change(
             callbacks.method_choice.method_changed,
             [settings.method_dd, settings.followup, page.state],
-            [settings.method_md, settings.budget, chat.followup_md, *settings.groups.values()],
+            [settings.method_md, settings.keep, settings.budget, chat.followup_md, *settings.groups.values()],
             **AT_ONCE,
         )
 
@@ -257,6 +290,7 @@ def _wire_compare(page: Page, callbacks: Callbacks) -> None:
         **COMPUTE,
     )
     callbacks.queue.register("compare", run)
+    run.then(None, None, [page.chat.notice_md], js="() => ''", **AT_ONCE)  # a refused card's line ends with it
     compare.stop_btn.click(None, [compare.status], [compare.status], js=compare_stop_ack_js(), queue=False)
     compare.stop_btn.click(comparisons.stop_compare, [state], [compare.status], **AT_ONCE)
     # a file given here sets the default ticks for its kind of media (unless the ticks are the user's own)

@@ -62,6 +62,10 @@ class ReportFiles:
         return str(path)
 
 
+class FileRefused(ConfigError):
+    """The file sent with a turn could not be used (unreadable, too large, too long): it leaves the input."""
+
+
 @dataclass
 class Turn:
     """One running turn: what its events need to update the page."""
@@ -105,6 +109,7 @@ class ChatCallbacks:
         state,
         method,
         budget,
+        keep,
         block_size,
         max_new,
         temperature,
@@ -122,7 +127,7 @@ class ChatCallbacks:
             yield (skip, skip, skip, skip, progress_html(0, 1, WITHDRAWN_TURN), skip, skip, skip, skip)
             return
         form = FormValues(
-            method, budget, block_size, max_new, temperature, followup, prefill, vision_ahead, fps, max_frames,
+            method, budget, keep, block_size, max_new, temperature, followup, prefill, vision_ahead, fps, max_frames,
             method_values,
         )  # fmt: skip
         t0 = time.monotonic()
@@ -138,14 +143,19 @@ class ChatCallbacks:
         prompt = (message.get("text") or "").strip()
         files = message.get("files") or []
 
-        def fail(msg: str):
-            return (skip, skip, st, error_line(msg, files), "", skip, skip, skip, skip)
+        def fail(msg: str, refused_file: bool = False):
+            # a refused file leaves the input (the question stays): what is attached is what the next send sends
+            box = {"text": prompt, "files": []} if refused_file else skip
+            return (skip, box, st, error_line(msg, files), "", skip, skip, skip, skip)
 
         if not prompt:
             yield fail("The question is empty: type a question about the image or video, then send.")
             return
         try:
             turn = self._open(st, prompt, files, form)
+        except FileRefused as exc:
+            yield fail(str(exc), refused_file=True)
+            return
         except VisualKVError as exc:
             yield fail(str(exc))
             return
@@ -174,7 +184,10 @@ class ChatCallbacks:
         self._check_length(st, prompt)
         media = None
         if files:  # validate the file first, so its own problem is what the user reads
-            media = load_media(files[0], limits=self.context.media_limits(cfg.method), sampling=sampling)
+            try:
+                media = load_media(files[0], limits=self.context.media_limits(cfg.method), sampling=sampling)
+            except VisualKVError as exc:
+                raise FileRefused(str(exc)) from exc
         session = st.session
         new_session = session is None
         if files and not new_session:
@@ -208,7 +221,8 @@ class ChatCallbacks:
         video = turn.media if turn.media is not None else session.media  # a follow-up re-reads the chat's media
         duration = video.duration if video is not None and video.kind == "video" else None
         for kind, payload in stream_turn(session, turn.prompt, turn.media, st.stop, time_limit=limit):
-            if st.epoch != epoch:  # New chat or another model was chosen meanwhile: drop this turn quietly
+            if st.epoch != epoch:  # New chat or another model was chosen meanwhile: drop this turn, no line left
+                yield (skip, skip, skip, skip, "", skip, skip, skip, skip)
                 return
             if kind == "block":
                 st.live_blocks.append(payload)
@@ -301,9 +315,10 @@ class ChatCallbacks:
         return record.answer or "(empty answer)"
 
     def stop(self, request: gr.Request, state):
-        """The chat's Stop: a running turn ends within a layer (a prefill) or a token; a waiting one will not run."""
+        """The chat's Stop: what this session runs (a turn, an evidence pass or a comparison) ends within a layer
+        (a prefill) or a token; a waiting turn will not run."""
         queue = self.context.queue
-        if state is not None and queue.active.get(id(state)) == "turn":
+        if state is not None and queue.active.get(id(state)) in ("turn", "evidence", "compare"):
             state.stop.set()
             # nothing written: the browser already shows "stopping…" (`stop_ack_js`); this answer can arrive
             # after the turn's own final line and would leave a stale "stopping…" under it

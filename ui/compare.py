@@ -94,6 +94,7 @@ class CompareCallbacks:
         evidence,
         method,
         budget,
+        keep,
         block_size,
         max_new,
         temperature,
@@ -116,7 +117,7 @@ class CompareCallbacks:
         question = (question or "").strip() or st.first_prompt
         path = file or st.media_path
         form = FormValues(
-            method, budget, block_size, max_new, temperature, followup, prefill, vision_ahead, fps, max_frames,
+            method, budget, keep, block_size, max_new, temperature, followup, prefill, vision_ahead, fps, max_frames,
             method_values,
         )  # fmt: skip
         try:
@@ -161,7 +162,8 @@ class CompareCallbacks:
         if not methods:
             raise ConfigError("tick at least one method to compare")
         question_tokens(self.context.cache.get(st.model_name).tokenizer, question, bounds.question_tokens, bounds.where)
-        base = dataclasses.replace(base, budget=int(form.budget) if form.budget else None)  # for the methods using one
+        budget, keep = form.budget_or_keep(bounds)  # for the methods using one
+        base = dataclasses.replace(base, budget=budget, keep=keep)
         options = {name: method_options(name, form.method_settings(name, keys, bounds)) for name in methods}
         # one input for every ticked method: the frame cap of the first that holds every frame, if any
         capped = next((m for m in methods if not is_bounded(m)), methods[0])

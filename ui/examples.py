@@ -18,6 +18,14 @@ VIDEO_SUFFIXES = (".mp4", ".webm", ".mov", ".avi", ".mkv")
 THUMB_SIZE = (320, 180)
 #: said when a card is clicked on a chat that has begun: a chat is about one file, so the example starts a new one
 EXAMPLE_NEW_CHAT = "New chat started for this example (the previous chat is cleared): press Send to ask it."
+#: what runs, by the queue's name for it, as the line refusing a card says it
+RUNNING_WORK = {"turn": "A chat turn", "evidence": "An evidence pass", "compare": "A comparison"}
+
+
+def example_refused(running: str) -> str:
+    """The line for a card clicked while this session runs something (`running`: "turn", "evidence", "compare")."""
+    what = RUNNING_WORK.get(running, "A computation")
+    return f"{what} is running, so the example was not loaded: press Stop or wait for it, then click the card again."
 
 
 def chat_started(state) -> bool:

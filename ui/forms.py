@@ -28,7 +28,7 @@ def _number(value, name: str, wanted: str) -> float:
     """`value` as a float, or a one-line ConfigError naming the field: empty, not a number (a string, a bool, a
     list sent to the API) or not finite."""
     if value is None or value == "":
-        raise ConfigError(f"{name} is empty: type {wanted}")
+        raise ConfigError(f"{name} is empty or not a number (too large, e.g. 1e999?): type {wanted}")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{name} must be {wanted}, got {str(value)[:40]!r}")
     return float(value)
@@ -58,8 +58,9 @@ def field_checks(bounds: FormBounds) -> dict[str, Callable[[Any], Any]]:
     at = bounds.where
     return {
         "budget": lambda v: whole(
-            v, "budget M", 1, bounds.budget, hint=f" (visual entries kept per layer and KV head){at}"
+            v, "budget M", 0, bounds.budget, hint=f" (visual entries kept per layer and KV head; 0 = keep %){at}"
         ),
+        "keep": lambda v: real(v, "keep %", 0.0, 100.0, low_open=True),
         "block_size": lambda v: whole(v, "block size", 0, bounds.block_size, hint=f" (0 = auto){at}"),
         "max_new": lambda v: whole(v, "max new tokens", 1, bounds.max_new, hint=at),
         "temperature": lambda v: real(v, "temperature", 0.0, bounds.temperature),
@@ -76,7 +77,8 @@ class FormValues:
     """The settings column's values as a callback receives them (order: `SettingsPanel.inputs`)."""
 
     method: Any
-    budget: Any
+    budget: Any  # 0: the budget is the `keep` share of the media's visual tokens
+    keep: Any  # percent of the media's visual tokens kept per layer and KV head
     block_size: Any
     max_new: Any
     temperature: Any
@@ -98,9 +100,11 @@ class FormValues:
             raise ConfigError(f"unknown method {method!r}; choose one of: {', '.join(text.method_choices())}")
         needs_budget = text.traits(method).needs_budget
         check = field_checks(bounds)
+        budget, keep = self.budget_or_keep(bounds) if needs_budget else (None, None)
         cfg = SessionConfig(
             method=method,
-            budget=check["budget"](self.budget) if needs_budget else None,
+            budget=budget,
+            keep=keep,
             block_size=check["block_size"](self.block_size) or None,
             prefill=None if self.prefill in (None, "auto") else self.prefill,
             max_new_tokens=check["max_new"](self.max_new),
@@ -111,6 +115,13 @@ class FormValues:
         )
         cfg.validate()
         return cfg
+
+    def budget_or_keep(self, bounds: FormBounds = LOCAL) -> tuple[int | None, float | None]:
+        """(budget, keep share): budget M when it is not 0, else the keep % field as a share. Both fields are
+        checked either way (one line naming the field): a bad value on the page is never silently ignored."""
+        check = field_checks(bounds)
+        budget, keep = check["budget"](self.budget), check["keep"](self.keep) / 100
+        return (budget, None) if budget else (None, keep)
 
     def method_settings(self, method: str, method_keys: list[tuple[str, str]], bounds: FormBounds) -> dict[str, Any]:
         """`method`'s own settings, each under its cap in `bounds` (one line naming it); the library checks the
@@ -136,7 +147,7 @@ class FormValues:
 #: the settings column's first values (ui/layout.py builds its fields from them): what a first visitor's turn,
 #: an example card's included, runs with
 DEFAULTS = FormValues(
-    method="blockwise-snapkv", budget=1024, block_size=0, max_new=64, temperature=0.0, followup="reuse",
+    method="blockwise-snapkv", budget=0, keep=10, block_size=0, max_new=64, temperature=0.0, followup="reuse",
     prefill="auto", vision_ahead=1, fps=1.0, max_frames=32,
 )  # fmt: skip
 
@@ -148,11 +159,13 @@ class MethodChoice:
         self.group_names: list[str] = []  # methods with a settings group, in output order
 
     def method_changed(self, method, followup, state=None):
-        """Method or follow-up choice changed: its help, the budget field, its settings group, and the
+        """Method or follow-up choice changed: its help, the keep and budget fields, its settings group, and the
         follow-up note of the method the chat really runs (a started chat keeps its own; no note before a
         chat exists)."""
         cls = text.traits(method)
-        budget = gr.update(interactive=bool(cls and cls.needs_budget), info=text.budget_info(method))
+        uses = bool(cls and cls.needs_budget)
+        keep = gr.update(interactive=uses, info=text.keep_info(method))
+        budget = gr.update(interactive=uses, info=text.budget_info(method))
         groups = [gr.update(visible=name == method) for name in self.group_names]
         started = state is not None and (state.session is not None or bool(state.history))
         chat = state.session.config if started and state.session is not None else None
@@ -161,4 +174,4 @@ class MethodChoice:
             if started
             else ""
         )
-        return (text.method_line(method), budget, note, *groups)
+        return (text.method_line(method), keep, budget, note, *groups)

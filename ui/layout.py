@@ -31,14 +31,24 @@ DEFAULT_METHOD = DEFAULTS.method
 CSS = """
 #vkv-error {color: #b00020; font-weight: 600;}
 #vkv-error:empty {display: none;}
+/* the chat column's lines take no room while empty, so the example cards stay in view on a first visit */
+#vkv-summary:has(span.md:empty), #vkv-followup:has(span.md:empty), #vkv-notice:has(span.md:empty),
+  #vkv-progress:has(.prose:empty) {display: none;}
+#vkv-title h2 {font-size: 1.35em; margin: 0 0 2px 0;}
+/* a chart shows once something draws it */
+#vkv-cmp-plot:has(> .empty) {display: none;}
+#vkv-notice {color: #8a4b00; font-weight: 600;}
 #vkv-progress .vkv-bar {width: 100%; height: 14px;}
+#vkv-progress .vkv-progress-text {font-size: 0.88em; line-height: 1.3;}
+/* a sent picture or video stays small in the chat: the progress line and the live chart stay in view beside it */
+#vkv-chat .message img, #vkv-chat .message video {max-height: 110px !important; width: auto !important;}
 #vkv-summary {font-weight: 600;}
 .vkv-small {font-size: 0.9em; opacity: 0.85;}
 /* example cards: a thumbnail with the whole question under it (Gradio would cut the caption to one line) */
 #vkv-examples .caption-label {white-space: normal !important; overflow: visible !important; max-width: 100% !important;
   text-overflow: clip !important; position: static !important; font-size: 0.8em; line-height: 1.2;}
 #vkv-examples .thumbnail-item {flex-direction: column; aspect-ratio: auto !important; height: auto !important;}
-#vkv-examples .thumbnail-item img {height: 80px !important; object-fit: cover;}
+#vkv-examples .thumbnail-item img {height: 56px !important; object-fit: cover;}
 #vkv-examples .grid-wrap {min-height: 0 !important; height: auto !important; max-height: none !important;}
 #vkv-examples .grid-container {padding-top: 32px !important;}  /* below the gallery's floating label */
 #vkv-results button[role=tab] {padding: 4px 9px; font-size: 0.92em;}  /* all six result tabs fit in one row */
@@ -60,7 +70,7 @@ CSS = """
 .vkv-legend .vkv-ramp {display: inline-block; width: 180px; height: 12px; border: 1px solid #000;
   vertical-align: -2px; margin: 0 4px;}
 /* a control the chosen method does not use looks switched off, not editable */
-#vkv-budget input:disabled {background: repeating-linear-gradient(45deg, #eee, #eee 6px, #e2e2e2 6px, #e2e2e2 12px);
+#vkv-budget input:disabled, #vkv-keep input:disabled {background: repeating-linear-gradient(45deg, #eee, #eee 6px, #e2e2e2 6px, #e2e2e2 12px);
   color: #888; cursor: not-allowed;}
 """
 
@@ -75,6 +85,7 @@ class SettingsPanel:
     method_dd: gr.Dropdown
     method_md: gr.Markdown
     budget: gr.Number
+    keep: gr.Number
     block_size: gr.Number
     method_inputs: list[tuple[str, str, gr.components.Component]]  # (method, setting key, its input)
     groups: dict[str, gr.Accordion]  # each method's settings group
@@ -92,6 +103,7 @@ class SettingsPanel:
         return [
             self.method_dd,
             self.budget,
+            self.keep,
             self.block_size,
             self.max_new,
             self.temperature,
@@ -127,6 +139,7 @@ class ChatPanel:
     followup_md: gr.Markdown
     examples: list[dict]  # what a click on each card puts into the input
     example_gallery: gr.Gallery
+    notice_md: gr.Markdown | None = None  # a card clicked while something runs: why it was not loaded
 
 
 @dataclass
@@ -222,26 +235,38 @@ def build_settings(
             load_btn = gr.Button("Load model", elem_id="vkv-load")
         method_dd = gr.Dropdown(method_names, value=default_method, label="method", elem_id="vkv-method")
         method_md = gr.Markdown(text.method_line(default_method), elem_id="vkv-method-help", elem_classes="vkv-small")
-        budget, block_size = _budget_and_block_size(default_method)
+        with gr.Accordion("Methods and terms, explained", open=False, elem_id="vkv-words"):
+            gr.Markdown(text.methods_in_plain_words(method_names), elem_classes="vkv-small")
+            gr.Markdown(text.GLOSSARY, elem_classes="vkv-small")
+        keep, budget, block_size = _budget_and_block_size(default_method)
         method_inputs, groups = _method_groups(method_names, default_method)
         generation = _generation_box(bounds)
         fps, max_frames = _video_sampling_box(bounds)
     return SettingsPanel(
-        model_dd, model_id, load_btn, method_dd, method_md, budget, block_size, method_inputs, groups,
+        model_dd, model_id, load_btn, method_dd, method_md, budget, keep, block_size, method_inputs, groups,
         *generation, fps, max_frames,
     )  # fmt: skip
 
 
-def _budget_and_block_size(default_method: str) -> tuple[gr.Number, gr.Number]:
+def _budget_and_block_size(default_method: str) -> tuple[gr.Number, gr.Number, gr.Number]:
+    """keep % (the default budget: a share of the media's visual tokens), budget M (a fixed one) and block size."""
     # no minimum/maximum on number fields: Gradio would reject a bad value with an error badge
     # over the outputs; the callbacks check every value and say what is wrong in one line
+    uses_budget = text.traits(default_method).needs_budget
+    keep = gr.Number(
+        DEFAULTS.keep,
+        label="keep % of the visual tokens",
+        info=text.keep_info(default_method),
+        elem_id="vkv-keep",
+        interactive=uses_budget,
+    )
     budget = gr.Number(
         DEFAULTS.budget,
         precision=0,
-        label="budget M",
+        label="budget M (0 = keep %)",
         info=text.budget_info(default_method),
         elem_id="vkv-budget",
-        interactive=text.traits(default_method).needs_budget,
+        interactive=uses_budget,
     )
     block_size = gr.Number(
         DEFAULTS.block_size,
@@ -250,7 +275,7 @@ def _budget_and_block_size(default_method: str) -> tuple[gr.Number, gr.Number]:
         info="visual tokens per prefill block; 0 = auto (the model's default)",
         elem_id="vkv-block-size",
     )
-    return budget, block_size
+    return keep, budget, block_size
 
 
 def _method_groups(method_names: list[str], default_method: str):
@@ -355,7 +380,10 @@ def _video_sampling_box(bounds: FormBounds) -> tuple[gr.Number, gr.Number]:
 
 def build_chat(default_method: str, demo_examples: list[DemoExample]) -> ChatPanel:
     with gr.Column(scale=5, min_width=420):
-        chatbot = gr.Chatbot(label="chat", height=340, elem_id="vkv-chat", buttons=["copy"])
+        # as tall as its messages (up to 340 px): an empty chat leaves the example cards in view
+        chatbot = gr.Chatbot(
+            label="chat", height=None, min_height=80, max_height=340, elem_id="vkv-chat", buttons=["copy"]
+        )
         error_md = gr.Markdown("", elem_id="vkv-error")
         chat_input = gr.MultimodalTextbox(
             placeholder="Attach an image or video, then ask a question about it…",
@@ -372,6 +400,7 @@ def build_chat(default_method: str, demo_examples: list[DemoExample]) -> ChatPan
             download_btn = gr.DownloadButton(
                 "JSON report", interactive=False, elem_id="vkv-download", size="sm", min_width=80
             )
+        notice_md = gr.Markdown("", elem_id="vkv-notice")
         progress_html = gr.HTML("", elem_id="vkv-progress")
         summary_md = gr.Markdown("", elem_id="vkv-summary")
         # what a follow-up question means: said once a chat exists (before any chat it is noise)
@@ -379,7 +408,7 @@ def build_chat(default_method: str, demo_examples: list[DemoExample]) -> ChatPan
         examples, example_gallery = _examples_box(demo_examples)
     return ChatPanel(
         chatbot, error_md, chat_input, send_btn, stop_btn, new_btn, download_btn, progress_html, summary_md,
-        followup_md, examples, example_gallery,
+        followup_md, examples, example_gallery, notice_md,
     )  # fmt: skip
 
 
@@ -405,19 +434,26 @@ def _examples_box(demo_examples: list[DemoExample]) -> tuple[list[dict], gr.Gall
 # -- results column -------------------------------------------------------------------------------------
 
 
+#: the result tabs a turn switches between: the live memory chart while a new media is read, then the kept tokens
+KEPT_TAB_LABEL, MEMORY_TAB_LABEL = "Kept tokens", "Memory"
+
+
 def build_results(method_names: list[str]) -> tuple[ResultViews, ComparePanel, gr.Plot]:
-    """The result tabs, the Compare tab, and the memory chart under them."""
-    with gr.Column(scale=5, min_width=420, elem_id="vkv-results"):
-        with gr.Tabs(overflow_behavior="wrap"):  # every result tab in sight, none in a menu
-            kept, evidence = _kept_tokens_tab(), build_evidence_tab()
-            views = ResultViews(*kept, *_saliency_tab(), *_frames_tab(), *_merges_tab(), _numbers_tab(), evidence)
-            compare = _compare_tab(method_names)
-        memory_plot = gr.Plot(label="KV memory per prefill block", elem_id="vkv-memory")
+    """The result tabs (the memory chart's among them, beside the chat and its progress line while a prefill runs)
+    and the Compare tab."""
+    # every result tab in sight, none in a menu
+    with gr.Column(scale=5, min_width=420, elem_id="vkv-results"), gr.Tabs(overflow_behavior="wrap"):
+        kept = _kept_tokens_tab()
+        with gr.Tab(MEMORY_TAB_LABEL):
+            memory_plot = gr.Plot(label="KV memory per prefill block", elem_id="vkv-memory")
+        evidence = build_evidence_tab()
+        views = ResultViews(*kept, *_saliency_tab(), *_frames_tab(), *_merges_tab(), _numbers_tab(), evidence)
+        compare = _compare_tab(method_names)
     return views, compare, memory_plot
 
 
 def _kept_tokens_tab() -> tuple:
-    with gr.Tab("Kept tokens"):
+    with gr.Tab(KEPT_TAB_LABEL):
         with gr.Row():
             layer_dd = gr.Dropdown(["average"], value="average", label="layer", elem_id="vkv-layer", min_width=120)
             opacity = gr.Slider(
@@ -506,42 +542,44 @@ COMPARE_CSS = """
 
 
 def _compare_tab(method_names: list[str]) -> ComparePanel:
-    """Run and Stop first (in view without scrolling), then what to compare, then the results."""
+    """Run and Stop first, then the results (in view after a run, without scrolling), then what to compare (a
+    collapsible group: before a first run the empty results take no room, so it is in view too)."""
     with gr.Tab("Compare"):
         with gr.Row():
             run_btn = gr.Button("Compare", variant="primary", elem_id="vkv-cmp-run", min_width=80, size="sm")
             stop_btn = gr.Button("Stop", variant="stop", elem_id="vkv-cmp-stop", min_width=80, size="sm")
         status = gr.Markdown("", elem_id="vkv-cmp-status")
-        methods = gr.CheckboxGroup(
-            method_names,
-            value=default_ticks("image", method_names),
-            label="methods",
-            info="ticked by default: those that suit the media (Sali-Cache's frame skipping for a video only)",
-            elem_id="vkv-cmp-methods",
-        )
-        question = gr.Textbox(label="question (default: the chat's first question)", elem_id="vkv-cmp-q")
-        evidence = gr.Checkbox(
-            False,
-            label="evidence recall column (a second, uncompressed pass per method)",
-            elem_id="vkv-cmp-evidence",
-        )
-        file = gr.File(
-            label="media (optional; default: the chat's)", type="filepath", elem_id="vkv-cmp-file", height=90
-        )
-        gr.Markdown(
-            "Runs the chat's media (or a file given here) and one question through several "
-            "methods, each in a fresh cache, with the budget and settings on the left. "
-            "`full` is the reference for agreement. *Stop* ends it at the running method's next "
-            "block or token and keeps the finished rows.",
-            elem_classes="vkv-small",
-        )
         table = gr.Dataframe(
             headers=viz.COMPARE_HEADERS,
             interactive=False,
             wrap=True,
             column_widths=COMPARE_COLUMN_WIDTHS,
-            max_height=900,  # every method's row in sight (the answers wrap, so rows are tall)
+            max_height=260,  # the chart under it starts in view; more rows scroll inside the table
             elem_id="vkv-cmp-table",
         )
         plot = gr.Plot(label="KV memory: held after each block, and at its peak", elem_id="vkv-cmp-plot")
+        with gr.Accordion("what to compare: methods, question, media", open=True, elem_id="vkv-cmp-choice"):
+            methods = gr.CheckboxGroup(
+                method_names,
+                value=default_ticks("image", method_names),
+                label="methods",
+                info="ticked by default: those that suit the media (Sali-Cache's frame skipping for a video only)",
+                elem_id="vkv-cmp-methods",
+            )
+            question = gr.Textbox(label="question (default: the chat's first question)", elem_id="vkv-cmp-q")
+            evidence = gr.Checkbox(
+                False,
+                label="evidence recall column (a second, uncompressed pass per method)",
+                elem_id="vkv-cmp-evidence",
+            )
+            file = gr.File(
+                label="media (optional; default: the chat's)", type="filepath", elem_id="vkv-cmp-file", height=90
+            )
+            gr.Markdown(
+                "Runs the chat's media (or a file given here) and one question through several "
+                "methods, each in a fresh cache, with the budget and settings on the left. "
+                "`full` is the reference for agreement. *Stop* (here or beside the chat) ends it at the running "
+                "method's next block or token and keeps the finished rows.",
+                elem_classes="vkv-small",
+            )
     return ComparePanel(methods, file, question, run_btn, stop_btn, status, table, plot, evidence)

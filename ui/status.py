@@ -24,6 +24,7 @@ READING_LABEL = "reading the input…"
 PREFILL_LABEL = "prefill block"  # + " k/N (…)"; the line stays on the last block while the answer streams
 STOPPING_LABEL = "stopping… (a prefill ends before its next layer; an answer at its next read of tokens)"
 COMPARE_STOPPING = "stopping… (the running method ends before its next layer or token)"
+EVIDENCE_LABEL = "evidence pass: reading the conversation again, uncompressed…"
 WAITING_LABEL = "waiting: position"  # + " k in the queue (…)"
 STARTING_LABEL = "starting…"
 # plain words, no symbol such as U+23F9: a font without the glyph draws an empty box
@@ -65,10 +66,10 @@ def stopping_html() -> str:
 
 
 def stop_ack_js() -> str:
-    """Browser-side Stop: the progress line of a turn waiting or running (reading, prefilling or answering)
-    becomes the "stopping…" line; any other line is returned unchanged."""
+    """Browser-side Stop: the progress line of a turn waiting or running (reading, prefilling or answering) or
+    of an evidence pass becomes the "stopping…" line; any other line is returned unchanged."""
     # each label up to its "…": the stopping line has two endings ("(a prefill ends…" and "(after block k/N…")
-    running_labels = (WAITING_LABEL, STARTING_LABEL, READING_LABEL, PREFILL_LABEL, STOPPING_LABEL)
+    running_labels = (WAITING_LABEL, STARTING_LABEL, READING_LABEL, PREFILL_LABEL, STOPPING_LABEL, EVIDENCE_LABEL)
     labels = "|".join(re.escape(label.split("…")[0]) for label in running_labels)
     running = rf"vkv-progress-text\">({labels})"
     return f"(p) => (/{running}/.test(p || '') ? {json.dumps(stopping_html())} : p)"
@@ -108,3 +109,11 @@ def done_label(turn: dict, stopped: bool, notes: list[str]) -> str:
 def note_html(message: str) -> str:
     """A line in the progress area without a bar (e.g. what a click on an example card did)."""
     return f'<div class="vkv-progress-text">{html.escape(message)}</div>'
+
+
+def open_tab_js(label: str, condition: str, passes: int = 0) -> str:
+    """Browser-side: open the result tab named `label` when `condition` (JavaScript, on the page) holds; the
+    function hands its `passes` arguments on unchanged (as an event's `js` before its Python function)."""
+    find = f"Array.from(document.querySelectorAll('#vkv-results button[role=tab]')).find(b => b.innerText.trim() === {json.dumps(label)})"
+    args = ", ".join(f"a{k}" for k in range(passes))
+    return f"({args}) => {{ if ({condition}) {{ const tab = {find}; if (tab) tab.click(); }} return [{args}]; }}"

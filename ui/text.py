@@ -40,15 +40,58 @@ def md_escape(text: str) -> str:
     return md_literal(text)
 
 
+#: each method in plain words, one line (a composed method joins its stages' lines); the class's own description,
+#: in the field's words, is behind the help's "details" toggle
+PLAIN_METHODS = {
+    "full": "keeps everything: no compression, the reference to compare with",
+    "blockwise-snapkv": "reads the media piece by piece and keeps the parts your question looks at",
+    "blockwise-keydiff": "reads the media piece by piece and keeps its most distinctive parts, whatever the question",
+    "post-snapkv": "reads all the media at once, then keeps the parts your question looks at (needs the full memory "
+    "first)",
+    "salicache": "for videos: skips frames that barely change and stores the less important parts more coarsely",
+    "lightkv": "merges similar neighbouring parts of the picture while reading it",
+    "blockwise-random": "keeps a random share of the media: the baseline any method should beat",
+}
+
+#: the words the settings use, explained (behind the settings column's info toggle)
+GLOSSARY = (
+    "- **visual tokens**: the pieces the model cuts an image or video into (a 4K image is about ten thousand).\n"
+    "- **KV cache**: the model's memory of what it read; it grows with every visual token, and compressing it is "
+    "what this app shows.\n"
+    "- **keep %** / **budget M**: how many visual tokens the cache keeps, as a share or as a number. M counts entries "
+    "per layer and **KV head** (the model's attention reads its memory in several heads per layer; each keeps M).\n"
+    "- **block**: a piece of the media read at a time. While a block is read, the cache holds the budget plus that "
+    "block, then drops back to the budget.\n"
+    "- **tiers** (Sali-Cache): precisions the kept tokens are stored at (full, 8-bit, 4-bit).\n"
+    "- **query-aware**: the method keeps what the question looks at; **query-agnostic**: the same parts whatever "
+    "the question."
+)
+
+
+def plain_description(name: str) -> str:
+    """One plain line about a (single or composed) method."""
+    stages = [PLAIN_METHODS.get(stage, "") for stage in name.split("+")]
+    if all(stages):
+        return "; and ".join(stages)
+    cls = traits(name)
+    return (cls.description if cls else "") or "no description"
+
+
+def methods_in_plain_words(names: list[str]) -> str:
+    """Every method of the list with its plain line (the info toggle under the method choice)."""
+    return "\n".join(f"- **{name}**: {plain_description(name)}" for name in names)
+
+
 def method_line(name: str) -> str:
-    """One line about a method, from its class (so new methods explain themselves)."""
+    """One plain line about a method, its class's description and flags behind a "details" toggle."""
     cls = traits(name)
     if cls is None:
         return f"`{name}` is not available in this installation."
     flags = []
     flags.append("uses the budget" if cls.needs_budget else "no budget")
     flags.append("query-aware" if cls.query_aware else "query-agnostic")
-    return f"**{name}**: {cls.description or 'no description'} _({', '.join(flags)})_"
+    details = f"{cls.description or 'no description'} ({', '.join(flags)})"
+    return f"**{name}**: {plain_description(name)}. <details><summary>details</summary>{md_escape(details)}</details>"
 
 
 def followup_note(name: str, followup: str) -> str:
@@ -87,12 +130,20 @@ PREFILL_CHOICES = [
 ]
 
 
+def keep_info(name: str) -> str:
+    """The keep % field's help: what it means, or that the chosen method does not use it."""
+    cls = traits(name)
+    if cls is not None and not cls.needs_budget:
+        return f"not used by {name} (it keeps no fixed number of entries)"
+    return "how much of the image or video the cache keeps (e.g. 10); the figure it becomes is shown with the answer"
+
+
 def budget_info(name: str) -> str:
     """The budget field's help: what it means, or that the chosen method does not use it."""
     cls = traits(name)
     if cls is not None and not cls.needs_budget:
         return f"not used by {name} (it keeps no fixed number of entries)"
-    return "visual KV entries kept per layer and KV head (a whole number ≥ 1)"
+    return "0 = keep % above; else a fixed number of visual entries kept per layer and KV head (see Methods and terms, explained)"
 
 
 def chat_followup_note(chat_method: str | None, chat_followup: str | None, chosen: str, followup: str) -> str:

@@ -49,7 +49,7 @@ def _input_args(p: argparse._ArgumentGroup) -> None:
 
 
 def _method_args(p: argparse._ArgumentGroup) -> None:
-    from visualkv.cli.args import positive_int
+    from visualkv.cli.args import fraction, positive_int
     from visualkv.methods import method_names
 
     p.add_argument(
@@ -59,7 +59,15 @@ def _method_args(p: argparse._ArgumentGroup) -> None:
         metavar="METHOD",
         help="compression method: " + ", ".join(method_names()) + " (stages joined with + compose)",
     )
-    p.add_argument("--budget", type=positive_int, help="visual KV entries kept per layer and KV head (M)")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--budget", type=positive_int, help="visual KV entries kept per layer and KV head (M)")
+    budget.add_argument(
+        "--keep",
+        type=fraction,
+        metavar="F",
+        help="the budget as a share of the media's visual tokens, e.g. 0.1 keeps 10 %% (M = F × visual tokens, "
+        "at least 1; the report's budget is the figure it became)",
+    )
     p.add_argument("--block-size", type=positive_int, help="visual tokens per block (default: model's)")
     p.add_argument("--prefill", choices=["hybrid", "blockwise", "bulk"], help="default: the method's")
     p.add_argument(
@@ -236,6 +244,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = SessionConfig(
         method=args.method,
         budget=args.budget,
+        keep=args.keep,
         block_size=args.block_size,
         prefill=args.prefill,
         max_new_tokens=args.max_new_tokens,

@@ -46,6 +46,20 @@ def evidence_recall_text(report: dict[str, Any], layer: int | None = None) -> st
     return f"evidence recall {evidence['recall']:.1%}"
 
 
+def recall_bucket(buckets: list[dict[str, Any]], recall: float) -> dict[str, Any] | None:
+    """The entry of `buckets` (a needle benchmark's `accuracy_by_recall`: "bucket" "[lo, hi)" or "1.0 (…)", "n",
+    "accuracy") whose range holds `recall`; None when none does."""
+    for entry in buckets:
+        label = str(entry.get("bucket", ""))
+        if label.startswith("["):
+            low, high = (float(x) for x in label.strip("[)").split(","))
+            if low <= recall < high:
+                return entry
+        elif recall >= 1.0 and label.startswith("1"):
+            return entry
+    return None
+
+
 def outline_kept(image: Image.Image, report: dict[str, Any], kept: np.ndarray, scale: float, frame_filter) -> None:
     """Draw a one-pixel outline round each kept token's box on `image`, the media drawn at `scale`."""
     pixels = np.asarray(image).copy()

@@ -55,7 +55,8 @@ def block_memory_figure(
 ) -> go.Figure:
     """KV MiB after each prefill block, in two panels so no series hides another.
 
-    Left panel ("the cache against its budget", linear MiB): "KV cache (held)" (one point per
+    Left panel (its title: the cache holds the budget plus one block at most; "the cache held" for a method
+    without a budget, which draws no budget line; linear MiB): "KV cache (held)" (one point per
     block), "KV peak so far", "budget" (M entries per layer and head; `budget_bytes` overrides
     the value from the report). Its y range is set by these three only, so they stay apart
     however large the full cache is.
@@ -75,14 +76,16 @@ def block_memory_figure(
     total = n_blocks or (blocks[-1].get("n_blocks") if blocks else 0) or len(blocks)
     duration = media_duration or (report.get("media") or {}).get("duration")
     read = [video_read(b.get("media_seconds"), duration) for b in blocks]
+    budget_bytes = budget_bytes or budget_kv_bytes(report)
+    # while a block is read the cache holds the budget plus that block: the held line may sit above the budget
+    left_title = "held: budget + one block at most (MiB)" if budget_bytes else "the cache held (MiB)"
     fig = make_subplots(
         rows=1,
         cols=2,
         column_widths=[0.55, 0.45],
         horizontal_spacing=0.14,
-        subplot_titles=("the cache against its budget (MiB)", "against the full cache (MiB, log)"),
+        subplot_titles=(left_title, "against the full cache (MiB, log)"),
     )
-    budget_bytes = budget_bytes or budget_kv_bytes(report)
     _add_budget_panel(fig, blocks, total, budget_bytes)
     _add_full_panel(fig, report, blocks, total, show_rss)
     fig.update_xaxes(**block_axis(total))

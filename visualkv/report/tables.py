@@ -27,13 +27,14 @@ def decode_speed(turn: dict[str, Any]) -> str:
 
 
 def summary_line(report: dict[str, Any]) -> str:
-    """One line of what the compression saved: visual tokens, peak and final KV against the full cache,
-    how many times less, and the time to the first token of the last turn."""
+    """One line of what the compression saved: visual tokens, the budget (a keep share with the figure it
+    became), peak and final KV against the full cache, how many times less, and the time to the first token of
+    the last turn."""
     full = report.get("full_kv_bytes") or 0
     peak, final = report.get("peak_kv_bytes") or 0, report.get("final_kv_bytes") or 0
     turn = (report.get("turns") or [{}])[-1]
     parts = [
-        f"{report.get('visual_tokens', 0)} visual tokens",
+        f"{report.get('visual_tokens', 0)} visual tokens{budget_words(report)}",
         f"KV peak {mib(peak)} · final {mib(final)} vs full {mib(full)}",
     ]
     if full and peak:
@@ -44,6 +45,15 @@ def summary_line(report: dict[str, Any]) -> str:
     if report.get("evidence_recall") is not None:
         parts.append(f"evidence recall {report['evidence_recall']:.1%}")
     return " · ".join(parts) + media_warnings_line(report)
+
+
+def budget_words(report: dict[str, Any]) -> str:
+    """ ", keep 10 % = budget 74 per layer and KV head", ", budget 256 per layer and KV head", or "" (no budget)."""
+    budget, keep = report.get("budget"), report.get("keep")
+    if not budget:
+        return ""
+    share = f"keep {keep * 100:g} % = " if keep else ""
+    return f", {share}budget {budget:,} per layer and KV head"
 
 
 #: media warnings the summary line quotes; the rest are counted (all of them are in the report)

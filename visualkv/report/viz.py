@@ -18,7 +18,7 @@ from visualkv.report.compare import (
     compare_widths,
     has_evidence_column,
 )
-from visualkv.report.evidence_view import evidence_recall_text, evidence_view, has_evidence
+from visualkv.report.evidence_view import evidence_recall_text, evidence_view, has_evidence, recall_bucket
 from visualkv.report.frames import MAX_FRAMES_SHOWN, frame_gallery, shown_frames
 from visualkv.report.lightkv_views import layer_tokens_figure, merge_legend, merge_view
 from visualkv.report.memory_chart import (
@@ -100,6 +100,7 @@ __all__ = [
     "merge_legend",
     "merge_view",
     "prefill_attention",
+    "recall_bucket",
     "retained_view",
     "saliency_gallery",
     "saliency_view",

@@ -20,7 +20,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -65,7 +65,10 @@ class SessionConfig:
     method: one of visualkv.methods.method_names(): a single method or a composition such as
       "blockwise-keydiff+salicache" (stages joined with "+", see visualkv.methods.compose).
     budget: visual KV entries kept per layer and per KV head (M); required by
-      eviction methods, ignored by `full`.
+      eviction methods (unless `keep` is given), ignored by `full`.
+    keep: the budget as a share of the media's visual tokens, in (0, 1] (0.1 keeps 10 %): once the media is
+      prepared, `budget` becomes round(keep × visual tokens), at least 1, before the memory guard and the
+      prefill see it (`resolved`); None = `budget` as given.
     block_size: visual tokens per block (b); None = the model's default
       (784 for Qwen2.5-VL, 256 for SmolVLM).
     prefill: "hybrid", "blockwise" or "bulk"; None = the method's default.
@@ -95,6 +98,7 @@ class SessionConfig:
 
     method: str = "full"
     budget: int | None = None
+    keep: float | None = None
     block_size: int | None = None
     prefill: str | None = None
     max_new_tokens: int = 64
@@ -116,13 +120,24 @@ class SessionConfig:
         (so decoding never grows a buffer; the memory guard counts them too)."""
         return self.max_new_tokens + 1
 
+    def resolved(self, visual_tokens: int) -> SessionConfig:
+        """This config with its `keep` share turned into `budget` for media of `visual_tokens` (itself without one)."""
+        if self.keep is None:
+            return self
+        return replace(self, budget=keep_budget(self.keep, visual_tokens))
+
     def validate(self) -> None:
         traits = method_traits(self.method)  # ConfigError for an unknown name or a refused composition
         if self.budget is not None:
             check_range("budget", self.budget, 1, MAX_BUDGET, whole=True)
-        if traits.needs_budget and self.budget is None:
+        if self.keep is not None and not (isinstance(self.keep, (int, float)) and 0 < self.keep <= 1):
             raise ConfigError(
-                f"method {self.method!r} needs a budget (visual entries kept per layer and KV head; --budget N)"
+                f"keep must be a share of the visual tokens in (0, 1] (0.1 keeps 10 %), got {self.keep!r}"
+            )
+        if traits.needs_budget and self.budget is None and self.keep is None:
+            raise ConfigError(
+                f"method {self.method!r} needs a budget (visual entries kept per layer and KV head; --budget N, "
+                "or --keep F for a share of the visual tokens)"
             )
         if self.block_size is not None:
             check_range("block size", self.block_size, 1, MAX_TOKENS, whole=True)
@@ -160,6 +175,12 @@ MAX_NEW_TOKENS = 32_768
 MAX_TEMPERATURE = 10.0
 MAX_SEED = 2**32 - 1
 MAX_VISION_AHEAD = 64
+
+
+def keep_budget(keep: float, visual_tokens: int) -> int:
+    """The budget that keeps the share `keep` of `visual_tokens` (at least one entry)."""
+    return max(1, round(keep * visual_tokens))
+
 
 #: what a turn's media may be given as (see ChatSession.stream)
 MediaSource = Media | str | os.PathLike | Image.Image | np.ndarray
@@ -361,6 +382,7 @@ class ChatSession:
             media_limits(self.config.method).check_frame_count(media.num_frames, media.path or "the video", fps)
         with stop_scope(should_stop):  # a long video's preparation asks Stop as it goes
             prepared = self.adapter.prepare(media, prompt)
+        self.config = self.config.resolved(prepared.layout.n_visual)  # a `keep` share becomes this media's budget
         estimate = self._estimate(prepared, should_stop)
         cache = self._new_cache()
         try:
@@ -611,6 +633,7 @@ class ChatSession:
             "method": self.config.method,
             "method_config": self.method.config_dict(),
             "budget": self.config.budget,
+            "keep": self.config.keep,
             "block_size": ctx.block_size if ctx else self.config.block_size,
             "prefill": ctx.prefill_mode if ctx else self.config.prefill,
             "config": asdict(self.config),

@@ -221,6 +221,7 @@ def stream_compare(
             base,
             method=name,
             budget=base.budget if traits[name].needs_budget else None,
+            keep=base.keep if traits[name].needs_budget else None,
             method_options=dict((options or {}).get(name, {})),
         )
         try:

@@ -1,0 +1,200 @@
+"""A new visitor's first minute, in a real browser at 1280x720 and at 1440x900 (one app process, a random-weight
+model: the checks are about the page, not the answers).
+
+On first load the example cards are in view and the settings speak plainly; the default budget (keep 10 % of
+the visual tokens) compresses a 4K image and the summary says the figure it became; while its prefill runs the
+chat, the progress line and the live memory chart are in view together, and a card clicked then is refused in
+one line (the turn goes on: no frozen line). Stop answers within 0.5 s and ends, each with a final line, a
+turn's prefill, an evidence pass and a comparison; after Compare its table and chart are in view.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import test_app_browser as base
+
+browser = base.browser  # the browser fixture of tests/test_app_browser.py
+pytestmark = pytest.mark.browser
+
+VIEWPORTS = [{"width": 1280, "height": 720}, {"width": 1440, "height": 900}]
+IMAGE_4K = base.REPO / "assets" / "example_4k.png"
+MODEL = "tiny-qwen2.5-vl"
+#: what the page must show at most this long after Stop is clicked
+ACK_SECONDS = 0.5
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    yield from base.run_app(tmp_path_factory, ["--model", MODEL])
+
+
+@pytest.fixture(scope="module", params=VIEWPORTS, ids=lambda v: f"{v['width']}x{v['height']}")
+def page(request, browser, app_url):
+    """A visitor's tab at one window size, shared by this module's tests in order."""
+    context = browser.new_context(viewport=request.param)
+    pg = context.new_page()
+    pg.goto(app_url)
+    pg.wait_for_selector("#vkv-examples .thumbnail-item", timeout=60_000)
+    yield pg
+    context.close()
+
+
+def in_view(pg, elem: str) -> bool:
+    """Whether the first `elem` lies wholly inside the window, as scrolled now."""
+    box = pg.locator(elem).first.bounding_box()
+    size = pg.viewport_size
+    return (
+        box is not None
+        and box["height"] > 0
+        and 0 <= box["y"]
+        and box["y"] + box["height"] <= size["height"]
+        and 0 <= box["x"]
+        and box["x"] + box["width"] <= size["width"]
+    )
+
+
+def progress(pg) -> str:
+    return pg.evaluate("() => { const e = document.querySelector('#vkv-progress'); return e ? e.innerText : ''; }")
+
+
+def stop_ack_seconds(pg, stop: str, shows: str, where: str) -> float:
+    """Click `stop` in the page and return the seconds until `where`'s text contains `shows` (measured in the
+    page: the click and the change are both seen there, the test's own round trips aside)."""
+    return pg.evaluate(
+        """([stop, shows, where]) => new Promise((resolve) => {
+            const seen = () => (document.querySelector(where) || {innerText: ''}).innerText.includes(shows);
+            const t0 = performance.now();
+            const observer = new MutationObserver(() => {
+                if (seen()) { observer.disconnect(); resolve((performance.now() - t0) / 1000); }
+            });
+            observer.observe(document.body, {childList: true, subtree: true, characterData: true});
+            document.querySelector(stop).click();
+            if (seen()) { observer.disconnect(); resolve(0); }
+            setTimeout(() => { observer.disconnect(); resolve(99); }, 10000);
+        })""",
+        [stop, shows, where],
+    )
+
+
+def test_first_load_shows_every_card_and_plain_words(page):
+    cards = page.locator("#vkv-examples .thumbnail-item")
+    assert cards.count() >= 8
+    out = [k for k in range(cards.count()) if not in_view(page, f"#vkv-examples .thumbnail-item >> nth={k}")]
+    assert not out, f"cards {out} are below the fold at {page.viewport_size}"
+    base.shot(page, f"fm_first_load_{page.viewport_size['width']}")
+    # the default budget is a share of the media, the method is said in plain words, jargon behind a toggle
+    assert page.locator("#vkv-keep input[type=number]").first.input_value() == "10"
+    assert page.locator("#vkv-budget input[type=number]").first.input_value() == "0"
+    help_text = page.inner_text("#vkv-method-help")
+    assert "keeps the parts your question looks at" in help_text and "KV head" not in help_text, help_text
+    page.click("text=Methods and terms, explained")
+    words = page.locator("#vkv-words").first
+    words.locator("text=KV head").first.wait_for(timeout=10_000)
+    for name in ("full", "blockwise-keydiff", "post-snapkv", "salicache", "lightkv", "blockwise-random"):
+        assert f"{name}:" in words.inner_text()
+    page.click("text=Methods and terms, explained")  # closed again: the page as it was
+
+
+def test_prefill_in_view_a_card_refused_and_stop_within_half_a_second(page):
+    # the 4K image block by block (~70 blocks: seconds of prefill on a warm, idle machine, so every check of the
+    # running turn comes first; the chart's drawing is waited for after Stop, in the same layout)
+    base.set_number(page, "#vkv-block-size", 256)
+    base.attach(page, IMAGE_4K)
+    page.fill("#vkv-input textarea", "Where is the small red star?")
+    page.click("#vkv-send")
+    page.wait_for_function(
+        "() => /prefill block \\d+\\//.test(document.querySelector('#vkv-progress').innerText)",
+        timeout=base.TURN_TIMEOUT_MS,
+    )
+    page.evaluate("() => window.scrollTo(0, 0)")
+    for elem in ("#vkv-chat", "#vkv-progress", "#vkv-memory"):
+        assert in_view(page, elem), (elem, page.locator(elem).first.bounding_box(), page.viewport_size)
+    # a card clicked now is refused in one line; the turn goes on
+    page.locator("#vkv-examples .thumbnail-item").first.click()
+    page.wait_for_function(
+        "() => document.querySelector('#vkv-notice').innerText.includes('not loaded')", timeout=10_000
+    )
+    assert page.input_value("#vkv-input textarea") == ""  # the card did not replace anything
+    assert "prefill block" in progress(page)
+    seconds = stop_ack_seconds(page, "#vkv-stop", "stopping", "#vkv-progress")
+    assert seconds <= ACK_SECONDS, seconds
+    # stopped, or (a warm, idle machine reads this image in seconds) done just before: never left "stopping"
+    page.wait_for_function(
+        f"() => {base.ERROR_JS}.includes('Stopped') || document.querySelector('#vkv-progress').innerText.startsWith('done')",
+        timeout=base.TURN_TIMEOUT_MS,
+    )
+    assert "stopping" not in progress(page)
+    # the live chart the prefill drew, in view beside the chat (the final line replaced the progress bar)
+    base.open_tab(page, "Memory")
+    page.locator("#vkv-memory .js-plotly-plot").first.wait_for(timeout=30_000)
+    page.evaluate("() => window.scrollTo(0, 0)")
+    for elem in ("#vkv-chat", "#vkv-memory .js-plotly-plot"):
+        assert in_view(page, elem), (elem, page.locator(elem).first.bounding_box(), page.viewport_size)
+    base.shot(page, f"fm_prefill_{page.viewport_size['width']}")
+
+
+def test_the_default_budget_compresses_and_says_its_figure(page):
+    if base.bot_messages(page):  # the turn above ended just before its Stop: a new chat for the image
+        base.new_chat(page)
+    if page.locator("#vkv-input .thumbnail-item").count() == 0:  # the stopped turn gave its file back
+        base.attach(page, IMAGE_4K)
+    base.set_number(page, "#vkv-block-size", 0)
+    base.send(page, "Where is the small red star?")
+    summary = page.inner_text("#vkv-summary")
+    assert "keep 10 % = budget" in summary and "× less at peak" in summary, summary
+    visual = int(summary.split(" visual tokens")[0].replace(",", ""))
+    budget = int(summary.split("= budget ")[1].split(" ")[0].replace(",", ""))
+    assert abs(budget - visual / 10) <= 1, (budget, visual)
+    assert page.locator("#vkv-notice").inner_text().strip() == ""  # the refused card's line ended with the turn
+
+
+def test_stop_ends_an_evidence_pass(page):
+    base.open_tab(page, "Evidence")
+    seconds = stop_ack_seconds(page, "#vkv-evidence-run", "evidence pass", "#vkv-progress")
+    assert seconds <= ACK_SECONDS, seconds  # the pass says it runs at once
+    page.wait_for_function(  # it runs (Gradio's progress over the image), not only waits
+        "() => document.querySelector('#vkv-evidence').innerText.includes('uncompressed pass')",
+        timeout=base.TURN_TIMEOUT_MS,
+    )
+    seconds = stop_ack_seconds(page, "#vkv-stop", "stopping", "#vkv-progress")
+    assert seconds <= ACK_SECONDS, seconds
+    page.wait_for_function(
+        "() => document.querySelector('#vkv-progress').innerText.includes('Stopped the evidence pass')",
+        timeout=base.TURN_TIMEOUT_MS,
+    )
+
+
+def test_stop_beside_the_chat_ends_a_comparison(page):
+    base.open_tab(page, "Compare")
+    page.click("#vkv-cmp-run")
+    page.wait_for_function(  # the first method reads the chat's 4K image
+        "() => /^1\\/\\d+ ·/.test(document.querySelector('#vkv-cmp-status').innerText)", timeout=base.TURN_TIMEOUT_MS
+    )
+    seconds = stop_ack_seconds(page, "#vkv-stop", "stopping", "#vkv-cmp-status")
+    assert seconds <= ACK_SECONDS, seconds
+    page.wait_for_function(
+        "() => document.querySelector('#vkv-cmp-status').innerText.startsWith('Stopped')", timeout=base.TURN_TIMEOUT_MS
+    )
+
+
+def test_after_compare_its_table_and_chart_are_in_view(page, tmp_path):
+    """On a small picture (every method quick): the table wholly in view, the chart under it starting in view (at
+    1440x900 with its first panel; at 1280x720 its title), the method choice after them."""
+    path = base.small_png(tmp_path / "compare.png", 448, 336, seed=3)
+    if page.locator("#vkv-cmp-file button[aria-label='Clear']").count():
+        page.click("#vkv-cmp-file button[aria-label='Clear']")
+    page.set_input_files("#vkv-cmp-file input[type=file]", str(path))
+    page.wait_for_selector("#vkv-cmp-file a[download='compare.png']", timeout=base.TURN_TIMEOUT_MS)
+    page.click("#vkv-cmp-run")
+    page.wait_for_function(
+        "() => document.querySelector('#vkv-cmp-status').innerText.startsWith('done')", timeout=base.TURN_TIMEOUT_MS
+    )
+    page.evaluate("() => window.scrollTo(0, 0)")
+    page.locator("#vkv-cmp-plot .js-plotly-plot").first.wait_for(timeout=30_000)
+    assert in_view(page, "#vkv-cmp-table"), (page.locator("#vkv-cmp-table").first.bounding_box(), page.viewport_size)
+    chart = page.locator("#vkv-cmp-plot").first.bounding_box()
+    shown = 250 if page.viewport_size["height"] >= 900 else 60
+    assert chart["y"] + min(chart["height"], shown) <= page.viewport_size["height"], (chart, page.viewport_size)
+    base.shot(page, f"fm_compare_{page.viewport_size['width']}")
+    base.open_tab(page, "Kept tokens")
