@@ -220,7 +220,7 @@ def test_client_sessions_default_follows_the_mode():
 #: the settings form's bounded number fields and the overlay opacity: a finite number typed there is checked by its
 #: callback (the form's range in the page's error field; the opacity clamped)
 TYPED_NUMBERS = {
-    "vkv-budget", "vkv-block-size", "vkv-max-new", "vkv-temperature", "vkv-vision-ahead", "vkv-fps", "vkv-max-frames",
+    "vkv-budget", "vkv-keep", "vkv-block-size", "vkv-max-new", "vkv-temperature", "vkv-vision-ahead", "vkv-fps", "vkv-max-frames",
     "vkv-opacity",
 }  # fmt: skip
 BAD = [math.nan, math.inf, -math.inf, "abc", -1e12, {"a": 1}, "not-a-choice", [1, 2]]

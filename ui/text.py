@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from visualkv.errors import ConfigError
-from visualkv.methods import MethodTraits, method_names, method_traits
+from visualkv.methods import METHODS, MethodTraits, method_names, method_traits
 from visualkv.report.viz import md_literal
 
 INTRO = (
@@ -40,19 +40,6 @@ def md_escape(text: str) -> str:
     return md_literal(text)
 
 
-#: each method in plain words, one line (a composed method joins its stages' lines); the class's own description,
-#: in the field's words, is behind the help's "details" toggle
-PLAIN_METHODS = {
-    "full": "keeps everything: no compression, the reference to compare with",
-    "blockwise-snapkv": "reads the media piece by piece and keeps the parts your question looks at",
-    "blockwise-keydiff": "reads the media piece by piece and keeps its most distinctive parts, whatever the question",
-    "post-snapkv": "reads all the media at once, then keeps the parts your question looks at (needs the full memory "
-    "first)",
-    "salicache": "for videos: skips frames that barely change and stores the less important parts more coarsely",
-    "lightkv": "merges similar neighbouring parts of the picture while reading it",
-    "blockwise-random": "keeps a random share of the media: the baseline any method should beat",
-}
-
 #: the words the settings use, explained (behind the settings column's info toggle)
 GLOSSARY = (
     "- **visual tokens**: the pieces the model cuts an image or video into (a 4K image is about ten thousand).\n"
@@ -69,8 +56,9 @@ GLOSSARY = (
 
 
 def plain_description(name: str) -> str:
-    """One plain line about a (single or composed) method."""
-    stages = [PLAIN_METHODS.get(stage, "") for stage in name.split("+")]
+    """One plain line about a (single or composed) method: each stage's `plain` line, declared on its class (its
+    `description`, in the field's words, is behind the help's "details" toggle)."""
+    stages = [getattr(METHODS.get(stage), "plain", "") for stage in name.split("+")]
     if all(stages):
         return "; and ".join(stages)
     cls = traits(name)

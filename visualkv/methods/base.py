@@ -117,6 +117,7 @@ class Method:
     name: ClassVar[str] = "full"
     #: the one line the app, `--help` and the docs show
     description: ClassVar[str] = ""
+    plain: ClassVar[str] = ""  # one line in everyday words (the app's method list)
     #: its options: a dataclass of `visualkv.methods.options.option` fields (the CLI flags, the app's settings
     #: and the docs are generated from them); `Method(**options)` takes its fields
     Config: ClassVar[type] = NoOptions

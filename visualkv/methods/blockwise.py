@@ -48,6 +48,7 @@ class SnapKVConfig(Options):
 class BlockwiseKeyDiff(BlockwiseScorer):
     name = "blockwise-keydiff"
     description = "Block-wise prefill; keep the most distinctive keys (query-agnostic, good for follow-ups)."
+    plain = "reads the media piece by piece and keeps its most distinctive parts, whatever the question"
 
     def score(self, ctx: PrefillContext, layer_idx: int, keys: torch.Tensor, token_index: torch.Tensor) -> torch.Tensor:
         return keydiff_scores(keys)
@@ -59,6 +60,7 @@ class BlockwiseKeyDiff(BlockwiseScorer):
 class BlockwiseSnapKV(BlockwiseScorer):
     name = "blockwise-snapkv"
     description = "Block-wise prefill; keep what the question attends to (query-aware)."
+    plain = "reads the media piece by piece and keeps the parts your question looks at"
     query_aware = True
     Config = SnapKVConfig
 

@@ -46,6 +46,7 @@ class FastVConfig(Options):
 class FastV(Method):
     name = "fastv"
     description = "One bulk prefill; after layer K drop the visual tokens the last token attends to least (bounds the cache after it, not the peak)."
+    plain = "reads all the media at once; after the first layers drops the half the question looks at least"
     Config = FastVConfig
     query_aware = True
     merges_between_layers = True  # later layers store fewer visual tokens than earlier ones (the guard asks)
@@ -90,8 +91,9 @@ class FastV(Method):
             layer_idx=i,
             hidden_in=state.hidden_in,
             hidden=state.hidden.index_select(1, keep),
-            positions=state.positions.index_select(1, keep),
-            token_index=state.token_index.index_select(0, keep),
+            # positions / token indices may sit on the host (a re-prefilled follow-up): moved, never read back
+            positions=to_device(state.positions, keep.device).index_select(1, keep),
+            token_index=to_device(state.token_index, keep.device).index_select(0, keep),
             cos=state.cos.index_select(1, keep),
             sin=state.sin.index_select(1, keep),
             n_visual=self.n_visual - self.n_dropped,

@@ -12,5 +12,6 @@ class FullCache(Method):
 
     name = "full"
     description = "No compression: the reference for memory, latency and answers."
+    plain = "keeps everything: no compression, the reference to compare with"
     default_prefill = "bulk"
     compose_refusal = "it keeps everything: leave it out"

@@ -19,6 +19,7 @@ from visualkv.scoring import snapkv_scores
 class PostPrefillSnapKV(Method):
     name = "post-snapkv"
     description = "Full prefill, then SnapKV compression to the budget (full peak memory)."
+    plain = "reads all the media at once, then keeps the parts your question looks at (needs the full memory first)"
     default_prefill = "bulk"
     needs_budget = True
     query_aware = True

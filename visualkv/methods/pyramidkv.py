@@ -49,6 +49,7 @@ def pyramid_budgets(n_visual: int, budget: int, num_layers: int, beta: float) ->
 class PyramidKV(BlockwiseSnapKV):
     name = "pyramidkv"
     description = "Block-wise prefill; SnapKV's scores, the same total budget spread as a pyramid over the layers."
+    plain = "keeps the parts your question looks at, more of them in the lower layers and fewer in the upper ones"
     Config = PyramidKVConfig
 
     def begin(self, ctx: PrefillContext) -> None:

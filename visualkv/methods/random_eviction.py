@@ -31,6 +31,7 @@ class RandomConfig(Options):
 class BlockwiseRandom(BlockwiseScorer):
     name = "blockwise-random"
     description = "Block-wise prefill; keep a uniformly random set of visual tokens (the chance baseline, seeded)."
+    plain = "keeps a random share of the media: the baseline any method should beat"
     compose_role = None
     compose_refusal = "it is the chance baseline: compare against it rather than stack it"
     Config = RandomConfig

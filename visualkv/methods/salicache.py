@@ -88,6 +88,7 @@ class SaliCacheConfig:
 class SaliCache(Method):
     name = "salicache"
     description = "Skip redundant video frames before encoding; keep tokens at FP / INT8 / INT4 / pruned by saliency."
+    plain = "for videos: skips frames that barely change and stores the less important parts more coarsely"
     default_prefill = "bulk"
     question_apart = True  # the question reads the media as stored (packed tiers), see the module doc
     stores_packed = True

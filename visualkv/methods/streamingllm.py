@@ -44,6 +44,7 @@ def streaming_scores(token_index: torch.Tensor, sink_end: int, end: int) -> torc
 class StreamingLLM(BlockwiseScorer):
     name = "streamingllm"
     description = "Block-wise prefill; keep the first visual tokens (attention sinks) and the most recent ones."
+    plain = "reads the media piece by piece and keeps only its first and its latest parts"
     Config = StreamingLLMConfig
 
     def begin(self, ctx: PrefillContext) -> None:
