@@ -160,6 +160,36 @@ def test_stop_ends_a_followups_replay_of_the_conversation_and_keeps_the_chat():
     assert after == [], f"{len(after)} MLP(s) ran after Stop"
     assert len(session.turns) == 1
     assert list(stream_turn(session, "And what else?"))[-1][0] == "done"  # the chat goes on
+
+
+def test_stop_inside_a_followups_question_pass_leaves_the_kept_cache_as_it_was():
+    """A follow-up that keeps the cache runs its question through every layer in one pass: Stop, set once the first
+    layer's attention ran, ends it before any later part of a layer, the entries it appended are dropped, and the
+    next follow-up answers exactly as in a chat that was never stopped."""
+    from PIL import Image
+
+    adapter = get_adapter(MODEL)
+    config = SessionConfig(method="blockwise-snapkv", budget=64, max_new_tokens=4)
+    image = Image.new("RGB", (96, 96))
+    stopped, twin = ChatSession(adapter, config), ChatSession(adapter, config)
+    for session in (stopped, twin):
+        assert list(stream_turn(session, "What is shown?", image))[-1][0] == "done"
+    held = stopped.cache.entries_per_layer()
+    stop, after = threading.Event(), []
+    handles = [adapter.layers[0].self_attn.register_forward_hook(lambda *_: stop.set())]
+    handles += [layer.mlp.register_forward_hook(lambda m, *_: after.append(m) if stop.is_set() else None)
+                for layer in adapter.layers]  # fmt: skip
+    try:
+        events = list(stream_turn(stopped, "And what else? " * 20, stop=stop))
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert events[-1][0] == "stopped" and after == [], (events[-1], len(after))
+    assert stopped.cache.entries_per_layer() == held and len(stopped.turns) == 1
+    records = [list(stream_turn(s, "And what else?"))[-1] for s in (stopped, twin)]
+    assert [r[0] for r in records] == ["done", "done"]
+    answers = [(r[1].token_ids, r[1].kv_bytes_after) for r in records]
+    assert answers[0] == answers[1] and answers[0][0], answers
     assert len(session.turns) == 2
 
 

@@ -29,7 +29,7 @@ from PIL import Image
 
 from visualkv.attention import block as block_attention
 from visualkv.attention import implementation
-from visualkv.errors import ConfigError, VisualKVError, check_range, stop_point, stop_scope
+from visualkv.errors import ConfigError, PrefillStopped, VisualKVError, check_range, stop_point, stop_scope
 from visualkv.kv.cache import CompressibleCache
 from visualkv.media import Media, load_image, load_media
 from visualkv.methods import make_method, method_traits
@@ -429,7 +429,14 @@ class ChatSession:
         reprefill = self.config.followup == "reprefill" and self.method.query_aware
         if (reprefill or self.state.rebuild_cache) and self.prepared is not None:
             return self._reprefill(prompt, ids, on_block, should_stop)
-        logits = self.engine.extend(ids, self.state.next_position, self.state.seq_len, self.cache)
+        held = self.cache.entries_per_layer()
+        try:  # Stop and the time limit hold inside the question's pass, however long the question
+            logits = self.engine.extend(
+                ids, self.state.next_position, self.state.seq_len, self.cache, should_stop=should_stop
+            )
+        except PrefillStopped:
+            self.cache.truncate(held)  # the entries the question appended go: the cache is as before the turn
+            raise
         self._advance(ids)
         return logits
 
