@@ -140,7 +140,7 @@ def test_stop_ends_a_followups_replay_of_the_conversation_and_keeps_the_chat():
             after.append(module)
 
     def replay(*args, should_stop=None):
-        if should_stop is None:  # the answer's decoding
+        if should_stop is None:  # the answer's decoding (this chat re-prefills, so its question is the replay)
             return extend(*args)
         replays.append(args[0].shape[0])
         handles = [adapter.layers[0].self_attn.register_forward_hook(attention_done)]
@@ -160,6 +160,7 @@ def test_stop_ends_a_followups_replay_of_the_conversation_and_keeps_the_chat():
     assert after == [], f"{len(after)} MLP(s) ran after Stop"
     assert len(session.turns) == 1
     assert list(stream_turn(session, "And what else?"))[-1][0] == "done"  # the chat goes on
+    assert len(session.turns) == 2
 
 
 def test_stop_inside_a_followups_question_pass_leaves_the_kept_cache_as_it_was():
@@ -190,7 +191,7 @@ def test_stop_inside_a_followups_question_pass_leaves_the_kept_cache_as_it_was()
     assert [r[0] for r in records] == ["done", "done"]
     answers = [(r[1].token_ids, r[1].kv_bytes_after) for r in records]
     assert answers[0] == answers[1] and answers[0][0], answers
-    assert len(session.turns) == 2
+    assert len(stopped.turns) == 2
 
 
 # -- the queue's gate ------------------------------------------------------------------------------------------------
