@@ -266,19 +266,17 @@ class ChatCallbacks:
         """A turn failed or stopped: it leaves no trace, and its question goes back into the input box."""
         st, skip = turn.st, gr.skip()
         st.history = turn.before  # the session is unchanged
+        when = "while it read the media" if turn.new_session else "before its answer began"  # a follow-up: its question
         if kind == "error":
             line = error_line(payload, turn.files)
         elif payload == TIME_LIMIT_STOPPED:
             line = (
-                f"Time limit: this instance's turn time limit ({self.context.turn_time_limit:g} s) stopped the turn while it "
-                "read the media: nothing of it was kept, the chat is as it was. A block-wise method, a "
+                f"Time limit: this instance's turn time limit ({self.context.turn_time_limit:g} s) stopped the turn "
+                f"{when}: nothing of it was kept, the chat is as it was. A block-wise method, a "
                 "smaller budget or fewer frames reads faster."
             )
         else:
-            line = (
-                "Stopped while reading the media: nothing of this turn was kept, the chat is as it was. "
-                "Send again to retry."
-            )
+            line = f"Stopped {when}: nothing of this turn was kept, the chat is as it was. Send again to retry."
         return (st.history, {"text": turn.prompt, "files": turn.files}, st, line, "", skip, skip, skip, skip)
 
     def _done_output(self, turn: Turn, record):
