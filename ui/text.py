@@ -118,20 +118,26 @@ PREFILL_CHOICES = [
 ]
 
 
-def keep_info(name: str) -> str:
-    """The keep % field's help: what it means, or that the chosen method does not use it."""
+def _unused_by(name: str) -> str | None:
+    """The budget fields' help when method `name` uses no budget; None when it uses one."""
     cls = traits(name)
     if cls is not None and not cls.needs_budget:
         return f"not used by {name} (it keeps no fixed number of entries)"
-    return "how much of the image or video the cache keeps (e.g. 10); the figure it becomes is shown with the answer"
+    return None
+
+
+def keep_info(name: str) -> str:
+    """The keep % field's help: what it means, or that the chosen method does not use it."""
+    return _unused_by(name) or (
+        "how much of the image or video the cache keeps (e.g. 10); the figure it becomes is shown with the answer"
+    )
 
 
 def budget_info(name: str) -> str:
     """The budget field's help: what it means, or that the chosen method does not use it."""
-    cls = traits(name)
-    if cls is not None and not cls.needs_budget:
-        return f"not used by {name} (it keeps no fixed number of entries)"
-    return "0 = keep % above; else a fixed number of visual entries kept per layer and KV head (see Methods and terms, explained)"
+    return _unused_by(name) or (
+        "0 = keep % above; else a fixed number of visual entries kept per layer and KV head (see Methods and terms, explained)"
+    )
 
 
 def chat_followup_note(chat_method: str | None, chat_followup: str | None, chosen: str, followup: str) -> str:
