@@ -69,23 +69,6 @@ def test_attn_implementation_is_the_configs_field(alias):
         own[compat.ATTN_IMPLEMENTATION_FIELD] = saved
 
 
-def test_accelerates_hook_calls_old_forward():
-    from accelerate.hooks import ModelHook, add_hook_to_module, remove_hook_from_module
-
-    module = torch.nn.Linear(2, 2)
-    add_hook_to_module(module, ModelHook())
-    try:
-        own = vars(module)
-        assert compat.forward_slot(own) == "_old_forward", _changed("_hf_hook / _old_forward", "not set by a hook")
-        calls = []
-        own["_old_forward"] = lambda x: calls.append(x) or x
-        module(torch.ones(2))
-        assert len(calls) == 1, _changed("_old_forward", "the hook's forward no longer calls it")
-    finally:
-        remove_hook_from_module(module)
-    assert compat.forward_slot(vars(module)) == "forward"
-
-
 @pytest.mark.parametrize("alias", FAMILIES)
 def test_each_decoders_file_has_its_eager_attention_and_rope(alias):
     attention = _decoder_attention(alias)
@@ -108,16 +91,31 @@ def test_each_decoder_has_its_rotary_tables(alias):
 
 
 @pytest.mark.parametrize("alias", QWEN_TOWERS)
-def test_the_qwen_vision_attention_has_what_the_one_call_forward_reads(alias):
+def test_the_qwen_vision_attention_gives_a_flash_name_every_chunk_in_one_call(alias):
+    """The stock vision attention hands a function whose name contains `VARLEN_NAME_MARKER` the whole layer
+    with its chunk boundaries (`VARLEN_BOUNDARIES`, `VARLEN_OTHERS`), and any other name one call per chunk."""
+    from transformers.modeling_utils import AttentionInterface
+
     module = _vision_attention(alias)
-    parts = compat.vision_attention(module)
-    assert isinstance(parts.qkv, torch.nn.Linear) and isinstance(parts.proj, torch.nn.Linear)
-    assert parts.qkv.out_features == 3 * parts.proj.in_features, _changed("VisionAttention", "qkv / proj widths")
-    assert parts.proj.in_features % parts.num_heads == 0 and 0 < parts.scaling < 1, _changed("VisionAttention", "")
-    expected = ["self", "hidden_states", "cu_seqlens", "position_embeddings", "max_seqlen", "kwargs"]
-    assert _params(type(module).forward) == expected, _changed("VisionAttention.forward", "its arguments")
-    rope = _file_function(module, compat.VISION_ROPE)
-    assert _params(rope)[:4] == ["q", "k", "cos", "sin"], _changed(compat.VISION_ROPE, str(_params(rope)))
+    own, calls = object.__getattribute__(module.config, "__dict__"), []
+
+    def record(module, query, key, value, attention_mask=None, **kwargs):
+        calls.append((query.shape[2], set(kwargs)))
+        return query.transpose(1, 2), None
+
+    seq, chunks = 12, torch.tensor([0, 4, 12])
+    hidden, rotary = torch.randn(seq, module.qkv.in_features), torch.zeros(seq, module.head_dim)
+    saved = own[compat.ATTN_IMPLEMENTATION_FIELD]
+    try:
+        for name in (f"test_{compat.VARLEN_NAME_MARKER}_record", "test_plain_record"):
+            AttentionInterface.register(name, record)
+            own[compat.ATTN_IMPLEMENTATION_FIELD] = name
+            module(hidden, chunks, (rotary, rotary), max_seqlen=8)
+    finally:
+        own[compat.ATTN_IMPLEMENTATION_FIELD] = saved
+    varlen = {compat.VARLEN_BOUNDARIES, *compat.VARLEN_OTHERS}
+    assert calls[0][0] == seq and varlen <= calls[0][1], _changed(compat.VARLEN_BOUNDARIES, f"one call: {calls[0]}")
+    assert [n for n, _ in calls[1:]] == [4, 8] and not varlen & calls[1][1], _changed("flash", f"per chunk: {calls}")
 
 
 def test_qwen_rope_index_takes_the_processors_grids():
@@ -230,8 +228,8 @@ def test_the_grep_finds_each_kind_of_use(tmp_path):
     planted.write_text(
         "import sys\n"
         "from transformers.models.qwen2_vl.video_processing_qwen2_vl import smart_resize\n"
-        "x = config._attn_implementation  # _old_forward in a comment is fine\n"
-        "y = own['_old_forward'] if '_hf_hook' in own else None\n"
+        "x = config._attn_implementation  # _from_config in a comment is fine\n"
+        "y = kwargs['cu_seq_lens_q'] if cls._from_config else None\n"
         "z = model.language_model.rotary_emb(h, p)\n"
         "f = sys.modules[type(m).__module__].eager_attention_forward\n"
     )
@@ -239,5 +237,5 @@ def test_the_grep_finds_each_kind_of_use(tmp_path):
     for expected in ("3: _attn_implementation", "5: rotary_emb", "6: eager_attention_forward", "6: sys.modules["):
         assert expected in found, (expected, found)
     assert any(f.startswith("2: from transformers.models.") for f in found)
-    assert "4: _old_forward" in found and "4: _hf_hook" in found
-    assert not any(f.startswith("3: _old_forward") for f in found)
+    assert "4: cu_seq_lens_q" in found and "4: _from_config" in found
+    assert not any(f.startswith("3: _from_config") for f in found)

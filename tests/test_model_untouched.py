@@ -176,17 +176,17 @@ def test_sessions_leave_the_model_exactly_as_they_found_it(alias):
 
 
 def test_patched_changes_the_model_inside_and_restores_it_exactly():
-    """Inside: VisualKV's attention named on the decoder's config (set directly, so the sub-configs keep theirs),
-    the vision attention modules' forward batched; nested entries only count; on error the outermost exit
-    restores every attribute, and `implementation` reports the model's own kernel throughout."""
+    """Inside: VisualKV's attention named on the decoder's config and the vision tower's (each set directly, so
+    the other configs keep theirs), no module's forward replaced; nested entries only count; on error the
+    outermost exit restores every attribute, and `implementation` reports the model's own kernel throughout."""
     adapter = get_adapter("tiny-qwen2.5-vl")
-    config, top = adapter.text_config, adapter.model.config
+    config, top, tower = adapter.text_config, adapter.model.config, adapter.visual.config
     before, top_before, state = dict(vars(config)), dict(vars(top)), model_state(adapter.model)
-    vision_modules = [m for m in adapter.visual.modules() if type(m).__name__ == "Qwen2_5_VLVisionAttention"]
-    assert vision_modules and config._attn_implementation == "sdpa"
+    assert config._attn_implementation == tower._attn_implementation == "sdpa"
     with pytest.raises(RuntimeError, match="inside"), patched(adapter):
         assert config._attn_implementation == "visualkv_sdpa" and implementation(adapter) == "sdpa"
-        assert all("forward" in vars(m) for m in vision_modules)
+        assert tower._attn_implementation == "visualkv_sdpa_flash_varlen"
+        assert not any("forward" in vars(m) for m in adapter.model.modules())
         with patched(adapter):
             pass
         assert config._attn_implementation == "visualkv_sdpa"  # a nested exit leaves the patch on
@@ -216,12 +216,26 @@ def _stock_logits(model: torch.nn.Module) -> torch.Tensor:
         return model(input_ids=torch.tensor([[3, 14, 15, 9, 26, 5]])).logits
 
 
+def _stock_tower(adapter) -> torch.Tensor | None:
+    """transformers' own Qwen vision tower on fixed patches of two images of different sizes (chunks of several
+    lengths in each layer), or None for a family whose vision attention VisualKV does not route."""
+    if adapter.family not in ("qwen2_5_vl", "qwen3_vl"):
+        return None
+    config, grid = adapter.visual.config, torch.tensor([[1, 16, 12], [1, 8, 8]])
+    width = config.in_channels * config.temporal_patch_size * config.patch_size**2
+    pixels = torch.randn(int(grid.prod(-1).sum()), width, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), torch.random.fork_rng():
+        torch.manual_seed(0)
+        return adapter.visual(pixels, grid_thw=grid).pooler_output
+
+
 @pytest.mark.parametrize("mode", ["eval", "train"])
 @pytest.mark.parametrize("alias", FAMILIES)
 def test_another_thread_sees_the_model_unchanged_during_a_turn(alias, mode):
     """While a turn is inside its prefill, another thread finds every module's `training` flag as the owner left
-    it and gets exactly the logits it gets alone (stock inference, or a training-mode forward with dropout on);
-    a model left in training mode still answers as in eval mode, without its flags being flipped."""
+    it and no module's `forward` replaced, and gets exactly the logits (and Qwen vision tower output) it gets
+    alone (stock inference, or a training-mode forward with dropout on); a model left in training mode still
+    answers as in eval mode, without its flags being flipped."""
     adapter = get_adapter(alias)
     model = adapter.model
     image, config = image_media(224, 168, seed=1), _config("blockwise-keydiff", 1, max_new_tokens=3)
@@ -230,7 +244,7 @@ def test_another_thread_sees_the_model_unchanged_during_a_turn(alias, mode):
     model.train(mode == "train")
     try:
         flags = {name: m.training for name, m in model.named_modules()}
-        alone = _stock_logits(model)
+        alone, tower_alone = _stock_logits(model), _stock_tower(adapter)
         inside, resume, answer = threading.Event(), threading.Event(), []
 
         def on_block(event) -> None:
@@ -245,7 +259,8 @@ def test_another_thread_sees_the_model_unchanged_during_a_turn(alias, mode):
         try:
             assert inside.wait(timeout=120), "the turn never reached its first block"
             seen_flags = {name: m.training for name, m in model.named_modules()}
-            during = _stock_logits(model)
+            seen_forwards = [name for name, m in model.named_modules() if "forward" in vars(m)]
+            during, tower_during = _stock_logits(model), _stock_tower(adapter)
         finally:
             resume.set()
             turn.join(timeout=120)
@@ -253,8 +268,9 @@ def test_another_thread_sees_the_model_unchanged_during_a_turn(alias, mode):
         model.eval()
         for module, p in saved:
             module.attention_dropout = p
-    assert seen_flags == flags
+    assert seen_flags == flags and not seen_forwards
     assert torch.equal(during, alone)
+    assert tower_alone is None or torch.equal(tower_during, tower_alone)
     assert answer and answer[0].token_ids == evaluated  # dropout off in the turn's thread: the eval-mode answer
 
 
@@ -291,37 +307,34 @@ def test_chats_in_threads_share_one_patch_and_leave_the_model_untouched():
 
 
 def test_a_tower_patch_and_its_model_patch_leave_no_override_whatever_order_they_exit():
-    """`patched(tower)` and `patched(adapter)` override the same vision modules; each may exit first."""
+    """`patched(tower)` and `patched(adapter)` override the same vision config; each may exit first."""
     adapter = get_adapter("tiny-qwen2.5-vl")
-    state = model_state(adapter.model)
-    modules = [m for m in adapter.visual.modules() if type(m).__name__ == "Qwen2_5_VLVisionAttention"]
+    state, tower = model_state(adapter.model), adapter.visual.config
     model_patch, tower_patch = patched(adapter), patched(adapter.visual)
     model_patch.__enter__()
     tower_patch.__enter__()
-    model_patch.__exit__(None, None, None)  # the model's patch leaves first: the tower still runs batched
-    assert all("forward" in vars(m) for m in modules)
+    model_patch.__exit__(None, None, None)  # the model's patch leaves first: the tower still attends in one call
+    assert tower._attn_implementation == "visualkv_sdpa_flash_varlen"
     tower_patch.__exit__(None, None, None)
-    assert model_state(adapter.model) == state and not any("forward" in vars(m) for m in modules)
+    assert model_state(adapter.model) == state and tower._attn_implementation == "sdpa"
 
 
-def test_under_accelerate_hooks_the_batched_attention_replaces_the_hooked_forward_only():
-    """accelerate (device_map) wraps `forward` and calls `_old_forward`: the patch replaces `_old_forward`, so
-    the hook still runs, and both come back as they were."""
+def test_under_accelerate_hooks_the_hooked_forward_runs_and_stays():
+    """accelerate (device_map) wraps a module's `forward`: the patch touches no forward, so the hook runs inside a
+    turn and every attribute of the hooked module is as it was after it."""
     adapter = get_adapter("tiny-qwen2.5-vl")
     module = next(m for m in adapter.visual.modules() if type(m).__name__ == "Qwen2_5_VLVisionAttention")
     calls: list[str] = []
+    original = module.forward
 
     def hooked(*args, **kwargs):
         calls.append("hook")
-        return module._old_forward(*args, **kwargs)
+        return original(*args, **kwargs)
 
-    original = module.forward
-    vars(module).update(_hf_hook=object(), _old_forward=original, forward=hooked)
+    vars(module)["forward"] = hooked
     try:
-        with patched(adapter):
-            assert vars(module)["forward"] is hooked and vars(module)["_old_forward"] is not original
-            ChatSession(adapter, _config("full", 1)).ask("What?", image_media(112, 84, seed=1))
-        assert calls and vars(module)["forward"] is hooked and vars(module)["_old_forward"] is original
+        before = dict(vars(module))
+        ChatSession(adapter, _config("full", 1)).ask("What?", image_media(112, 84, seed=1))
+        assert calls and vars(module) == before
     finally:
-        for name in ("_hf_hook", "_old_forward", "forward"):
-            vars(module).pop(name, None)
+        vars(module).pop("forward", None)

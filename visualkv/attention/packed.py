@@ -24,7 +24,8 @@ from visualkv.models import compat
 WRAPPED = {"sdpa": "visualkv_sdpa", "eager": "visualkv_eager"}
 
 
-def _base_function(name: str, module: torch.nn.Module):
+def base_function(name: str, module: torch.nn.Module):
+    """The model's own attention function `name` ("sdpa" or "eager") for `module`."""
     if name == "sdpa":
         return ALL_ATTENTION_FUNCTIONS["sdpa"]
     # eager attention is a function of each model's own file (transformers passes it as the default)
@@ -35,7 +36,7 @@ def _wrapper(base: str):
     """The attention function registered for `base` ("sdpa" or "eager"); see the module docstring."""
 
     def attention(module, query, key, value, attention_mask, **kwargs):
-        fn = _base_function(base, module)
+        fn = base_function(base, module)
         step = layer_step.current()
         if step is None:
             return fn(module, query, key, value, attention_mask, **kwargs)

@@ -1,7 +1,8 @@
 """`patched(adapter)`: the one scoped context through which VisualKV changes a transformers model.
 
 Inside it the decoder's attention configs name VisualKV's functions (`packed.WRAPPED`) and the Qwen vision towers'
-attention modules attend in one call per layer (`vision.batched_forward`). A model left in training mode runs as in eval
+configs name their one-call form (`vision.WRAPPED`, active in the entering thread only); no module's `forward`
+is replaced. A model left in training mode runs as in eval
 mode in the entering thread only (`_NoDropout`): no module's `training` flag changes, so another thread using the
 model meanwhile still trains it. The outermost entry makes these changes and its exit (normal, on error, on Stop) puts every attribute back
 exactly as it was; nested entries only count. State lives here, per model (a lock, a depth, what was saved), never
@@ -44,11 +45,8 @@ class _Patch:
         self.depth = 0
         self.model = weakref.ref(model)  # a value of `_PATCHES` must not keep its key alive
         self.config_namespaces = [_namespace(c) for c in decoder_configs]
-        self.chunk_layouts: dict = {}  # the vision towers' chunk layouts while entered (`vision._layout`)
-        self.vision_forwards = [
-            (_namespace(m), vision.batched_forward(m, self.chunk_layouts))
-            for m in vision.vision_attention_modules(model)
-        ]
+        towers = {id(m.config): m.config for m in vision.vision_attention_modules(model)}
+        self.vision_namespaces = [_namespace(c) for c in towers.values()]
         self.implementation: str | None = None  # the decoder's own attention while entered
         self.saved: list[tuple[dict, str]] = []  # (namespace, attribute) this patch holds overridden, in order
 
@@ -59,8 +57,11 @@ class _Patch:
                 self.implementation = name
             if name in packed_attention.WRAPPED:  # set directly: the property's setter would touch sub-configs
                 self._set(own, _INTERNAL, packed_attention.WRAPPED[name])
-        for own, forward in self.vision_forwards:
-            self._set(own, compat.forward_slot(own), forward)  # accelerate's hooks call another attribute
+        for own in self.vision_namespaces:
+            name = own.get(_INTERNAL) or "eager"  # transformers' vision attention defaults to eager
+            name = vision.BASE_OF.get(name, name)  # named already by another patch of the same tower
+            if name in vision.WRAPPED:  # flash attention already attends in one call
+                self._set(own, _INTERNAL, vision.WRAPPED[name])
 
     def _set(self, own: dict, name: str, value: Any) -> None:
         _override(own, name, value)
@@ -69,7 +70,6 @@ class _Patch:
     def restore(self) -> None:
         while self.saved:  # last change first
             _release(*self.saved.pop())
-        self.chunk_layouts.clear()  # no tensor of a tower call outlives the patch
         self.implementation = None
 
 
@@ -146,7 +146,7 @@ def patched(target: Any) -> Iterator[None]:
                     raise
             patch.depth += 1
             entered = True
-        with no_dropout:
+        with no_dropout, vision.one_call_in_this_thread():
             yield
     finally:
         if entered:

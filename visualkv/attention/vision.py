@@ -15,20 +15,25 @@ Scores never cross a chunk, so each chunk gets the arithmetic of its own call. T
 host once per distinct `cu_seqlens` tensor (the tower passes the same two to every layer): the padded layout is
 built then, and each layer only gathers.
 
-`batched_forward(module, layouts)` is the forward `visualkv.attention.patched` gives each vision attention module
-while it is entered; a model configured for flash attention keeps transformers' own (varlen) path.
+No module's `forward` is replaced: inside `visualkv.attention.patched` the towers' vision configs name a function
+registered through transformers' `AttentionInterface` (`WRAPPED`), which transformers' own forward calls with the
+layer's `cu_seqlens`. In the threads inside the patch it attends in one call; in any other thread it makes
+transformers' own per-chunk calls. A model configured for flash attention keeps transformers' own path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.modeling_utils import AttentionInterface
 
+from visualkv.attention import packed as packed_attention
 from visualkv.devices import to_device
 from visualkv.models import compat
 
@@ -41,8 +46,11 @@ MAX_CHUNKS_PER_CALL = 2048
 CACHED_BOUNDARIES = 4
 
 
+_THREAD = threading.local()  # per thread: entries of `one_call_in_this_thread`, and the chunk layouts meanwhile
+
+
 def vision_attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The modules of `model` whose forward `batched_forward` replaces (the Qwen vision towers' attention)."""
+    """The Qwen vision towers' attention modules of `model` (their configs name `WRAPPED` while patched)."""
     return [m for m in model.modules() if type(m).__name__ in ATTENTION_CLASSES]
 
 
@@ -130,17 +138,15 @@ def _varlen_kernel(q: torch.Tensor) -> Callable | None:
     return _flash_varlen_function()
 
 
-def _attend_padded(module, q, k, v, layout: ChunkLayout) -> torch.Tensor:
-    """q / k / v (seq, heads, dim); attention inside each chunk over the padded layout, one call per at most
-    `MAX_CHUNKS_PER_CALL` chunks (one for every input VisualKV makes); returns (seq, heads, dim)."""
-    eager = compat.model_file_function(module, compat.EAGER_ATTENTION)  # the default, as the module's own forward
-    interface = ALL_ATTENTION_FUNCTIONS.get_interface(compat.attention_implementation(module.config), eager)
-    scaling = compat.vision_attention(module).scaling
+def _attend_padded(fn: Callable, module, q, k, v, scaling: float, layout: ChunkLayout) -> torch.Tensor:
+    """q / k / v (seq, heads, dim); attention inside each chunk over the padded layout with `fn` (the model's own
+    sdpa or eager function), one call per at most `MAX_CHUNKS_PER_CALL` chunks (one for every input VisualKV
+    makes); returns (seq, heads, dim)."""
 
     def attend(batch: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
         # (chunks, length, heads, dim) in and out, as transformers' interfaces return it
         qkv = [t.transpose(1, 2) for t in batch]
-        return interface(module, *qkv, attention_mask=mask, scaling=scaling, dropout=0.0, is_causal=False)[0]
+        return fn(module, *qkv, attention_mask=mask, scaling=scaling, dropout=0.0, is_causal=False)[0]
 
     seq, tail = q.shape[0], q.shape[1:]
     if layout.gather is None:  # equal chunks tiling the sequence: views, no gather, no mask
@@ -158,40 +164,72 @@ def _attend_padded(module, q, k, v, layout: ChunkLayout) -> torch.Tensor:
     return padded[layout.scatter]
 
 
-def batched_forward(module: torch.nn.Module, layouts: dict) -> Callable[..., torch.Tensor]:
-    """`module`'s forward with one attention call per layer (transformers' own under flash attention).
+def _one_call(fn: Callable, module, q, k, v, cu_seqlens: torch.Tensor, scaling: float) -> torch.Tensor:
+    """q / k / v (seq, heads, dim): every chunk of `cu_seqlens` attended in one call; returns (seq, heads, dim)."""
+    layout = _layout(cu_seqlens, _THREAD.layouts)
+    varlen = _varlen_kernel(q)
+    if varlen is None:
+        return _attend_padded(fn, module, q, k, v, scaling, layout)
+    return varlen(  # one call on the packed sequence: no padding, no mask
+        q.contiguous(),
+        k.contiguous(),
+        v.contiguous(),
+        cu_seqlens_q=cu_seqlens.to(torch.int32),
+        cu_seqlens_k=cu_seqlens.to(torch.int32),
+        max_seqlen_q=layout.longest,
+        max_seqlen_k=layout.longest,
+        dropout_p=0.0,
+        softmax_scale=scaling,
+        causal=False,
+    )
 
-    layouts: where the chunk layouts of the last few `cu_seqlens` are kept (owned by the caller's patch).
-    """
-    cls = type(module)
-    apply_rotary = compat.model_file_function(cls, compat.VISION_ROPE)
-    parts = compat.vision_attention(module)
 
-    def forward(hidden_states, cu_seqlens, position_embeddings=None, max_seqlen=None, **kwargs):
-        if "flash" in (compat.attention_implementation(module.config) or ""):
-            return cls.forward(module, hidden_states, cu_seqlens, position_embeddings, max_seqlen, **kwargs)
-        seq_length = hidden_states.shape[0]
-        qkv = parts.qkv(hidden_states).reshape(seq_length, 3, parts.num_heads, -1).permute(1, 0, 2, 3)
-        q, k, v = qkv.unbind(0)
-        cos, sin = position_embeddings
-        q, k = apply_rotary(q, k, cos, sin)
-        layout = _layout(cu_seqlens, layouts)
-        varlen = _varlen_kernel(q)
-        if varlen is not None:  # one call on the packed sequence: no padding, no mask
-            out = varlen(
-                q.contiguous(),
-                k.contiguous(),
-                v.contiguous(),
-                cu_seqlens_q=cu_seqlens.to(torch.int32),
-                cu_seqlens_k=cu_seqlens.to(torch.int32),
-                max_seqlen_q=layout.longest,
-                max_seqlen_k=layout.longest,
-                dropout_p=0.0,
-                softmax_scale=parts.scaling,
-                causal=False,
-            )
-        else:
-            out = _attend_padded(module, q, k, v, layout)
-        return parts.proj(out.reshape(seq_length, -1).contiguous())
+def _per_chunk(fn: Callable, module, query, key, value, cu_seqlens: torch.Tensor, **kwargs) -> torch.Tensor:
+    """transformers' own path for these towers, call for call: one `fn` call per chunk (outside VisualKV's
+    threads, so another thread using the model meanwhile gets exactly what it gets alone)."""
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    splits = [torch.split(t, lengths, dim=2) for t in (query, key, value)]
+    return torch.cat([fn(module, q, k, v, attention_mask=None, **kwargs)[0] for q, k, v in zip(*splits)], dim=1)
 
-    return forward
+
+def _registered(base: str) -> Callable:
+    """The attention function registered as `WRAPPED[base]`: a tower layer's chunks in one call in a thread
+    inside `visualkv.attention.patched`, transformers' per-chunk calls of `base` in any other thread."""
+
+    def attention(module, query, key, value, attention_mask=None, **kwargs):
+        fn = packed_attention.base_function(base, module)
+        cu_seqlens = kwargs.pop(compat.VARLEN_BOUNDARIES)
+        for name in compat.VARLEN_OTHERS:
+            kwargs.pop(name, None)
+        if not getattr(_THREAD, "depth", 0):
+            return _per_chunk(fn, module, query, key, value, cu_seqlens, **kwargs), None
+        q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (1, heads, seq, dim) -> (seq, heads, dim)
+        out = _one_call(fn, module, q, k, v, cu_seqlens, kwargs["scaling"])
+        return out.unsqueeze(0), None  # (1, seq, heads, dim), as transformers' functions return it
+
+    return attention
+
+
+#: base implementation -> the name its one-call form is registered under. transformers' Qwen vision attention
+#: hands a layer's chunk boundaries to the attention function in one call only when the function's name says
+#: flash (`compat.VARLEN_NAME_MARKER`); under any other name it splits the layer into one call per chunk itself.
+WRAPPED = {base: f"visualkv_{base}_{compat.VARLEN_NAME_MARKER}_varlen" for base in ("sdpa", "eager")}
+BASE_OF = {name: base for base, name in WRAPPED.items()}
+
+for _base, _name in WRAPPED.items():
+    AttentionInterface.register(_name, _registered(_base))
+
+
+@contextlib.contextmanager
+def one_call_in_this_thread() -> Iterator[None]:
+    """Within the block, the tower layers this thread runs attend in one call (nested entries only count); the
+    chunk layouts built meanwhile are dropped on leaving the outermost entry."""
+    if not getattr(_THREAD, "depth", 0):
+        _THREAD.depth, _THREAD.layouts = 0, {}
+    _THREAD.depth += 1
+    try:
+        yield
+    finally:
+        _THREAD.depth -= 1
+        if not _THREAD.depth:
+            _THREAD.layouts = {}

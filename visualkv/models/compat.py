@@ -32,12 +32,9 @@ class Internal:
 
 INTERNALS = (
     Internal("_attn_implementation", "the decoder's attention kernel is read from (and named on) its configs"),
-    Internal("_old_forward", "under accelerate's hooks (device_map) the hook calls this, not `forward`"),
-    Internal("_hf_hook", "how accelerate marks a module whose forward it wraps"),
     Internal("eager_attention_forward", "eager attention is a function of each model file, not registered"),
     Internal("apply_rotary_pos_emb", "scoring recomputes post-RoPE keys / queries with the model's own RoPE"),
-    Internal("apply_rotary_pos_emb_vision", "the one-call vision attention applies the tower's own RoPE"),
-    Internal("VisionAttention", "the one-call vision attention reads the tower's qkv / proj / heads / scaling"),
+    Internal("cu_seq_lens_q", "the Qwen vision attention passes a layer's chunks in one call to a 'flash' name"),
     Internal("get_rope_index", "Qwen2.5-VL's 3-D positions of a prompt come from the model, not the processor"),
     Internal("rotary_emb", "the layer loop runs decoder layers itself and needs their cos / sin tables"),
     Internal("CacheLayerMixin", "the compressible cache is a transformers cache made of its own layers"),
@@ -52,11 +49,14 @@ INTERNALS = (
 ATTN_IMPLEMENTATION_FIELD = "_attn_implementation_internal"
 
 #: the module functions of a modeling file VisualKV calls (`model_file_function`)
-EAGER_ATTENTION, TEXT_ROPE, VISION_ROPE = (
-    "eager_attention_forward",
-    "apply_rotary_pos_emb",
-    "apply_rotary_pos_emb_vision",
-)
+EAGER_ATTENTION, TEXT_ROPE = "eager_attention_forward", "apply_rotary_pos_emb"
+
+#: transformers' Qwen vision attention gives a layer's chunk boundaries to the attention function in one call
+#: (as these keyword arguments) when the function's registered name contains this marker, and otherwise calls it
+#: once per chunk (`transformers.modeling_utils.is_flash_attention_requested`)
+VARLEN_NAME_MARKER = "flash"
+VARLEN_BOUNDARIES = "cu_seq_lens_q"
+VARLEN_OTHERS = ("cu_seq_lens_k", "max_length_q", "max_length_k")
 
 CacheLayerBase = CacheLayerMixin
 __all__ = [
@@ -72,30 +72,10 @@ def attention_implementation(config: Any) -> str | None:
     return config._attn_implementation
 
 
-def forward_slot(namespace: dict) -> str:
-    """Which attribute of a module's own namespace its calls run: accelerate's `_old_forward` under a device-map
-    hook (the hook's `forward` calls it), else `forward`."""
-    return "_old_forward" if "_hf_hook" in namespace and "_old_forward" in namespace else "forward"
-
-
 def model_file_function(module: torch.nn.Module | type, name: str) -> Callable:
     """Function `name` of the modeling file that defines `module`'s class (e.g. its eager attention)."""
     cls = module if isinstance(module, type) else type(module)
     return getattr(sys.modules[cls.__module__], name)
-
-
-@dataclass(frozen=True)
-class VisionAttention:
-    """What the one-call vision attention reads of a Qwen vision tower's attention module."""
-
-    qkv: torch.nn.Module  # hidden -> (seq, 3 * heads * dim)
-    proj: torch.nn.Module  # (seq, heads * dim) -> hidden
-    num_heads: int
-    scaling: float
-
-
-def vision_attention(module: torch.nn.Module) -> VisionAttention:
-    return VisionAttention(module.qkv, module.proj, module.num_heads, module.scaling)
 
 
 def rotary_tables(language_model: torch.nn.Module, hidden: torch.Tensor, positions: torch.Tensor):
