@@ -463,7 +463,8 @@ def test_the_pages_watch_ticks_until_the_turn_runs_or_is_not_in_the_queue(gradio
     when it is not in Gradio's queue a moment after the send (refused)."""
     h, q = gradio
     q.start(q.send("ann", "turn"))
-    assert h.turns.queued(_who("zoe"), {"text": "a question"}, None).active is True
+    watch, notice = h.turns.queued(_who("zoe"), {"text": "a question"}, None)
+    assert watch.active is True and notice == gr.skip()
     said, again = h.turns.where(_who("zoe"))
     assert said == gr.skip() and again.active is True  # not joined yet: no line, the watch goes on
     zoe = q.send("zoe", "turn")
@@ -477,6 +478,22 @@ def test_the_pages_watch_ticks_until_the_turn_runs_or_is_not_in_the_queue(gradio
     h.turns.queued(_who("mallory"), {"text": "a question"}, None)
     said, again = h.turns.where(_who("mallory"))
     assert said == gr.skip() and again.active is False  # refused: nothing shown, the watch ends
+
+
+def test_a_send_while_the_chats_turn_waits_or_runs_is_refused_in_the_notice(gradio):
+    """The page does not send a turn while the chat's previous one is pending: the send says so in one line and
+    starts no watch; another chat's send is unaffected."""
+    from ui.status import SEND_REFUSED
+
+    h, q = gradio
+    ann = q.send("ann", "turn")
+    q.start(ann)
+    q.send("bob", "turn")
+    for who in ("ann", "bob"):  # ann's turn runs, bob's waits
+        watch, notice = h.turns.queued(_who(who), {"text": "another question"}, None)
+        assert watch == gr.skip() and notice == SEND_REFUSED and "\n" not in notice, who
+    watch, notice = h.turns.queued(_who("carol"), {"text": "a question"}, None)
+    assert watch.active is True and notice == gr.skip()
 
 
 def test_a_cancelled_turn_no_longer_counts(gradio):

@@ -151,7 +151,7 @@ def _wire_chat(page: Page, callbacks: Callbacks) -> None:
         trigger(
             turns.queued,
             [chat.chat_input, state],
-            [watch],
+            [watch, chat.notice_md],
             js=open_tab_js(MEMORY_TAB_LABEL, attached, passes=2),
             **AT_ONCE,
         )
