@@ -2,13 +2,17 @@
 model: the checks are about the page, not the answers).
 
 On first load the example cards are in view and the settings speak plainly; the default budget (keep 10 % of
-the visual tokens) compresses a 4K image and the summary says the figure it became; while its prefill runs the
+the visual tokens) compresses a 4K image and the summary says the figure it became; while a prefill runs the
 chat, the progress line and the live memory chart are in view together, and a card clicked or a question sent
-then is refused in one line (the turn goes on and answers: no frozen line, the question stays in the box). Stop answers within 0.5 s and ends, each with a final line, a
-turn's prefill, an evidence pass and a comparison; after Compare its table and chart are in view.
+then is refused in one line (the turn goes on and answers: no frozen line, the question stays in the box). Stop
+answers within 0.5 s and ends, each with a final line, a turn's prefill, an evidence pass and a comparison;
+after Compare its table (one line per method, a row's whole answer on a click) and its chart are in view; the
+Merges chart's tick labels are whole.
 """
 
 from __future__ import annotations
+
+import re
 
 import pytest
 
@@ -208,20 +212,87 @@ def test_stop_beside_the_chat_ends_a_comparison(page):
 def test_after_compare_its_table_and_chart_are_in_view(page, tmp_path):
     """On a small picture (every method quick): the table wholly in view, the chart under it starting in view (at
     1440x900 with its first panel; at 1280x720 its title), the method choice after them."""
+    base.open_tab(page, "Compare")
     path = base.small_png(tmp_path / "compare.png", 448, 336, seed=3)
     if page.locator("#vkv-cmp-file button[aria-label='Clear']").count():
         page.click("#vkv-cmp-file button[aria-label='Clear']")
     page.set_input_files("#vkv-cmp-file input[type=file]", str(path))
     page.wait_for_selector("#vkv-cmp-file a[download='compare.png']", timeout=base.TURN_TIMEOUT_MS)
+    page.locator("#vkv-cmp-q textarea, #vkv-cmp-q input").first.fill("Which colour dominates?")
     page.click("#vkv-cmp-run")
     page.wait_for_function(
-        "() => document.querySelector('#vkv-cmp-status').innerText.startsWith('done')", timeout=base.TURN_TIMEOUT_MS
+        "() => /^(done|⚠)/.test(document.querySelector('#vkv-cmp-status').innerText)", timeout=base.TURN_TIMEOUT_MS
     )
+    assert page.inner_text("#vkv-cmp-status").startswith("done"), page.inner_text("#vkv-cmp-status")
     page.evaluate("() => window.scrollTo(0, 0)")
     page.locator("#vkv-cmp-plot .js-plotly-plot").first.wait_for(timeout=30_000)
     assert in_view(page, "#vkv-cmp-table"), (page.locator("#vkv-cmp-table").first.bounding_box(), page.viewport_size)
+    # every row in view, not only the first: each answer takes one line (a random model's answers are long)
+    rows = page.locator("#vkv-cmp-table .body-cell:first-child")
+    ticked = page.locator("#vkv-cmp-methods input[type=checkbox]:checked").count()
+    assert rows.count() == ticked >= 4, (rows.count(), ticked)
+    table = page.locator("#vkv-cmp-table").first.bounding_box()
+    for k in range(rows.count()):
+        cell = rows.nth(k).bounding_box()
+        inside = table["y"] <= cell["y"] and cell["y"] + cell["height"] <= table["y"] + table["height"]
+        assert inside and in_view(page, f"#vkv-cmp-table .body-cell:first-child >> nth={k}"), (k, cell, table)
     chart = page.locator("#vkv-cmp-plot").first.bounding_box()
     shown = 250 if page.viewport_size["height"] >= 900 else 60
     assert chart["y"] + min(chart["height"], shown) <= page.viewport_size["height"], (chart, page.viewport_size)
     base.shot(page, f"fm_compare_{page.viewport_size['width']}")
+    # the whole answer on demand: a click on a row shows its method and answer under the table
+    assert "click a row" in page.inner_text("#vkv-cmp-status")
+    answer_cell = page.locator("#vkv-cmp-table .body-cell:last-child").nth(1)
+    whole = answer_cell.evaluate("e => e.textContent")
+    assert answer_cell.evaluate("e => e.querySelector('.wrap').scrollWidth > e.querySelector('.wrap').clientWidth")
+    answer_cell.click()
+    method = rows.nth(1).inner_text().strip()
+    page.wait_for_function(
+        "(m) => document.querySelector('#vkv-cmp-answer').innerText.startsWith(m + ':')", arg=method, timeout=10_000
+    )
+    shown_answer = page.inner_text("#vkv-cmp-answer").split(":", 1)[1]
+    assert re.sub(r"\W", "", shown_answer) == re.sub(r"\W", "", whole), (shown_answer, whole)
     base.open_tab(page, "Kept tokens")
+
+
+def test_the_merges_charts_tick_labels_are_whole(page, tmp_path):
+    """LightKV's tokens-per-layer chart: every tick label and axis title lies inside the chart and clear of the
+    app's label over its corner (an element screenshot of it goes to artifacts/)."""
+    base.new_chat(page)
+    base.choose(page, "#vkv-method", "lightkv")
+    base.send(page, "Which colour dominates?", base.small_png(tmp_path / "merge.png", 448, 336, seed=5))
+    base.open_tab(page, "Merges")
+    page.locator("#vkv-layer-tokens .js-plotly-plot .xtick text").first.wait_for(timeout=60_000)
+    page.locator("#vkv-layer-tokens").first.scroll_into_view_if_needed()
+    texts = page.evaluate(TEXTS_JS, "#vkv-layer-tokens")
+    assert len([t for t in texts if t["kind"] == "tick"]) >= 5, texts  # x, y and y2 ticks were found
+    cut = [t for t in texts if not t["inside"] or t["under_label"]]
+    assert not cut, cut
+    page.locator("#vkv-layer-tokens").first.screenshot(
+        path=str(base.ARTIFACTS / f"fm_merges_{page.viewport_size['width']}.png")
+    )
+    base.choose(page, "#vkv-method", "blockwise-snapkv")
+
+
+TEXTS_JS = """(elem) => {
+    // each tick label and axis title of the Plotly chart in `elem`: wholly inside the chart's drawing, and not
+    // under the app's label floating over its top left corner
+    const root = document.querySelector(elem);
+    const chart = root.querySelector('.main-svg').getBoundingClientRect();
+    const label = root.querySelector('[data-testid="block-label"]');
+    const over = label ? label.getBoundingClientRect() : null;
+    const found = [];
+    for (const [kind, sel] of [['tick', '.xtick text, .ytick text, .y2tick text'],
+                               ['title', '.g-xtitle text, .g-ytitle text, .g-y2title text']]) {
+        root.querySelectorAll(sel).forEach(e => {
+            const r = e.getBoundingClientRect();
+            if (r.width === 0) return;
+            const inside = r.left >= chart.left - 0.5 && r.right <= chart.right + 0.5
+                && r.top >= chart.top - 0.5 && r.bottom <= chart.bottom + 0.5;
+            const under = !!over && r.left < over.right && r.right > over.left && r.top < over.bottom
+                && r.bottom > over.top;
+            found.push({kind, text: e.textContent, inside, under_label: under});
+        });
+    }
+    return found;
+}"""
