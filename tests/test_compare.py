@@ -555,11 +555,11 @@ def test_without_gradio_nothing_is_waiting_and_nothing_is_withdrawn(png):
 def test_new_chat_and_load_model_clear_compares_results():
     h, state = _app(), UserState(model_name=MODEL)
     outs = h.turns.new_chat(state, "full", "reuse")
-    assert outs[-3:] == ([], None, "")  # Compare's table, chart and status
+    assert outs[-4:] == ([], None, "", "")  # Compare's table, chart, status and whole-answer line
     outs = h.loading.load_model(_who("alice"), MODEL, "", state, progress=lambda *a, **k: None)
-    assert "Loaded" in outs[4] and outs[-3:] == ([], None, "")
+    assert "Loaded" in outs[4] and outs[-4:] == ([], None, "", "")
     failed = h.loading.load_model(_who("alice"), "no/such-model-here", "", state, progress=lambda *a, **k: None)
-    assert all(out == gr.skip() for out in failed[-3:])  # a failed load keeps them
+    assert all(out == gr.skip() for out in failed[-4:])  # a failed load keeps them
 
 
 def test_compares_default_ticks_suit_the_media(tmp_path, png):
@@ -595,3 +595,14 @@ def test_blocks_per_vision_tower_call_reaches_the_chat_and_a_bad_value_is_one_li
         (out,) = list(_chat(h, state, PROMPT, [png], method="blockwise-keydiff", vision_ahead=bad))
         assert "blocks per vision-tower call" in out[3] and "\n" not in out[3], out[3]
         assert state.session is None and out[2] is state
+
+
+def test_a_clicked_compare_row_shows_its_method_and_whole_answer():
+    """The table shows one line of each answer; a click on any cell of a row shows that row's whole answer,
+    literally (Markdown characters escaped)."""
+    from ui.compare import whole_answer
+
+    row = ["lightkv", "19%", "83.9%", 0.122, 0.122, 0.346, "a *long* answer " * 20]
+    line = whole_answer(gr.SelectData(None, {"index": [2, 1], "value": "19%", "row_value": row}))
+    assert line.startswith("**lightkv**: ") and line.count("long") == 20 and "*long*" not in line, line
+    assert whole_answer(gr.SelectData(None, {"index": [0, 0], "value": "", "row_value": None})) == ""
