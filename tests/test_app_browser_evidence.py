@@ -7,6 +7,8 @@ Screenshots go to artifacts/.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests import test_app_browser as base
@@ -63,6 +65,29 @@ def test_compute_shows_progress_the_map_and_the_recall_in_the_summary(page):
         timeout=30_000,
     )
     shot(page, "e01_evidence_view")
+
+
+def test_the_recall_is_put_in_context_by_the_needle_benchmark(page):
+    """After the pass, one sentence says how often the needle benchmark's answers with a recall in this range were
+    right: its figures are those of the committed results file for the recall shown."""
+    results = json.loads((base.REPO / "docs" / "results" / "evidence_needle.json").read_text())
+    open_tab(page, "Evidence")
+    note = _note(page)
+    recall = float(note.split("evidence recall ")[1].split("%")[0]) / 100
+    entries = []  # the benchmark's ranges that hold the recall shown (rounded to 0.1 %: one, or two at an edge)
+    for entry in results["accuracy_by_recall"]:
+        label = entry["bucket"]
+        if label.startswith("["):
+            low, high = (float(x) for x in label.strip("[)").split(","))
+            if low - 0.0005 <= recall < high + 0.0005:
+                entries.append(entry)
+        elif recall >= 0.9995:
+            entries.append(entry)
+    assert entries, (recall, results["accuracy_by_recall"])
+    sentence = next(line for line in note.splitlines() if line.startswith("In the needle benchmark"))
+    assert results["model"] in sentence and "\n" not in sentence, sentence
+    said = [e for e in entries if f"right {round(e['accuracy'] * 100)}% of the time ({e['n']} answers)" in sentence]
+    assert said and said[0]["bucket"] in sentence, (sentence, entries)
 
 
 def test_the_layer_selector_is_shared_with_kept_tokens(page):

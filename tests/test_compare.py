@@ -463,7 +463,8 @@ def test_the_pages_watch_ticks_until_the_turn_runs_or_is_not_in_the_queue(gradio
     when it is not in Gradio's queue a moment after the send (refused)."""
     h, q = gradio
     q.start(q.send("ann", "turn"))
-    assert h.turns.queued(_who("zoe"), {"text": "a question"}, None).active is True
+    watch, notice = h.turns.queued(_who("zoe"), {"text": "a question"}, None)
+    assert watch.active is True and notice == gr.skip()
     said, again = h.turns.where(_who("zoe"))
     assert said == gr.skip() and again.active is True  # not joined yet: no line, the watch goes on
     zoe = q.send("zoe", "turn")
@@ -477,6 +478,22 @@ def test_the_pages_watch_ticks_until_the_turn_runs_or_is_not_in_the_queue(gradio
     h.turns.queued(_who("mallory"), {"text": "a question"}, None)
     said, again = h.turns.where(_who("mallory"))
     assert said == gr.skip() and again.active is False  # refused: nothing shown, the watch ends
+
+
+def test_a_send_while_the_chats_turn_waits_or_runs_is_refused_in_the_notice(gradio):
+    """The page does not send a turn while the chat's previous one is pending: the send says so in one line and
+    starts no watch; another chat's send is unaffected."""
+    from ui.status import SEND_REFUSED
+
+    h, q = gradio
+    ann = q.send("ann", "turn")
+    q.start(ann)
+    q.send("bob", "turn")
+    for who in ("ann", "bob"):  # ann's turn runs, bob's waits
+        watch, notice = h.turns.queued(_who(who), {"text": "another question"}, None)
+        assert watch == gr.skip() and notice == SEND_REFUSED and "\n" not in notice, who
+    watch, notice = h.turns.queued(_who("carol"), {"text": "a question"}, None)
+    assert watch.active is True and notice == gr.skip()
 
 
 def test_a_cancelled_turn_no_longer_counts(gradio):
@@ -538,11 +555,11 @@ def test_without_gradio_nothing_is_waiting_and_nothing_is_withdrawn(png):
 def test_new_chat_and_load_model_clear_compares_results():
     h, state = _app(), UserState(model_name=MODEL)
     outs = h.turns.new_chat(state, "full", "reuse")
-    assert outs[-3:] == ([], None, "")  # Compare's table, chart and status
+    assert outs[-4:] == ([], None, "", "")  # Compare's table, chart, status and whole-answer line
     outs = h.loading.load_model(_who("alice"), MODEL, "", state, progress=lambda *a, **k: None)
-    assert "Loaded" in outs[4] and outs[-3:] == ([], None, "")
+    assert "Loaded" in outs[4] and outs[-4:] == ([], None, "", "")
     failed = h.loading.load_model(_who("alice"), "no/such-model-here", "", state, progress=lambda *a, **k: None)
-    assert all(out == gr.skip() for out in failed[-3:])  # a failed load keeps them
+    assert all(out == gr.skip() for out in failed[-4:])  # a failed load keeps them
 
 
 def test_compares_default_ticks_suit_the_media(tmp_path, png):
@@ -578,3 +595,14 @@ def test_blocks_per_vision_tower_call_reaches_the_chat_and_a_bad_value_is_one_li
         (out,) = list(_chat(h, state, PROMPT, [png], method="blockwise-keydiff", vision_ahead=bad))
         assert "blocks per vision-tower call" in out[3] and "\n" not in out[3], out[3]
         assert state.session is None and out[2] is state
+
+
+def test_a_clicked_compare_row_shows_its_method_and_whole_answer():
+    """The table shows one line of each answer; a click on any cell of a row shows that row's whole answer,
+    literally (Markdown characters escaped)."""
+    from ui.compare import whole_answer
+
+    row = ["lightkv", "19%", "83.9%", 0.122, 0.122, 0.346, "a *long* answer " * 20]
+    line = whole_answer(gr.SelectData(None, {"index": [2, 1], "value": "19%", "row_value": row}))
+    assert line.startswith("**lightkv**: ") and line.count("long") == 20 and "*long*" not in line, line
+    assert whole_answer(gr.SelectData(None, {"index": [0, 0], "value": "", "row_value": None})) == ""

@@ -200,6 +200,26 @@ def test_block_memory_figure_one_point_per_block_with_budget_and_full_lines(snap
     json.loads(fig.to_json())  # serialisable for gr.Plot
 
 
+def budget_named_and_drawn(fig) -> tuple[bool, bool]:
+    """Whether the memory chart's left panel names a budget in its title, and whether it draws a budget line."""
+    title = fig.layout.annotations[0].text  # the left panel's subplot title
+    return "budget" in title, any(t.name == "budget" for t in fig.data)
+
+
+def test_the_memory_panel_names_the_budget_it_draws_and_none_without_one(snap, adapter):
+    """A method with a budget: the panel's title names it and its line is drawn; Sali-Cache keeps no budget (it
+    tiers and skips): the panel names none and draws none."""
+    _, report, _ = snap
+    assert budget_named_and_drawn(block_memory_figure(report)) == (True, True)
+    session = ChatSession(adapter, _config("salicache"))
+    session.ask(PROMPT, video_media(4, 224, 168, fps=1.0, seed=3))
+    salicache = turn_report(session)
+    assert salicache["method"] == "salicache" and not salicache["budget"]
+    fig = block_memory_figure(salicache)
+    assert budget_named_and_drawn(fig) == (False, False), fig.layout.annotations[0].text
+    assert "budget" not in " ".join(str(t.name) for t in fig.data)  # no legend entry claims one either
+
+
 def test_single_block_memory_figure_has_integer_ticks_and_visible_markers(snap):
     _, report, _ = snap
     one = {**report, "blocks": [{**report["blocks"][0], "n_blocks": 1}]}

@@ -13,6 +13,7 @@ from . import text, views
 from .api_values import ApiValues, CheckedBlocks
 from .bounds import FormBounds, form_bounds
 from .callbacks import Callbacks
+from .compare import whole_answer
 from .evidence import redraw as redraw_evidence
 from .evidence import wire_evidence
 from .examples import ASSETS, EXAMPLE_NEW_CHAT, chat_started, example_refused
@@ -151,7 +152,7 @@ def _wire_chat(page: Page, callbacks: Callbacks) -> None:
         trigger(
             turns.queued,
             [chat.chat_input, state],
-            [watch],
+            [watch, chat.notice_md],
             js=open_tab_js(MEMORY_TAB_LABEL, attached, passes=2),
             **AT_ONCE,
         )
@@ -233,7 +234,7 @@ def _wire_cards(page: Page, callbacks: Callbacks, new_chat_outputs: list) -> Non
 
 def _compare_results(page: Page) -> list:
     """What a comparison shows (emptied by New chat and Load model: the results were about the old chat)."""
-    return [page.compare.table, page.compare.plot, page.compare.status]
+    return [page.compare.table, page.compare.plot, page.compare.status, page.compare.answer]
 
 
 def _wire_model_and_method(page: Page, callbacks: Callbacks) -> None:
@@ -274,6 +275,9 @@ def _wire_compare(page: Page, callbacks: Callbacks) -> None:
     watch = gr.Timer(WATCH_SECONDS, active=False)
     watch.tick(comparisons.compare_where, None, [compare.status, watch], **AT_ONCE)
     compare.run_btn.click(comparisons.compare_queued, [state], [watch], **AT_ONCE)
+    # the whole answer of a clicked row, under the table; a new comparison empties it (in the browser, at once)
+    compare.table.select(whole_answer, None, [compare.answer], **AT_ONCE)
+    compare.run_btn.click(None, None, [compare.answer], js="() => ''", queue=False)
     run = compare.run_btn.click(
         comparisons.compare,
         [

@@ -36,6 +36,7 @@ from .status import (
     LIVE_UPDATE_SECONDS,
     PREFILL_LABEL,
     READING_LABEL,
+    SEND_REFUSED,
     WITHDRAWN_TURN,
     block_kind,
     done_label,
@@ -90,11 +91,16 @@ class ChatCallbacks:
 
     def queued(self, request: gr.Request, message, state):
         """Runs at once when a turn is sent, just before it joins Gradio's queue: starts the page's watch of
-        where it waits (`where`)."""
+        where it waits (`where`). While this chat's previous turn still waits or runs, the page does not send the
+        new one (an event runs once at a time): the notice line says so and the question stays in the box.
+        Outputs: the watch timer, the notice line."""
         if not (message or {}).get("text", "").strip():
-            return gr.skip()
-        self.context.queue.sent(request, "turn")
-        return gr.Timer(active=True)
+            return gr.skip(), gr.skip()
+        queue = self.context.queue
+        if queue.ahead_of_mine(request, "turn") is not None:
+            return gr.skip(), SEND_REFUSED
+        queue.sent(request, "turn")
+        return gr.Timer(active=True), gr.skip()
 
     def where(self, request: gr.Request):
         """A tick of the page's watch: where the sent turn waits now in Gradio's queue (`ComputeQueue.watch`);

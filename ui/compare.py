@@ -22,6 +22,7 @@ from visualkv.runtime.frame_cap import is_bounded
 from visualkv.runtime.question import question_tokens
 from visualkv.runtime.streaming import failure_message, method_options
 
+from . import text
 from .context import AppContext
 from .evidence import table_columns, table_update
 from .forms import FormValues
@@ -49,8 +50,21 @@ def default_ticks(kind: str, method_names: list[str]) -> list[str]:
 
 
 def empty_compare() -> tuple:
-    """Compare's table, chart and status line with no comparison (outputs: table, chart, status)."""
-    return [], None, ""
+    """Compare's table, chart, status line and whole-answer line with no comparison (outputs: table, chart,
+    status, answer)."""
+    return [], None, "", ""
+
+
+#: said after a finished comparison: the table shows one line of each answer
+WHOLE_ANSWER_HINT = "click a row to read its answer in full"
+
+
+def whole_answer(evt: gr.SelectData) -> str:
+    """The line under Compare's table for the clicked row: its method and its whole answer (the last column)."""
+    row = evt.row_value or []
+    if len(row) < 2:
+        return ""
+    return f"**{text.md_escape(str(row[0]))}**: {text.md_escape(str(row[-1]))}"
 
 
 @dataclasses.dataclass
@@ -203,7 +217,7 @@ class CompareCallbacks:
                 elif kind == "stopped":
                     line = self._stopped_line(*payload)
                 else:  # done
-                    line = f"done: {len(results)} methods on “{html.escape(run.question)}”"
+                    line = f"done: {len(results)} methods on “{html.escape(run.question)}” ({WHOLE_ANSWER_HINT})"
                 yield table_update(results), viz.compare_memory_figure(results), line, skip
 
     def _stopped_line(self, message: str, by_time_limit: bool) -> str:

@@ -199,6 +199,7 @@ class ComparePanel:
     table: gr.Dataframe
     plot: gr.Plot
     evidence: gr.Checkbox | None = None  # opt-in: an evidence recall column (a second pass per method)
+    answer: gr.Markdown | None = None  # the clicked row's whole answer (the table shows one line of each)
 
 
 def model_choices(current: str, policy: ModelPolicy | None = None) -> list[str]:
@@ -538,6 +539,11 @@ COMPARE_CSS = """
 #vkv-cmp-table .body-cell:first-child .wrap, #vkv-cmp-table .body-cell:last-child .wrap {
   overflow-wrap: anywhere !important;}
 #vkv-cmp-table .cell-menu-button {display: none !important;}
+/* one line per method: each answer cut to the answer column's width (a click on its row shows it whole, under
+   the table), so the rows and the chart under them stay in view however long the answers */
+#vkv-cmp-table .body-cell:last-child .wrap {white-space: nowrap !important; overflow: hidden !important;
+  text-overflow: ellipsis !important; display: block !important;}
+#vkv-cmp-answer:has(span.md:empty) {display: none;}
 """
 
 
@@ -557,6 +563,7 @@ def _compare_tab(method_names: list[str]) -> ComparePanel:
             max_height=260,  # the chart under it starts in view; more rows scroll inside the table
             elem_id="vkv-cmp-table",
         )
+        answer = gr.Markdown("", elem_id="vkv-cmp-answer", elem_classes="vkv-small")
         plot = gr.Plot(label="KV memory: held after each block, and at its peak", elem_id="vkv-cmp-plot")
         with gr.Accordion("what to compare: methods, question, media", open=True, elem_id="vkv-cmp-choice"):
             methods = gr.CheckboxGroup(
@@ -582,4 +589,4 @@ def _compare_tab(method_names: list[str]) -> ComparePanel:
                 "method's next block or token and keeps the finished rows.",
                 elem_classes="vkv-small",
             )
-    return ComparePanel(methods, file, question, run_btn, stop_btn, status, table, plot, evidence)
+    return ComparePanel(methods, file, question, run_btn, stop_btn, status, table, plot, evidence, answer)

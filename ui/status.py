@@ -30,6 +30,11 @@ STARTING_LABEL = "starting…"
 # plain words, no symbol such as U+23F9: a font without the glyph draws an empty box
 WITHDRAWN_TURN = "Stopped while it waited in the queue: nothing ran, and the question is still in the box."
 WITHDRAWN_COMPARE = "Stopped while it waited in the queue: no method ran."
+#: a send while this chat's turn waits or runs (the page would drop it unsaid): the question stays in the box
+SEND_REFUSED = (
+    "Your previous question is still waiting or running, so this one was not sent: it stays in the box. "
+    "Send it once the answer is done (or press Stop)."
+)
 
 #: what a prefill block holds, in words (`visualkv.layout.Block.kind`)
 BLOCK_KINDS = {
