@@ -213,7 +213,7 @@ def test_a_full_queue_says_busy(app):
     try:
         jobs = [
             c.submit(
-                message={"text": question, "files": [handle_file(media)]}, method="full", max_new=64, api_name="/chat"
+                message={"text": question, "files": [handle_file(media)]}, method="full", max_new=16, api_name="/chat"
             )
             for c in clients
         ]

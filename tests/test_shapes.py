@@ -119,6 +119,23 @@ def test_new_shape_processors_have_the_released_settings():
     assert list(internvl_cfg.vision_config.image_size) == [448, 448] and internvl_cfg.downsample_ratio == 0.5
 
 
+#: the image each scaled-down new shape answers about, with its visual tokens under the released tiling: bf16
+#: matmuls are ~7x slower than float32 on a CPU without bf16 instructions, so each is the fewest the family's
+#: tiling allows. LLaVA-OneVision: the 27 x 27 base image + one anyres tile unpadded to 27 x 5 with a newline
+#: token per row (a square image keeps all 27 rows: 1,485 tokens); InternVL: one 448-px tile, no thumbnail;
+#: Qwen3-VL: 12 x 12 merged patches.
+NEW_SHAPE_IMAGES = {
+    "shape-qwen3-vl-8b": ((384, 384), 144),
+    "shape-llava-onevision-7b": ((384, 64), 729 + 27 * 5 + 5),
+    "shape-internvl3.5-8b": ((384, 384), 256),
+}
+
+
+def _assert_weights_drawn(model: torch.nn.Module) -> None:
+    """Every weight was drawn by the model's init (the constructors' fill is NaN)."""
+    assert not [name for name, p in model.named_parameters() if p.isnan().any()]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("alias", NEW_SHAPES)
 def test_scaled_down_new_shape_builds_on_cpu_and_runs(alias):
@@ -126,12 +143,12 @@ def test_scaled_down_new_shape_builds_on_cpu_and_runs(alias):
     model, processor = shapes.build_shape(alias, "cpu", torch.bfloat16, num_layers=1)
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert model.config.text_config.hidden_size == shapes.build_shape_config(alias, processor).text_config.hidden_size
+    _assert_weights_drawn(model)
     adapter = _adapter(model, processor, alias)
     s = ChatSession(adapter, SessionConfig(method="blockwise-keydiff", budget=128, max_new_tokens=2))
-    # 384 x 384: one LLaVA-OneVision tile beside the base image (1,485 visual tokens; 448 x 448 takes four, 3,699,
-    # and twice the time: bf16 matmuls are ~7x slower than float32 on a CPU without bf16 instructions)
-    record = s.ask("What is this?", image_media(384, 384, seed=1))
-    assert len(record.token_ids) >= 1 and s.report()["visual_tokens"] > 0
+    (width, height), visual_tokens = NEW_SHAPE_IMAGES[alias]
+    record = s.ask("What is this?", image_media(width, height, seed=1))
+    assert len(record.token_ids) >= 1 and s.report()["visual_tokens"] == visual_tokens
 
 
 def test_smolvlm_shape_processor_makes_81_token_tiles():
@@ -144,10 +161,12 @@ def test_scaled_down_shape_builds_on_cpu_in_bf16_and_runs():
     model, processor = shapes.build_shape("shape-smolvlm2-2.2b", "cpu", torch.bfloat16, num_layers=1)
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert model.config.text_config.hidden_size == 2048 and model.config.vision_config.hidden_size == 1152
+    _assert_weights_drawn(model)
     adapter = _adapter(model, processor, "shape-smolvlm2-2.2b")
     s = ChatSession(adapter, SessionConfig(method="blockwise-keydiff", budget=128, max_new_tokens=2))
-    record = s.ask("What is this?", image_media(448, 336, seed=1))
-    assert len(record.token_ids) >= 1 and s.report()["visual_tokens"] == 13 * 81  # 4 x 3 tiles + thumbnail
+    # resized to the released 1,536-px longest edge, then cut into 384-px tiles: a 4:1 image is the fewest tiles
+    record = s.ask("What is this?", image_media(448, 112, seed=1))
+    assert len(record.token_ids) >= 1 and s.report()["visual_tokens"] == 5 * 81  # 4 x 1 tiles + thumbnail
 
 
 def test_shape_that_does_not_fit_is_refused_with_one_line(monkeypatch, capsys, tmp_path):

@@ -11,6 +11,8 @@ fit is refused with one line. Each family's shapes, with their sources, are in i
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 
 import psutil
@@ -66,6 +68,42 @@ def parameter_count(alias: str, num_layers: int | None = None) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+#: torch's random initialisers, which module constructors (Linear, Embedding, Conv) call on their new weights
+_TORCH_RANDOM_INITS = (
+    "uniform_",
+    "normal_",
+    "trunc_normal_",
+    "kaiming_uniform_",
+    "kaiming_normal_",
+    "xavier_uniform_",
+    "xavier_normal_",
+)
+
+
+@contextmanager
+def _constructors_fill_nan() -> Iterator[None]:
+    """Module constructors fill their weights with NaN instead of drawing them at random.
+
+    transformers' `init_weights`, run once the model is constructed, draws every weight of a shape model again
+    (with its own references to torch's initialisers), so the constructors' draws were half of a CPU build's
+    time for nothing. NaN, not uninitialised memory: a weight the model's init ever missed shows at once.
+    """
+    import torch.nn.init as torch_init
+
+    def fill_nan(tensor: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        with torch.no_grad():
+            return tensor.fill_(float("nan"))
+
+    originals = {name: getattr(torch_init, name) for name in _TORCH_RANDOM_INITS}
+    try:
+        for name in originals:
+            setattr(torch_init, name, fill_nan)
+        yield
+    finally:
+        for name, function in originals.items():
+            setattr(torch_init, name, function)
+
+
 def _check_memory(alias: str, n_bytes: int, device: torch.device) -> None:
     """Refuse (one line) a build whose weights would not fit; CPU: available RAM, CUDA: free device memory."""
     if device.type == "cpu":
@@ -111,7 +149,8 @@ def build_shape(
     config = build_shape_config(alias, processor, num_layers)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.device(device):
         torch.manual_seed(seed)
-        model = compat.model_from_config(_model_class(spec), config, dtype=dtype)
+        with _constructors_fill_nan():
+            model = compat.model_from_config(_model_class(spec), config, dtype=dtype)
     model = model.eval()
     model.config.dtype = dtype
     model.config.name_or_path = f"{alias} ({spec.hub_id} configuration, random weights)"
