@@ -240,3 +240,27 @@ def test_compare_ticks_evs_beside_salicache_for_a_video_only():
     video, image = compared_by_default("video", names), compared_by_default("image", names)
     assert {"evs", "salicache"} <= set(video) and not {"evs", "salicache"} & set(image)
     assert video == [n for n in names if n in video]  # in menu order
+
+
+def test_the_cli_runs_evs_with_its_flag_and_the_app_offers_its_setting(tmp_path, capsys):
+    """`run --method evs --video-pruning-rate 0.5` (the flag generated from its config) keeps vLLM's count; the
+    app's settings for it and for its composition come from the same declaration; a bad rate is one line."""
+    import json
+
+    from visualkv.bench.synthetic import write_video_file
+    from visualkv.cli.main import main
+    from visualkv.runtime.streaming import method_options, method_settings
+
+    video = write_video_file(str(tmp_path / "clip.mp4"), n_frames=8, width=224, height=168, fps=2.0)
+    out = tmp_path / "r.json"
+    argv = ["run", "--media", video, "--prompt", PROMPT, "--model", "tiny-qwen2.5-vl", "--max-new-tokens", "1"]
+    code = main([*argv, "--quiet", "--method", "evs", "--video-pruning-rate", "0.5", "--json", str(out)])
+    assert code == 0, capsys.readouterr().err
+    report = json.loads(out.read_text())
+    n_video = report["evs_video_tokens"]
+    assert n_video > 0 and report["evs_kept"] == int(n_video * 0.5)  # above the first frame: several frames
+    assert main([*argv, "--method", "evs", "--video-pruning-rate", "1.5"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert [s.key for s in method_settings("evs")] == ["pruning_rate"]
+    assert "evs:pruning_rate" in [s.key for s in method_settings("blockwise-keydiff+evs")]
+    assert method_options("evs", {"pruning_rate": 0.25}) == {"pruning_rate": 0.25}
