@@ -104,10 +104,8 @@ class EVS(Method):
         kept = retained(score, min(rows.size, max(n_first, n_keep))).cpu().numpy()  # the block's one read
         self.kept += kept.size
         last = np.flatnonzero(frame == frame.max())
-        self.held_keys, self.held = (
-            pool_keys[len(self.held_keys) + last],
-            emb[to_device(torch.from_numpy(last), device)],
-        )
+        self.held = emb[to_device(torch.from_numpy(last), device)]  # (m, d): the block's latest frame, all its places
+        self.held_keys = pool_keys[len(self.held_keys) + last]
         if kept.size == rows.size:
             return None
         keep = np.ones(local.numel(), dtype=bool)
@@ -115,9 +113,11 @@ class EVS(Method):
         keep[rows[kept]] = True
         return torch.from_numpy(np.flatnonzero(keep))
 
+    def end(self, ctx: PrefillContext) -> None:
+        self.held = None  # the last frame's embeddings: no later block compares with them
+
     def report(self, ctx: PrefillContext) -> dict[str, Any]:
-        out: dict[str, Any] = {"evs_pruning_rate": self.config.pruning_rate, "evs_video_tokens": self.read}
-        out["evs_kept"] = self.kept
+        out = {"evs_pruning_rate": self.config.pruning_rate, "evs_video_tokens": self.read, "evs_kept": self.kept}
         if not self.read:
             out["evs_note"] = "no video frame: a still image has no previous frame, so every token was kept"
         return out
