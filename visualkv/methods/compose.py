@@ -153,7 +153,11 @@ class Pipeline(Method):
         """Each stage chooses among the rows the stages before it kept; returns the block's rows kept by all."""
         kept = None  # host indices of the rows kept so far (None: all)
         for stage in self.stages:
-            view = (hidden, local) if kept is None else (hidden.index_select(1, to_device(kept, hidden.device)), local[kept])
+            view = (
+                (hidden, local)
+                if kept is None
+                else (hidden.index_select(1, to_device(kept, hidden.device)), local[kept])
+            )
             rows = stage.select_rows(ctx, *view)
             if rows is not None:
                 kept = rows if kept is None else kept[rows]
