@@ -246,18 +246,18 @@ def test_compare_reads_at_a_glance(browser, app_url, tmp_path):
     pg.evaluate("() => window.scrollTo(0, 0)")
     open_tab(pg, "Compare")
     assert in_viewport(pg, "#vkv-cmp-run"), "Compare's Run button is below the fold at 1440x900"
-    # the default ticks follow the media: Sali-Cache (frame skipping) for a video, not for an image
+    # the default ticks follow the media: Sali-Cache (frame skipping) and EVS beside it for a video, not for an image
     _give_file(pg, Path(write_video_file(str(tmp_path / "clip.mp4"), n_frames=4, width=64, height=64)))
     pg.wait_for_function("() => document.querySelectorAll('#vkv-cmp-methods input:checked').length > 0")
     pg.wait_for_timeout(1000)
-    assert "salicache" in _ticked(pg), _ticked(pg)
+    assert {"salicache", "evs"} <= set(_ticked(pg)), _ticked(pg)
     _give_file(pg, small_png(tmp_path / "scene.png", 448, 336, seed=4))
     pg.wait_for_function(
         "() => !Array.from(document.querySelectorAll('#vkv-cmp-methods input:checked'))"
         ".some(e => e.closest('label').innerText.trim() === 'salicache')",
         timeout=AT_ONCE_MS,
     )
-    assert {"full", "blockwise-snapkv", "post-snapkv"} <= set(_ticked(pg)), _ticked(pg)
+    assert {"full", "blockwise-snapkv", "post-snapkv"} <= set(_ticked(pg)) and "evs" not in _ticked(pg), _ticked(pg)
     pg.locator("#vkv-cmp-methods label:has-text('blockwise-keydiff')").first.click()  # a second block-wise method
     pg.locator("#vkv-cmp-q textarea").first.fill("Which colour dominates?")
     _run_compare(pg)

@@ -7,6 +7,7 @@ tiny model's block-wise prefill.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -215,11 +216,13 @@ OTHER_FAMILIES = ["tiny-qwen3-vl", "tiny-llava-onevision", "tiny-internvl3.5"]  
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["streamingllm", "pyramidkv", "fastv"])
+@pytest.mark.parametrize("method", ["streamingllm", "pyramidkv", "fastv", "evs"])
 @pytest.mark.parametrize("alias", OTHER_FAMILIES)
 def test_baselines_pass_the_invariant_suite_on_every_family(alias, method):
     """Telemetry equal to the cache on image and video; for the two scorers also the bound, protected text and
-    original positions; for FastV, every visual token in the layers before K and protected text everywhere."""
+    original positions; for FastV, every visual token in the layers before K and protected text everywhere; for
+    EVS, vLLM's count of a video's tokens with its first frame whole, an image whole, protected text and the full
+    cache's keys at the kept entries (original positions)."""
     from tests import test_invariants as inv
 
     adapter = get_adapter(alias)
@@ -228,6 +231,10 @@ def test_baselines_pass_the_invariant_suite_on_every_family(alias, method):
     video = video_media(8, 224, 168, fps=1.0, seed=2)
     with pytest.MonkeyPatch.context() as mp:
         inv.test_telemetry_agrees_with_an_independent_count(adapter, image, video, method, mp)
+    if method == "evs":
+        for media in (image, video):
+            _check_evs(adapter, media)
+        return
     if method == "fastv":
         for media in (image, video):
             session = ChatSession(adapter, SessionConfig(method="fastv", max_new_tokens=1))
@@ -268,3 +275,31 @@ def test_memory_guard_bounds_pyramidkv_from_above():
     assert estimate.kv_allocated_bytes >= session.cache.peak_allocated_bytes > 0
     bottom, top = session.cache.layers[0].capacity_hint, session.cache.layers[-1].capacity_hint
     assert bottom - top == session.method.budgets[0] - session.method.budgets[-1] > 0
+
+
+def _check_evs(adapter, media) -> None:
+    """EVS at its default q = 0.75 against the full cache of the same input: every layer and head holds the text,
+    the non-video visual tokens, the first video frame and max(first frame, int(n / 4)) of the n video tokens, and
+    layer 0's keys of what it holds equal the full cache's (they depend on the token and its position only)."""
+    session = ChatSession(adapter, SessionConfig(method="evs", max_new_tokens=1))
+    session.ask(PROMPT, media)
+    full = ChatSession(adapter, SessionConfig(method="full", max_new_tokens=1))
+    full.ask(PROMPT, media)
+    layout = session.prepared.layout
+    video = [f for f, info in enumerate(layout.frames) if info.kind == "frame"]
+    in_video = torch.from_numpy(np.isin(layout.frame, video))
+    seq = torch.from_numpy(layout.seq_index).long()
+    first = set(seq[torch.from_numpy(layout.frame == video[0])].tolist()) if video else set()
+    n_video = int(in_video.sum())
+    n_kept = max(len(first), int(n_video * 0.25)) if video else 0
+    protected = set((~session.prepared.visual_mask).nonzero().flatten().tolist())
+    for layer in _visual_kept(session):
+        for head in layer:
+            assert len(head) == len(seq) - n_video + n_kept and first <= head
+            assert set(seq[~in_video].tolist()) <= head
+    for layer in session.cache.layers:
+        assert all(protected <= set(row.tolist()) for row in layer.token_index[0])
+    layer, ref = session.cache.layers[0], full.cache.layers[0]
+    idx = layer.token_index[0].long()
+    for head in range(idx.shape[0]):
+        assert torch.allclose(layer.keys[0, head], ref.keys[0, head, idx[head]], atol=1e-5)

@@ -573,13 +573,15 @@ def test_compares_default_ticks_suit_the_media(tmp_path, png):
         "post-snapkv",
         "salicache",
         "lightkv",
+        "evs",
     ]
     image_ticks = ["full", "blockwise-snapkv", "post-snapkv", "lightkv"]
+    video_ticks = [*image_ticks[:3], "salicache", "lightkv", "evs"]  # EVS beside Sali-Cache, in menu order
     video = write_video_file(str(tmp_path / "clip.mp4"), n_frames=4, width=64, height=64)
-    assert h.comparisons.ticks_for_media(None, video, image_ticks) == [*image_ticks[:3], "salicache", "lightkv"]
-    assert h.comparisons.ticks_for_media(None, png, [*image_ticks[:3], "salicache", "lightkv"]) == image_ticks
+    assert h.comparisons.ticks_for_media(None, video, image_ticks) == video_ticks
+    assert h.comparisons.ticks_for_media(None, png, video_ticks) == image_ticks
     chat_on_video = UserState(model_name=MODEL, media_path=video)
-    assert "salicache" in h.comparisons.ticks_for_media(chat_on_video, None, image_ticks)
+    assert {"salicache", "evs"} <= set(h.comparisons.ticks_for_media(chat_on_video, None, image_ticks))
     assert h.comparisons.ticks_for_media(None, video, ["full", "lightkv"]) == gr.skip()  # the user's own ticks stay
 
 

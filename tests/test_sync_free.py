@@ -99,7 +99,13 @@ CASES = [
     ("lightkv", None, None),
     ("lightkv", None, "blockwise"),
     ("blockwise-snapkv+lightkv", 24, "blockwise"),
+    # rows dropped before the layers (EVS reads the device once per block there, never inside them)
+    ("evs", None, None),
+    ("blockwise-keydiff+evs", 24, "blockwise"),
 ]
+
+#: methods whose work is on video: their cases run on a clip
+ON_VIDEO = {"salicache", "evs"}
 
 
 @pytest.mark.parametrize("family", ["tiny-qwen2.5-vl", "tiny-smolvlm2"])
@@ -107,7 +113,9 @@ CASES = [
 def test_no_host_sync_in_layer_loop(guard, family, method, budget, prefill):
     adapter = get_adapter(family)
     media = (
-        video_media(4, 224, 168, fps=1.0, seed=3) if "salicache" in method.split("+") else image_media(448, 336, seed=1)
+        video_media(4, 224, 168, fps=1.0, seed=3)
+        if ON_VIDEO & set(method.split("+"))
+        else image_media(448, 336, seed=1)
     )
     session = ChatSession(
         adapter, SessionConfig(method=method, budget=budget, prefill=prefill, block_size=48, max_new_tokens=3)
@@ -117,8 +125,9 @@ def test_no_host_sync_in_layer_loop(guard, family, method, budget, prefill):
     assert guard.hits == [], f"{method}/{prefill}: host syncs in the layer loop: {sorted(set(guard.hits))}"
 
 
-#: one case per way of running the layers: blocks, hybrid, a packed tier, LightKV's merges, a composition
-GPU_CASES = [CASES[1], CASES[3], CASES[6], CASES[7], CASES[10]]
+#: one case per way of running the layers: blocks, hybrid, a packed tier, LightKV's merges, a composition, rows
+#: dropped before the layers
+GPU_CASES = [CASES[1], CASES[3], CASES[6], CASES[7], CASES[10], CASES[-1]]
 
 
 @pytest.mark.parametrize("family", ["tiny-qwen2.5-vl", "tiny-smolvlm2"])
@@ -130,7 +139,11 @@ def test_no_blocking_copy_in_layer_loop_on_a_pretend_gpu(gpu_guard, family, meth
     from tests.fake_cuda import fake_cuda_adapter
 
     adapter = fake_cuda_adapter(family)
-    media = video_media(4, 224, 168, fps=1.0, seed=3) if "salicache" in method else image_media(448, 336, seed=1)
+    media = (
+        video_media(4, 224, 168, fps=1.0, seed=3)
+        if ON_VIDEO & set(method.split("+"))
+        else image_media(448, 336, seed=1)
+    )
     config = SessionConfig(method=method, budget=budget, prefill=prefill, block_size=48, max_new_tokens=3)
     session = ChatSession(adapter, config)
     session.ask("What is in the picture?", media)

@@ -20,7 +20,7 @@ from visualkv.media import load_media, media_kind
 from visualkv.report import viz
 from visualkv.runtime.frame_cap import is_bounded
 from visualkv.runtime.question import question_tokens
-from visualkv.runtime.streaming import failure_message, method_options
+from visualkv.runtime.streaming import COMPARED_BY_DEFAULT, compared_by_default, failure_message, method_options
 
 from . import text
 from .context import AppContext
@@ -37,16 +37,10 @@ from .status import (
     error_line,
 )
 
-#: the methods ticked for each kind of media: Sali-Cache's frame skipping is for video, so it is ticked for one only
-COMPARED_BY_DEFAULT = {
-    "image": ("full", "blockwise-snapkv", "post-snapkv", "lightkv"),
-    "video": ("full", "blockwise-snapkv", "post-snapkv", "salicache", "lightkv"),
-}
-
 
 def default_ticks(kind: str, method_names: list[str]) -> list[str]:
-    """The methods ticked by default for media of `kind` ("image" or "video"), in menu order."""
-    return [m for m in method_names if m in COMPARED_BY_DEFAULT.get(kind, COMPARED_BY_DEFAULT["image"])]
+    """The methods ticked by default for media of `kind` ("image" or "video"), in menu order (the library chooses)."""
+    return compared_by_default(kind, method_names)
 
 
 def empty_compare() -> tuple:

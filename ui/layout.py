@@ -570,7 +570,7 @@ def _compare_tab(method_names: list[str]) -> ComparePanel:
                 method_names,
                 value=default_ticks("image", method_names),
                 label="methods",
-                info="ticked by default: those that suit the media (Sali-Cache's frame skipping for a video only)",
+                info="ticked by default: those that suit the media (Sali-Cache's frame skipping and EVS for a video only)",
                 elem_id="vkv-cmp-methods",
             )
             question = gr.Textbox(label="question (default: the chat's first question)", elem_id="vkv-cmp-q")

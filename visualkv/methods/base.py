@@ -1,10 +1,13 @@
 """The one interface every compression method plugs into.
 
-The engine calls a method at four points of a prefill, and never branches on
+The engine calls a method at five points of a prefill, and never branches on
 which method it is:
 
 - `begin(ctx)`: before any block; may compute proxy queries, drop frames or
   tokens (`ctx.prepared.keep`), assign precision tiers (`ctx.tiers`).
+- `select_rows(ctx, hidden, local)`: per block, once its tokens are embedded
+  (the vision tower has run) and before the decoder layers; may drop visual rows
+  from what enters the LLM, by their embeddings.
 - `after_layer(ctx, state)`: after each decoder layer of each block; may evict
   from that layer's cache, or shrink the block's hidden states (merging).
 - `end(ctx)`: after the last block; may compress the whole cache (post-prefill).
@@ -141,6 +144,8 @@ class Method:
     compose_role: ClassVar[str | None] = None
     #: why a method with no role does not compose (the one-line refusal says it)
     compose_refusal: ClassVar[str] = "it has no role in a pipeline"
+    #: {role: why not}: roles this method's stage does not compose with, though the roles alone would allow it
+    compose_conflicts: ClassVar[dict[str, str]] = {}
     #: token ids of a question to use as proxy instead of the prompt's own (follow-up re-prefill)
     proxy_ids: torch.Tensor | None = None
 
@@ -199,6 +204,17 @@ class Method:
         """For the memory guard: the most visual entries per KV head any layer keeps after a block under budget
         `budget` (the budget itself, unless the method spreads it unevenly over the layers)."""
         return budget
+
+    def select_rows(self, ctx: PrefillContext, hidden: torch.Tensor, local: torch.Tensor) -> torch.Tensor | None:
+        """Called per block before its decoder layers: which of its rows enter the LLM.
+
+        hidden (1, q, d): the embeddings of the block's tokens (the vision tower's output for its visual ones);
+        local (q,): their indices in the prepared input (host, sorted; positions are
+        `ctx.prepared.position_ids[:, local]`). Returns the kept rows as sorted host int64 indices into q, or
+        None for all. Dropped rows never reach a decoder layer; kept ones keep their original positions and token
+        indices; only visual rows may go (the engine refuses a dropped protected token). A method may read the
+        device once here (which rows stay decides the block's shapes), never in `after_layer`."""
+        return None
 
     def after_layer(self, ctx: PrefillContext, state: LayerState) -> LayerState | None:
         """Called after every decoder layer of every block; may return a new state."""

@@ -8,7 +8,8 @@ role order whatever the order in the name, and the prefill mode is the bounded s
 never runs the media in one bulk forward.
 
 Refused (one-line ConfigError): a stage that does not compose (`full`; `post-snapkv`, which bounds nothing per
-block) and two stages of the same role (two evictions would fight over one budget).
+block), two stages of the same role (two evictions would fight over one budget), and a stage next to a role it
+declares a conflict with (`Method.compose_conflicts`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from visualkv.devices import to_device
 from visualkv.errors import ConfigError
 from visualkv.methods.base import LayerState, Method, PrefillContext
 
@@ -75,14 +79,28 @@ def stage_classes(name: str, registry: dict[str, type[Method]]) -> list[type[Met
         same = [c.name for c in classes if c.compose_role == role]
         if len(same) > 1:
             raise ConfigError(f"{' and '.join(same)} both {role}; compose at most one of them")
+    conflict = _conflict(classes)
+    if conflict:
+        raise ConfigError(conflict)
     return sorted(classes, key=lambda c: ROLES.index(c.compose_role))
+
+
+def _conflict(classes: list[type[Method]]) -> str | None:
+    """The one-line refusal of the first stage that declares a conflict with another stage's role, or None."""
+    for cls in classes:
+        for other in classes:
+            why = cls.compose_conflicts.get(other.compose_role) if other is not cls else None
+            if why:
+                return f"{cls.name} does not compose with {other.name} ({why})"
+    return None
 
 
 def composed_names(registry: dict[str, type[Method]]) -> list[str]:
     """Every valid composition of two or more registered methods (one per role at most), canonical names."""
     by_role = [[None, *(n for n, c in registry.items() if c.compose_role == role)] for role in reversed(ROLES)]
     picks = ([n for n in pick if n] for pick in itertools.product(*by_role))
-    return [SEPARATOR.join(names) for names in picks if len(names) >= 2]
+    valid = (names for names in picks if len(names) >= 2 and not _conflict([registry[n] for n in names]))
+    return [SEPARATOR.join(names) for names in valid]
 
 
 class Pipeline(Method):
@@ -130,6 +148,20 @@ class Pipeline(Method):
             return min(hints, default=None)
         layers = ctx.adapter.num_layers
         return [min(h[i] if isinstance(h, list) else h for h in hints) for i in range(layers)]
+
+    def select_rows(self, ctx: PrefillContext, hidden: torch.Tensor, local: torch.Tensor) -> torch.Tensor | None:
+        """Each stage chooses among the rows the stages before it kept; returns the block's rows kept by all."""
+        kept = None  # host indices of the rows kept so far (None: all)
+        for stage in self.stages:
+            view = (
+                (hidden, local)
+                if kept is None
+                else (hidden.index_select(1, to_device(kept, hidden.device)), local[kept])
+            )
+            rows = stage.select_rows(ctx, *view)
+            if rows is not None:
+                kept = rows if kept is None else kept[rows]
+        return kept
 
     def after_layer(self, ctx: PrefillContext, state: LayerState) -> LayerState | None:
         changed = None

@@ -5,6 +5,7 @@ The engine runs the decoder layers itself, one block at a time:
     for block in plan_blocks(...):
         embeddings of the block's tokens (text embedding, or the vision tower
           run on just this block's tiles / rows / frames)
+        the method's `select_rows`: visual rows it drops never enter the LLM
         for each decoder layer: attend to cache ∪ block, append, then let the
           method evict / merge for that layer
         emit a BlockEvent (bytes, entries, RSS, seconds)
@@ -115,6 +116,22 @@ class BlockPlan:
 def kept_units(prepared: PreparedInput, block: Block) -> list:
     """The block's units with at least one kept token: those the vision tower sees (skipped frames never do)."""
     return [u for u in block.units if bool(prepared.keep[u.seq_start : u.seq_end].any())]
+
+
+def select_rows(
+    method: Method, ctx: PrefillContext, hidden: torch.Tensor, local: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The block's embeddings (1, q', d) and host indices (q',) of the rows `method.select_rows` keeps (all where it
+    returns None); ValueError if it dropped a protected (non-visual) token. Layer features of dropped rows stay
+    with the block: `LayerFeatures.add_after_layer` adds nothing for a token no longer in it."""
+    rows = method.select_rows(ctx, hidden, local)
+    if rows is None:
+        return hidden, local
+    kept = torch.zeros(local.numel(), dtype=torch.bool)
+    kept[rows] = True
+    if bool((~kept & ~ctx.prepared.visual_mask[local]).any()):
+        raise ValueError(f"{method.name} dropped protected tokens before the LLM; only visual rows may be dropped")
+    return hidden.index_select(1, to_device(rows, hidden.device)), local[rows]
 
 
 def _latest_frame_time(frames, units, so_far: float | None) -> float | None:
@@ -374,6 +391,7 @@ class Engine:
                 if i in tower_calls:
                     self.adapter.encode_ahead(prepared, [kept_units(prepared, ctx.blocks[j]) for j in tower_calls[i]])
                 hidden, local, layer_features = self.block_embeddings(prepared, block, ctx.encoded_frames, seq_offset)
+                hidden, local = select_rows(method, ctx, hidden, local)
                 if local.numel() == 0:
                     continue
                 tiers = ctx.tiers[local] if ctx.tiers is not None else None

@@ -9,7 +9,7 @@ the answer at the next read of its tokens (`SessionConfig.decode_read_every`). E
 per-session lock.
 
 Also here: `stream_compare` / `compare_methods` (one question through several methods, each in a fresh
-session), `turn_report`, `live_report` (a partial report during prefill), and `method_settings` /
+session), `compared_by_default` (the methods a comparison ticks for a kind of media), `turn_report`, `live_report` (a partial report during prefill), and `method_settings` /
 `method_options` (a method's tunable settings, flattened and back).
 """
 
@@ -243,6 +243,21 @@ def stream_compare(
                 yield "result", (name, turn_report(session) if kind == "done" else payload)
                 finished += 1
     yield "done", None
+
+
+#: the methods a comparison ticks by default for each kind of media: frame skipping (Sali-Cache) and frame-to-frame
+#: pruning (EVS, the field's baseline for it) are for video, so they are ticked for one only
+COMPARED_BY_DEFAULT = {
+    "image": ("full", "blockwise-snapkv", "post-snapkv", "lightkv"),
+    "video": ("full", "blockwise-snapkv", "post-snapkv", "salicache", "evs", "lightkv"),
+}
+
+
+def compared_by_default(kind: str, method_names: list[str]) -> list[str]:
+    """The methods a comparison ticks by default for media of `kind` ("image" or "video"), in `method_names`'
+    order (the menu's)."""
+    chosen = COMPARED_BY_DEFAULT.get(kind, COMPARED_BY_DEFAULT["image"])
+    return [m for m in method_names if m in chosen]
 
 
 def _compare_stopped(by_time_limit: bool, finished: int, total: int) -> tuple[str, bool]:
