@@ -86,6 +86,20 @@ class PrefillContext:
             tables[device] = to_device(build(), device)
         return tables[device]
 
+    def question_pass(self, proxy_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(ids, positions, n) of a text-only pass over [prompt prefix + question + assistant prompt], the question
+        at the positions right after the media, its last `n` tokens; `proxy_ids` replace the prompt's own question
+        tokens (a follow-up question being re-prefilled)."""
+        p = self.prepared
+        first_visual = int(p.visual_mask.nonzero()[0]) if p.visual_mask.any() else p.seq_len
+        if proxy_ids is None:
+            local = torch.cat([torch.arange(first_visual), torch.arange(p.suffix_start, p.seq_len)])
+            return p.input_ids[local], p.position_ids[:, local], p.seq_len - p.suffix_start
+        n = int(proxy_ids.shape[0])
+        question = (torch.arange(n) + int(p.position_ids[0, p.suffix_start])).expand(p.position_ids.shape[0], n)
+        positions = torch.cat([p.position_ids[:, :first_visual], question], dim=1)
+        return torch.cat([p.input_ids[:first_visual], proxy_ids]), positions, n
+
     @staticmethod
     def lookup(table: torch.Tensor, token_index: torch.Tensor) -> torch.Tensor:
         """A `conversation_table` read at global indices `token_index` (>= 0): two operations, no host read."""
@@ -211,4 +225,8 @@ class Method:
         return {}
 
     def config_dict(self) -> dict[str, Any]:
-        return {"method": self.name, **asdict(self.config)}
+        """The method's name and options, as the report shows them (tuples as lists, like JSON)."""
+        return {
+            "method": self.name,
+            **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self.config).items()},
+        }

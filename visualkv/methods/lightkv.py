@@ -392,14 +392,6 @@ class LightKV(Method):
         super().__init__(config, **options)
         self.stages: list[tuple[int, int, float]] = []
 
-    def config_dict(self) -> dict[str, Any]:
-        return {
-            "method": self.name,
-            "layers": list(self.config.layers) if self.config.layers is not None else None,
-            "windows": list(self.config.windows) if self.config.windows is not None else None,
-            "ratios": list(self.config.ratios) if self.config.ratios is not None else None,
-        }
-
     def visual_kept_by_layer(self, adapter, prepared, visual_ids: np.ndarray) -> list[tuple[int, int]]:
         """Layers up to the first merge store every visual token of the block; after a stage (W windows per side,
         ratio P) at most n - Σ_w min(⌊P·n_w⌋, ⌊n_w/2⌋) of its n tokens go on. Exact at the first stage, whose
@@ -487,21 +479,7 @@ class LightKV(Method):
 
     def _proxy_text_states(self, ctx: PrefillContext) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Question hidden states at each merge layer from one text-only pass [prefix + question]."""
-        prepared = ctx.prepared
-        first_visual = int(prepared.visual_mask.nonzero()[0])
-        prefix = torch.arange(first_visual)
-        if self.proxy_ids is not None:
-            n = int(self.proxy_ids.shape[0])
-            start = int(prepared.position_ids[0, prepared.suffix_start])
-            ids = torch.cat([prepared.input_ids[:first_visual], self.proxy_ids.long()])
-            axes = prepared.position_ids.shape[0]
-            positions = torch.cat(
-                [prepared.position_ids[:, :first_visual], (torch.arange(n) + start).expand(axes, n)], dim=1
-            )
-        else:
-            local = torch.cat([prefix, torch.arange(prepared.suffix_start, prepared.seq_len)])
-            n = prepared.seq_len - prepared.suffix_start
-            ids, positions = prepared.input_ids[local], prepared.position_ids[:, local]
+        ids, positions, n = ctx.question_pass(self.proxy_ids)
         if n == 0:
             return {}
         capture = _TextCapture({layer for layer, _, p in self.stages if p > 0}, n)
@@ -633,7 +611,7 @@ class LightKV(Method):
         # ξ: visual queries of this layer x the question's keys.
         _sync(device)
         t0 = time.perf_counter()
-        xi = self._xi(ctx, state, cur)
+        xi, n_text = self._xi(ctx, state, cur)
         _sync(device)
         t1 = time.perf_counter()
 
@@ -689,7 +667,6 @@ class LightKV(Method):
         log["merge_seconds"] += t2 - t1
         cfg = ctx.adapter.text_config
         hq, hd = cfg.num_attention_heads, ctx.adapter.head_dim
-        n_text = self._n_text(cur, state.layer_idx)
         self._overhead_flops += 2.0 * n * cfg.hidden_size * hq * hd + 2.0 * hq * n * n_text * hd  # q proj + scores
         self._overhead_flops += 2.0 * res.pairs * cfg.hidden_size  # cosine similarities
         return new_state
@@ -709,26 +686,18 @@ class LightKV(Method):
         split = {t: torch.nonzero_static(mk, size=c)[:, 0] for t, mk, c in zip(codes, masks, counts) if c}
         return (None if set(split) <= {TIER_FULL} else split), n_visual
 
-    def _n_text(self, cur: _BlockState, layer_idx: int) -> int:
-        if self._xi_source == "proxy":
-            st = self._proxy.get(layer_idx)
-            return int(st[0].shape[1]) if st is not None else 0
-        return self._plans[cur.block].n_text
-
-    def _xi(self, ctx: PrefillContext, state: LayerState, cur: _BlockState) -> torch.Tensor:
-        """ξ (n,) float32 for the block's visual tokens at this layer (uniform if there is no question)."""
+    def _xi(self, ctx: PrefillContext, state: LayerState, cur: _BlockState) -> tuple[torch.Tensor, int]:
+        """ξ (n,) float32 for the block's visual tokens at this layer (uniform if there is no question), and the
+        number of question tokens it reads."""
         adapter, layer_idx, device = ctx.adapter, state.layer_idx, state.hidden.device
         if self._xi_source == "proxy":
-            st = self._proxy.get(layer_idx)
-            if st is None:
-                return torch.ones(cur.n, device=device)
-            h_text, cos_t, sin_t = (t.to(device) for t in st)
-        else:
-            n_text = self._n_text(cur, layer_idx)
-            if n_text == 0:
-                return torch.ones(cur.n, device=device)
-            # the question is the block's tail (it follows every visual token; merging removes none of it)
-            h_text, cos_t, sin_t = (t[:, -n_text:] for t in (state.hidden_in, state.cos, state.sin))
+            text = self._proxy.get(layer_idx)
+        else:  # the question is the block's tail (it follows every visual token; merging removes none of it)
+            n_text = self._plans[cur.block].n_text
+            text = tuple(t[:, -n_text:] for t in (state.hidden_in, state.cos, state.sin)) if n_text else None
+        if text is None:
+            return torch.ones(cur.n, device=device), 0
+        h_text, cos_t, sin_t = (t.to(device) for t in text)
         keys = adapter.key_states(layer_idx, h_text, cos_t, sin_t)
         vis = cur.vis_pos
         queries = adapter.query_states(
@@ -738,7 +707,7 @@ class LightKV(Method):
             state.sin.index_select(1, vis),
         )
         scale = getattr(adapter.layers[layer_idx].self_attn, "scaling", adapter.head_dim**-0.5)
-        return prompt_attention(queries, keys, scale)
+        return prompt_attention(queries, keys, scale), h_text.shape[1]
 
     def end(self, ctx: PrefillContext) -> None:
         self.last_xi = {layer: xi.cpu() for layer, xi in self.last_xi.items()}  # after the layer loop

@@ -128,9 +128,6 @@ class SaliCache(Method):
     def stored_shares(self) -> tuple[float, float, float]:
         return self.config.tiers
 
-    def config_dict(self) -> dict[str, Any]:
-        return {"method": self.name, **asdict(self.config), "tiers": list(self.config.tiers)}
-
     def begin_bytes(self, prepared) -> int:
         """The larger of its passes, which run one after the other: a video's motion pass, the saliency pass."""
         media = prepared.media
