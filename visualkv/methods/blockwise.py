@@ -102,11 +102,10 @@ class _QueryCapture(Method):
 
     def after_layer(self, ctx, state: LayerState) -> None:
         w = min(self.window, state.hidden_in.shape[1])
-        self.queries.append(
-            self.adapter.query_states(
-                state.layer_idx, state.hidden_in[:, -w:], state.cos[:, -w:], state.sin[:, -w:]
-            ).detach()
+        queries = self.adapter.query_states(
+            state.layer_idx, state.hidden_in[:, -w:], state.cos[:, -w:], state.sin[:, -w:]
         )
+        self.queries.append(queries.detach())
 
 
 def proxy_queries(ctx: PrefillContext, window: int, proxy_ids: torch.Tensor | None = None) -> list[torch.Tensor]:

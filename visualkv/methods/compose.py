@@ -92,7 +92,6 @@ class Pipeline(Method):
     def __init__(self, stages: list[Method]) -> None:
         self.stages = stages
         self.traits = combine_traits([type(s) for s in stages])
-        self._proxy_ids = None
 
     @property
     def stored_shares(self) -> tuple[float, float, float] | None:
@@ -111,11 +110,10 @@ class Pipeline(Method):
 
     @property  # type: ignore[override]
     def proxy_ids(self):
-        return self._proxy_ids
+        return self.stages[0].proxy_ids
 
     @proxy_ids.setter
     def proxy_ids(self, value) -> None:  # a follow-up re-prefill's question reaches every stage
-        self._proxy_ids = value
         for stage in self.stages:
             stage.proxy_ids = value
 

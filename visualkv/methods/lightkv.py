@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -160,8 +160,8 @@ class LightKVConfig:
 
 # -- pure tensor functions ------------------------------------------------------------------------------------------
 def token_places(layout, ids: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-    """(frame, row, col, grid_rows, grid_cols) of the visual tokens `ids` (indices into `layout`; all when None),
-    as `window_ids` takes them."""
+    """(frame, row, col, grid_rows, grid_cols) of the visual tokens `ids` (indices into `layout`; all when None):
+    each token's original place and its frame's grid size, all (n,)."""
     frame = torch.from_numpy(layout.frame).long()
     row, col = torch.from_numpy(layout.row).long(), torch.from_numpy(layout.col).long()
     if ids is not None:
@@ -172,19 +172,10 @@ def token_places(layout, ids: torch.Tensor | None = None) -> tuple[torch.Tensor,
     return frame, row, col, grids[frame, 0], grids[frame, 1]
 
 
-def window_ids(
-    frame: torch.Tensor,
-    row: torch.Tensor,
-    col: torch.Tensor,
-    grid_rows: torch.Tensor,
-    grid_cols: torch.Tensor,
-    windows: int,
-) -> torch.Tensor:
-    """Window id per token: W x W windows on each token's own tile / frame grid (W per side).
-
-    frame/row/col: (n,) original place of each token; grid_rows/grid_cols: (n,) its frame's grid size.
-    Ids of different frames never collide.
-    """
+def window_ids(places: tuple[torch.Tensor, ...], windows: int) -> torch.Tensor:
+    """Window id per token of `places` (`token_places`): W x W windows on each token's own tile / frame grid (W per
+    side). Ids of different frames never collide."""
+    frame, row, col, grid_rows, grid_cols = places
     wr = torch.div(row * windows, grid_rows, rounding_mode="floor")
     wc = torch.div(col * windows, grid_cols, rounding_mode="floor")
     return (frame * windows + wr) * windows + wc
@@ -329,11 +320,8 @@ class _TextCapture(Method):
 
     def after_layer(self, ctx, state: LayerState) -> None:
         if state.layer_idx in self.layers:
-            n = self.n
-            self.states[state.layer_idx] = (
-                state.hidden_in[:, -n:].detach(),
-                state.cos[:, -n:].detach(),
-                state.sin[:, -n:].detach(),
+            self.states[state.layer_idx] = tuple(
+                t[:, -self.n :].detach() for t in (state.hidden_in, state.cos, state.sin)
             )
 
 
@@ -387,10 +375,8 @@ class LightKV(Method):
     query_aware = True
     compose_role = "merge"
     Config = LightKVConfig
-
-    def __init__(self, config: LightKVConfig | None = None, **options: Any) -> None:
-        super().__init__(config, **options)
-        self.stages: list[tuple[int, int, float]] = []
+    #: (layer, windows, ratio) of each merge stage, resolved for the model in `begin`
+    stages: tuple[tuple[int, int, float], ...] = ()
 
     def visual_kept_by_layer(self, adapter, prepared, visual_ids: np.ndarray) -> list[tuple[int, int]]:
         """Layers up to the first merge store every visual token of the block; after a stage (W windows per side,
@@ -402,7 +388,7 @@ class LightKV(Method):
         groups, kept, after = [], len(visual_ids), -1
         for k, (layer, windows, ratio) in enumerate(self.config.resolve(adapter.family, adapter.num_layers)):
             groups.append((layer - after, kept))
-            win = window_ids(*places, windows).numpy()
+            win = window_ids(places, windows).numpy()
             counts = np.unique(win, return_counts=True)[1]
             if k == 0:
                 kept -= int(merge_counts(counts, ratio).sum())
@@ -430,7 +416,7 @@ class LightKV(Method):
         for _layer, windows, ratio in self.config.resolve(adapter.family, adapter.num_layers):
             if ratio <= 0:
                 continue
-            counts = np.unique(window_ids(*places, windows).numpy(), return_counts=True)[1]
+            counts = np.unique(window_ids(places, windows).numpy(), return_counts=True)[1]
             max_a, max_b = (int(counts.max()) + 1) // 2, int(counts.max()) // 2
             g = min(len(counts), max(1, (1 << 25) // max(1, max_a * max_b)))  # `merge_in_windows`' chunk
             chunk = (2 * g * max_a * max_b + g * (max_a + max_b) * d) * 4
@@ -441,7 +427,7 @@ class LightKV(Method):
     # -- prefill hooks ----------------------------------------------------------------------------------------------
     def begin(self, ctx: PrefillContext) -> None:
         adapter, prepared = ctx.adapter, ctx.prepared
-        self.stages = self.config.resolve(adapter.family, adapter.num_layers)
+        self.stages = tuple(self.config.resolve(adapter.family, adapter.num_layers))
         self._stage_at = {layer: i for i, (layer, _, _) in enumerate(self.stages)}
         n_vis = prepared.layout.n_visual
         # running size of every visual token and the token it ended in, kept where the merges run
@@ -469,13 +455,12 @@ class LightKV(Method):
         whole = len(ctx.blocks) == 1  # the engine plans the blocks before `begin`
         self._xi_source = "inline" if whole and self.proxy_ids is None else "proxy"
         self._proxy: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._proxy_seconds = 0.0
         if self._xi_source == "proxy" and any(p > 0 for _, _, p in self.stages) and n_vis:
             t0 = time.perf_counter()
             self._proxy = self._proxy_text_states(ctx)
             _sync(adapter.device)
             self._proxy_seconds = time.perf_counter() - t0
-        else:
-            self._proxy_seconds = 0.0
 
     def _proxy_text_states(self, ctx: PrefillContext) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Question hidden states at each merge layer from one text-only pass [prefix + question]."""
@@ -493,11 +478,10 @@ class LightKV(Method):
         so the layer loop only gathers them. The tables go to the merge layers' devices once, here.
         """
         prepared, layout = ctx.prepared, ctx.prepared.layout
-        n_vis = layout.n_visual
         vid_of_seq = layout.visual_id_of_seq(prepared.seq_len)
         places = token_places(layout)
-        wins = [window_ids(*places, w).numpy() for _, w, _ in self.stages]
-        gid = np.zeros((len(self.stages), n_vis), dtype=np.int64)
+        wins = [window_ids(places, w).numpy() for _, w, _ in self.stages]
+        gid = np.zeros((len(self.stages), layout.n_visual), dtype=np.int64)
         keep, visual = prepared.keep.numpy(), prepared.visual_mask.numpy()
         self._plans: dict[int, _BlockWindows] = {}
         vis_pos, vids_all, tokens = [], [], []
@@ -633,9 +617,8 @@ class LightKV(Method):
             if state.tiers is not None:  # a tiering stage (Sali-Cache) composed before this one
                 tiers = self._tables[device]["tiers"].index_select(0, token_index - ctx.seq_offset)
                 tier_split, n_visual = self._split_tiers(ctx, tiers, token_index)
-            new_state = LayerState(
-                layer_idx=state.layer_idx,
-                hidden_in=state.hidden_in,
+            new_state = replace(
+                state,
                 hidden=hidden,
                 positions=positions,
                 token_index=token_index,
