@@ -141,9 +141,6 @@ class Method:
     #: does the prefill evict each layer to the budget right after every block (so the cache's peak is
     #: about budget + one block, not the whole input)? Read by visualkv.runtime.memory_guard's estimate.
     evicts_per_block: ClassVar[bool] = False
-    #: may the method store entries in packed INT8 / INT4 tiers besides full precision (Sali-Cache)? The memory
-    #: guard then bounds those buffers too.
-    stores_packed: ClassVar[bool] = False
     #: does the kept set depend on the question (so a follow-up may miss things)?
     query_aware: ClassVar[bool] = False
     #: run the question as a block of its own after the media, so it reads the media from the cache as
@@ -173,8 +170,8 @@ class Method:
     @property
     def stored_shares(self) -> tuple[float, float, float] | None:
         """Fractions of the visual tokens read that are stored at full precision, INT8 and INT4 (the rest pruned),
-        when the method fixes them before the prefill (Sali-Cache's tiers; the memory guard sizes the stores by
-        them); None: every token read is stored at full precision."""
+        when the method stores packed INT8 / INT4 tiers (Sali-Cache; the memory guard bounds each tier's buffers
+        by its share); None: every token read is stored at full precision."""
         return None
 
     def begin_bytes(self, prepared: PreparedInput) -> int:
@@ -190,16 +187,12 @@ class Method:
         nothing."""
         return 0
 
-    #: does the method shrink a block's visual tokens between decoder layers (LightKV), so that later layers
-    #: store fewer than they read? The memory guard then asks `visual_kept_by_layer`.
-    merges_between_layers: ClassVar[bool] = False
-
     def visual_kept_by_layer(
         self, adapter: ModelAdapter, prepared: PreparedInput, visual_ids: np.ndarray
     ) -> list[tuple[int, int]]:
         """For the memory guard: per group of consecutive decoder layers, (layers in it, an upper bound on how many
-        of a block's visual tokens `visual_ids` (indices into the layout) each of them stores). This default:
-        every layer stores all of them."""
+        of a block's visual tokens `visual_ids` (indices into the layout) each of them stores), for a method that
+        shrinks the block between layers (LightKV). This default: every layer stores all of them."""
         return [(adapter.num_layers, len(visual_ids))]
 
     @classmethod

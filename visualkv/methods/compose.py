@@ -25,7 +25,7 @@ SEPARATOR = "+"
 #: the order stages run in (entry decisions first, eviction last, after the block is final); a composed name
 #: lists them the other way round (the base method first, then what is stacked on it)
 ROLES = ("entry", "merge", "evict")
-_FLAGS = ("needs_budget", "evicts_per_block", "query_aware", "question_apart", "stores_packed", "merges_between_layers")
+_FLAGS = ("needs_budget", "evicts_per_block", "query_aware", "question_apart")
 
 
 @dataclass(frozen=True)
@@ -39,8 +39,6 @@ class MethodTraits:
     evicts_per_block: bool
     query_aware: bool
     question_apart: bool
-    stores_packed: bool
-    merges_between_layers: bool
     stages: tuple[str, ...]
 
 
@@ -105,7 +103,7 @@ class Pipeline(Method):
 
     def visual_kept_by_layer(self, adapter, prepared, visual_ids) -> list[tuple[int, int]]:
         """The merging stage's (at most one per pipeline; an evicting stage's budget is the guard's own term)."""
-        merging = next((s for s in self.stages if s.merges_between_layers), None)
+        merging = next((s for s in self.stages if s.compose_role == "merge"), None)
         return (merging or super()).visual_kept_by_layer(adapter, prepared, visual_ids)
 
     @property  # type: ignore[override]

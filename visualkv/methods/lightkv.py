@@ -370,7 +370,6 @@ class LightKV(Method):
     description = "Prompt-aware merging of visual tokens inside the prefill (fewer tokens, FLOPs and KV after its first merge layer)."
     plain = "merges similar neighbouring parts of the picture while reading it"
     default_prefill = "bulk"
-    merges_between_layers = True
     needs_budget = False
     query_aware = True
     compose_role = "merge"

@@ -107,7 +107,6 @@ class SaliCache(Method):
     plain = "for videos: skips frames that barely change and stores the less important parts more coarsely"
     default_prefill = "bulk"
     question_apart = True  # the question reads the media as stored (packed tiers), see the module doc
-    stores_packed = True
     compose_role = "entry"  # composes with block-wise eviction (visualkv.methods.compose)
     Config = SaliCacheConfig
 
