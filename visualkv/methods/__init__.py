@@ -65,9 +65,7 @@ def method_names() -> list[str]:
 
 def method_traits(name: str) -> MethodTraits:
     """The flags of method `name` (single or composed) without building it; ConfigError if unknown/refused."""
-    if SEPARATOR in name:
-        return combine_traits(stage_classes(name, METHODS))
-    return combine_traits([_single(name)])
+    return combine_traits(stage_classes(name, METHODS) if SEPARATOR in name else [_single(name)])
 
 
 def capacity_bound(method: type[Method] | MethodTraits, budget: int | None, blocks, prepared) -> int | None:

@@ -89,6 +89,20 @@ class PrefillContext:
             tables[device] = to_device(build(), device)
         return tables[device]
 
+    def question_pass(self, proxy_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(ids, positions, n) of a text-only pass over [prompt prefix + question + assistant prompt], the question
+        at the positions right after the media, its last `n` tokens; `proxy_ids` replace the prompt's own question
+        tokens (a follow-up question being re-prefilled)."""
+        p = self.prepared
+        first_visual = int(p.visual_mask.nonzero()[0]) if p.visual_mask.any() else p.seq_len
+        if proxy_ids is None:
+            local = torch.cat([torch.arange(first_visual), torch.arange(p.suffix_start, p.seq_len)])
+            return p.input_ids[local], p.position_ids[:, local], p.seq_len - p.suffix_start
+        n = int(proxy_ids.shape[0])
+        question = (torch.arange(n) + int(p.position_ids[0, p.suffix_start])).expand(p.position_ids.shape[0], n)
+        positions = torch.cat([p.position_ids[:, :first_visual], question], dim=1)
+        return torch.cat([p.input_ids[:first_visual], proxy_ids]), positions, n
+
     @staticmethod
     def lookup(table: torch.Tensor, token_index: torch.Tensor) -> torch.Tensor:
         """A `conversation_table` read at global indices `token_index` (>= 0): two operations, no host read."""
@@ -130,9 +144,6 @@ class Method:
     #: does the prefill evict each layer to the budget right after every block (so the cache's peak is
     #: about budget + one block, not the whole input)? Read by visualkv.runtime.memory_guard's estimate.
     evicts_per_block: ClassVar[bool] = False
-    #: may the method store entries in packed INT8 / INT4 tiers besides full precision (Sali-Cache)? The memory
-    #: guard then bounds those buffers too.
-    stores_packed: ClassVar[bool] = False
     #: does the kept set depend on the question (so a follow-up may miss things)?
     query_aware: ClassVar[bool] = False
     #: run the question as a block of its own after the media, so it reads the media from the cache as
@@ -164,8 +175,8 @@ class Method:
     @property
     def stored_shares(self) -> tuple[float, float, float] | None:
         """Fractions of the visual tokens read that are stored at full precision, INT8 and INT4 (the rest pruned),
-        when the method fixes them before the prefill (Sali-Cache's tiers; the memory guard sizes the stores by
-        them); None: every token read is stored at full precision."""
+        when the method stores packed INT8 / INT4 tiers (Sali-Cache; the memory guard bounds each tier's buffers
+        by its share); None: every token read is stored at full precision."""
         return None
 
     def begin_bytes(self, prepared: PreparedInput) -> int:
@@ -181,16 +192,12 @@ class Method:
         nothing."""
         return 0
 
-    #: does the method shrink a block's visual tokens between decoder layers (LightKV), so that later layers
-    #: store fewer than they read? The memory guard then asks `visual_kept_by_layer`.
-    merges_between_layers: ClassVar[bool] = False
-
     def visual_kept_by_layer(
         self, adapter: ModelAdapter, prepared: PreparedInput, visual_ids: np.ndarray
     ) -> list[tuple[int, int]]:
         """For the memory guard: per group of consecutive decoder layers, (layers in it, an upper bound on how many
-        of a block's visual tokens `visual_ids` (indices into the layout) each of them stores). This default:
-        every layer stores all of them."""
+        of a block's visual tokens `visual_ids` (indices into the layout) each of them stores), for a method that
+        shrinks the block between layers (LightKV). This default: every layer stores all of them."""
         return [(adapter.num_layers, len(visual_ids))]
 
     @classmethod
@@ -227,4 +234,8 @@ class Method:
         return {}
 
     def config_dict(self) -> dict[str, Any]:
-        return {"method": self.name, **asdict(self.config)}
+        """The method's name and options, as the report shows them (tuples as lists, like JSON)."""
+        return {
+            "method": self.name,
+            **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self.config).items()},
+        }

@@ -102,35 +102,18 @@ class _QueryCapture(Method):
 
     def after_layer(self, ctx, state: LayerState) -> None:
         w = min(self.window, state.hidden_in.shape[1])
-        self.queries.append(
-            self.adapter.query_states(
-                state.layer_idx, state.hidden_in[:, -w:], state.cos[:, -w:], state.sin[:, -w:]
-            ).detach()
+        queries = self.adapter.query_states(
+            state.layer_idx, state.hidden_in[:, -w:], state.cos[:, -w:], state.sin[:, -w:]
         )
+        self.queries.append(queries.detach())
 
 
 def proxy_queries(ctx: PrefillContext, window: int, proxy_ids: torch.Tensor | None = None) -> list[torch.Tensor]:
-    """Per-layer proxy queries (1, q_heads, w, head_dim) from a text-only pass.
-
-    The pass reads [prompt prefix + question + assistant prompt] with the
-    question at the positions right after the media. `proxy_ids` replaces the
-    prompt's own question tokens (a follow-up question being re-prefilled).
-    """
-    prepared = ctx.prepared
-    first_visual = int(prepared.visual_mask.nonzero()[0]) if prepared.visual_mask.any() else prepared.seq_len
-    local = torch.cat([torch.arange(first_visual), torch.arange(prepared.suffix_start, prepared.seq_len)])
-    ids = prepared.input_ids[local]
-    positions = prepared.position_ids[:, local]
-    if proxy_ids is not None:
-        n = int(proxy_ids.shape[0])
-        start = int(prepared.position_ids[0, prepared.suffix_start])
-        ids = torch.cat([prepared.input_ids[:first_visual], proxy_ids])
-        positions = torch.cat(
-            [prepared.position_ids[:, :first_visual], (torch.arange(n) + start).expand(positions.shape[0], n)], dim=1
-        )
+    """Per-layer proxy queries (1, q_heads, w, head_dim) from a text-only pass over the question, as it will
+    stand after the media (`PrefillContext.question_pass`; `proxy_ids`: a follow-up question re-prefilled)."""
+    ids, positions, n_question = ctx.question_pass(proxy_ids)
     # The window holds the question and the assistant prompt only (never the system prompt before the
     # media): the same tokens post-prefill SnapKV observes.
-    n_question = int(proxy_ids.shape[0]) if proxy_ids is not None else prepared.seq_len - prepared.suffix_start
     capture = _QueryCapture(ctx.adapter, max(1, min(window, n_question)))
     ctx.text_pass(ids, positions, capture)
     return capture.queries

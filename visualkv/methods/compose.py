@@ -29,7 +29,7 @@ SEPARATOR = "+"
 #: the order stages run in (entry decisions first, eviction last, after the block is final); a composed name
 #: lists them the other way round (the base method first, then what is stacked on it)
 ROLES = ("entry", "merge", "evict")
-_FLAGS = ("needs_budget", "evicts_per_block", "query_aware", "question_apart", "stores_packed", "merges_between_layers")
+_FLAGS = ("needs_budget", "evicts_per_block", "query_aware", "question_apart")
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,6 @@ class MethodTraits:
     evicts_per_block: bool
     query_aware: bool
     question_apart: bool
-    stores_packed: bool
-    merges_between_layers: bool
     stages: tuple[str, ...]
 
 
@@ -110,7 +108,6 @@ class Pipeline(Method):
     def __init__(self, stages: list[Method]) -> None:
         self.stages = stages
         self.traits = combine_traits([type(s) for s in stages])
-        self._proxy_ids = None
 
     @property
     def stored_shares(self) -> tuple[float, float, float] | None:
@@ -124,16 +121,15 @@ class Pipeline(Method):
 
     def visual_kept_by_layer(self, adapter, prepared, visual_ids) -> list[tuple[int, int]]:
         """The merging stage's (at most one per pipeline; an evicting stage's budget is the guard's own term)."""
-        merging = next((s for s in self.stages if s.merges_between_layers), None)
+        merging = next((s for s in self.stages if s.compose_role == "merge"), None)
         return (merging or super()).visual_kept_by_layer(adapter, prepared, visual_ids)
 
     @property  # type: ignore[override]
     def proxy_ids(self):
-        return self._proxy_ids
+        return self.stages[0].proxy_ids
 
     @proxy_ids.setter
     def proxy_ids(self, value) -> None:  # a follow-up re-prefill's question reaches every stage
-        self._proxy_ids = value
         for stage in self.stages:
             stage.proxy_ids = value
 

@@ -34,14 +34,20 @@ def evict_to_budget(
     if excess <= 0:
         ctx.cache.note_working(scratch_bytes)
         return 0
+    working = scratch_bytes + scores.nbytes + _keep_full(ctx, layer, scores, excess, budget)
+    ctx.cache.refresh_bytes(layer_idx, working)
+    return excess
+
+
+def _keep_full(ctx: PrefillContext, layer, scores: torch.Tensor, excess: int, budget: int) -> int:
+    """Drop the `excess` lowest-scoring visual full-precision entries of each KV head, leaving `budget`; the
+    transient bytes it held."""
     visual = ctx.is_visual(layer.token_index)  # (b, h, n)
     ranked = scores.float().masked_fill(~visual, float("inf"))
     keep = ranked.topk(layer.n_full - excess, dim=-1).indices
     layer.keep_full(keep)
     layer.visual_entries = budget
-    working = scratch_bytes + scores.nbytes + visual.nbytes + ranked.nbytes + keep.nbytes + layer.working_bytes
-    ctx.cache.refresh_bytes(layer_idx, working)
-    return excess
+    return visual.nbytes + ranked.nbytes + keep.nbytes + layer.working_bytes
 
 
 def tier_budgets(budget: int, shares: tuple[float, float, float] | None) -> dict[int, int]:
@@ -98,13 +104,7 @@ def evict_tiers(ctx: PrefillContext, layer_idx: int, scorer: Scorer, budget: int
             evicted += excess[tier]
         at += n
     if excess[TIER_FULL] > 0:
-        full = scores[..., at:]
-        visual = ctx.is_visual(layer.token_index)
-        ranked = full.float().masked_fill(~visual, float("inf"))
-        keep = ranked.topk(layer.n_full - excess[TIER_FULL], dim=-1).indices
-        layer.keep_full(keep)
-        layer.visual_entries = budgets[TIER_FULL]
-        working += visual.nbytes + ranked.nbytes + keep.nbytes + layer.working_bytes
+        working += _keep_full(ctx, layer, scores[..., at:], excess[TIER_FULL], budgets[TIER_FULL])
         evicted += excess[TIER_FULL]
     ctx.cache.refresh_bytes(layer_idx, working)
     return evicted

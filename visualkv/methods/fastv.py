@@ -49,7 +49,6 @@ class FastV(Method):
     plain = "reads all the media at once; after the first layers drops the half the question looks at least"
     Config = FastVConfig
     query_aware = True
-    merges_between_layers = True  # later layers store fewer visual tokens than earlier ones (the guard asks)
     compose_refusal = "it ranks by the last prompt token's attention, so it needs the whole prompt in one forward"
 
     def pruning_layer(self, num_layers: int) -> int:

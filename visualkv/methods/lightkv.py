@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -160,8 +160,8 @@ class LightKVConfig:
 
 # -- pure tensor functions ------------------------------------------------------------------------------------------
 def token_places(layout, ids: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-    """(frame, row, col, grid_rows, grid_cols) of the visual tokens `ids` (indices into `layout`; all when None),
-    as `window_ids` takes them."""
+    """(frame, row, col, grid_rows, grid_cols) of the visual tokens `ids` (indices into `layout`; all when None):
+    each token's original place and its frame's grid size, all (n,)."""
     frame = torch.from_numpy(layout.frame).long()
     row, col = torch.from_numpy(layout.row).long(), torch.from_numpy(layout.col).long()
     if ids is not None:
@@ -172,19 +172,10 @@ def token_places(layout, ids: torch.Tensor | None = None) -> tuple[torch.Tensor,
     return frame, row, col, grids[frame, 0], grids[frame, 1]
 
 
-def window_ids(
-    frame: torch.Tensor,
-    row: torch.Tensor,
-    col: torch.Tensor,
-    grid_rows: torch.Tensor,
-    grid_cols: torch.Tensor,
-    windows: int,
-) -> torch.Tensor:
-    """Window id per token: W x W windows on each token's own tile / frame grid (W per side).
-
-    frame/row/col: (n,) original place of each token; grid_rows/grid_cols: (n,) its frame's grid size.
-    Ids of different frames never collide.
-    """
+def window_ids(places: tuple[torch.Tensor, ...], windows: int) -> torch.Tensor:
+    """Window id per token of `places` (`token_places`): W x W windows on each token's own tile / frame grid (W per
+    side). Ids of different frames never collide."""
+    frame, row, col, grid_rows, grid_cols = places
     wr = torch.div(row * windows, grid_rows, rounding_mode="floor")
     wc = torch.div(col * windows, grid_cols, rounding_mode="floor")
     return (frame * windows + wr) * windows + wc
@@ -329,11 +320,8 @@ class _TextCapture(Method):
 
     def after_layer(self, ctx, state: LayerState) -> None:
         if state.layer_idx in self.layers:
-            n = self.n
-            self.states[state.layer_idx] = (
-                state.hidden_in[:, -n:].detach(),
-                state.cos[:, -n:].detach(),
-                state.sin[:, -n:].detach(),
+            self.states[state.layer_idx] = tuple(
+                t[:, -self.n :].detach() for t in (state.hidden_in, state.cos, state.sin)
             )
 
 
@@ -382,23 +370,12 @@ class LightKV(Method):
     description = "Prompt-aware merging of visual tokens inside the prefill (fewer tokens, FLOPs and KV after its first merge layer)."
     plain = "merges similar neighbouring parts of the picture while reading it"
     default_prefill = "bulk"
-    merges_between_layers = True
     needs_budget = False
     query_aware = True
     compose_role = "merge"
     Config = LightKVConfig
-
-    def __init__(self, config: LightKVConfig | None = None, **options: Any) -> None:
-        super().__init__(config, **options)
-        self.stages: list[tuple[int, int, float]] = []
-
-    def config_dict(self) -> dict[str, Any]:
-        return {
-            "method": self.name,
-            "layers": list(self.config.layers) if self.config.layers is not None else None,
-            "windows": list(self.config.windows) if self.config.windows is not None else None,
-            "ratios": list(self.config.ratios) if self.config.ratios is not None else None,
-        }
+    #: (layer, windows, ratio) of each merge stage, resolved for the model in `begin`
+    stages: tuple[tuple[int, int, float], ...] = ()
 
     def visual_kept_by_layer(self, adapter, prepared, visual_ids: np.ndarray) -> list[tuple[int, int]]:
         """Layers up to the first merge store every visual token of the block; after a stage (W windows per side,
@@ -410,7 +387,7 @@ class LightKV(Method):
         groups, kept, after = [], len(visual_ids), -1
         for k, (layer, windows, ratio) in enumerate(self.config.resolve(adapter.family, adapter.num_layers)):
             groups.append((layer - after, kept))
-            win = window_ids(*places, windows).numpy()
+            win = window_ids(places, windows).numpy()
             counts = np.unique(win, return_counts=True)[1]
             if k == 0:
                 kept -= int(merge_counts(counts, ratio).sum())
@@ -438,7 +415,7 @@ class LightKV(Method):
         for _layer, windows, ratio in self.config.resolve(adapter.family, adapter.num_layers):
             if ratio <= 0:
                 continue
-            counts = np.unique(window_ids(*places, windows).numpy(), return_counts=True)[1]
+            counts = np.unique(window_ids(places, windows).numpy(), return_counts=True)[1]
             max_a, max_b = (int(counts.max()) + 1) // 2, int(counts.max()) // 2
             g = min(len(counts), max(1, (1 << 25) // max(1, max_a * max_b)))  # `merge_in_windows`' chunk
             chunk = (2 * g * max_a * max_b + g * (max_a + max_b) * d) * 4
@@ -449,7 +426,7 @@ class LightKV(Method):
     # -- prefill hooks ----------------------------------------------------------------------------------------------
     def begin(self, ctx: PrefillContext) -> None:
         adapter, prepared = ctx.adapter, ctx.prepared
-        self.stages = self.config.resolve(adapter.family, adapter.num_layers)
+        self.stages = tuple(self.config.resolve(adapter.family, adapter.num_layers))
         self._stage_at = {layer: i for i, (layer, _, _) in enumerate(self.stages)}
         n_vis = prepared.layout.n_visual
         # running size of every visual token and the token it ended in, kept where the merges run
@@ -477,31 +454,16 @@ class LightKV(Method):
         whole = len(ctx.blocks) == 1  # the engine plans the blocks before `begin`
         self._xi_source = "inline" if whole and self.proxy_ids is None else "proxy"
         self._proxy: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._proxy_seconds = 0.0
         if self._xi_source == "proxy" and any(p > 0 for _, _, p in self.stages) and n_vis:
             t0 = time.perf_counter()
             self._proxy = self._proxy_text_states(ctx)
             _sync(adapter.device)
             self._proxy_seconds = time.perf_counter() - t0
-        else:
-            self._proxy_seconds = 0.0
 
     def _proxy_text_states(self, ctx: PrefillContext) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Question hidden states at each merge layer from one text-only pass [prefix + question]."""
-        prepared = ctx.prepared
-        first_visual = int(prepared.visual_mask.nonzero()[0])
-        prefix = torch.arange(first_visual)
-        if self.proxy_ids is not None:
-            n = int(self.proxy_ids.shape[0])
-            start = int(prepared.position_ids[0, prepared.suffix_start])
-            ids = torch.cat([prepared.input_ids[:first_visual], self.proxy_ids.long()])
-            axes = prepared.position_ids.shape[0]
-            positions = torch.cat(
-                [prepared.position_ids[:, :first_visual], (torch.arange(n) + start).expand(axes, n)], dim=1
-            )
-        else:
-            local = torch.cat([prefix, torch.arange(prepared.suffix_start, prepared.seq_len)])
-            n = prepared.seq_len - prepared.suffix_start
-            ids, positions = prepared.input_ids[local], prepared.position_ids[:, local]
+        ids, positions, n = ctx.question_pass(self.proxy_ids)
         if n == 0:
             return {}
         capture = _TextCapture({layer for layer, _, p in self.stages if p > 0}, n)
@@ -515,11 +477,10 @@ class LightKV(Method):
         so the layer loop only gathers them. The tables go to the merge layers' devices once, here.
         """
         prepared, layout = ctx.prepared, ctx.prepared.layout
-        n_vis = layout.n_visual
         vid_of_seq = layout.visual_id_of_seq(prepared.seq_len)
         places = token_places(layout)
-        wins = [window_ids(*places, w).numpy() for _, w, _ in self.stages]
-        gid = np.zeros((len(self.stages), n_vis), dtype=np.int64)
+        wins = [window_ids(places, w).numpy() for _, w, _ in self.stages]
+        gid = np.zeros((len(self.stages), layout.n_visual), dtype=np.int64)
         keep, visual = prepared.keep.numpy(), prepared.visual_mask.numpy()
         self._plans: dict[int, _BlockWindows] = {}
         vis_pos, vids_all, tokens = [], [], []
@@ -633,7 +594,7 @@ class LightKV(Method):
         # ξ: visual queries of this layer x the question's keys.
         _sync(device)
         t0 = time.perf_counter()
-        xi = self._xi(ctx, state, cur)
+        xi, n_text = self._xi(ctx, state, cur)
         _sync(device)
         t1 = time.perf_counter()
 
@@ -655,9 +616,8 @@ class LightKV(Method):
             if state.tiers is not None:  # a tiering stage (Sali-Cache) composed before this one
                 tiers = self._tables[device]["tiers"].index_select(0, token_index - ctx.seq_offset)
                 tier_split, n_visual = self._split_tiers(ctx, tiers, token_index)
-            new_state = LayerState(
-                layer_idx=state.layer_idx,
-                hidden_in=state.hidden_in,
+            new_state = replace(
+                state,
                 hidden=hidden,
                 positions=positions,
                 token_index=token_index,
@@ -689,7 +649,6 @@ class LightKV(Method):
         log["merge_seconds"] += t2 - t1
         cfg = ctx.adapter.text_config
         hq, hd = cfg.num_attention_heads, ctx.adapter.head_dim
-        n_text = self._n_text(cur, state.layer_idx)
         self._overhead_flops += 2.0 * n * cfg.hidden_size * hq * hd + 2.0 * hq * n * n_text * hd  # q proj + scores
         self._overhead_flops += 2.0 * res.pairs * cfg.hidden_size  # cosine similarities
         return new_state
@@ -709,26 +668,18 @@ class LightKV(Method):
         split = {t: torch.nonzero_static(mk, size=c)[:, 0] for t, mk, c in zip(codes, masks, counts) if c}
         return (None if set(split) <= {TIER_FULL} else split), n_visual
 
-    def _n_text(self, cur: _BlockState, layer_idx: int) -> int:
-        if self._xi_source == "proxy":
-            st = self._proxy.get(layer_idx)
-            return int(st[0].shape[1]) if st is not None else 0
-        return self._plans[cur.block].n_text
-
-    def _xi(self, ctx: PrefillContext, state: LayerState, cur: _BlockState) -> torch.Tensor:
-        """ξ (n,) float32 for the block's visual tokens at this layer (uniform if there is no question)."""
+    def _xi(self, ctx: PrefillContext, state: LayerState, cur: _BlockState) -> tuple[torch.Tensor, int]:
+        """ξ (n,) float32 for the block's visual tokens at this layer (uniform if there is no question), and the
+        number of question tokens it reads."""
         adapter, layer_idx, device = ctx.adapter, state.layer_idx, state.hidden.device
         if self._xi_source == "proxy":
-            st = self._proxy.get(layer_idx)
-            if st is None:
-                return torch.ones(cur.n, device=device)
-            h_text, cos_t, sin_t = (t.to(device) for t in st)
-        else:
-            n_text = self._n_text(cur, layer_idx)
-            if n_text == 0:
-                return torch.ones(cur.n, device=device)
-            # the question is the block's tail (it follows every visual token; merging removes none of it)
-            h_text, cos_t, sin_t = (t[:, -n_text:] for t in (state.hidden_in, state.cos, state.sin))
+            text = self._proxy.get(layer_idx)
+        else:  # the question is the block's tail (it follows every visual token; merging removes none of it)
+            n_text = self._plans[cur.block].n_text
+            text = tuple(t[:, -n_text:] for t in (state.hidden_in, state.cos, state.sin)) if n_text else None
+        if text is None:
+            return torch.ones(cur.n, device=device), 0
+        h_text, cos_t, sin_t = (t.to(device) for t in text)
         keys = adapter.key_states(layer_idx, h_text, cos_t, sin_t)
         vis = cur.vis_pos
         queries = adapter.query_states(
@@ -738,7 +689,7 @@ class LightKV(Method):
             state.sin.index_select(1, vis),
         )
         scale = getattr(adapter.layers[layer_idx].self_attn, "scaling", adapter.head_dim**-0.5)
-        return prompt_attention(queries, keys, scale)
+        return prompt_attention(queries, keys, scale), h_text.shape[1]
 
     def end(self, ctx: PrefillContext) -> None:
         self.last_xi = {layer: xi.cpu() for layer, xi in self.last_xi.items()}  # after the layer loop

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from visualkv.errors import ConfigError, check_range
+from visualkv.errors import ConfigError
 from visualkv.kv.cache import TIER_FULL, TIER_INT4, TIER_INT8
 from visualkv.kv.quant import QuantSpec
 from visualkv.media.saliency import (
@@ -40,21 +40,24 @@ from visualkv.media.saliency import (
     token_saliency,
 )
 from visualkv.methods.base import Method, PrefillContext
-from visualkv.methods.options import declared, option
+from visualkv.methods.options import Options, option
 
 #: tier code of a token whose frame was skipped by the temporal filter (report only)
 TIER_SKIPPED = 4
 TIER_NAMES = ("full", "int8", "int4", "pruned", "skipped")
 #: the paper's patch split (LLaVA-1.6-Mistral-7B), for side-by-side reports
 PAPER_TIER_FRACTIONS = {"skipped": 0.267, "pruned": 0.131, "int4": 0.214, "int8": 0.071, "full": 0.317}
-
-
 MAX_GROUP_SIZE = 1024  # channels per quantization scale (a group shrinks to head_dim when larger)
 
 
-@dataclass(frozen=True)
-class SaliCacheConfig:
-    """Sali-Cache settings (all printable, all in the report); bounds checked by `SaliCache`."""
+@dataclass
+class SaliCacheConfig(Options):
+    """Sali-Cache settings (all printable, all in the report); `tiers` may be a string ``"0.43,0.1,0.29"``.
+
+    Raises ConfigError (one line) on any invalid value.
+    """
+
+    label = "salicache"
 
     flow_threshold: float = option(
         0.1, "tau_t: frames moving less than this (px at 160 px width) may be redundant and skipped; 0 keeps every "
@@ -81,6 +84,19 @@ class SaliCacheConfig:
         0.5, "weight of edge density against LAB colour variance in the saliency", low=0.0, high=1.0
     )
 
+    def __post_init__(self) -> None:
+        super().__post_init__()  # the bounds, one line naming the setting, before anything is computed
+        try:
+            tiers = parse_tiers(self.tiers) if isinstance(self.tiers, str) else TierSpec(tuple(map(float, self.tiers)))
+            self.tiers = tiers.fractions
+            self.flow_threshold, self.cut_threshold = float(self.flow_threshold), float(self.cut_threshold)
+            self.edge_weight = float(self.edge_weight)
+            self.group_size, self.downscale_width = int(self.group_size), int(self.downscale_width)
+            self.motion_config()  # validates the flow's name
+            QuantSpec(8, self.group_size)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"salicache: {exc}") from None
+
     def motion_config(self) -> MotionConfig:
         return MotionConfig(self.downscale_width, self.flow, self.flow_threshold, self.cut_threshold)
 
@@ -91,45 +107,18 @@ class SaliCache(Method):
     plain = "for videos: skips frames that barely change and stores the less important parts more coarsely"
     default_prefill = "bulk"
     question_apart = True  # the question reads the media as stored (packed tiers), see the module doc
-    stores_packed = True
     compose_role = "entry"  # composes with block-wise eviction (visualkv.methods.compose)
     Config = SaliCacheConfig
 
     def __init__(self, config: SaliCacheConfig | None = None, **options: Any) -> None:
-        """``options`` override ``config`` fields; ``tiers`` may be a string ``"0.43,0.1,0.29"``.
-
-        Raises ConfigError (one line) on any invalid value.
-        """
-        fields = asdict(config or SaliCacheConfig())
-        unknown = set(options) - set(fields)
-        if unknown:
-            raise ConfigError(f"unknown salicache option(s): {', '.join(sorted(unknown))}; known: {', '.join(fields)}")
-        fields.update({k: v for k, v in options.items() if v is not None})
-        for opt in declared(SaliCacheConfig):  # one line naming the setting, before anything is computed
-            if opt.low is not None:
-                check_range(f"salicache {opt.name}", fields[opt.name], opt.low, opt.high, opt.whole)
-        try:
-            tiers = fields["tiers"]
-            spec = parse_tiers(tiers) if isinstance(tiers, str) else TierSpec(tuple(float(f) for f in tiers))
-            fields["tiers"] = spec.fractions
-            for key in ("flow_threshold", "cut_threshold", "edge_weight"):
-                fields[key] = float(fields[key])
-            for key in ("group_size", "downscale_width"):
-                fields[key] = int(fields[key])
-            self.config = SaliCacheConfig(**fields)
-            self.motion = self.config.motion_config()  # validates the flow's name
-            QuantSpec(8, self.config.group_size)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"salicache: {exc}") from None
+        super().__init__(config, **options)
+        self.motion = self.config.motion_config()
         self.tier_spec = TierSpec(self.config.tiers)
         self.state: dict[str, Any] | None = None  # what `begin` decided, for the report
 
     @property
     def stored_shares(self) -> tuple[float, float, float]:
         return self.config.tiers
-
-    def config_dict(self) -> dict[str, Any]:
-        return {"method": self.name, **asdict(self.config), "tiers": list(self.config.tiers)}
 
     def begin_bytes(self, prepared) -> int:
         """The larger of its passes, which run one after the other: a video's motion pass, the saliency pass."""
@@ -206,12 +195,7 @@ class SaliCache(Method):
         out: dict[str, Any] = {
             "flow_threshold": self.config.flow_threshold,
             "cut_threshold": self.config.cut_threshold,
-            "tier_spec": {
-                "full": self.config.tiers[0],
-                "int8": self.config.tiers[1],
-                "int4": self.config.tiers[2],
-                "pruned": round(self.tier_spec.pruned, 6),
-            },
+            "tier_spec": {**dict(zip(TIER_NAMES, self.config.tiers)), "pruned": round(self.tier_spec.pruned, 6)},
             "quant_group_size": self.config.group_size,
             "tiers": tiers,
             "tier_fractions": {name: count / n_visual for name, count in tiers.items()},

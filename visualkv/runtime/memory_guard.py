@@ -25,7 +25,6 @@ from visualkv.attention import implementation
 from visualkv.errors import VisualKVError, stop_point
 from visualkv.kv.cache import grown_capacity
 from visualkv.kv.quant import QuantSpec, packed_bytes_per_token
-from visualkv.layout import Block
 from visualkv.media import Media
 from visualkv.methods import METHODS, capacity_bound, layer_budget_bound, make_method, method_traits
 from visualkv.runtime.plan import (
@@ -109,9 +108,9 @@ def estimate_prefill(
     plan = plan_prefill(adapter, prepared, method_cls, budget, block_size, prefill_mode, ahead)
     blocks = plan.blocks
     bound = capacity_bound(method_cls, budget, blocks, prepared)
-    packed = _packed_stores(adapter, prepared, method_cls, method_options, entry_bytes, bound, headroom)
-    walk = _CacheWalk(adapter, _kept_by_layer(adapter, prepared, method_cls, method_options), bound, headroom, packed)
-    scratch = _layer_scratch(adapter, prepared, method_cls, method_options)
+    method = make_method(method_cls.name, **(method_options or {}))
+    walk = _CacheWalk(adapter, bound, headroom, _packed_stores(adapter, prepared, method, entry_bytes, bound, headroom))
+    visual_id = prepared.layout.visual_id_of_seq(prepared.seq_len)
     layer = LayerTransients.of(adapter, itemsize)
     vision = _VisionDims.of(adapter)
     evicts = method_cls.evicts_per_block and budget is not None
@@ -133,8 +132,9 @@ def estimate_prefill(
     for i, block in enumerate(blocks):
         stop_point()  # a running prefill's Stop (`stop_scope`): sizing an hour of video is many blocks
         q = int(prepared.keep[block.start : block.end].sum())
-        q_vis = int(visual[block.start : block.end].sum())
-        kv = walk.block(block, q, q_vis, layer_budget_bound(method_cls, budget) if evicts and block.units else None)
+        ids = visual_id[np.flatnonzero(visual[block.start : block.end].numpy()) + block.start]  # its visual tokens
+        kept = method.visual_kept_by_layer(adapter, prepared, ids)  # one group of layers, unless it merges (LightKV)
+        kv = walk.block(q, len(ids), kept, layer_budget_bound(method_cls, budget) if evicts and block.units else None)
         if i in calls:  # one tower call for this block and the next ones
             call = calls[i]
             vision_b = tower_bytes([blocks[j].units for j in call if blocks[j].units])
@@ -146,13 +146,14 @@ def estimate_prefill(
         held = adapter.vision_held_tokens(prepared, [block.units]) if block.units else 0
         embeddings = (2 * q + max(waiting, held)) * layer.hidden * itemsize
         # a decoder layer, or the method's pass after it over the block's hidden states (LightKV's merge)
-        act_b = max(layer.bytes(q, kv.attention_bytes), q * layer.residual + scratch(block))
+        scratch = method.layer_scratch_bytes(adapter, prepared, ids, q)
+        act_b = max(layer.bytes(q, kv.attention_bytes), q * layer.residual + scratch)
         kv_peak = max(kv_peak, kv.entries)
         act_peak, vision_peak = max(act_peak, act_b), max(vision_peak, vision_b)
         peak = max(peak, kv.allocated_before + vision_b + embeddings, kv.allocated + kv.growing + act_b + embeddings)
     kv_peak = max(kv_peak, walk.entries_with_answer(headroom))
     # the method's own pass before the first block (Sali-Cache's motion pass), with nothing of the cache yet
-    peak = max(peak, make_method(method_cls.name, **(method_options or {})).begin_bytes(prepared))
+    peak = max(peak, method.begin_bytes(prepared))
     media_bytes = _media_bytes(prepared, blocks)
     return MemoryEstimate(kv_peak * entry_bytes, walk.allocated_peak, act_peak, vision_peak, media_bytes, peak, kv_peak)
 
@@ -176,17 +177,17 @@ class _CacheWalk:
     those above still hold their previous entries. A method storing packed tiers has its buffers bounded by
     `_Store`s instead (which tier gets how many tokens is data-dependent)."""
 
-    def __init__(self, adapter, kept_by_layer, bound: int | None, headroom: int, packed) -> None:
-        self.adapter, self.kept_by_layer, self.packed = adapter, kept_by_layer, packed
+    def __init__(self, adapter, bound: int | None, headroom: int, packed) -> None:
+        self.adapter, self.packed = adapter, packed
         self.bound = bound
         self.headroom = headroom
         self.groups: list[tuple[int, CacheDryRun, list[_Store]]] = []
         self.allocated_peak = 0
 
-    def block(self, block: Block, q: int, q_vis: int, budget: int | None) -> _BlockKV:
-        """Walk one block of `q` kept tokens (`q_vis` visual); `budget`: each layer evicts to it after the block."""
+    def block(self, q: int, q_vis: int, kept_by_group: list[tuple[int, int]], budget: int | None) -> _BlockKV:
+        """Walk one block of `q` kept tokens (`q_vis` visual), of which each group of layers stores `kept_by_group`
+        (`Method.visual_kept_by_layer`); `budget`: each layer evicts to it after the block."""
         adapter, impl = self.adapter, implementation(self.adapter)
-        kept_by_group = self.kept_by_layer(block, q_vis)
         if not self.groups:
             self.groups = [
                 (n, CacheDryRun(adapter, self.bound, self.headroom), self.packed()) for n, _ in kept_by_group
@@ -210,41 +211,6 @@ class _CacheWalk:
     def entries_with_answer(self, headroom: int) -> int:
         """Entries held once the answer is decoded: at most `headroom` more in every layer."""
         return sum(n * (run.layer.get_seq_length() + headroom) for n, run, _ in self.groups)
-
-
-def _kept_by_layer(adapter, prepared, method_cls, method_options) -> Callable[[Block, int], list[tuple[int, int]]]:
-    """(block, its kept visual tokens) -> per group of layers, (layers, visual tokens each stores of the block):
-    one group of every layer storing all of them, unless the method merges between layers
-    (`Method.visual_kept_by_layer`, LightKV: a bound, as which tokens merge is data-dependent)."""
-    if not method_cls.merges_between_layers:
-        return lambda block, q_vis: [(adapter.num_layers, q_vis)]
-    method = make_method(method_cls.name, **(method_options or {}))
-    visual_id = prepared.layout.visual_id_of_seq(prepared.seq_len)
-    kept_visual = (prepared.visual_mask & prepared.keep).numpy()
-
-    def kept(block: Block, q_vis: int) -> list[tuple[int, int]]:
-        local = np.arange(block.start, block.end)
-        return method.visual_kept_by_layer(adapter, prepared, visual_id[local[kept_visual[block.start : block.end]]])
-
-    return kept
-
-
-def _layer_scratch(adapter, prepared, method_cls, method_options) -> Callable[[Block], int]:
-    """block -> what the method's `after_layer` holds over it (`Method.layer_scratch_bytes`); 0 for a method
-    that merges nothing between layers."""
-    if not method_cls.merges_between_layers:
-        return lambda block: 0
-    method = make_method(method_cls.name, **(method_options or {}))
-    visual_id = prepared.layout.visual_id_of_seq(prepared.seq_len)
-    kept_visual = (prepared.visual_mask & prepared.keep).numpy()
-    keep = prepared.keep.numpy()
-
-    def scratch(block: Block) -> int:
-        local = np.arange(block.start, block.end)
-        ids = visual_id[local[kept_visual[block.start : block.end]]]
-        return method.layer_scratch_bytes(adapter, prepared, ids, int(keep[block.start : block.end].sum()))
-
-    return scratch
 
 
 @dataclass
@@ -280,15 +246,14 @@ def _bounded(stores: list[_Store], entries: int) -> tuple[int, int, int]:
     return sum(before), sum(after), sum(b for b, a in zip(before, after) if 0 < b < a)
 
 
-def _packed_stores(adapter, prepared, method_cls, method_options, entry_bytes, bound, headroom):
-    """() -> a layer's buffers for a method storing packed INT8 and INT4 tiers (`Method.stores_packed`,
-    Sali-Cache): the full-precision one plus a packed one per tier, each limited to its tier's share of the
-    visual tokens (`Method.stored_shares`; `saliency.assign_tiers` keeps each within one token of its
-    fraction), at the method's quantization group size. () -> [] for any other method."""
-    if not method_cls.stores_packed:
+def _packed_stores(adapter, prepared, method, entry_bytes, bound, headroom):
+    """() -> a layer's buffers for a method storing packed INT8 and INT4 tiers (Sali-Cache): the full-precision
+    one plus a packed one per tier, each limited to its tier's share of the visual tokens (`Method.stored_shares`;
+    `saliency.assign_tiers` keeps each within one token of its fraction), at the method's quantization group
+    size. () -> [] for any other method."""
+    shares = method.stored_shares
+    if shares is None:
         return list
-    method = make_method(method_cls.name, **(method_options or {}))
-    shares = method.stored_shares or (1.0, 1.0, 1.0)
     n_visual = int(prepared.visual_mask.sum())
     limits = [math.ceil(share * n_visual) + 1 if share > 0 else 0 for share in shares]
     group = getattr(getattr(method, "config", None), "group_size", None) or QuantSpec(8).group_size
@@ -339,12 +304,8 @@ class _VisionDims:
         if vision is None:
             return cls(0, 0, 0, 0)
         patch = config_value(vision, "patch_size", default=14)
-        values = (
-            config_value(vision, "in_channels", "num_channels", default=3)
-            * config_value(vision, "temporal_patch_size", default=1)
-            * patch
-            * patch
-        )
+        channels = config_value(vision, "in_channels", "num_channels", default=3)
+        values = channels * config_value(vision, "temporal_patch_size", default=1) * patch * patch
         v_hidden = config_value(vision, "hidden_size", "embed_dim")
         return cls(
             values,
@@ -402,11 +363,10 @@ class MemoryGuard:
 
     def check(self, adapter, prepared, config) -> MemoryEstimate:
         """Raise MemoryGuardError (one line) when the prefill of `prepared` under `config` would not fit."""
-        method_cls = method_traits(config.method)
         est = estimate_prefill(
             adapter,
             prepared,
-            method_cls,
+            method_traits(config.method),
             config.budget,
             config.block_size,
             config.prefill,
@@ -459,8 +419,6 @@ class MemoryGuard:
 
 
 # -- out-of-memory during a turn ------------------------------------------------------------------
-
-
 def is_out_of_memory(exc: BaseException) -> bool:
     """A CUDA OOM (torch.OutOfMemoryError) or a host allocation failure (MemoryError, or a RuntimeError
     from PyTorch's CPU allocator)."""
