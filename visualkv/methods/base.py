@@ -213,14 +213,10 @@ class Method:
         return budget
 
     def select_rows(self, ctx: PrefillContext, hidden: torch.Tensor, local: torch.Tensor) -> torch.Tensor | None:
-        """Called per block before its decoder layers: which of its rows enter the LLM.
-
-        hidden (1, q, d): the embeddings of the block's tokens (the vision tower's output for its visual ones);
-        local (q,): their indices in the prepared input (host, sorted; positions are
-        `ctx.prepared.position_ids[:, local]`). Returns the kept rows as sorted host int64 indices into q, or
-        None for all. Dropped rows never reach a decoder layer; kept ones keep their original positions and token
-        indices; only visual rows may go (the engine refuses a dropped protected token). A method may read the
-        device once here (which rows stay decides the block's shapes), never in `after_layer`."""
+        """Called per block before its decoder layers: which of its rows enter the LLM. hidden (1, q, d): the
+        block's embeddings; local (q,): their host indices in the prepared input. Returns sorted host int64 rows
+        to keep, or None for all. Dropped rows never reach a decoder layer; kept ones keep their positions; only
+        visual rows may go. A method may read the device once here (the rows decide the block's shapes)."""
         return None
 
     def after_layer(self, ctx: PrefillContext, state: LayerState) -> LayerState | None:

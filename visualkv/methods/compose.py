@@ -77,19 +77,16 @@ def stage_classes(name: str, registry: dict[str, type[Method]]) -> list[type[Met
         same = [c.name for c in classes if c.compose_role == role]
         if len(same) > 1:
             raise ConfigError(f"{' and '.join(same)} both {role}; compose at most one of them")
-    conflict = _conflict(classes)
-    if conflict:
+    if conflict := _conflict(classes):
         raise ConfigError(conflict)
     return sorted(classes, key=lambda c: ROLES.index(c.compose_role))
 
 
 def _conflict(classes: list[type[Method]]) -> str | None:
     """The one-line refusal of the first stage that declares a conflict with another stage's role, or None."""
-    for cls in classes:
-        for other in classes:
-            why = cls.compose_conflicts.get(other.compose_role) if other is not cls else None
-            if why:
-                return f"{cls.name} does not compose with {other.name} ({why})"
+    for cls, other in ((c, o) for c in classes for o in classes if o is not c):
+        if other.compose_role in cls.compose_conflicts:
+            return f"{cls.name} does not compose with {other.name} ({cls.compose_conflicts[other.compose_role]})"
     return None
 
 
@@ -149,12 +146,8 @@ class Pipeline(Method):
         """Each stage chooses among the rows the stages before it kept; returns the block's rows kept by all."""
         kept = None  # host indices of the rows kept so far (None: all)
         for stage in self.stages:
-            view = (
-                (hidden, local)
-                if kept is None
-                else (hidden.index_select(1, to_device(kept, hidden.device)), local[kept])
-            )
-            rows = stage.select_rows(ctx, *view)
+            seen = hidden if kept is None else hidden.index_select(1, to_device(kept, hidden.device))
+            rows = stage.select_rows(ctx, seen, local if kept is None else local[kept])
             if rows is not None:
                 kept = rows if kept is None else kept[rows]
         return kept
