@@ -184,3 +184,27 @@ def test_varlen_kernel_only_for_cuda_half_precision():
 
     assert vision_attention._varlen_kernel(torch.zeros(2, 2, 4, dtype=torch.bfloat16)) is None  # CPU: SDPA
     assert vision_attention._varlen_kernel(torch.zeros(2, 2, 4)) is None
+
+
+def test_a_patch_closed_from_another_thread_ends_the_entering_threads_one_call_path():
+    """A generator suspended inside `patched` and closed from another thread (as a thread pool or the garbage
+    collector may) ends the entering thread's one-call path and leaves the closing thread's alone."""
+    import threading
+
+    from visualkv.attention import vision as vision_attention
+
+    adapter = get_adapter("tiny-qwen2.5-vl")
+
+    def inside():
+        with patched(adapter):
+            yield
+
+    held = inside()
+    next(held)
+    assert vision_attention._entries().depth == 1
+    seen: list = []
+    closer = threading.Thread(target=lambda: (held.close(), seen.append(vision_attention._entries().depth)))
+    closer.start()
+    closer.join()
+    assert seen == [0] and vision_attention._entries().depth == 0
+    assert adapter.visual.config._attn_implementation == "sdpa"

@@ -46,7 +46,21 @@ MAX_CHUNKS_PER_CALL = 2048
 CACHED_BOUNDARIES = 4
 
 
-_THREAD = threading.local()  # per thread: entries of `one_call_in_this_thread`, and the chunk layouts meanwhile
+@dataclass
+class _Entries:
+    """One thread's entries of `one_call_in_this_thread`, and the chunk layouts built meanwhile."""
+
+    depth: int = 0
+    layouts: dict = field(default_factory=dict)
+
+
+_THREAD = threading.local()  # .entries: this thread's `_Entries`
+
+
+def _entries() -> _Entries:
+    if not hasattr(_THREAD, "entries"):
+        _THREAD.entries = _Entries()
+    return _THREAD.entries
 
 
 def vision_attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -166,7 +180,7 @@ def _attend_padded(fn: Callable, module, q, k, v, scaling: float, layout: ChunkL
 
 def _one_call(fn: Callable, module, q, k, v, cu_seqlens: torch.Tensor, scaling: float) -> torch.Tensor:
     """q / k / v (seq, heads, dim): every chunk of `cu_seqlens` attended in one call; returns (seq, heads, dim)."""
-    layout = _layout(cu_seqlens, _THREAD.layouts)
+    layout = _layout(cu_seqlens, _entries().layouts)
     varlen = _varlen_kernel(q)
     if varlen is None:
         return _attend_padded(fn, module, q, k, v, scaling, layout)
@@ -201,7 +215,7 @@ def _registered(base: str) -> Callable:
         cu_seqlens = kwargs.pop(compat.VARLEN_BOUNDARIES)
         for name in compat.VARLEN_OTHERS:
             kwargs.pop(name, None)
-        if not getattr(_THREAD, "depth", 0):
+        if not _entries().depth:
             return _per_chunk(fn, module, query, key, value, cu_seqlens, **kwargs), None
         q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (1, heads, seq, dim) -> (seq, heads, dim)
         out = _one_call(fn, module, q, k, v, cu_seqlens, kwargs["scaling"])
@@ -224,12 +238,11 @@ for _base, _name in WRAPPED.items():
 def one_call_in_this_thread() -> Iterator[None]:
     """Within the block, the tower layers this thread runs attend in one call (nested entries only count); the
     chunk layouts built meanwhile are dropped on leaving the outermost entry."""
-    if not getattr(_THREAD, "depth", 0):
-        _THREAD.depth, _THREAD.layouts = 0, {}
-    _THREAD.depth += 1
+    entries = _entries()  # the entering thread's, also if the exit runs elsewhere (a generator closed there)
+    entries.depth += 1
     try:
         yield
     finally:
-        _THREAD.depth -= 1
-        if not _THREAD.depth:
-            _THREAD.layouts = {}
+        entries.depth -= 1
+        if not entries.depth:
+            entries.layouts.clear()
