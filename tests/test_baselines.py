@@ -216,13 +216,14 @@ OTHER_FAMILIES = ["tiny-qwen3-vl", "tiny-llava-onevision", "tiny-internvl3.5"]  
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["streamingllm", "pyramidkv", "fastv", "evs"])
+@pytest.mark.parametrize("method", ["streamingllm", "pyramidkv", "fastv", "evs", "visionzip"])
 @pytest.mark.parametrize("alias", OTHER_FAMILIES)
 def test_baselines_pass_the_invariant_suite_on_every_family(alias, method):
     """Telemetry equal to the cache on image and video; for the two scorers also the bound, protected text and
     original positions; for FastV, every visual token in the layers before K and protected text everywhere; for
     EVS, vLLM's count of a video's tokens with its first frame whole, an image whole, protected text and the full
-    cache's keys at the kept entries (original positions)."""
+    cache's keys at the kept entries (original positions); for VisionZip, its count per image tile / frame, protected
+    text and, without merging, the full cache's keys at the kept entries."""
     from tests import test_invariants as inv
 
     adapter = get_adapter(alias)
@@ -234,6 +235,10 @@ def test_baselines_pass_the_invariant_suite_on_every_family(alias, method):
     if method == "evs":
         for media in (image, video):
             _check_evs(adapter, media)
+        return
+    if method == "visionzip":
+        for media in (image, video):
+            _check_visionzip(adapter, media)
         return
     if method == "fastv":
         for media in (image, video):
@@ -299,6 +304,34 @@ def _check_evs(adapter, media) -> None:
             assert set(seq[~in_video].tolist()) <= head
     for layer in session.cache.layers:
         assert all(protected <= set(row.tolist()) for row in layer.token_index[0])
+    layer, ref = session.cache.layers[0], full.cache.layers[0]
+    idx = layer.token_index[0].long()
+    for head in range(idx.shape[0]):
+        assert torch.allclose(layer.keys[0, head], ref.keys[0, head, idx[head]], atol=1e-5)
+
+
+def _check_visionzip(adapter, media) -> None:
+    """VisionZip at its defaults holds, in every layer and head, the protected text and counts(n_f) of each frame
+    (image, tile or video frame) of n_f tokens; with contextual = 0 (no merged rows) layer 0's keys of what it holds
+    equal the full cache's (the token and its original position only)."""
+    from visualkv.methods.visionzip import counts
+
+    full = ChatSession(adapter, SessionConfig(method="full", max_new_tokens=1))
+    full.ask(PROMPT, media)
+    protected = set((~full.prepared.visual_mask).nonzero().flatten().tolist())
+    for options in ({}, {"contextual": 0.0}):
+        session = ChatSession(adapter, SessionConfig(method="visionzip", method_options=options, max_new_tokens=1))
+        session.ask(PROMPT, media)
+        config = session.method.config
+        n_kept = sum(
+            sum(counts(int(n), config.dominant, config.contextual))
+            for n in np.bincount(session.prepared.layout.frame)
+            if n
+        )
+        assert all(len(head) == n_kept for layer in _visual_kept(session) for head in layer)
+        assert n_kept < session.prepared.layout.n_visual
+        for layer in session.cache.layers:
+            assert all(protected <= set(row.tolist()) for row in layer.token_index[0])
     layer, ref = session.cache.layers[0], full.cache.layers[0]
     idx = layer.token_index[0].long()
     for head in range(idx.shape[0]):

@@ -216,7 +216,8 @@ class Method:
         """Called per block before its decoder layers: which of its rows enter the LLM. hidden (1, q, d): the
         block's embeddings; local (q,): their host indices in the prepared input. Returns sorted host int64 rows
         to keep, or None for all. Dropped rows never reach a decoder layer; kept ones keep their positions; only
-        visual rows may go. A method may read the device once here (the rows decide the block's shapes)."""
+        visual rows may go. A method may read the device once here (the rows decide the block's shapes), and may
+        write into `hidden`'s kept visual rows in place (merged embeddings): it is the block's own tensor."""
         return None
 
     def after_layer(self, ctx: PrefillContext, state: LayerState) -> LayerState | None:

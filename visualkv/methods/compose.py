@@ -148,6 +148,8 @@ class Pipeline(Method):
         for stage in self.stages:
             seen = hidden if kept is None else hidden.index_select(1, to_device(kept, hidden.device))
             rows = stage.select_rows(ctx, seen, local if kept is None else local[kept])
+            if kept is not None:  # a stage's in-place writes (merged embeddings) reach the block
+                hidden.index_copy_(1, to_device(kept, hidden.device), seen)
             if rows is not None:
                 kept = rows if kept is None else kept[rows]
         return kept
