@@ -742,6 +742,10 @@ def test_compare_stop_ends_it_at_once_and_keeps_the_finished_rows(page):
     status = page.inner_text("#vkv-cmp-status")
     finished = int(re.search(r"Stopped after (\d+) of (\d+) methods", status).group(1))
     assert finished < checked, status
+    # the table's rows come in the same update as that line; the table may render a moment after the text
+    rows_js = "document.querySelectorAll('#vkv-cmp-table tbody tr').length"
+    if finished:
+        page.wait_for_function(f"() => {rows_js} >= {finished}", timeout=TURN_TIMEOUT_MS)
     rows = page.locator("#vkv-cmp-table tbody tr").count() if finished else 0
     assert rows == finished, (rows, status)
     shot(page, "06a_compare_stopped")
