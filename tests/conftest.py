@@ -56,3 +56,23 @@ def small_image():
 @pytest.fixture(scope="session")
 def small_video():
     return video_media(8, 224, 168, fps=1.0, seed=2)
+
+
+def assert_guard_bounds_kv_from_above(media, methods: tuple, question: str = "What is in it?") -> None:
+    """For each (method, budget, prefill) of `methods` on tiny Qwen2.5-VL in blocks of 48: the memory guard's
+    estimate of KV entries and of buffers is at least what the turn really held at its peak. A method that drops
+    rows before the LLM only lowers memory, so the guard, which counts every visual token, must stay above."""
+    from visualkv.methods import method_traits
+    from visualkv.runtime.memory_guard import estimate_prefill
+    from visualkv.runtime.session import ChatSession, SessionConfig
+
+    adapter = get_adapter("tiny-qwen2.5-vl")
+    for name, budget, prefill in methods:
+        config = SessionConfig(method=name, budget=budget, prefill=prefill, block_size=48, max_new_tokens=2)
+        prepared = adapter.prepare(media, question)
+        traits = method_traits(name)
+        estimate = estimate_prefill(adapter, prepared, traits, budget, 48, prefill, headroom=config.cache_headroom)
+        session = ChatSession(adapter, config)
+        session.ask(question, media)
+        assert estimate.kv_bytes >= session.cache.peak_kv_bytes > 0, name
+        assert estimate.kv_allocated_bytes >= session.cache.peak_allocated_bytes > 0, name

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import get_adapter
+from tests.conftest import assert_guard_bounds_kv_from_above, get_adapter
 from visualkv.bench.synthetic import image_media, synthetic_image, video_media
 from visualkv.errors import ConfigError
 from visualkv.layout import FrameInfo, VisualLayout, VisualUnit
@@ -215,22 +215,9 @@ def test_composes_with_blockwise_eviction_and_refuses_the_rest_in_one_line():
 
 
 def test_the_memory_guard_bounds_evs_from_above():
-    """Dropping rows only lowers memory: the guard, which counts every visual token, predicts at least the measured
-    peak of entries and of buffers."""
-    from visualkv.runtime.memory_guard import estimate_prefill
-
-    adapter = get_adapter("tiny-qwen2.5-vl")
-    clip = moving_square_clip()
-    for name, budget, prefill in (("evs", None, "bulk"), ("blockwise-keydiff+evs", 40, "blockwise")):
-        config = SessionConfig(method=name, budget=budget, prefill=prefill, block_size=48, max_new_tokens=2)
-        prepared = adapter.prepare(clip, PROMPT)
-        estimate = estimate_prefill(
-            adapter, prepared, method_traits(name), budget, 48, prefill, headroom=config.cache_headroom
-        )
-        session = ChatSession(adapter, config)
-        session.ask(PROMPT, clip)
-        assert estimate.kv_bytes >= session.cache.peak_kv_bytes > 0
-        assert estimate.kv_allocated_bytes >= session.cache.peak_allocated_bytes > 0
+    """Dropping rows only lowers memory: the guard predicts at least the measured peak of entries and buffers."""
+    runs = (("evs", None, "bulk"), ("blockwise-keydiff+evs", 40, "blockwise"))
+    assert_guard_bounds_kv_from_above(moving_square_clip(), runs, PROMPT)
 
 
 def test_compare_ticks_evs_beside_salicache_for_a_video_only():

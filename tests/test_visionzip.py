@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import get_adapter
+from tests.conftest import assert_guard_bounds_kv_from_above, get_adapter
 from visualkv.bench.synthetic import image_media, synthetic_image, video_media
 from visualkv.errors import ConfigError
 from visualkv.layout import FrameInfo, VisualLayout, VisualUnit
@@ -206,20 +206,8 @@ def test_composes_with_blockwise_eviction_and_refuses_the_rest_in_one_line():
 
 
 def test_the_memory_guard_bounds_visionzip_from_above():
-    from visualkv.runtime.memory_guard import estimate_prefill
-
-    adapter = get_adapter("tiny-qwen2.5-vl")
-    video = video_media(8, 224, 168, seed=2)
-    for name, budget, prefill in (("visionzip", None, "bulk"), ("blockwise-keydiff+visionzip", 20, "blockwise")):
-        config = SessionConfig(method=name, budget=budget, prefill=prefill, block_size=48, max_new_tokens=2)
-        prepared = adapter.prepare(video, PROMPT)
-        estimate = estimate_prefill(
-            adapter, prepared, method_traits(name), budget, 48, prefill, headroom=config.cache_headroom
-        )
-        session = ChatSession(adapter, config)
-        session.ask(PROMPT, video)
-        assert estimate.kv_bytes >= session.cache.peak_kv_bytes > 0
-        assert estimate.kv_allocated_bytes >= session.cache.peak_allocated_bytes > 0
+    runs = (("visionzip", None, "bulk"), ("blockwise-keydiff+visionzip", 20, "blockwise"))
+    assert_guard_bounds_kv_from_above(video_media(8, 224, 168, seed=2), runs, PROMPT)
 
 
 def test_the_cli_runs_it_with_its_flags_and_bad_options_are_one_line(tmp_path, capsys):
