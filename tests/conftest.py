@@ -76,3 +76,15 @@ def assert_guard_bounds_kv_from_above(media, methods: tuple, question: str = "Wh
         session.ask(question, media)
         assert estimate.kv_bytes >= session.cache.peak_kv_bytes > 0, name
         assert estimate.kv_allocated_bytes >= session.cache.peak_allocated_bytes > 0, name
+
+
+def assert_held_keys_are_the_full_caches(cache, full_cache, below: int | None = None) -> None:
+    """Layer 0: each key `cache` holds (of a token index below `below`, when given) equals the key the full cache
+    holds for the same token: the token and its original position, nothing else."""
+    import torch
+
+    layer, ref = cache.layers[0], full_cache.layers[0]
+    idx = layer.token_index[0].long()
+    for head in range(idx.shape[0]):
+        held = idx[head] < below if below is not None else slice(None)
+        assert torch.allclose(layer.keys[0, head][held], ref.keys[0, head, idx[head][held]], atol=1e-5)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import get_adapter
+from tests.conftest import assert_held_keys_are_the_full_caches, get_adapter
 from visualkv.bench.synthetic import image_media, video_media
 from visualkv.methods import method_names
 from visualkv.methods.pyramidkv import PyramidKV, pyramid_budgets
@@ -304,10 +304,7 @@ def _check_evs(adapter, media) -> None:
             assert set(seq[~in_video].tolist()) <= head
     for layer in session.cache.layers:
         assert all(protected <= set(row.tolist()) for row in layer.token_index[0])
-    layer, ref = session.cache.layers[0], full.cache.layers[0]
-    idx = layer.token_index[0].long()
-    for head in range(idx.shape[0]):
-        assert torch.allclose(layer.keys[0, head], ref.keys[0, head, idx[head]], atol=1e-5)
+    assert_held_keys_are_the_full_caches(session.cache, full.cache)
 
 
 def _check_visionzip(adapter, media) -> None:
@@ -332,7 +329,4 @@ def _check_visionzip(adapter, media) -> None:
         assert n_kept < session.prepared.layout.n_visual
         for layer in session.cache.layers:
             assert all(protected <= set(row.tolist()) for row in layer.token_index[0])
-    layer, ref = session.cache.layers[0], full.cache.layers[0]
-    idx = layer.token_index[0].long()
-    for head in range(idx.shape[0]):
-        assert torch.allclose(layer.keys[0, head], ref.keys[0, head, idx[head]], atol=1e-5)
+    assert_held_keys_are_the_full_caches(session.cache, full.cache)
