@@ -157,6 +157,9 @@ def main() -> int:
         runs = [(run.split("@")[0], int(run.split("@")[1])) for run in args.runs.split(",")]
         print(json.dumps(measure_runs(args.model, args.media, runs, args.budget, args.max_frames)))
         return 0
+    from visualkv.bench.provenance import save_json, start
+
+    prov = {**start(), "command": "python " + " ".join(sys.argv)}
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     rows = []
     runs = []
@@ -192,9 +195,7 @@ def main() -> int:
         "media": os.path.basename(args.media),
         "results": rows,
     }
-    os.makedirs(os.path.dirname(args.json_out) or ".", exist_ok=True)
-    with open(args.json_out, "w") as f:
-        json.dump(record, f, indent=1)
+    save_json(record, args.json_out, prov)  # the commit, its diff's hash and the load beside the figures
     return 0
 
 
