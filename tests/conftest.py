@@ -88,3 +88,19 @@ def assert_held_keys_are_the_full_caches(cache, full_cache, below: int | None = 
     for head in range(idx.shape[0]):
         held = idx[head] < below if below is not None else slice(None)
         assert torch.allclose(layer.keys[0, head][held], ref.keys[0, head, idx[head][held]], atol=1e-5)
+
+
+def fake_prefill_context(t: int, h: int, w: int, prefix: int = 3, suffix: int = 2):
+    """A prepared input of `prefix` text tokens, t frames of h x w visual tokens, `suffix` text tokens (no model)."""
+    import types
+
+    import numpy as np
+
+    from visualkv.layout import FrameInfo, VisualLayout, VisualUnit
+
+    n = t * h * w
+    frame, row, col = np.unravel_index(np.arange(n), (t, h, w))
+    seq = prefix + np.arange(n)
+    units = [VisualUnit("frame", f, prefix + f * h * w, prefix + (f + 1) * h * w) for f in range(t)]
+    layout = VisualLayout(seq, frame, row, col, np.zeros((n, 4)), [FrameInfo("frame", (h, w)) for _ in range(t)], units)
+    return types.SimpleNamespace(prepared=types.SimpleNamespace(layout=layout, seq_len=prefix + n + suffix)), prefix, n

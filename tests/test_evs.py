@@ -7,16 +7,18 @@ the tiny Qwen2.5-VL, whose kept tokens are worked out by hand from the square's 
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 import torch
 
-from tests.conftest import assert_guard_bounds_kv_from_above, assert_held_keys_are_the_full_caches, get_adapter
+from tests.conftest import (
+    assert_guard_bounds_kv_from_above,
+    assert_held_keys_are_the_full_caches,
+    fake_prefill_context,
+    get_adapter,
+)
 from visualkv.bench.synthetic import image_media, synthetic_image, video_media
 from visualkv.errors import ConfigError
-from visualkv.layout import FrameInfo, VisualLayout, VisualUnit
 from visualkv.media import Media
 from visualkv.methods import make_method, method_names, method_traits
 from visualkv.methods.evs import EVS
@@ -36,16 +38,6 @@ def vllm_retention(embeds: torch.Tensor, q: float) -> set[int]:
     return set(sorted(range(len(flat)), key=lambda i: (-flat[i], i))[:n_keep])
 
 
-def _fake_context(t: int, h: int, w: int, prefix: int = 3, suffix: int = 2):
-    """A prepared input of `prefix` text tokens, t frames of h x w visual tokens, `suffix` text tokens (no model)."""
-    n = t * h * w
-    frame, row, col = np.unravel_index(np.arange(n), (t, h, w))
-    seq = prefix + np.arange(n)
-    units = [VisualUnit("frame", f, prefix + f * h * w, prefix + (f + 1) * h * w) for f in range(t)]
-    layout = VisualLayout(seq, frame, row, col, np.zeros((n, 4)), [FrameInfo("frame", (h, w)) for _ in range(t)], units)
-    return SimpleNamespace(prepared=SimpleNamespace(layout=layout, seq_len=prefix + n + suffix)), prefix, n
-
-
 @pytest.mark.parametrize("q", [0.0, 0.3, 0.5, 0.75, 0.9, 1.0])
 def test_the_kept_set_on_fixed_tensors_is_vllms(q):
     """Random embeddings, some places static from frame to frame (exact ties): the kept video tokens are the
@@ -54,7 +46,7 @@ def test_the_kept_set_on_fixed_tensors_is_vllms(q):
     gen = torch.Generator().manual_seed(0)
     embeds = torch.randn(t, h, w, d, generator=gen)
     embeds[1:, :2] = embeds[:1, :2]  # the top two rows never change
-    ctx, prefix, n = _fake_context(t, h, w)
+    ctx, prefix, n = fake_prefill_context(t, h, w)
     hidden = torch.cat([torch.randn(1, prefix, d), embeds.reshape(1, n, d), torch.randn(1, 2, d)], dim=1)
     method = EVS(pruning_rate=q)
     method.begin(ctx)

@@ -7,17 +7,20 @@ with the proxy ranking this implementation documents, in float64 numpy) on fixed
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import assert_guard_bounds_kv_from_above, assert_held_keys_are_the_full_caches, get_adapter
+from tests.conftest import (
+    assert_guard_bounds_kv_from_above,
+    assert_held_keys_are_the_full_caches,
+    fake_prefill_context,
+    get_adapter,
+)
 from visualkv.bench.synthetic import image_media, synthetic_image, video_media
 from visualkv.errors import ConfigError
-from visualkv.layout import FrameInfo, VisualLayout, VisualUnit
 from visualkv.methods import make_method, method_names, method_traits
 from visualkv.methods.visionzip import VisionZip, counts
 from visualkv.runtime.session import ChatSession, SessionConfig
@@ -54,16 +57,6 @@ def reference(h: np.ndarray, n_dom: int, n_ctx: int) -> tuple[set[int], dict[int
     return set(dominant), {t: np.mean([h[j] for j in members], axis=0) for t, members in groups.items()}
 
 
-def _fake_context(t: int, h: int, w: int, prefix: int = 3, suffix: int = 2):
-    """A prepared input of `prefix` text tokens, t frames of h x w visual tokens, `suffix` text tokens (no model)."""
-    n = t * h * w
-    frame, row, col = np.unravel_index(np.arange(n), (t, h, w))
-    seq = prefix + np.arange(n)
-    units = [VisualUnit("frame", f, prefix + f * h * w, prefix + (f + 1) * h * w) for f in range(t)]
-    layout = VisualLayout(seq, frame, row, col, np.zeros((n, 4)), [FrameInfo("frame", (h, w)) for _ in range(t)], units)
-    return SimpleNamespace(prepared=SimpleNamespace(layout=layout, seq_len=prefix + n + suffix)), prefix, n
-
-
 def test_counts_are_the_shares_asked_rounded_half_up():
     """Hand-worked counts: the paper's 54 + 10 of 576; 0.25 and 0.1 of 48 are 12 and 4.8 -> 5; contextual takes at
     most what dominant leaves; a unit always keeps one token; an empty one none."""
@@ -84,7 +77,7 @@ def test_the_kept_set_and_merged_embeddings_on_fixed_tensors_are_the_rules(domin
     gen = torch.Generator().manual_seed(0)
     embeds = torch.randn(t, h * w, d, generator=gen)
     embeds[1, 10:20] = embeds[1, 3] + 0.01 * torch.randn(10, d, generator=gen)
-    ctx, prefix, n = _fake_context(t, h, w)
+    ctx, prefix, n = fake_prefill_context(t, h, w)
     hidden = torch.cat([torch.randn(1, prefix, d), embeds.reshape(1, n, d), torch.randn(1, 2, d)], dim=1)
     original = hidden.clone()
     method = VisionZip(dominant=dominant, contextual=contextual)
