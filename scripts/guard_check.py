@@ -27,6 +27,9 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo, run from anywhere
 
 QUESTION = "Where is the small red star?"
 
@@ -133,11 +136,35 @@ def measure(adapter, media, method: str, budget: int, vision_ahead: int = 1) -> 
     return row
 
 
+def _measure_batch(batch: list[tuple[str, str, int]], args, env: dict) -> list[dict]:
+    """The runs of `batch` (one model's) measured in a fresh process; each row printed as it comes."""
+    model = batch[0][0]
+    command = [sys.executable, __file__, "--model", model, "--media", args.media, "--budget", str(args.budget)]
+    command += ["--max-frames", str(args.max_frames)]
+    command += ["--runs", ",".join(f"{method}@{ahead}" for _, method, ahead in batch)]
+    out = subprocess.run(command, check=False, env=env, capture_output=True, text=True)
+    if out.returncode != 0:  # recorded, not fatal: the other runs' figures still count
+        error = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        print(f"{model:22s} {batch[0][1]:36s} FAILED: {error}", flush=True)
+        return [{"model": model, "method": method, "vision_ahead": ahead, "error": error} for _, method, ahead in batch]
+    rows = [{"model": model, **row} for row in json.loads(out.stdout.strip().splitlines()[-1])]
+    for row in rows:
+        print(
+            f"{model:22s} {row['method']:36s} ahead {row['vision_ahead']} KV est/measured {row['kv_ratio']:.3f}, "
+            f"allocated {row['kv_allocated_ratio']:.3f}   whole est/measured {row['whole_ratio']:.3f} "
+            f"({row['estimate']['peak_bytes'] / 2**20:.1f} / {row['measured']['rss_growth_bytes'] / 2**20:.1f} MiB)",
+            flush=True,
+        )
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="bench-qwen2.5-vl", help="a model alias, or several joined by commas")
     parser.add_argument("--media", default="assets/example_4k.png")
-    parser.add_argument("--methods", default="full,blockwise-keydiff,blockwise-snapkv,post-snapkv")
+    parser.add_argument(
+        "--methods", default="full,blockwise-keydiff,blockwise-snapkv,post-snapkv", help="names, or 'all' registered"
+    )
     parser.add_argument("--budget", type=int, default=1024)
     parser.add_argument("--max-frames", type=int, default=64, help="a video's frames, sampled over its length")
     parser.add_argument("--json", dest="json_out", default="docs/results/memory_guard_cpu.json")
@@ -149,7 +176,11 @@ def main() -> int:
         "--per-process",
         choices=("run", "model"),
         default="run",
-        help="one process per run (default), or one per model measuring its runs in turn",
+        help="one process per run (default), or one per model measuring its runs in turn (their growths then "
+        "include what the process's allocator kept from the runs before: up to +60 MiB seen on the tiny models)",
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="processes measuring at once (each measures only its own RSS)"
     )
     parser.add_argument("--runs", help=argparse.SUPPRESS)  # internal: measure these method@ahead here
     args = parser.parse_args()
@@ -161,6 +192,12 @@ def main() -> int:
 
     prov = {**start(), "command": "python " + " ".join(sys.argv)}
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if args.jobs > 1:  # the cores shared among the processes at once
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // args.jobs))
+    if args.methods == "all":
+        from visualkv.methods import method_names
+
+        args.methods = ",".join(method_names())
     rows = []
     runs = []
     for model in args.model.split(","):
@@ -172,21 +209,10 @@ def main() -> int:
         batches = [[run] for run in runs]
     else:
         batches = [[run for run in runs if run[0] == model] for model in args.model.split(",")]
-    for batch in batches:
-        model = batch[0][0]
-        command = [sys.executable, __file__, "--model", model, "--media", args.media, "--budget", str(args.budget)]
-        command += ["--max-frames", str(args.max_frames)]
-        command += ["--runs", ",".join(f"{method}@{ahead}" for _, method, ahead in batch)]
-        out = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
-        for row in json.loads(out.stdout.strip().splitlines()[-1]):
-            row = {"model": model, **row}
-            rows.append(row)
-            print(
-                f"{model:22s} {row['method']:36s} ahead {row['vision_ahead']} KV est/measured {row['kv_ratio']:.3f}, "
-                f"allocated {row['kv_allocated_ratio']:.3f}   whole est/measured {row['whole_ratio']:.3f} "
-                f"({row['estimate']['peak_bytes'] / 2**20:.1f} / {row['measured']['rss_growth_bytes'] / 2**20:.1f} MiB)",
-                flush=True,
-            )
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        measured = list(pool.map(lambda batch: _measure_batch(batch, args, env), batches))
+    for rows_of_batch in measured:
+        rows += rows_of_batch
     record = {
         "command": "python " + " ".join(sys.argv),
         "machine": args.machine or f"{os.cpu_count()} CPU cores",
