@@ -32,7 +32,6 @@ def test_readme_shows_the_headline_and_results_holds_every_table():
         "needle",
         "memory-guard",
         "memory-guard-families",
-        "memory-guard-video",
         "block-attention",
         "followup-attention",
         "long-video",
