@@ -41,8 +41,6 @@ METHODS = (
     "streamingllm",
     "pyramidkv",
 )
-#: methods that act on video only (EVS compares a frame with the one before it: a still image is kept whole)
-VIDEO_ONLY = ("evs",)
 #: recall buckets (lower bounds; the last one is the exact 1.0 of nothing lost)
 BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9)
 
@@ -209,7 +207,7 @@ def _fmt(value: float | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from visualkv.bench import provenance
-    from visualkv.bench.needle import make_cases, make_video_cases, method_points
+    from visualkv.bench.needle import VIDEO_ONLY, make_cases, make_video_cases, method_points
     from visualkv.bench.scenes import scene_media, video_media
     from visualkv.models.registry import load_model
 

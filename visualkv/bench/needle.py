@@ -88,6 +88,8 @@ def make_video_cases(n: int, seed0: int = 0, size: tuple[int, int] = (224, 224))
     return cases
 
 
+#: methods that act on video only (EVS compares a frame with the one before it: a still image is kept whole)
+VIDEO_ONLY = ("evs",)
 #: VisionZip's paper split of what it keeps: 54 dominant to 10 contextual tokens
 VISIONZIP_DOMINANT_SHARE = 54 / 64
 
@@ -109,16 +111,23 @@ def kept_share_options(method: str, fraction: float) -> dict[str, Any]:
     return {}
 
 
+def operating_point(method: str, fraction: float) -> tuple[float | None, dict[str, Any]]:
+    """(nominal fraction, or None for a fixed operating point; method_options) of `method` at budget fraction f:
+    `full` keeps everything, LightKV one merge setting, every other method f (`kept_share_options`)."""
+    if method == "full":
+        return 1.0, {}
+    if method == "lightkv":
+        return None, {"ratios": (1.0,)}
+    return fraction, kept_share_options(method, fraction)
+
+
 def method_points(methods: list[str], fractions: list[float]) -> list[tuple[str, float | None, dict]]:
     """(method, nominal fraction or None for a fixed operating point, method_options)."""
     points: list[tuple[str, float | None, dict]] = []
     for m in methods:
-        if m == "full":
-            points.append((m, 1.0, {}))
-        elif m == "lightkv":
-            points.append((m, None, {"ratios": (1.0,)}))
-        else:
-            points += [(m, f, kept_share_options(m, f)) for f in fractions]
+        # one point for a method whose point does not follow f, one per fraction otherwise
+        for f in fractions[:1] if m in ("full", "lightkv") else fractions:
+            points.append((m, *operating_point(m, f)))
     return points
 
 
