@@ -158,10 +158,17 @@ def test_the_side_by_side_tables_read_each_method_on_the_same_cases(tmp_path):
     assert "| 10% | `evs` | 0.12 | 0% (2) | 100 KiB | 50 KiB | 3.00 s |" in sali
     assert "| 10% | `visionzip` | 0.10 | 100% (2) | 60 KiB | 30 KiB | 0.50 s |" in sali
     assert "images" not in sali.split("\n\n")[0]  # Sali-Cache's table: the videos alone
+    assert (
+        "On the videos, `salicache` against `evs`, accuracy 50% to 0%, KV after the answer 0.80× and TTFT 0.50× "
+        "`evs`'s; against `visionzip`, accuracy 50% to 100%, KV after the answer 1.33× and TTFT 3.00× `visionzip`'s"
+    ) in sali
 
     light = baselines.lightkv_beside_evs_and_visionzip(tmp_path)
     assert "| one setting | `lightkv` | 0.70 | 100% (1) | 140 KiB | 70 KiB | 1.00 s | 0.70 | 50% (2) | 600 KiB" in light
     assert "| 10% | `evs` | — | — | — | — | — | 0.12 | 0% (2) |" in light
+    # one setting: against the others' largest budget; on the images EVS has no row
+    assert "On the images, `lightkv` against `visionzip`, accuracy 100% to 100%, KV after the answer 7.00×" in light
+    assert "On the videos, `lightkv` against `evs`, accuracy 50% to 0%, KV after the answer 6.00×" in light
     assert "1 held-out images and 2 held-out videos" in light and "`evs` runs on the videos only" in light
 
     methods = evidence.recall_and_accuracy_by_method(tmp_path)

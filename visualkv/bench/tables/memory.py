@@ -232,6 +232,8 @@ def kv_memory_at_equal_kept_share(results: Path) -> str:
     sources: list[tuple[str, dict]] = []
     for _, d in matching_results(results, KEPT_SHARE_RESULTS, sources):
         body += _kept_share_rows(d)
+    if not sources:
+        raise FileNotFoundError(f"no {KEPT_SHARE_RESULTS} under {results} (bench memory --kept-share writes them)")
     shares = sorted({d["kept_share"] for _, d in sources})
     header = ["input", "method", "kept (measured)", "peak KV", "final KV", "full / method, peak"]
     header += ["full / method, final", "TTFT"]
@@ -241,8 +243,9 @@ def kv_memory_at_equal_kept_share(results: Path) -> str:
         + " of the visual tokens (M = that share of each input's visual tokens for the budget methods, their own "
         "options for the others: `visualkv.bench.needle.kept_share_options`), one fresh process per run. *kept*: "
         "the measured share of visual entries held, mean over layers and heads. `fastv` keeps every visual token "
-        "in the layers before K, hence its kept share and peak; `lightkv` runs its one merge setting; `evs` runs "
-        "on video only (a still image has no previous frame)."
+        "in the layers before K, hence its kept share and peak; `salicache` holds f/2 of the tokens at full "
+        "precision, f/2 at INT8 and f at INT4 (the needle benchmark's operating point); `lightkv` runs its one "
+        "merge setting; `evs` runs on video only (a still image has no previous frame)."
     )
     return render(header, body, sources, note)
 
