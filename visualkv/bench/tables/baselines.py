@@ -130,6 +130,12 @@ def side_by_side(results: Path, methods: tuple[str, ...], kinds: tuple[bool, ...
             if only
             else ""
         )
+        + (
+            "`evs` keeps at least each video's first frame whole (vLLM's rule), so below that share it holds more "
+            "than the budget. "
+            if "evs" in methods
+            else ""
+        )
         + "The figures are this loaded CPU's: compare rows, not absolutes."
     )
     return render(header, body, [(EVIDENCE_RESULTS, d)], " ".join(x for x in sentences if x), note)

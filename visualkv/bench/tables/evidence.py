@@ -75,6 +75,11 @@ def _kept_notes(d: dict, rows: dict[str, dict]) -> list[str]:
         n = len({r["seed"] for r in d["rows"] if r["video"]})
         names = ", ".join(f"`{m}`" for m in only)
         notes.append(f"{names}: the {n} videos only (a still image has no previous frame, so it keeps every token).")
+    if "evs" in rows:
+        notes.append(
+            "`evs` keeps at least each video's first frame whole (vLLM's rule), so below that share it holds more "
+            "than the column's fraction."
+        )
     return notes
 
 
