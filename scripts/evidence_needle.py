@@ -9,7 +9,10 @@ once per method and budget with `SessionConfig(evidence=True)`: its evidence rec
 uncompressed model's attention from the answer to the visual tokens that the compressed cache kept) against
 whether the greedy answer is right. Reported: Spearman's rank correlation of recall with correctness over all
 questions (and over the compressed ones alone), accuracy by recall bucket, and per method its mean recall and
-accuracy, `blockwise-random` giving the chance level. The SVG is drawn here from the JSON's numbers.
+accuracy, `blockwise-random` giving the chance level. Methods without a token budget keep the same fraction of
+the visual tokens through their own options (`visualkv.bench.needle.kept_share_options`); EVS runs on the videos
+only. Each row also records the turn's TTFT and its peak and final KV bytes. The SVG is drawn here from the JSON's
+numbers.
 """
 
 from __future__ import annotations
@@ -32,6 +35,11 @@ METHODS = (
     "blockwise-random",
     "salicache",
     "lightkv",
+    "evs",
+    "fastv",
+    "visionzip",
+    "streamingllm",
+    "pyramidkv",
 )
 #: recall buckets (lower bounds; the last one is the exact 1.0 of nothing lost)
 BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9)
@@ -78,6 +86,7 @@ def run_case(adapter, case, media, method: str, fraction: float | None, options:
     config = SessionConfig(method=method, budget=budget, max_new_tokens=6, method_options=dict(options), evidence=True)
     session = ChatSession(adapter, config)
     record = session.ask(case.first.question, media)
+    report = session.report()
     return {
         "size": case.size,
         "video": case.video,
@@ -85,6 +94,7 @@ def run_case(adapter, case, media, method: str, fraction: float | None, options:
         "method": method,
         "budget_fraction": fraction,
         "budget": budget,
+        "n_visual": n_visual,
         "kept_fraction": round(float(session.retained().mean()), 4),
         "question": case.first.question,
         "kind": case.first.kind,
@@ -92,6 +102,11 @@ def run_case(adapter, case, media, method: str, fraction: float | None, options:
         "answer": record.answer,
         "correct": bool(answer_matches(record.answer, case.first.answer)),
         "evidence_recall": session.evidence.recall,
+        # the turn's prefill time and KV bytes (the evidence pass runs after the turn: neither counts it)
+        "ttft_seconds": round(record.ttft_seconds, 4),
+        "peak_kv_bytes": report["peak_kv_bytes"],
+        "final_kv_bytes": report["final_kv_bytes"],
+        "full_kv_bytes": report["full_kv_bytes"],
     }
 
 
@@ -192,7 +207,7 @@ def _fmt(value: float | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from visualkv.bench import provenance
-    from visualkv.bench.needle import make_cases, make_video_cases, method_points
+    from visualkv.bench.needle import VIDEO_ONLY, make_cases, make_video_cases, method_points
     from visualkv.bench.scenes import scene_media, video_media
     from visualkv.models.registry import load_model
 
@@ -221,10 +236,20 @@ def main(argv: list[str] | None = None) -> int:
     for i, case in enumerate(cases):
         media = video_media(case.scene) if case.video else scene_media(case.scene)
         for method, fraction, options in points:
+            if method in VIDEO_ONLY and not case.video:
+                continue
             rows.append(run_case(adapter, case, media, method, fraction, options))
         print(f"[{i + 1}/{len(cases)}] {case.size} seed {case.scene.seed} ({time.perf_counter() - t0:.0f} s)")
     summary = summarise(rows)
-    out = {"kind": "evidence_needle", "model": "visualkv-demo", "fractions": fractions, **summary, "rows": rows}
+    out = {
+        "kind": "evidence_needle",
+        "model": "visualkv-demo",
+        "fractions": fractions,
+        "video_only": [m for m in VIDEO_ONLY if m in args.methods.split(",")],
+        "options": {f"{m}@{f}": o for m, f, o in points if o},
+        **summary,
+        "rows": rows,
+    }
     out["seconds"] = round(time.perf_counter() - t0, 1)
     provenance.save_json(out, args.json, prov)
     with open(args.svg, "w") as fh:

@@ -21,6 +21,7 @@ from types import ModuleType
 
 from visualkv.bench.staleness import History, note_of, staleness_note, with_note
 from visualkv.bench.tables import (
+    baselines,
     block_launches,
     compose,
     demo,
@@ -63,6 +64,7 @@ TABLE_MODULES = (
     fidelity,
     salicache,
     lightkv,
+    baselines,
     needle,
     compose,
     guard,

@@ -4,7 +4,8 @@ On held-out generated scenes (:mod:`visualkv.bench.scenes`, seeds the demo model
 answers a two-turn conversation: turn 1 about needle A (the ``single`` setting), turn 2 about a different
 needle B from the cache turn 1 compressed (``followup``), which shows what query-aware eviction loses.
 Budgets are fractions of the visual tokens; methods without a token budget get an equivalent operating point
-(Sali-Cache tiers (f/2, f/2, f); LightKV one merge setting) and report their measured kept fraction. Videos
+(`kept_share_options`: EVS, FastV, VisionZip and Sali-Cache set to keep the same fraction; LightKV one merge
+setting) and report their measured kept fraction. Videos
 (``--videos N``) ask a needle's colour and when it appeared. A turn is correct when the greedy answer equals
 the expected one (case-insensitive); results go to JSON (``results``: method, budget_fraction, setting,
 size, accuracy, n, kept_fraction, by_kind) and a Plotly chart.
@@ -87,18 +88,46 @@ def make_video_cases(n: int, seed0: int = 0, size: tuple[int, int] = (224, 224))
     return cases
 
 
+#: methods that act on video only (EVS compares a frame with the one before it: a still image is kept whole)
+VIDEO_ONLY = ("evs",)
+#: VisionZip's paper split of what it keeps: 54 dominant to 10 contextual tokens
+VISIONZIP_DOMINANT_SHARE = 54 / 64
+
+
+def kept_share_options(method: str, fraction: float) -> dict[str, Any]:
+    """The options that make a method without a token budget keep `fraction` of the visual tokens: EVS drops
+    1 - f of a video (never less than its first frame), FastV drops 1 - f after layer K (every layer below K keeps
+    all), VisionZip keeps f of each unit, split dominant / contextual as the paper's 54 / 10; Sali-Cache keeps f at
+    its tiers (f/2, f/2, f). Budget methods get f x the visual tokens as M instead: no options."""
+    if method == "evs":
+        return {"pruning_rate": 1 - fraction}
+    if method == "fastv":
+        return {"ratio": 1 - fraction}
+    if method == "visionzip":
+        dominant = fraction * VISIONZIP_DOMINANT_SHARE
+        return {"dominant": dominant, "contextual": fraction - dominant}
+    if method == "salicache":
+        return {"tiers": (fraction / 2, fraction / 2, fraction)}
+    return {}
+
+
+def operating_point(method: str, fraction: float) -> tuple[float | None, dict[str, Any]]:
+    """(nominal fraction, or None for a fixed operating point; method_options) of `method` at budget fraction f:
+    `full` keeps everything, LightKV one merge setting, every other method f (`kept_share_options`)."""
+    if method == "full":
+        return 1.0, {}
+    if method == "lightkv":
+        return None, {"ratios": (1.0,)}
+    return fraction, kept_share_options(method, fraction)
+
+
 def method_points(methods: list[str], fractions: list[float]) -> list[tuple[str, float | None, dict]]:
     """(method, nominal fraction or None for a fixed operating point, method_options)."""
     points: list[tuple[str, float | None, dict]] = []
     for m in methods:
-        if m == "full":
-            points.append((m, 1.0, {}))
-        elif m == "lightkv":
-            points.append((m, None, {"ratios": (1.0,)}))
-        elif m == "salicache":
-            points += [(m, f, {"tiers": (f / 2, f / 2, f)}) for f in fractions]
-        else:
-            points += [(m, f, {}) for f in fractions]
+        # one point for a method whose point does not follow f, one per fraction otherwise
+        for f in fractions[:1] if m in ("full", "lightkv") else fractions:
+            points.append((m, *operating_point(m, f)))
     return points
 
 

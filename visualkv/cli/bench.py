@@ -83,6 +83,13 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         help="(memory/latency/one) visual KV entries kept per layer and KV head (M)",
     )
     p.add_argument(
+        "--kept-share",
+        type=fraction,
+        default=None,
+        help="(memory/one) instead of --budget, every method keeps this fraction of the visual tokens: M for the "
+        "budget methods, their own options for the others (visualkv.bench.needle.kept_share_options)",
+    )
+    p.add_argument(
         "--block-size", type=positive_int, default=None, help="visual tokens per prefill block (default: the model's)"
     )
     p.add_argument(
@@ -327,6 +334,7 @@ def run_bench(args: argparse.Namespace) -> int:
             args.media_file,
             args.fps,
             args.max_frames,
+            args.kept_share,
         )
         text = json.dumps(result)
         if args.json_out:
@@ -390,11 +398,14 @@ def measure_one(
     media_file: str | None = None,
     fps: float = 1.0,
     max_frames: int | None = None,
+    kept_share: float | None = None,
 ) -> dict[str, Any]:
     """Prefill one input and report memory and time (meant for a fresh process).
 
     With `media_file` the input is loaded like a user's upload; otherwise it is
-    generated in memory (whose temporaries then count in the peak RSS).
+    generated in memory (whose temporaries then count in the peak RSS). With `kept_share` f the method keeps f of
+    the visual tokens (`visualkv.bench.needle.operating_point`: M = f x the visual tokens, or its own options)
+    instead of keeping `budget`.
     """
     import torch
 
@@ -411,11 +422,19 @@ def measure_one(
         media = load_media(media_file, media_limits(method), FrameSampling(fps=fps, max_frames=max_frames or None))
     else:
         media = _media(size, video)
+    from visualkv.methods import method_traits
+
+    options: dict[str, Any] = {}
+    if kept_share is not None:
+        from visualkv.bench.needle import operating_point
+
+        n_visual = int(adapter.prepare(media, "Describe the image.").layout.n_visual)
+        options = operating_point(method, kept_share)[1]
+        budget = max(1, round(kept_share * n_visual)) if method_traits(method).needs_budget else None
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     base_rss, base_peak = rss_bytes(), peak_rss_bytes()
     base_cuda = torch.cuda.memory_allocated() if torch.cuda.is_available() else None
-    from visualkv.methods import method_traits
 
     session = ChatSession(
         adapter,
@@ -425,6 +444,7 @@ def measure_one(
             block_size=block_size,
             prefill=prefill,
             max_new_tokens=1,
+            method_options=options,
         ),
     )
     t0 = time.perf_counter()
@@ -437,9 +457,17 @@ def measure_one(
     bound = None
     if method_traits(method).needs_budget and budget:
         bound = (budget + report["block_size"] + protected) * entry_bytes  # (M + b + protected) in every layer
+    kept = {}
+    if kept_share is not None:
+        kept = {
+            "kept_share": kept_share,
+            "method_options": options,
+            "kept_fraction": round(float(session.retained().mean()), 4),
+        }
     return {
         "model": model,
         "method": method,
+        **kept,
         "budget": budget,
         "size": size,
         "video": video,
@@ -512,6 +540,8 @@ def _subprocess_one(args: argparse.Namespace, method: str, size: float) -> dict[
         cmd += ["--media-file", media_file]
     if args.block_size:
         cmd += ["--block-size", str(args.block_size)]
+    if args.kept_share is not None:
+        cmd += ["--kept-share", str(args.kept_share)]
     if media_file and args.video:
         cmd += ["--fps", str(args.fps), "--max-frames", str(args.max_frames or 0)]
     if args.video:
@@ -528,12 +558,15 @@ def bench_memory(args: argparse.Namespace) -> int:
         from visualkv.bench.long_memory import bench_long_video
 
         return bench_long_video(args)
+    from visualkv.bench.needle import VIDEO_ONLY
     from visualkv.report.viz import memory_sweep_figure, save_figure
 
     methods, sizes = args.methods, args.sizes
     rows = []
     for size in sizes:
         for method in methods:
+            if method in VIDEO_ONLY and not args.video:
+                continue  # a still image has no previous frame: the method would keep every token
             row = _subprocess_one(args, method, size)
             rows.append(row)
             print(
@@ -542,7 +575,7 @@ def bench_memory(args: argparse.Namespace) -> int:
                 f"peak RSS {row['peak_rss_bytes'] / 2**20:8.1f} MiB  TTFT {row['ttft_seconds']:.2f}s",
                 flush=True,
             )
-    summary = summarize_memory(rows, methods, args.budget)
+    summary = summarize_memory(rows, methods, args.budget if args.kept_share is None else None)
     out = {
         "kind": "memory",
         "model": args.model,
@@ -551,7 +584,12 @@ def bench_memory(args: argparse.Namespace) -> int:
         "rows": rows,
         "summary": summary,
     }
-    path = os.path.join(args.out, f"memory_{'video' if args.video else 'image'}_{args.model}.json")
+    kept = ""
+    if args.kept_share is not None:
+        out["kept_share"] = args.kept_share
+        out["budget"] = None  # M follows each input's visual tokens: `budget` in each row
+        kept = f"_kept{args.kept_share:g}"
+    path = os.path.join(args.out, f"memory_{'video' if args.video else 'image'}_{args.model}{kept}.json")
     out = provenance.save_json(out, path, args.provenance)
     fig = memory_sweep_figure(rows, "frames" if args.video else "megapixels")
     saved = save_figure(fig, path[:-5])
@@ -560,8 +598,8 @@ def bench_memory(args: argparse.Namespace) -> int:
     return 0
 
 
-def summarize_memory(rows: list[dict], methods: list[str], budget: int) -> dict[str, Any]:
-    """Ratios at the largest size and growth of peak RSS, per method."""
+def summarize_memory(rows: list[dict], methods: list[str], budget: int | None) -> dict[str, Any]:
+    """Ratios at the largest size and growth of peak RSS, per method (`budget` None: M followed each input)."""
     by = {m: sorted((r for r in rows if r["method"] == m), key=lambda r: r["size"]) for m in methods}
     summary: dict[str, Any] = {}
     full = by.get("full")
@@ -580,7 +618,7 @@ def summarize_memory(rows: list[dict], methods: list[str], budget: int) -> dict[
         bounds = [r["peak_kv_bytes"] / r["bound_kv_bytes"] for r in rs if r.get("bound_kv_bytes")]
         if bounds:
             s["peak_over_bound_max"] = max(bounds)
-        over = [r for r in rs if r["visual_tokens"] > budget + (r["block_size"] or 0)]
+        over = [r for r in rs if budget is not None and r["visual_tokens"] > budget + (r["block_size"] or 0)]
         if len(over) >= 2:
             peaks = [r["peak_kv_bytes"] for r in over]
             s["peak_kv_spread_over_bound_sizes"] = (max(peaks) - min(peaks)) / max(peaks)

@@ -30,13 +30,16 @@ def recall_and_accuracy_by_method(results: Path) -> str:
         rows.setdefault(r["method"], {})[r["budget_fraction"]] = r
     body = []
     for method, by_fraction in rows.items():
+        label = f"`{method}`" + _ROW_NOTES.get(method, "")
+        if method in d.get("video_only", []):
+            label += " (videos only)"
         if set(by_fraction) <= {None, 1.0}:  # one operating point (full, LightKV's merge setting)
             (r,) = by_fraction.values()
             cell = f"{r['mean_recall']:.2f} / {r['accuracy']:.0%} (kept {r['kept_fraction']:.2f})"
-            body.append([f"`{method}`", *([cell] * len(fractions))])
+            body.append([label, *([cell] * len(fractions))])
             continue
         body.append(
-            [f"`{method}`"]
+            [label]
             + [
                 f"{by_fraction[f]['mean_recall']:.2f} / {by_fraction[f]['accuracy']:.0%}" if f in by_fraction else ""
                 for f in fractions
@@ -45,9 +48,39 @@ def recall_and_accuracy_by_method(results: Path) -> str:
     header = ["method (recall / accuracy)", *(f"budget {f:.0%}" for f in fractions)]
     note = (
         "Each cell: mean evidence recall / accuracy over the same questions; a method with one operating point "
-        "shows it in every column, with its measured fraction of visual entries kept."
+        "shows it in every column, with its measured fraction of visual entries kept. Methods without a token "
+        "budget keep the column's fraction through their own options (`visualkv.bench.needle.kept_share_options`)."
     )
-    return render(header, body, [(EVIDENCE_RESULTS, d)], note)
+    return render(header, body, [(EVIDENCE_RESULTS, d)], note, *_kept_notes(d, rows))
+
+
+#: what a row's label adds about where its method keeps the column's fraction
+_ROW_NOTES = {"fastv": " (all tokens below layer K)"}
+
+
+def _kept_notes(d: dict, rows: dict[str, dict]) -> list[str]:
+    """Sentences on the methods that do not hold the column's fraction everywhere: FastV (every visual token in
+    the layers before K) and the video-only ones (their cells cover the videos alone)."""
+    notes = []
+    if "fastv" in rows:
+        held = ", ".join(
+            f"{r['kept_fraction']:.2f} at {f:.0%}" for f, r in sorted(rows["fastv"].items(), key=lambda x: x[0])
+        )
+        notes.append(
+            "`fastv` keeps every visual token in the layers before K and the column's fraction from K on; its "
+            f"measured share of visual entries over all layers: {held}."
+        )
+    only = [m for m in d.get("video_only", []) if m in rows]
+    if only:
+        n = len({r["seed"] for r in d["rows"] if r["video"]})
+        names = ", ".join(f"`{m}`" for m in only)
+        notes.append(f"{names}: the {n} videos only (a still image has no previous frame, so it keeps every token).")
+    if "evs" in rows:
+        notes.append(
+            "`evs` keeps at least each video's first frame whole (vLLM's rule), so below that share it holds more "
+            "than the column's fraction."
+        )
+    return notes
 
 
 TABLES = {"evidence-buckets": accuracy_by_recall, "evidence-methods": recall_and_accuracy_by_method}

@@ -6,13 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from visualkv.bench.tables.format import MIB, family_results, load, mib, render, times
+from visualkv.bench.tables.format import MIB, family_results, load, matching_results, mib, render, times
 from visualkv.bench.tables.measured import BLOCKWISE as BLOCKWISE_CODE
-from visualkv.bench.tables.measured import FULL, MEDIA, POST_PREFILL, PREFILL, SESSION, paths
+from visualkv.bench.tables.measured import FULL, MEDIA, METHODS, POST_PREFILL, PREFILL, SESSION, paths
 
 BLOCKWISE = "blockwise-snapkv"
 LONG_VIDEO_RESULTS = "memory_long_video_tiny-qwen2.5-vl.json"
 FRAME_RESIZE_RESULTS = "frame_resize_memory.json"
+#: `bench memory --kept-share` sweeps: every method at one kept share, image and video
+KEPT_SHARE_RESULTS = "memory_*_kept*.json"
 
 
 def _image_sweep_columns(data: dict[str, Any]) -> dict[str, str]:
@@ -199,8 +201,58 @@ def rss_with_frames_resized_at_decode(results: Path) -> str:
     return render(header, body, [(FRAME_RESIZE_RESULTS, d)], note)
 
 
+def _kept_share_rows(d: dict[str, Any]) -> list[list[str]]:
+    """One row per method of a `bench memory --kept-share` sweep, at its largest input."""
+    largest = max(r["size"] for r in d["rows"])
+    at = {r["method"]: r for r in d["rows"] if r["size"] == largest}
+    full, kind = at["full"], "video" if d["video"] else "image"
+    size = f"{largest:g} frames" if d["video"] else f"{largest:g} MP"
+    body = []
+    for method, r in at.items():
+        gains = [times(full[k] / r[k]) for k in ("peak_kv_bytes", "final_kv_bytes")]
+        label = f"`{method}`" + (" (all tokens below layer K)" if method == "fastv" else "")
+        body.append(
+            [
+                f"{kind}, {size} ({r['visual_tokens']:,} visual tokens)",
+                label,
+                f"{r['kept_fraction']:.2f}",
+                mib(r["peak_kv_bytes"]),
+                mib(r["final_kv_bytes"]),
+                *gains,
+                f"{r['ttft_seconds']:.2f} s",
+            ]
+        )
+    return body
+
+
+def kv_memory_at_equal_kept_share(results: Path) -> str:
+    """Every method at one kept share of the visual tokens (`bench memory --kept-share`), image and video: peak
+    and final KV at the largest input, the gain over `full` and TTFT, each run in its own process."""
+    body: list[list[str]] = []
+    sources: list[tuple[str, dict]] = []
+    for _, d in matching_results(results, KEPT_SHARE_RESULTS, sources):
+        body += _kept_share_rows(d)
+    if not sources:
+        raise FileNotFoundError(f"no {KEPT_SHARE_RESULTS} under {results} (bench memory --kept-share writes them)")
+    shares = sorted({d["kept_share"] for _, d in sources})
+    header = ["input", "method", "kept (measured)", "peak KV", "final KV", "full / method, peak"]
+    header += ["full / method, final", "TTFT"]
+    note = (
+        f"Model `{sources[0][1]['model']}`; each method set to keep "
+        + " / ".join(f"{s:.0%}" for s in shares)
+        + " of the visual tokens (M = that share of each input's visual tokens for the budget methods, their own "
+        "options for the others: `visualkv.bench.needle.kept_share_options`), one fresh process per run. *kept*: "
+        "the measured share of visual entries held, mean over layers and heads. `fastv` keeps every visual token "
+        "in the layers before K, hence its kept share and peak; `salicache` holds f/2 of the tokens at full "
+        "precision, f/2 at INT8 and f at INT4 (the needle benchmark's operating point); `lightkv` runs its one "
+        "merge setting; `evs` runs on video only (a still image has no previous frame)."
+    )
+    return render(header, body, sources, note)
+
+
 TABLES = {
     "memory-image": kv_memory_over_image_sizes,
+    "memory-kept-share": kv_memory_at_equal_kept_share,
     "memory-video": kv_memory_over_video_lengths,
     "families-4k": kv_memory_at_4k_per_family,
     "long-video": memory_over_hour_scale_videos,
@@ -210,6 +262,7 @@ VIDEO_MEMORY_CODE = paths(PREFILL, SESSION, FULL, BLOCKWISE_CODE, MEDIA)
 #: block name -> the source paths its figures measure (`visualkv.bench.staleness`)
 MEASURES = {
     "memory-image": paths(PREFILL, SESSION, FULL, POST_PREFILL, BLOCKWISE_CODE),
+    "memory-kept-share": paths(PREFILL, SESSION, METHODS),
     "memory-video": VIDEO_MEMORY_CODE,
     "families-4k": paths(PREFILL, SESSION, FULL, BLOCKWISE_CODE),
     "long-video": VIDEO_MEMORY_CODE,
