@@ -182,13 +182,16 @@ def main() -> int:
     parser.add_argument(
         "--jobs", type=int, default=1, help="processes measuring at once (each measures only its own RSS)"
     )
+    parser.add_argument(
+        "--update", action="store_true", help="replace only these runs' rows in an existing JSON (a re-measure)"
+    )
     parser.add_argument("--runs", help=argparse.SUPPRESS)  # internal: measure these method@ahead here
     args = parser.parse_args()
     if args.runs:
         runs = [(run.split("@")[0], int(run.split("@")[1])) for run in args.runs.split(",")]
         print(json.dumps(measure_runs(args.model, args.media, runs, args.budget, args.max_frames)))
         return 0
-    from visualkv.bench.provenance import save_json, start
+    from visualkv.bench.provenance import finish, save_json, start
 
     prov = {**start(), "command": "python " + " ".join(sys.argv)}
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -221,7 +224,26 @@ def main() -> int:
         "media": os.path.basename(args.media),
         "results": rows,
     }
+    if args.update and os.path.exists(args.json_out):
+        return _update(args.json_out, rows, finish(prov))
     save_json(record, args.json_out, prov)  # the commit, its diff's hash and the load beside the figures
+    return 0
+
+
+def _update(path: str, rows: list[dict], prov: dict) -> int:
+    """These runs' rows replace theirs in the committed JSON, the others kept; the file's provenance stays its
+    first measure's (the oldest commit in it, which staleness checks) and `updates` lists each re-measure."""
+    with open(path) as fh:
+        record = json.load(fh)
+    new = {(r["model"], r["method"], r["vision_ahead"]): r for r in rows}
+    old = record["results"]
+    keys = [(r["model"], r["method"], r["vision_ahead"]) for r in old]
+    record["results"] = [new.get(key, r) for key, r in zip(keys, old)] + [r for k, r in new.items() if k not in keys]
+    update = {key: prov.get(key) for key in ("command", "commit", "diff_sha256", "started", "condition")}
+    update["runs"] = len(rows)
+    record["updates"] = [*record.get("updates", []), update]
+    with open(path, "w") as fh:
+        json.dump(record, fh, indent=1)
     return 0
 
 

@@ -203,6 +203,24 @@ def test_composes_with_blockwise_eviction_and_refuses_the_rest_in_one_line():
     assert all(len(head) == budget for head in _held_visual(session))
 
 
+def test_a_block_whose_every_row_is_dropped_is_still_reported():
+    """At vLLM's floor of one frame's tokens (q = 0.9 keeps the first temporal patch alone), the blocks of the later
+    patches lose every row: they run no decoder layer, yet each is reported, so the progress reaches the last block."""
+    adapter = get_adapter("tiny-qwen2.5-vl")
+    config = SessionConfig(
+        method="blockwise-keydiff+evs",
+        method_options={"pruning_rate": 0.9},
+        budget=4096,
+        prefill="blockwise",
+        block_size=48,
+    )
+    session = ChatSession(adapter, config)
+    session.ask(PROMPT, moving_square_clip())
+    assert [(b.index, b.n_blocks) for b in session.blocks] == [(i, 6) for i in range(6)]
+    assert [b.tokens_in for b in session.blocks[2:5]] == [0, 0, 0]  # temporal patches 1-3
+    assert session.blocks[1].visual_tokens_in == 48 and session.report()["evs_kept"] == 48
+
+
 def test_the_memory_guard_bounds_evs_from_above():
     """Dropping rows only lowers memory: the guard predicts at least the measured peak of entries and buffers."""
     runs = (("evs", None, "bulk"), ("blockwise-keydiff+evs", 40, "blockwise"))

@@ -187,17 +187,16 @@ class Method:
     def layer_scratch_bytes(
         self, adapter: ModelAdapter, prepared: PreparedInput, visual_ids: np.ndarray, q: int
     ) -> int:
-        """For the memory guard: bytes `after_layer` holds at once over a block of `q` tokens whose visual ones are
-        `visual_ids` (indices into the layout), beside the block's hidden states (LightKV's merge). This default:
-        nothing."""
+        """For the memory guard: bytes `select_rows` or `after_layer` holds at once over a block of `q` tokens whose
+        visual ones are `visual_ids` (layout indices), beside its hidden states (VisionZip's ranking, LightKV's merge)."""
         return 0
 
     def visual_kept_by_layer(
         self, adapter: ModelAdapter, prepared: PreparedInput, visual_ids: np.ndarray
     ) -> list[tuple[int, int]]:
         """For the memory guard: per group of consecutive decoder layers, (layers in it, an upper bound on how many
-        of a block's visual tokens `visual_ids` (indices into the layout) each of them stores), for a method that
-        shrinks the block between layers (LightKV). This default: every layer stores all of them."""
+        of a block's visual tokens `visual_ids` (indices into the layout) each of them stores): those `select_rows`
+        lets in (VisionZip), fewer past a merge between layers (LightKV). This default: all of them, everywhere."""
         return [(adapter.num_layers, len(visual_ids))]
 
     @classmethod

@@ -117,9 +117,9 @@ class Pipeline(Method):
         return max(s.layer_scratch_bytes(adapter, prepared, visual_ids, q) for s in self.stages)  # one at a time
 
     def visual_kept_by_layer(self, adapter, prepared, visual_ids) -> list[tuple[int, int]]:
-        """The merging stage's (at most one per pipeline; an evicting stage's budget is the guard's own term)."""
-        merging = next((s for s in self.stages if s.compose_role == "merge"), None)
-        return (merging or super()).visual_kept_by_layer(adapter, prepared, visual_ids)
+        """The merging stage's, else the entry stage's (one of each at most; an evicting stage's budget is the guard's)."""
+        kept = next((s for role in ("merge", "entry") for s in self.stages if s.compose_role == role), super())
+        return kept.visual_kept_by_layer(adapter, prepared, visual_ids)
 
     @property  # type: ignore[override]
     def proxy_ids(self):

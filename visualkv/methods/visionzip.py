@@ -31,7 +31,12 @@ from visualkv.methods import register
 from visualkv.methods.base import Method, PrefillContext
 from visualkv.methods.options import Options, option
 
-QUERY_CHUNK = 1024  # queries per softmax in the dominant ranking: scratch (chunk, n) floats, not (n, n)
+SCORE_BYTES = 2**22  # the dominant ranking's scores at once: a chunk of queries against the unit, not (n, n)
+
+
+def query_chunk(n: int) -> int:
+    """Queries per chunk of the dominant ranking over a unit of n tokens (float32 scores within SCORE_BYTES)."""
+    return max(1, SCORE_BYTES // (4 * max(n, 1)))
 
 
 @dataclass
@@ -58,10 +63,12 @@ def counts(n: int, dominant: float, contextual: float) -> tuple[int, int]:
 def zip_unit(h: torch.Tensor, n_dom: int, n_ctx: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One unit's embeddings h (n, d) -> (dominant indices (n_dom,), target indices (n_ctx,), the targets' merged
     embeddings (n_ctx, d) float32), indices into h, on its device, no host read."""
-    x, chunk = h.float(), QUERY_CHUNK
-    received = sum(
-        torch.softmax(x[i : i + chunk] @ x.T / x.shape[1] ** 0.5, -1).sum(0) for i in range(0, len(x), chunk)
-    )
+    x, chunk = h.float(), query_chunk(len(h))
+    received = torch.zeros(len(x), device=x.device)
+    for i in range(0, len(x), chunk):  # the softmax in place: one (chunk, n) buffer of scores
+        scores = (x[i : i + chunk] @ x.T).mul_(x.shape[1] ** -0.5)
+        scores.sub_(scores.amax(-1, keepdim=True)).exp_()
+        received += scores.div_(scores.sum(-1, keepdim=True)).sum(0)
     order = torch.argsort(received, descending=True, stable=True)  # ties to the earlier token
     rest = order[n_dom:].sort().values  # the others, in token order
     if n_ctx == 0:
@@ -109,6 +116,25 @@ class VisionZip(Method):
             return None
         chosen = np.concatenate([*host, torch.cat(kept).cpu().numpy()])  # the block's one device read
         return torch.from_numpy(np.sort(chosen))
+
+    def _units(self, prepared, visual_ids: np.ndarray) -> list[tuple[int, int, int]]:
+        """(n, dominant, contextual) of each unit among a block's visual tokens, as `select_rows` groups them."""
+        sizes = np.unique(prepared.layout.frame[np.asarray(visual_ids, dtype=np.int64)], return_counts=True)[1]
+        return [(n, *counts(n, self.config.dominant, self.config.contextual)) for n in sizes.tolist()]
+
+    def visual_kept_by_layer(self, adapter, prepared, visual_ids: np.ndarray) -> list[tuple[int, int]]:
+        """For the memory guard: the rows that enter the LLM, in every layer."""
+        return [(adapter.num_layers, sum(dom + ctx for _, dom, ctx in self._units(prepared, visual_ids)))]
+
+    def layer_scratch_bytes(self, adapter, prepared, visual_ids: np.ndarray, q: int) -> int:
+        """For the memory guard: `zip_unit`'s float32 work on its largest unit (the unit's copy and a chunk of its
+        scores; the others' normalised copy, their similarity to the targets), beside the block's embeddings."""
+        d = adapter.text_config.hidden_size
+        return max(
+            (4 * (2 * n * d + query_chunk(n) * n + 2 * (n - dom) * d + (n - dom) * ctx + 4 * n)
+             for n, dom, ctx in self._units(prepared, visual_ids) if dom + ctx < n),
+            default=0,
+        )  # fmt: skip
 
     def report(self, ctx: PrefillContext) -> dict[str, Any]:
         read, dominant, contextual = (int(c) for c in self.counted)

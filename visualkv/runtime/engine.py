@@ -392,20 +392,18 @@ class Engine:
                     self.adapter.encode_ahead(prepared, [kept_units(prepared, ctx.blocks[j]) for j in tower_calls[i]])
                 hidden, local, layer_features = self.block_embeddings(prepared, block, ctx.encoded_frames, seq_offset)
                 hidden, local = select_rows(method, ctx, hidden, local)
-                if local.numel() == 0:
-                    continue
-                tiers = ctx.tiers[local] if ctx.tiers is not None else None
-                hidden = self.run_layers(
-                    hidden,
-                    prepared.position_ids[:, local],
-                    local + seq_offset,
-                    cache,
-                    method,
-                    ctx,
-                    tiers,
-                    layer_features,
-                )
-                last_hidden = hidden
+                if local.numel():  # a block whose every row was dropped runs no layer, but is reported like any
+                    tiers = ctx.tiers[local] if ctx.tiers is not None else None
+                    last_hidden = self.run_layers(
+                        hidden,
+                        prepared.position_ids[:, local],
+                        local + seq_offset,
+                        cache,
+                        method,
+                        ctx,
+                        tiers,
+                        layer_features,
+                    )
                 media_seconds = _latest_frame_time(prepared.layout.frames, block.units, media_seconds)
                 per_layer = cache.entries_per_layer()
                 event = BlockEvent(

@@ -145,6 +145,7 @@ def estimate_prefill(
         waiting = sum(call_patches[j] for j in call if j > i) // adapter.patches_per_token
         held = adapter.vision_held_tokens(prepared, [block.units]) if block.units else 0
         embeddings = (2 * q + max(waiting, held)) * layer.hidden * itemsize
+        q -= len(ids) - max(n for _, n in kept)  # visual rows a method drops before the LLM never reach a layer
         # a decoder layer, or the method's pass after it over the block's hidden states (LightKV's merge)
         scratch = method.layer_scratch_bytes(adapter, prepared, ids, q)
         act_b = max(layer.bytes(q, kv.attention_bytes), q * layer.residual + scratch)
