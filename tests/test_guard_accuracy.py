@@ -46,15 +46,22 @@ def test_every_family_and_method_was_measured_on_an_image_and_a_video():
         assert not failed, f"{name}: runs that failed: {failed[:5]}"
 
 
-#: (media, model, method pattern) -> why the guard counts more than the turn takes there, a known gap of the
-#: two-sided promise: each must still be above HIGH (a fixed one must leave this table), every other run within
-KNOWN_OVER: dict[tuple[str, str, str], str] = {}
+#: (media, model or "*", method pattern) -> why the guard counts more than such a turn takes: the known gaps of the
+#: two-sided promise (each entry must still match a run above HIGH; every other run is held to HIGH)
+KNOWN_OVER: dict[tuple[str, str, str], str] = {
+    ("video", "*", r".*salicache.*"): "Sali-Cache chooses the frames it skips in its own first pass over the video, "
+    "after the guard ran: the guard counts every sampled frame as read, encoded and stored",
+    ("image", "tiny-llava-onevision", r"(blockwise-keydiff|blockwise-snapkv|pyramidkv|streamingllm)\+visionzip"): (
+        "the guard's term for LLaVA-OneVision's tower call is above what that phase measures; without VisionZip the "
+        "decoder's phase, counted closely, is the larger and hides it"
+    ),
+}
 
 
-def known_over(media: str, model: str, method: str) -> str | None:
-    for (m, alias, pattern), why in KNOWN_OVER.items():
-        if m == media and alias in (model, "*") and re.fullmatch(pattern, method):
-            return why
+def known_over(media: str, model: str, method: str) -> tuple[str, str, str] | None:
+    for key in KNOWN_OVER:
+        if key[0] == media and key[1] in (model, "*") and re.fullmatch(key[2], method):
+            return key
     return None
 
 
@@ -65,13 +72,14 @@ def test_the_estimate_never_falls_short_of_the_measured_peak():
         assert not short, f"{name}: estimate / measured RSS growth below {LOW}: {short}"
 
 
-def test_the_estimate_is_within_its_range_of_the_measured_peak_everywhere_else():
+def test_the_estimate_is_within_its_range_of_the_measured_peak_but_for_the_known_gaps():
+    matched = set()
     for media, name in (("image", FAMILIES_IMAGE), ("video", FAMILIES_VIDEO)):
-        ratios = {pair: round(r["whole_ratio"], 3) for pair, r in runs(name).items() if "error" not in r}
-        over = {pair: v for pair, v in ratios.items() if v > HIGH and not known_over(media, *pair)}
-        assert not over, f"{name}: estimate / measured RSS growth above {HIGH}: {over}"
-        fixed = {pair: v for pair, v in ratios.items() if v <= HIGH and known_over(media, *pair)}
-        assert not fixed, f"{name}: within {HIGH} now, take them out of KNOWN_OVER: {fixed}"
+        over = {pair: round(r["whole_ratio"], 3) for pair, r in runs(name).items() if r.get("whole_ratio", 0) > HIGH}
+        matched |= {known_over(media, *pair) for pair in over} - {None}
+        unknown = {pair: v for pair, v in over.items() if not known_over(media, *pair)}
+        assert not unknown, f"{name}: estimate / measured RSS growth above {HIGH}: {unknown}"
+    assert set(KNOWN_OVER) <= matched, f"known gaps no run shows any more: {set(KNOWN_OVER) - matched}"
 
 
 def test_the_kv_estimate_never_falls_below_the_cache_it_measured():
