@@ -201,9 +201,10 @@ def motion_pass_bytes(frame_size: tuple[int, int], cfg: MotionConfig | None = No
 
 
 #: bytes `_frame_signals` holds at once per pixel of the frame it scores: the grey and blurred copies, Canny's
-#: gradients and edge maps, the edges' int32 integral image, the 8-bit LAB copy (10.8-12 measured on CPU on the
-#: 4K example image; 16-20 on it at 1920x1080 and on uniform noise, where this count is low)
-_SIGNALS_BYTES_PER_PIXEL = 12
+#: gradients and edge maps, the edges' int32 integral image, the 8-bit LAB copy (a whole Sali-Cache turn's growth
+#: on the 4K example image is 11.1-12.7 per pixel over the five families; 16-20 on it at 1920x1080 and on uniform
+#: noise, where this count is low)
+_SIGNALS_BYTES_PER_PIXEL = 13
 
 
 def saliency_pass_bytes(frame_size: tuple[int, int]) -> int:
