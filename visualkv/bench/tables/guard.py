@@ -32,10 +32,13 @@ def guard_estimate_per_family(results: Path) -> str:
     body = [[f"`{method}`", *(_cell(ratio, model, method) for model in models)] for method in methods]
     values = [v for v in ratio.values() if v is not None]
     low, high = GUARD_RANGE
+    out: dict[tuple[str, str], list] = {}  # (method, media) -> (model, ratio) of its runs outside the range
+    for (model, method, media), v in ratio.items():
+        if v is None or not low <= v <= high:
+            out.setdefault((method, media), []).append((model, v))
     outside = [
-        f"{model} `{method}` ({media}) " + ("failed" if v is None else f"{v:.2f}")
-        for (model, method, media), v in ratio.items()
-        if v is None or not low <= v <= high
+        f"`{method}` ({media}) on {', '.join(m for m, _ in runs_out)}: {_span([v for _, v in runs_out])}"
+        for (method, media), runs_out in out.items()
     ]
     note = (
         f"{len(values)} runs ({len(models)} models × {len(methods)} methods × image and video): estimate / measured "
@@ -50,6 +53,13 @@ def guard_estimate_per_family(results: Path) -> str:
         for u in runs[media].get("updates", [])
     ]
     return render(header, body, [(FAMILIES_IMAGE, runs["image"]), (FAMILIES_VIDEO, runs["video"])], note, *remeasured)
+
+
+def _span(values: list) -> str:
+    done = [v for v in values if v is not None]
+    failed = f"{len(values) - len(done)} failed" if len(done) < len(values) else ""
+    shown = f"{min(done):.3f}" if len(done) == 1 else f"{min(done):.3f}-{max(done):.3f}" if done else ""
+    return ", ".join(part for part in (shown, failed) if part)
 
 
 def _cell(ratio: dict, model: str, method: str) -> str:
