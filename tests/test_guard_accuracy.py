@@ -9,12 +9,11 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
+from visualkv.bench.tables.format import load
 from visualkv.bench.tables.guard import FAMILIES_IMAGE, FAMILIES_VIDEO
 from visualkv.models.registry import FAMILIES
 
-RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 LOW, HIGH = 0.9, 1.35  # the guard's promise: never far below what a turn takes, never far above
 
 
@@ -31,8 +30,7 @@ def family_models() -> list[str]:
 
 
 def runs(name: str) -> dict[tuple[str, str], dict]:
-    with open(RESULTS / name) as fh:
-        rows = json.load(fh)["results"]
+    rows = load(name)["results"]
     return {(r["model"], r["method"]): r for r in rows if r.get("vision_ahead", 1) == 1}
 
 
